@@ -1,0 +1,56 @@
+"""The gateway's one settings object. Every field is an env var ``QA_<NAME>``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="QA_", env_file=None, frozen=True)
+
+    # HTTP
+    host: str = Field("0.0.0.0", description="Gateway bind address")
+    port: int = Field(8080, description="Gateway HTTP port")
+    workers: int = Field(1, ge=1, description="uvicorn worker processes (launcher)")
+    log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level")
+
+    # Triton
+    triton_url: str = Field("localhost:8001", description="Triton gRPC endpoint host:port")
+    model_name: str = Field("bert_qa", description="Triton model to call")
+    model_version: str = Field("", description="Triton model version ('' = latest)")
+    request_timeout_ms: float = Field(2000.0, gt=0, description="Deadline of one Triton call")
+    max_in_flight: int = Field(64, ge=1, description="Requests in progress before 429")
+
+    # Model and windows
+    model_dir: Path = Field(
+        REPO_ROOT / "models" / "minilm-l6-squad", description="Checkpoint dir (tokenizer files)"
+    )
+    max_seq_len: int = Field(384, ge=32, le=512, description="Tokens per window")
+    window_overlap: int = Field(128, ge=0, description="Context tokens shared by adjacent windows")
+    max_question_tokens: int = Field(64, ge=1, description="Question tokens kept per window")
+    seq_buckets: tuple[int, ...] = Field(
+        (64, 128, 192, 256, 320, 384), description="Window lengths padded up to (Triton batching)"
+    )
+
+    # Answers
+    max_answer_tokens: int = Field(30, ge=1, le=512, description="Default longest answer (tokens)")
+    default_top_k: int = Field(1, ge=1, description="Answers per question when not asked")
+    max_top_k: int = Field(20, ge=1, description="Largest top_k a client may ask")
+    no_answer_threshold: float | None = Field(
+        None, description="Default null-minus-best logit margin for 'no answer' (unset: off)"
+    )
+
+    # Limits (413)
+    max_context_chars: int = Field(50_000, ge=1, description="Longest context accepted")
+    max_question_chars: int = Field(1_000, ge=1, description="Longest question accepted")
+    max_questions: int = Field(32, ge=1, description="Questions per request")
+    max_windows: int = Field(256, ge=1, description="Windows (questions x context chunks) per request")
+
+    # SLO
+    latency_budget_ms: float = Field(10.0, gt=0, description="Latency budget for metrics and alerts")

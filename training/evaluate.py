@@ -1,0 +1,76 @@
+"""SQuAD v1.1 / v2.0 EM and F1 of a QA checkpoint through any engine.
+
+    python -m training.evaluate --model-dir models/minilm-l6-squad --data dev-v1.1.json
+    python -m training.evaluate ... --engine onnx --model-dir build/onnx/minilm-l6-squad
+
+For v2.0 data, ``--no-answer-threshold`` (default: best threshold search reported too)
+turns on no-answer predictions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from engine.registry import ENGINES, load_engine
+from service.decoding import DecodeSpec
+from service.windowing import QATokenizer, WindowSpec
+from training.features import predict
+from training.squad import Score, load_examples, score
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--model-dir", type=Path, required=True)
+    p.add_argument("--tokenizer-dir", type=Path, default=None, help="default: --model-dir")
+    p.add_argument("--data", type=Path, required=True)
+    p.add_argument("--engine", choices=ENGINES, default="reference")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--dtype", default="float32")
+    p.add_argument("--max-seq-len", type=int, default=384)
+    p.add_argument("--overlap", type=int, default=128)
+    p.add_argument("--max-answer-len", type=int, default=30)
+    p.add_argument("--no-answer-threshold", type=float, default=None)
+    p.add_argument("--batch-windows", type=int, default=64)
+    p.add_argument("--limit", type=int, default=0, help="first N questions only")
+    p.add_argument("--out", type=Path, default=None, help="write predictions + scores JSON")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> Score:
+    args = parse_args(argv)
+    examples = load_examples(args.data)
+    if args.limit:
+        examples = examples[: args.limit]
+    tok = QATokenizer.from_dir(args.tokenizer_dir or args.model_dir)
+    engine = load_engine(args.engine, args.model_dir, device=args.device, dtype=args.dtype)
+    spec = WindowSpec(max_seq_len=args.max_seq_len, overlap=args.overlap)
+    decode_spec = DecodeSpec(max_answer_len=args.max_answer_len,
+                             no_answer_threshold=args.no_answer_threshold)
+    started = time.perf_counter()
+    preds = predict(examples, tok, engine.infer, spec, decode_spec, args.batch_windows)
+    seconds = time.perf_counter() - started
+    result = score(examples, preds)
+    table = Table(title=f"{args.data.name} via {engine.name}: {args.model_dir}")
+    for col in ("questions", "EM", "F1", "has-ans F1", "no-ans F1", "seconds"):
+        table.add_column(col)
+    fmt = lambda v: "-" if v is None else f"{v:.2f}"  # noqa: E731
+    table.add_row(str(result.total), fmt(result.exact), fmt(result.f1), fmt(result.has_ans_f1),
+                  fmt(result.no_ans_f1), f"{seconds:.1f}")
+    Console().print(table)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(
+            {"score": result.__dict__, "seconds": seconds, "predictions": preds}, indent=1))
+    return result
+
+
+if __name__ == "__main__":
+    np.set_printoptions(precision=4)
+    main()
