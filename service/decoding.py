@@ -113,22 +113,29 @@ def _best_spans(
 ) -> list[tuple[int, int, float]]:
     flat = scores.reshape(-1)
     take = min(flat.size, top_k * _CANDIDATES_PER_ANSWER)
-    idx = np.argpartition(-flat, take - 1)[:take]
-    idx = idx[np.argsort(-flat[idx], kind="stable")]
     seq, max_len = scores.shape[1], scores.shape[2]
-    best: dict[tuple[int, int], float] = {}
-    for i in idx:
-        logit = float(flat[i])
-        if not np.isfinite(logit):
-            break
-        w, rest = divmod(int(i), seq * max_len)
-        tok, d = divmod(rest, max_len)
-        key = (int(offsets[w, tok, 0]), int(offsets[w, tok + d, 1]))
-        if key not in best:
-            best[key] = logit
-        if len(best) == top_k:
-            break
-    return [(s, e, lg) for (s, e), lg in best.items()]
+    while True:
+        idx = np.argpartition(-flat, take - 1)[:take]
+        idx = idx[np.argsort(-flat[idx], kind="stable")]
+        best: dict[tuple[int, int], float] = {}
+        exhausted = take == flat.size
+        for i in idx:
+            logit = float(flat[i])
+            if not np.isfinite(logit):
+                exhausted = True
+                break
+            w, rest = divmod(int(i), seq * max_len)
+            tok, d = divmod(rest, max_len)
+            key = (int(offsets[w, tok, 0]), int(offsets[w, tok + d, 1]))
+            if key not in best:
+                best[key] = logit
+            if len(best) == top_k:
+                break
+        if len(best) == top_k or exhausted:
+            return [(s, e, lg) for (s, e), lg in best.items()]
+        # duplicates (overlapping windows, several tokens of one character) used up the
+        # candidates: look further down the ranking
+        take = min(flat.size, take * _CANDIDATES_PER_ANSWER)
 
 
 def _softmax(x: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:

@@ -27,6 +27,14 @@ class Settings(BaseSettings):
     request_timeout_ms: float = Field(2000.0, gt=0, description="Deadline of one Triton call")
     max_in_flight: int = Field(64, ge=1, description="Requests in progress before 429")
 
+    # Launcher (python -m service.launcher starts Triton, then the gateway)
+    triton_http_port: int = Field(8000, description="Triton HTTP port (health checks)")
+    triton_metrics_port: int = Field(8002, description="Triton Prometheus metrics port")
+    triton_startup_timeout_s: float = Field(180.0, gt=0, description="Wait this long for Triton")
+    model_repository: Path = Field(
+        REPO_ROOT / "model_repository", description="Triton model repository"
+    )
+
     # Model and windows
     model_dir: Path = Field(
         REPO_ROOT / "models" / "minilm-l6-squad", description="Checkpoint dir (tokenizer files)"

@@ -1,0 +1,129 @@
+# syntax=docker/dockerfile:1
+# Triton Inference Server with the project's model repository (model `bert_qa`, python backend),
+# the engine package it imports, the shipped checkpoint and its ONNX export, all baked in.
+#
+#   docker build -f docker/triton.Dockerfile --target runtime-cpu -t squad-serve/triton:dev-cpu .
+#   docker build -f docker/triton.Dockerfile -t squad-serve/triton:dev-gpu .    # runtime-gpu
+#
+# Stages: export (runs `python -m training.export_onnx`, as `make model` does) -> runtime-cpu
+# (ONNX Runtime engine) -> runtime-gpu (adds torch + OpenAI Triton for the fused engine).
+
+# ONNX Runtime: one version for the export (graph fusion + int8 quantization) and for serving,
+# so the file is run by the runtime that wrote it. 1.23.2 is the newest release with wheels for
+# Python 3.10, the python backend's interpreter in the Triton image below.
+ARG ORT_VERSION=1.23.2
+# numpy 1.x: the python backend of server 2.51 rejects output tensors built from numpy 2.x arrays
+# ("output tensor shape does not match size"); 1.26.4 is what nvidia-pytriton pins.
+ARG NUMPY_VERSION=1.26.4
+
+# ---------------------------------------------------------------------------------------------
+# export: checkpoint -> build/onnx/minilm-l6-squad/model-{fp32,fused,int8}.onnx (`make model`)
+# Python 3.11 and the versions of the dev venv that `make model` is verified with; CPU-only torch
+# (from PyTorch's CPU index) keeps this throw-away stage ~1 GB instead of ~5 GB.
+FROM python:3.11-slim-bookworm AS export
+ARG ORT_VERSION
+ARG NUMPY_VERSION
+ARG EXPORT_TORCH_VERSION=2.13.0
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+RUN pip install --no-cache-dir --index-url https://download.pytorch.org/whl/cpu \
+        "torch==${EXPORT_TORCH_VERSION}" \
+    && pip install --no-cache-dir \
+        "transformers==5.24.0" \
+        "safetensors==0.8.0" \
+        "onnx==1.23.2" \
+        "onnxruntime==${ORT_VERSION}" \
+        "numpy==${NUMPY_VERSION}" \
+        "rich==15.0.0"
+WORKDIR /src
+COPY service/ service/
+COPY engine/ engine/
+COPY training/ training/
+COPY models/minilm-l6-squad/ models/minilm-l6-squad/
+RUN python -m training.export_onnx \
+        --model-dir models/minilm-l6-squad --out build/onnx/minilm-l6-squad \
+    && test -s build/onnx/minilm-l6-squad/model-fused.onnx \
+    && test -s build/onnx/minilm-l6-squad/model-int8.onnx
+
+# ---------------------------------------------------------------------------------------------
+# runtime-cpu: serves with the ONNX Runtime engine (BERT_QA_ENGINE=onnx).
+# Base pin: 24.10 ships Triton server 2.51.0, the server the project develops and tests against
+# (the tritonserver binary in the nvidia-pytriton 0.7.0 wheel), with the python backend whose
+# stub runs Python 3.10 (Ubuntu 22.04) and CUDA 12.6 (host driver >= 560, or a data-center
+# driver with forward compatibility). Moving to another release means re-running the
+# integration tests on that server version first.
+FROM nvcr.io/nvidia/tritonserver:24.10-py3 AS runtime-cpu
+ARG ORT_VERSION
+ARG NUMPY_VERSION
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+# The python backend stub runs model.py with the image's system python3, so the engine's
+# dependencies go there (Ubuntu 22.04's pip predates PEP 668: no --break-system-packages).
+RUN python3 -m pip install --no-cache-dir \
+        "numpy==${NUMPY_VERSION}" \
+        "onnxruntime==${ORT_VERSION}" \
+    && groupadd --system --gid 10001 qa \
+    && useradd --system --uid 10001 --gid 10001 --no-create-home --home-dir /tmp \
+        --shell /usr/sbin/nologin qa
+# Same layout as the repository, so repo-relative defaults (models/..., build/onnx/...) and
+# model.py's import of the engine package resolve the same way as under the launcher.
+WORKDIR /opt/qa
+COPY engine/ engine/
+COPY model_repository/ model_repository/
+COPY models/minilm-l6-squad/ models/minilm-l6-squad/
+# The served files: fused fp32 (the engine's default BERT_QA_ONNX) and its int8 quantisation
+# (BERT_QA_ONNX=build/onnx/minilm-l6-squad/model-int8.onnx), plus the export report
+# (fused-op counts, parity vs torch). The unfused fp32 export stays behind.
+COPY --from=export /src/build/onnx/minilm-l6-squad/model-fused.onnx \
+     /src/build/onnx/minilm-l6-squad/model-int8.onnx \
+     /src/build/onnx/minilm-l6-squad/export.json \
+     build/onnx/minilm-l6-squad/
+# Byte-compile now: at run time the root filesystem is read-only.
+RUN python3 -m compileall -q engine model_repository
+# BERT_QA_MODEL_DIR and BERT_QA_ONNX are left to the engine's repo-relative defaults
+# (engine/config.py), which resolve under /opt/qa here. HOME and the kernel caches point at /tmp
+# (an emptyDir / tmpfs): the root filesystem is read-only, and OpenAI Triton and TorchInductor
+# write compiled kernels under $HOME by default.
+ENV PYTHONPATH=/opt/qa \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    HOME=/tmp \
+    TRITON_CACHE_DIR=/tmp/triton-kernels \
+    TORCHINDUCTOR_CACHE_DIR=/tmp/torchinductor \
+    BERT_QA_ENGINE=onnx \
+    BERT_QA_DEVICE=cpu \
+    BERT_QA_THREADS=0
+USER 10001:10001
+EXPOSE 8000 8001 8002
+# Kernel compilation and CUDA-graph capture at model load can take minutes: generous start period.
+HEALTHCHECK --interval=10s --timeout=3s --start-period=300s --retries=3 \
+    CMD ["python3", "-c", "import urllib.request as u; u.urlopen('http://127.0.0.1:8000/v2/health/ready', timeout=2)"]
+# The image's own entrypoint (nvidia_entrypoint.sh) stays: it sets up CUDA forward compatibility.
+CMD ["tritonserver", \
+     "--model-repository=/opt/qa/model_repository", \
+     "--http-port=8000", \
+     "--grpc-port=8001", \
+     "--metrics-port=8002", \
+     "--allow-metrics=true", \
+     "--strict-readiness=true", \
+     "--exit-on-error=true"]
+
+# ---------------------------------------------------------------------------------------------
+# runtime-gpu (default target): adds the fused GPU engine's torch + OpenAI Triton.
+# torch 2.11.0 / triton 3.6.0 are the versions the fused engine is developed and benchmarked with
+# on the H200. Its PyPI wheels bundle their own CUDA 13 runtime (independent of the image's
+# CUDA 12.6), which needs a host driver >= 580. For an older driver, rebuild with a CUDA 12 build
+# of torch, e.g. --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu126 and a torch
+# version published there, after checking the fused kernels on it.
+FROM runtime-cpu AS runtime-gpu
+ARG TORCH_VERSION=2.11.0
+ARG TRITON_LANG_VERSION=3.6.0
+ARG TORCH_INDEX_URL=https://pypi.org/simple
+USER 0:0
+RUN python3 -m pip install --no-cache-dir --index-url "${TORCH_INDEX_URL}" \
+        "torch==${TORCH_VERSION}" \
+        "triton==${TRITON_LANG_VERSION}" \
+    && python3 -m pip install --no-cache-dir "safetensors==0.8.0"
+ENV BERT_QA_ENGINE=fused \
+    BERT_QA_DEVICE=cuda
+USER 10001:10001

@@ -1,0 +1,57 @@
+"""Which engine the Triton model runs, from config.pbtxt parameters and env overrides.
+
+Env vars (override config.pbtxt ``parameters`` of the same lower-case key without prefix):
+``BERT_QA_ENGINE`` (onnx | fused | reference), ``BERT_QA_MODEL_DIR`` (checkpoint dir),
+``BERT_QA_ONNX`` (ONNX file for the onnx engine), ``BERT_QA_DEVICE`` (cpu | cuda),
+``BERT_QA_THREADS`` (ORT intra-op threads, 0 = ORT's default), ``BERT_QA_DTYPE``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from engine.base import QAEngine
+from engine.registry import load_engine
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+ENV_PREFIX = "BERT_QA_"
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    engine: str = "onnx"
+    model_dir: Path = REPO_ROOT / "models" / "minilm-l6-squad"
+    onnx: Path = REPO_ROOT / "build" / "onnx" / "minilm-l6-squad" / "model-fused.onnx"
+    device: str = "cpu"
+    threads: int = 0
+    dtype: str = "float16"
+
+    @classmethod
+    def resolve(
+        cls, parameters: Mapping[str, str], env: Mapping[str, str] | None = None
+    ) -> EngineConfig:
+        """Defaults, overridden by config.pbtxt parameters, overridden by env vars."""
+        env = os.environ if env is None else env
+        values: dict[str, object] = {}
+        for f in fields(cls):
+            raw = env.get(ENV_PREFIX + f.name.upper()) or parameters.get(f.name)
+            if raw:
+                values[f.name] = _convert(f.name, raw)
+        return cls(**values)  # type: ignore[arg-type]
+
+    def build(self) -> QAEngine:
+        if self.engine == "onnx":
+            return load_engine("onnx", self.onnx, threads=str(self.threads))
+        return load_engine(self.engine, self.model_dir, device=self.device, dtype=self.dtype)
+
+
+def _convert(name: str, raw: str) -> object:
+    if name in ("model_dir", "onnx"):
+        path = Path(raw)
+        return path if path.is_absolute() else REPO_ROOT / path
+    if name == "threads":
+        return int(raw)
+    return raw

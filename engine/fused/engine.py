@@ -1,0 +1,290 @@
+"""``FusedEngine``: the padding-free, CUDA-graph, Triton-kernel BERT-QA engine.
+
+Three entry points, all returning float32 start/end logits:
+
+- :meth:`FusedEngine.infer` -- the ``QAEngine`` contract: int numpy ``[windows, seq]`` in,
+  numpy ``[windows, seq]`` out. Padding (``attention_mask == 0``) is dropped before the
+  encoder runs; padded positions come back as ``PAD_LOGIT``.
+- :meth:`FusedEngine.infer_torch` -- the same on torch tensors (CUDA tensors stay on the
+  GPU: what a Triton python backend hands over through DLPack).
+- :meth:`FusedEngine.infer_packed` -- already-packed CUDA tensors: flat tokens of all
+  sequences plus ``cu_seqlens`` (Triton ragged batching).
+
+Calls are serialised by a lock (static graph buffers are shared). With ``cuda_graphs``
+on, a batch replays the graph of its bucket (``packing.bucket_for``), captured the first
+time that bucket is seen; batches above ``max_graph_tokens`` tokens run eagerly, where
+launch overhead no longer matters.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import torch
+
+from engine.base import Float32Array, Int32Array
+from engine.fused.config import BertQAConfig
+from engine.fused.encoder import encode_packed
+from engine.fused.fp8 import rowwise_out_dtype
+from engine.fused.graphs import GraphCache, split_inputs
+from engine.fused.packing import (
+    Bucket,
+    PackedHost,
+    bucket_for,
+    bucket_layout,
+    chunks_by_tokens,
+    pack_padded,
+)
+from engine.fused.weights import BertQAWeights, pack_weights, read_state_dict
+
+PAD_LOGIT = -10000.0  # start/end logit reported at padded positions
+
+_DTYPES = {
+    "float32": torch.float32, "fp32": torch.float32,
+    "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
+    "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+}
+_FP8_NAMES = ("fp8", "float8", "float8_e4m3fn")
+
+
+def parse_dtype(name: str, fp8: bool = False) -> tuple[torch.dtype, bool]:
+    """Activation dtype and FP8 flag of a dtype name; ``"fp8"`` means fp16 + FP8 GEMMs."""
+    if name in _FP8_NAMES:
+        return torch.float16, True
+    if name not in _DTYPES:
+        raise ValueError(f"dtype {name!r} not supported; use one of {[*_DTYPES, *_FP8_NAMES]}")
+    return _DTYPES[name], fp8
+
+
+def select_ops(backend: str, device: torch.device) -> ModuleType:
+    """``kernels`` (Triton) or ``torch_ops``; ``auto`` uses Triton on CUDA, and on the CPU
+    only under ``TRITON_INTERPRET=1``."""
+    if backend == "auto":
+        interpret = os.environ.get("TRITON_INTERPRET", "0") == "1"
+        backend = "triton" if device.type == "cuda" or interpret else "torch"
+    if backend == "triton":
+        from engine.fused import kernels
+
+        return kernels
+    if backend == "torch":
+        from engine.fused import torch_ops
+
+        return torch_ops
+    raise ValueError(f"backend {backend!r}: choose auto, triton or torch")
+
+
+class FusedEngine:
+    """Fused-kernel BERT-QA encoder over packed (padding-free) token batches."""
+
+    name = "fused"
+
+    def __init__(
+        self,
+        weights: BertQAWeights,
+        device: torch.device | str = "cuda",
+        *,
+        backend: str = "auto",
+        cuda_graphs: bool = True,
+        max_graph_tokens: int = 32768,
+        max_tokens_per_pass: int = 65536,
+    ) -> None:
+        self.weights = weights
+        self.config = weights.config
+        self.device = torch.device(device)
+        self.ops = select_ops(backend, self.device)
+        self.backend = "triton" if self.ops.__name__.endswith("kernels") else "torch"
+        self.fp8 = weights.fp8
+        self.fp8_out_dtype = rowwise_out_dtype(self.device, weights.dtype) if self.fp8 else None
+        self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
+        self.max_graph_tokens = max_graph_tokens
+        self.max_tokens_per_pass = max_tokens_per_pass
+        self._graphs = GraphCache(self._forward, self.device) if self.cuda_graphs else None
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------ construction
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        model_dir: Path,
+        device: str = "cuda",
+        dtype: str = "float16",
+        *,
+        fp8: bool = False,
+        **options: object,
+    ) -> FusedEngine:
+        """Load a HF BERT-family QA checkpoint directory (config.json + model.safetensors).
+
+        ``dtype``: float16 | bfloat16 | float32, or ``fp8`` (float16 activations, e4m3 QKV
+        and FFN GEMMs). ``options``: ``backend``, ``cuda_graphs``, ``max_graph_tokens``,
+        ``max_tokens_per_pass`` (see ``__init__``).
+        """
+        config = BertQAConfig.from_dir(Path(model_dir))
+        return cls.from_state_dict(read_state_dict(Path(model_dir)), config, device, dtype,
+                                   fp8=fp8, **options)
+
+    @classmethod
+    def from_state_dict(
+        cls,
+        state: dict[str, torch.Tensor],
+        config: BertQAConfig,
+        device: str = "cuda",
+        dtype: str = "float16",
+        *,
+        fp8: bool = False,
+        **options: object,
+    ) -> FusedEngine:
+        """Build from in-memory tensors (e.g. a live HF model's ``state_dict()``)."""
+        torch_dtype, fp8 = parse_dtype(dtype, fp8)
+        weights = pack_weights(state, config, device, torch_dtype, fp8)
+        return cls(weights, device, **options)  # type: ignore[arg-type]
+
+    # ------------------------------------------------------------------ forward
+
+    def _forward(self, ids: torch.Tensor, tt: torch.Tensor, pos: torch.Tensor, cu: torch.Tensor,
+                 n_seqs: int, max_seqlen: int) -> torch.Tensor:
+        return encode_packed(self.weights, self.ops, ids, tt, pos, cu, n_seqs, max_seqlen,
+                             self.fp8_out_dtype)
+
+    def _graph_bucket(self, tokens: int, seqs: int, max_seqlen: int) -> Bucket | None:
+        if self._graphs is None or tokens > self.max_graph_tokens:
+            return None
+        bucket = bucket_for(tokens, seqs, max_seqlen)
+        return bucket if self._graphs.can_serve(bucket) else None
+
+    def capture(self, tokens: int, seqs: int, max_seqlen: int) -> None:
+        """Capture the graph of this batch size ahead of traffic (no-op without graphs)."""
+        with self._lock, torch.inference_mode():
+            bucket = self._graph_bucket(tokens, seqs, max_seqlen)
+            if bucket is not None and self._graphs is not None:
+                self._graphs.inputs(bucket)
+
+    def _run_host(self, p: PackedHost) -> torch.Tensor:
+        """Logits [2, T] (on the device) of a host-packed batch; caller holds the lock."""
+        t, b = p.tokens, p.seqs
+        bucket = self._graph_bucket(t, b, p.max_seqlen)
+        if bucket is not None and self._graphs is not None:
+            buf = self._graphs.inputs(bucket)
+            host = bucket_layout(p.input_ids, p.token_type_ids, p.position_ids, p.cu_seqlens,
+                                 bucket)
+            buf.copy_(torch.from_numpy(host))
+            return self._graphs.replay(bucket)[:, :t]
+        flat = np.concatenate([p.input_ids, p.token_type_ids, p.position_ids, p.cu_seqlens])
+        dev = torch.from_numpy(flat).to(self.device)
+        ids, tt, pos, cu = dev[:t], dev[t : 2 * t], dev[2 * t : 3 * t], dev[3 * t :]
+        return self._forward(ids, tt, pos, cu, b, p.max_seqlen)
+
+    def _run_device(self, ids: torch.Tensor, tt: torch.Tensor, pos: torch.Tensor,
+                    cu: torch.Tensor, max_seqlen: int) -> torch.Tensor:
+        """Logits [2, T] (a fresh tensor) of packed int32 device tensors."""
+        t, b = ids.shape[0], cu.shape[0] - 1
+        with self._lock:
+            bucket = self._graph_bucket(t, b, max_seqlen)
+            if bucket is None or self._graphs is None:
+                return self._forward(ids, tt, pos, cu, b, max_seqlen)
+            s_ids, s_tt, s_pos, s_cu = split_inputs(self._graphs.inputs(bucket), bucket)
+            # Rows past t keep earlier batches' (valid) tokens: they belong to no sequence.
+            s_ids[:t].copy_(ids)
+            s_tt[:t].copy_(tt)
+            s_pos[:t].copy_(pos)
+            s_cu[: b + 1].copy_(cu)
+            s_cu[b + 1 :].fill_(t)
+            return self._graphs.replay(bucket)[:, :t].clone()
+
+    def _check_host(self, p: PackedHost) -> None:
+        cfg = self.config
+        if p.tokens == 0:
+            return
+        if p.input_ids.min() < 0 or p.input_ids.max() >= cfg.vocab_size:
+            raise ValueError(f"input_ids must lie in [0, {cfg.vocab_size})")
+        if p.token_type_ids.min() < 0 or p.token_type_ids.max() >= cfg.type_vocab_size:
+            raise ValueError(f"token_type_ids must lie in [0, {cfg.type_vocab_size})")
+        if p.position_ids.max() >= cfg.max_position_embeddings:
+            raise ValueError(f"sequences longer than {cfg.max_position_embeddings} tokens")
+
+    # ------------------------------------------------------------------ public API
+
+    def infer(
+        self, input_ids: Int32Array, attention_mask: Int32Array, token_type_ids: Int32Array
+    ) -> tuple[Float32Array, Float32Array]:
+        """Start and end logits, float32 ``[windows, seq]``; ``PAD_LOGIT`` where mask is 0."""
+        ids = np.asarray(input_ids)
+        mask = np.asarray(attention_mask)
+        tt = np.asarray(token_type_ids)
+        start = np.full(ids.shape, PAD_LOGIT, dtype=np.float32)
+        end = np.full(ids.shape, PAD_LOGIT, dtype=np.float32)
+        if ids.size == 0:
+            return start, end
+        lengths = (mask != 0).sum(axis=1)
+        for rows in chunks_by_tokens(lengths, self.max_tokens_per_pass):
+            p = pack_padded(ids[rows], mask[rows], tt[rows])
+            if p.tokens == 0:
+                continue
+            self._check_host(p)
+            with self._lock, torch.inference_mode():
+                logits = self._run_host(p).cpu().numpy()
+            start[rows][p.rows, p.cols] = logits[0]
+            end[rows][p.rows, p.cols] = logits[1]
+        return start, end
+
+    def infer_packed(
+        self,
+        input_ids_flat: torch.Tensor,
+        token_type_ids_flat: torch.Tensor,
+        cu_seqlens: torch.Tensor,
+        max_seqlen: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Start and end logits float32 ``[T]`` of packed sequences, on the engine's device.
+
+        ``input_ids_flat``/``token_type_ids_flat`` [T] hold every sequence's tokens back to
+        back; sequence ``b`` is ``cu_seqlens[b]:cu_seqlens[b+1]`` (int, [B + 1], starting at
+        0); ``max_seqlen`` >= the longest sequence (over-stating it is safe). Position ids
+        restart at 0 in each sequence. Values are not range-checked (that would need a
+        device sync): ids must be < vocab size and sequences <= max positions.
+        """
+        dev = self.device
+        ids = input_ids_flat.to(device=dev, dtype=torch.int32)
+        tt = token_type_ids_flat.to(device=dev, dtype=torch.int32)
+        cu = cu_seqlens.to(device=dev, dtype=torch.int32)
+        t, b = ids.shape[0], cu.shape[0] - 1
+        with torch.inference_mode():
+            seq_of_token = torch.repeat_interleave(
+                torch.arange(b, device=dev), (cu[1:] - cu[:-1]).long(), output_size=t
+            )
+            pos = (torch.arange(t, device=dev, dtype=torch.int32) - cu[seq_of_token]).int()
+            logits = self._run_device(ids, tt, pos, cu, max_seqlen)
+        return logits[0], logits[1]
+
+    def infer_torch(
+        self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`infer` on torch ``[windows, seq]`` tensors; results on the inputs' device.
+
+        CUDA inputs are packed on the GPU (one sync, for the token count); CPU inputs go
+        through the numpy path.
+        """
+        if not input_ids.is_cuda:
+            s, e = self.infer(input_ids.numpy(), attention_mask.numpy(), token_type_ids.numpy())
+            return torch.from_numpy(s), torch.from_numpy(e)
+        w, seq = input_ids.shape
+        with torch.inference_mode():
+            keep = attention_mask != 0
+            rows, cols = keep.nonzero(as_tuple=True)
+            cu = torch.zeros(w + 1, dtype=torch.int32, device=input_ids.device)
+            cu[1:] = torch.cumsum(keep.sum(dim=1), 0)
+            logits = self._run_device(
+                input_ids[rows, cols].to(self.device, torch.int32),
+                token_type_ids[rows, cols].to(self.device, torch.int32),
+                cols.to(self.device, torch.int32),
+                cu.to(self.device),
+                seq,
+            ).to(input_ids.device)
+            start = torch.full((w, seq), PAD_LOGIT, dtype=torch.float32, device=input_ids.device)
+            end = torch.full_like(start, PAD_LOGIT)
+            start[rows, cols] = logits[0]
+            end[rows, cols] = logits[1]
+        return start, end

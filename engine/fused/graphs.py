@@ -1,0 +1,87 @@
+"""CUDA graphs of the whole forward pass, one per bucket, captured on first use.
+
+A graph owns static buffers: one int32 input buffer in the ``packing.bucket_layout``
+layout, and the float32 [2, bucket.tokens] logits its captured forward wrote. A call
+copies a batch into the input buffer, replays, and reads the logits before the next
+call (the caller copies out what it keeps). Not thread-safe: the engine serialises calls.
+All graphs share one memory pool: they are
+replayed one at a time and none reads another's intermediates, so the pool's blocks can
+serve every graph's activations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from engine.fused.packing import Bucket
+
+# forward(ids, token_types, positions, cu_seqlens, n_seqs, max_seqlen) -> logits [2, T]
+Forward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, int], torch.Tensor]
+
+
+def split_inputs(buf: torch.Tensor, bucket: Bucket) -> tuple[torch.Tensor, ...]:
+    """Views (ids, token types, positions, cu_seqlens) of a bucket's input buffer."""
+    n = bucket.tokens
+    return buf[:n], buf[n : 2 * n], buf[2 * n : 3 * n], buf[3 * n :]
+
+
+@dataclass
+class _Captured:
+    inputs: torch.Tensor  # int32 [bucket.buffer_len]
+    logits: torch.Tensor  # float32 [2, bucket.tokens], written by each replay
+    graph: torch.cuda.CUDAGraph
+
+
+class GraphCache:
+    """Capture-once, replay-many forward passes keyed by :class:`Bucket`."""
+
+    def __init__(self, forward: Forward, device: torch.device, max_graphs: int = 128) -> None:
+        self._forward = forward
+        self._device = device
+        self._max_graphs = max_graphs
+        self._graphs: dict[Bucket, _Captured] = {}
+        self._pool = torch.cuda.graph_pool_handle()
+
+    def __len__(self) -> int:
+        return len(self._graphs)
+
+    def can_serve(self, bucket: Bucket) -> bool:
+        """True when the bucket has a graph or there is room to capture one."""
+        return bucket in self._graphs or len(self._graphs) < self._max_graphs
+
+    def inputs(self, bucket: Bucket) -> torch.Tensor:
+        """The bucket's static input buffer (capturing the graph first if needed)."""
+        entry = self._graphs.get(bucket) or self._capture(bucket)
+        return entry.inputs
+
+    def replay(self, bucket: Bucket) -> torch.Tensor:
+        """Run the bucket's graph on what its input buffer holds; returns the static logits."""
+        entry = self._graphs[bucket]
+        entry.graph.replay()
+        return entry.logits
+
+    def _capture(self, bucket: Bucket) -> _Captured:
+        inputs = torch.zeros(bucket.buffer_len, dtype=torch.int32, device=self._device)
+        ids, tt, pos, cu = split_inputs(inputs, bucket)
+        cu.fill_(0)  # all sequences empty: the warm-up touches no uninitialised rows
+
+        def run() -> torch.Tensor:
+            return self._forward(ids, tt, pos, cu, bucket.seqs, bucket.max_seqlen)
+
+        # Warm up on a side stream: Triton compiles and cuBLAS picks its kernels and
+        # workspaces here, outside the capture (neither may happen inside one).
+        side = torch.cuda.Stream(self._device)
+        side.wait_stream(torch.cuda.current_stream(self._device))
+        with torch.cuda.stream(side):
+            for _ in range(2):
+                run()
+        torch.cuda.current_stream(self._device).wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            logits = run()
+        entry = _Captured(inputs, logits, graph)
+        self._graphs[bucket] = entry
+        return entry

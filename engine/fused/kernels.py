@@ -1,0 +1,381 @@
+"""The fused encoder's OpenAI-Triton kernels, and launchers over torch tensors.
+
+Every kernel computes in float32 and reads/writes whatever float dtype its tensors have
+(fp16, bf16, fp32; e4m3 for the optional FP8 copies). The GEMMs themselves are not here:
+cuBLAS (``torch.mm`` / ``torch._scaled_mm``) wins on them, so each kernel below is the
+epilogue or prologue that cuBLAS cannot fuse, merged with its neighbours:
+
+==========================  ==================================================================
+``embed_layernorm``          word + position + token-type gather, sum, LayerNorm (+ FP8 copy)
+``attention_varlen``         QKV bias, scaled QK^T, online softmax, PV over packed sequences
+``bias_gelu``                FFN bias + exact (erf) GELU (+ FP8 copy instead of the fp16 one)
+``bias_residual_layernorm``  projection bias + residual add + LayerNorm (+ FP8 copy)
+``..._qa``                   the same for the last layer, dotted with the 2-row QA head
+==========================  ==================================================================
+
+Launchers never synchronise with the device and take every size from the host, so a
+whole forward pass can be captured in a CUDA graph. With ``TRITON_INTERPRET=1`` set
+before this module is imported, the same kernels run on CPU tensors (for CI).
+``torch_ops`` holds the plain-PyTorch spec of each launcher, with the same signature.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from engine.fused.fp8 import FP8_DTYPE, FP8_MAX, SCALE_MIN, Quantized
+
+# Attention tile: 64 queries x 64 keys keeps a program's registers small enough for
+# 2 pipeline stages with head_dim 64, and gives short (batch-1) sequences more programs.
+ATTN_BLOCK_M = 64
+ATTN_BLOCK_N = 64
+_LOG2E = 1.4426950408889634
+# Globals a @triton.jit function reads must be constexpr.
+_FP8_MAX = tl.constexpr(FP8_MAX)
+_SCALE_MIN = tl.constexpr(SCALE_MIN)
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+@triton.jit
+def _round_to_e4m3_grid(x):
+    """Round float32 to 3 mantissa bits (nearest even) so the e4m3 cast after it is exact.
+
+    On the GPU the cast alone would round the same way; this makes the result independent
+    of the cast's rounding (triton 3.9's interpreter mis-rounds when the mantissa carries
+    into the exponent), at a few integer ops per element in a memory-bound kernel.
+    """
+    bits = x.to(tl.int32, bitcast=True)
+    bits = (bits + 0x7FFFF + ((bits >> 20) & 1)) & -1048576  # -1048576 == ~0xFFFFF
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _store_rows_fp8(y, mask, rmask, q_ptrs, scale_ptrs):
+    """Per-row e4m3 quantization of a [ROWS, COLS] float32 tile (masked lanes hold 0)."""
+    amax = tl.max(tl.where(mask, tl.abs(y), 0.0), axis=1)
+    scale = tl.maximum(amax / _FP8_MAX, _SCALE_MIN)
+    q = tl.minimum(tl.maximum(y / scale[:, None], -_FP8_MAX), _FP8_MAX)
+    tl.store(q_ptrs, _round_to_e4m3_grid(q).to(tl.float8e4nv), mask=mask)
+    tl.store(scale_ptrs, scale, mask=rmask)
+
+
+@triton.jit
+def _layernorm_rows(x, mask, cols, cmask, g_ptr, b_ptr, D, eps):
+    """LayerNorm of each row of a float32 tile whose masked lanes hold 0."""
+    mean = tl.sum(x, axis=1) / D
+    xc = tl.where(mask, x - mean[:, None], 0.0)
+    var = tl.sum(xc * xc, axis=1) / D
+    rstd = 1.0 / tl.sqrt(var + eps)
+    g = tl.load(g_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+    b = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
+    return xc * rstd[:, None] * g[None, :] + b[None, :]
+
+
+# ----------------------------------------------------------------------------- kernels
+
+
+@triton.jit
+def _embed_ln_kernel(
+    ids_ptr, tt_ptr, pos_ptr, word_ptr, posemb_ptr, type_ptr, g_ptr, b_ptr,
+    out_ptr, q_ptr, qs_ptr,
+    n_rows, D, eps,
+    BLOCK_D: tl.constexpr, ROWS: tl.constexpr, FP8_OUT: tl.constexpr,
+):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    rmask = rows < n_rows
+    cols = tl.arange(0, BLOCK_D)
+    cmask = cols < D
+    mask = rmask[:, None] & cmask[None, :]
+    tok = tl.load(ids_ptr + rows, mask=rmask, other=0).to(tl.int64)
+    typ = tl.load(tt_ptr + rows, mask=rmask, other=0).to(tl.int64)
+    pos = tl.load(pos_ptr + rows, mask=rmask, other=0).to(tl.int64)
+    x = tl.load(word_ptr + tok[:, None] * D + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    x += tl.load(posemb_ptr + pos[:, None] * D + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    x += tl.load(type_ptr + typ[:, None] * D + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    y = _layernorm_rows(x, mask, cols, cmask, g_ptr, b_ptr, D, eps)
+    offs = rows.to(tl.int64)[:, None] * D + cols[None, :]
+    tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+    if FP8_OUT:
+        _store_rows_fp8(y, mask, rmask, q_ptr + offs, qs_ptr + rows)
+
+
+@triton.jit
+def _residual_ln_kernel(
+    a_ptr, bias_ptr, res_ptr, g_ptr, b_ptr,
+    out_ptr, q_ptr, qs_ptr,
+    qa_w_ptr, qa_b_ptr, logits_ptr,
+    n_rows, logits_stride, D, eps,
+    BLOCK_D: tl.constexpr, ROWS: tl.constexpr, FP8_OUT: tl.constexpr, QA_HEAD: tl.constexpr,
+):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    rmask = rows < n_rows
+    cols = tl.arange(0, BLOCK_D)
+    cmask = cols < D
+    mask = rmask[:, None] & cmask[None, :]
+    offs = rows.to(tl.int64)[:, None] * D + cols[None, :]
+    x = tl.load(a_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    x += tl.load(bias_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    x += tl.load(res_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    y = _layernorm_rows(x, mask, cols, cmask, g_ptr, b_ptr, D, eps)
+    if QA_HEAD:
+        # The last layer's hidden states are only ever read by the 2-logit head: dot them
+        # here (in float32, from the unrounded LayerNorm output) and never store them.
+        w0 = tl.load(qa_w_ptr + cols, mask=cmask, other=0.0)
+        w1 = tl.load(qa_w_ptr + D + cols, mask=cmask, other=0.0)
+        start = tl.sum(y * w0[None, :], axis=1) + tl.load(qa_b_ptr)
+        end = tl.sum(y * w1[None, :], axis=1) + tl.load(qa_b_ptr + 1)
+        tl.store(logits_ptr + rows, start, mask=rmask)
+        tl.store(logits_ptr + logits_stride + rows, end, mask=rmask)
+    else:
+        tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+        if FP8_OUT:
+            _store_rows_fp8(y, mask, rmask, q_ptr + offs, qs_ptr + rows)
+
+
+@triton.jit
+def _bias_gelu_kernel(
+    h_ptr, bias_ptr, out_ptr, q_ptr, qs_ptr,
+    n_rows, F,
+    BLOCK_F: tl.constexpr, ROWS: tl.constexpr, FP8_OUT: tl.constexpr, TANH: tl.constexpr,
+):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
+    rmask = rows < n_rows
+    cmask = cols < F
+    mask = rmask[:, None] & cmask[None, :]
+    offs = rows.to(tl.int64)[:, None] * F + cols[None, :]
+    x = tl.load(h_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    x += tl.load(bias_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    if TANH:
+        u = 0.7978845608028654 * (x + 0.044715 * x * x * x)
+        e = tl.exp(-2.0 * tl.abs(u))  # in (0, 1]: no overflow
+        t = (1.0 - e) / (1.0 + e)
+        y = 0.5 * x * (1.0 + tl.where(u >= 0, t, -t))
+    else:
+        y = 0.5 * x * (1.0 + tl.erf(x * 0.7071067811865476))
+    if FP8_OUT:
+        # Only the next GEMM reads this activation: store its e4m3 copy alone
+        # (BLOCK_F covers the whole row, so the row's scale is known here).
+        _store_rows_fp8(y, mask, rmask, q_ptr + offs, qs_ptr + rows)
+    else:
+        tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _attn_varlen_kernel(
+    qkv_ptr, bias_ptr, out_ptr, cu_ptr,
+    qk_scale, stride_qkv, stride_out, D,
+    HEAD_DIM: tl.constexpr, BLOCK_DH: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """One (query block, sequence, head): softmax(Q K^T * scale) V with an online softmax.
+
+    Q, K, V are column slices of the packed QKV GEMM output (no bias yet). A sequence's
+    tokens are rows ``cu[seq]:cu[seq+1]``; programs past a sequence's end write nothing,
+    so the grid may be sized for bucketed (padded) sequence counts and lengths.
+    """
+    m_block = tl.program_id(0)
+    seq = tl.program_id(1)
+    head = tl.program_id(2)
+    start = tl.load(cu_ptr + seq)
+    length = tl.load(cu_ptr + seq + 1) - start
+    m0 = m_block * BLOCK_M
+
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_DH)
+    dmask = offs_d < HEAD_DIM
+    col = head * HEAD_DIM + offs_d
+    mmask = offs_m < length
+    q_rows = (start + offs_m).to(tl.int64)
+    io_mask = mmask[:, None] & dmask[None, :]
+    dtype = qkv_ptr.dtype.element_ty
+
+    q = tl.load(qkv_ptr + q_rows[:, None] * stride_qkv + col[None, :], mask=io_mask, other=0.0)
+    bq = tl.load(bias_ptr + col, mask=dmask, other=0.0)
+    bk = tl.load(bias_ptr + D + col, mask=dmask, other=0.0)
+    bv = tl.load(bias_ptr + 2 * D + col, mask=dmask, other=0.0)
+    # Softmax scale and log2(e) folded into Q once, so the loop uses exp2 directly.
+    q = ((q.to(tl.float32) + bq[None, :]) * qk_scale).to(dtype)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DH], tl.float32)
+    n_end = tl.where(m0 < length, length, 0)  # empty programs skip the loop
+    for n0 in range(0, n_end, BLOCK_N):
+        nmask = (n0 + offs_n) < length
+        kv_rows = (start + n0 + offs_n).to(tl.int64)
+        kv_mask = nmask[:, None] & dmask[None, :]
+        kv_ptrs = qkv_ptr + kv_rows[:, None] * stride_qkv + col[None, :]
+        k = tl.load(kv_ptrs + D, mask=kv_mask, other=0.0)
+        v = tl.load(kv_ptrs + 2 * D, mask=kv_mask, other=0.0)
+        k = (k.to(tl.float32) + bk[None, :]).to(dtype)
+        v = (v.to(tl.float32) + bv[None, :]).to(dtype)
+        s = tl.dot(q, tl.trans(k))
+        s = tl.where(nmask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(dtype), v)
+        m_i = m_new
+    # l_i >= 1 on every row that saw a key (its max contributes exp2(0)); the floor only
+    # keeps rows of empty programs finite (they are not stored).
+    out = acc / tl.maximum(l_i, 1.0)[:, None]
+    o_ptrs = out_ptr + q_rows[:, None] * stride_out + col[None, :]
+    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=io_mask)
+
+
+# ----------------------------------------------------------------------------- launchers
+
+
+def _row_tile(n_rows: int, width: int) -> tuple[int, int, int]:
+    """(BLOCK, ROWS, num_warps) for a row-wise kernel over ``width`` columns.
+
+    Small batches get 2 rows per program (more programs for few tokens); large ones
+    about 4096 elements per program (fewer, fuller programs).
+    """
+    block = triton.next_power_of_2(width)
+    rows = 2 if n_rows < 8192 else max(2, 4096 // block)
+    warps = 4 if block * rows <= 2048 else 8
+    return block, rows, warps
+
+
+def _fp8_buffers(x: torch.Tensor, on: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    if not on:
+        return x, x  # never touched: the FP8 branch is compiled out
+    q = torch.empty(x.shape, device=x.device, dtype=FP8_DTYPE)
+    return q, torch.empty((x.shape[0], 1), device=x.device, dtype=torch.float32)
+
+
+def embed_layernorm(
+    input_ids: torch.Tensor,
+    token_type_ids: torch.Tensor,
+    position_ids: torch.Tensor,
+    word: torch.Tensor,
+    position: torch.Tensor,
+    token_type: torch.Tensor,
+    gamma: torch.Tensor,
+    beta: torch.Tensor,
+    eps: float,
+    fp8: bool = False,
+) -> tuple[torch.Tensor, Quantized | None]:
+    """LayerNorm(word[ids] + position[pos] + token_type[tt]) for packed int32 [T] inputs."""
+    n, d = input_ids.shape[0], word.shape[1]
+    out = torch.empty((n, d), device=word.device, dtype=word.dtype)
+    q, qs = _fp8_buffers(out, fp8)
+    block, rows, warps = _row_tile(n, d)
+    _embed_ln_kernel[(triton.cdiv(n, rows),)](
+        input_ids, token_type_ids, position_ids, word, position, token_type, gamma, beta,
+        out, q, qs, n, d, eps,
+        BLOCK_D=block, ROWS=rows, FP8_OUT=fp8, num_warps=warps,
+    )
+    return out, (Quantized(q, qs) if fp8 else None)
+
+
+def bias_residual_layernorm(
+    a: torch.Tensor,
+    bias: torch.Tensor,
+    residual: torch.Tensor,
+    gamma: torch.Tensor,
+    beta: torch.Tensor,
+    eps: float,
+    fp8: bool = False,
+) -> tuple[torch.Tensor, Quantized | None]:
+    """LayerNorm(a + bias + residual), in ``residual``'s dtype (+ per-row e4m3 copy)."""
+    n, d = a.shape
+    out = torch.empty((n, d), device=a.device, dtype=residual.dtype)
+    q, qs = _fp8_buffers(out, fp8)
+    block, rows, warps = _row_tile(n, d)
+    _residual_ln_kernel[(triton.cdiv(n, rows),)](
+        a, bias, residual, gamma, beta, out, q, qs, gamma, gamma, out,
+        n, 0, d, eps,
+        BLOCK_D=block, ROWS=rows, FP8_OUT=fp8, QA_HEAD=False, num_warps=warps,
+    )
+    return out, (Quantized(q, qs) if fp8 else None)
+
+
+def bias_residual_layernorm_qa(
+    a: torch.Tensor,
+    bias: torch.Tensor,
+    residual: torch.Tensor,
+    gamma: torch.Tensor,
+    beta: torch.Tensor,
+    eps: float,
+    qa_weight: torch.Tensor,
+    qa_bias: torch.Tensor,
+) -> torch.Tensor:
+    """QA logits float32 [2, T] (row 0 start, row 1 end) of LayerNorm(a + bias + residual)."""
+    n, d = a.shape
+    logits = torch.empty((2, n), device=a.device, dtype=torch.float32)
+    block, rows, warps = _row_tile(n, d)
+    _residual_ln_kernel[(triton.cdiv(n, rows),)](
+        a, bias, residual, gamma, beta, a, a, a, qa_weight, qa_bias, logits,
+        n, logits.stride(0), d, eps,
+        BLOCK_D=block, ROWS=rows, FP8_OUT=False, QA_HEAD=True, num_warps=warps,
+    )
+    return logits
+
+
+def bias_gelu(
+    h: torch.Tensor, bias: torch.Tensor, fp8: bool = False, tanh: bool = False
+) -> tuple[torch.Tensor | None, Quantized | None]:
+    """GELU(h + bias): ``(out, None)``, or ``(None, e4m3 copy)`` when ``fp8``.
+
+    Without FP8 the result overwrites ``h`` (elementwise, so in place is safe and saves
+    an allocation of the largest activation).
+    """
+    n, f = h.shape
+    if fp8:
+        q, qs = _fp8_buffers(h, True)
+        block, rows, warps = _row_tile(n, f)  # whole rows: the scale needs them
+        grid = (triton.cdiv(n, rows), 1)
+        out = h
+    else:
+        q = qs = h
+        block, rows, warps = min(1024, triton.next_power_of_2(f)), 4, 4
+        grid = (triton.cdiv(n, rows), triton.cdiv(f, block))
+        out = h
+    _bias_gelu_kernel[grid](
+        h, bias, out, q, qs, n, f,
+        BLOCK_F=block, ROWS=rows, FP8_OUT=fp8, TANH=tanh, num_warps=warps,
+    )
+    if fp8:
+        return None, Quantized(q, qs)
+    return out, None
+
+
+def attention_varlen(
+    qkv: torch.Tensor,
+    qkv_bias: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    max_seqlen: int,
+    n_seqs: int,
+    num_heads: int,
+) -> torch.Tensor:
+    """Bidirectional multi-head attention over packed sequences; returns [T, hidden].
+
+    ``qkv`` [T, 3*hidden] is the bias-free QKV GEMM output; ``cu_seqlens`` int32
+    [n_seqs + 1]. ``max_seqlen`` and ``n_seqs`` only size the grid: they may exceed the
+    real values (extra sequences have zero length), which is what CUDA graphs rely on.
+    Rows of the output outside every sequence are left unwritten.
+    """
+    n, three_d = qkv.shape
+    d = three_d // 3
+    head_dim = d // num_heads
+    out = torch.empty((n, d), device=qkv.device, dtype=qkv.dtype)
+    if n_seqs == 0 or max_seqlen == 0:
+        return out
+    scale = _LOG2E / float(head_dim) ** 0.5
+    grid = (triton.cdiv(max_seqlen, ATTN_BLOCK_M), n_seqs, num_heads)
+    _attn_varlen_kernel[grid](
+        qkv, qkv_bias, out, cu_seqlens,
+        scale, qkv.stride(0), out.stride(0), d,
+        HEAD_DIM=head_dim, BLOCK_DH=max(16, triton.next_power_of_2(head_dim)),
+        BLOCK_M=ATTN_BLOCK_M, BLOCK_N=ATTN_BLOCK_N, num_warps=4, num_stages=2,
+    )
+    return out

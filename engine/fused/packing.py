@@ -1,0 +1,124 @@
+"""Padded ``[windows, seq]`` batches <-> packed tokens, and the buckets CUDA graphs use.
+
+Packing keeps exactly the tokens whose ``attention_mask`` is 1, row by row. A kept token's
+position id is its column in the padded row, which is what HF BERT computes for the same
+padded input, so packed results equal padded ones for any mask (right padding or not).
+
+A bucket rounds (tokens, sequences, longest sequence) up so that a small set of
+captured graphs covers every batch: tokens to at most ~12.5% over (multiples of 64
+below 1024), sequences to a power of two, the longest sequence to a multiple of 128.
+The bucket's inputs live in one int32 buffer ``[ids | token types | positions | cu_seqlens]``
+so a batch reaches the device in one copy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+I32 = npt.NDArray[np.int32]
+
+
+@dataclass(frozen=True)
+class PackedHost:
+    """Packed tokens of a padded batch, with where each came from."""
+
+    input_ids: I32  # [T]
+    token_type_ids: I32  # [T]
+    position_ids: I32  # [T]
+    cu_seqlens: I32  # [B + 1], cu_seqlens[b]:cu_seqlens[b+1] are row b's tokens
+    rows: npt.NDArray[np.intp]  # [T] source row of each token
+    cols: npt.NDArray[np.intp]  # [T] source column (= position id)
+    max_seqlen: int
+
+    @property
+    def tokens(self) -> int:
+        return int(self.input_ids.shape[0])
+
+    @property
+    def seqs(self) -> int:
+        return int(self.cu_seqlens.shape[0]) - 1
+
+
+def pack_padded(input_ids: I32, attention_mask: I32, token_type_ids: I32) -> PackedHost:
+    """Pack the mask-1 tokens of ``[windows, seq]`` int arrays (any int dtype)."""
+    if not (input_ids.shape == attention_mask.shape == token_type_ids.shape):
+        raise ValueError("input_ids, attention_mask and token_type_ids must share one shape")
+    if input_ids.ndim != 2:
+        raise ValueError(f"expected [windows, seq] arrays, got shape {input_ids.shape}")
+    keep = np.asarray(attention_mask) != 0
+    rows, cols = np.nonzero(keep)  # row-major: each row's tokens are contiguous
+    lengths = keep.sum(axis=1)
+    cu = np.zeros(lengths.shape[0] + 1, dtype=np.int32)
+    np.cumsum(lengths, out=cu[1:])
+    return PackedHost(
+        input_ids=np.ascontiguousarray(input_ids[rows, cols], dtype=np.int32),
+        token_type_ids=np.ascontiguousarray(token_type_ids[rows, cols], dtype=np.int32),
+        position_ids=cols.astype(np.int32),
+        cu_seqlens=cu,
+        rows=rows,
+        cols=cols,
+        max_seqlen=int(lengths.max()) if lengths.size else 0,
+    )
+
+
+@dataclass(frozen=True)
+class Bucket:
+    """Padded sizes one CUDA graph is captured for."""
+
+    tokens: int
+    seqs: int
+    max_seqlen: int
+
+    @property
+    def buffer_len(self) -> int:
+        return 3 * self.tokens + self.seqs + 1
+
+
+def round_tokens(tokens: int) -> int:
+    """Round up to a multiple of max(64, 2**(floor(log2 tokens) - 3)): < 12.5% padding past 512."""
+    tokens = max(tokens, 1)
+    step = max(64, 1 << max(0, tokens.bit_length() - 4))
+    return -(-tokens // step) * step
+
+
+def bucket_for(tokens: int, seqs: int, max_seqlen: int) -> Bucket:
+    """The bucket a batch of this size replays."""
+    return Bucket(
+        tokens=round_tokens(tokens),
+        seqs=1 << max(0, (max(seqs, 1) - 1).bit_length()),
+        max_seqlen=-(-max(max_seqlen, 1) // 128) * 128,
+    )
+
+
+def bucket_layout(
+    ids: I32, token_types: I32, positions: I32, cu_seqlens: I32, bucket: Bucket
+) -> I32:
+    """The bucket's int32 input buffer: padding tokens are id 0 at position 0, and extra
+    sequences are empty (their cu_seqlens entries repeat the real token count)."""
+    t, b = ids.shape[0], cu_seqlens.shape[0] - 1
+    if t > bucket.tokens or b > bucket.seqs:
+        raise ValueError(f"batch ({t} tokens, {b} sequences) does not fit {bucket}")
+    n = bucket.tokens
+    buf = np.zeros(bucket.buffer_len, dtype=np.int32)
+    buf[:t] = ids
+    buf[n : n + t] = token_types
+    buf[2 * n : 2 * n + t] = positions
+    buf[3 * n : 3 * n + b + 1] = cu_seqlens
+    buf[3 * n + b + 1 :] = t
+    return buf
+
+
+def chunks_by_tokens(lengths: npt.NDArray[np.integer], max_tokens: int) -> list[slice]:
+    """Consecutive row ranges whose token counts stay within ``max_tokens`` (a row alone may
+    exceed it)."""
+    out, start, total = [], 0, 0
+    for i, n in enumerate(lengths.tolist()):
+        if total and total + n > max_tokens:
+            out.append(slice(start, i))
+            start, total = i, 0
+        total += n
+    out.append(slice(start, len(lengths)))
+    return out

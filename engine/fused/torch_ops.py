@@ -1,0 +1,104 @@
+"""Plain-PyTorch versions of the ``kernels`` launchers: the readable spec and the CPU path.
+
+Each function has the signature and contract of its namesake in ``engine.fused.kernels``
+and computes in float32, rounding only what it returns.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from engine.fused.fp8 import Quantized, quantize_rows
+
+
+def _layernorm(x: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor, eps: float) -> torch.Tensor:
+    return F.layer_norm(x, (x.shape[-1],), gamma.float(), beta.float(), eps)
+
+
+def embed_layernorm(
+    input_ids: torch.Tensor,
+    token_type_ids: torch.Tensor,
+    position_ids: torch.Tensor,
+    word: torch.Tensor,
+    position: torch.Tensor,
+    token_type: torch.Tensor,
+    gamma: torch.Tensor,
+    beta: torch.Tensor,
+    eps: float,
+    fp8: bool = False,
+) -> tuple[torch.Tensor, Quantized | None]:
+    x = (
+        word[input_ids.long()].float()
+        + position[position_ids.long()].float()
+        + token_type[token_type_ids.long()].float()
+    )
+    y = _layernorm(x, gamma, beta, eps)
+    return y.to(word.dtype), (quantize_rows(y) if fp8 else None)
+
+
+def bias_residual_layernorm(
+    a: torch.Tensor,
+    bias: torch.Tensor,
+    residual: torch.Tensor,
+    gamma: torch.Tensor,
+    beta: torch.Tensor,
+    eps: float,
+    fp8: bool = False,
+) -> tuple[torch.Tensor, Quantized | None]:
+    y = _layernorm(a.float() + bias.float() + residual.float(), gamma, beta, eps)
+    return y.to(residual.dtype), (quantize_rows(y) if fp8 else None)
+
+
+def bias_residual_layernorm_qa(
+    a: torch.Tensor,
+    bias: torch.Tensor,
+    residual: torch.Tensor,
+    gamma: torch.Tensor,
+    beta: torch.Tensor,
+    eps: float,
+    qa_weight: torch.Tensor,
+    qa_bias: torch.Tensor,
+) -> torch.Tensor:
+    y = _layernorm(a.float() + bias.float() + residual.float(), gamma, beta, eps)
+    return (qa_weight.float() @ y.t() + qa_bias.float()[:, None]).contiguous()
+
+
+def gelu(x: torch.Tensor, tanh: bool = False) -> torch.Tensor:
+    """Exact (erf) GELU, or the tanh approximation."""
+    return F.gelu(x, approximate="tanh" if tanh else "none")
+
+
+def bias_gelu(
+    h: torch.Tensor, bias: torch.Tensor, fp8: bool = False, tanh: bool = False
+) -> tuple[torch.Tensor | None, Quantized | None]:
+    y = gelu(h.float() + bias.float(), tanh)
+    if fp8:
+        return None, quantize_rows(y)
+    return y.to(h.dtype), None
+
+
+def attention_varlen(
+    qkv: torch.Tensor,
+    qkv_bias: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    max_seqlen: int,
+    n_seqs: int,
+    num_heads: int,
+) -> torch.Tensor:
+    n, three_d = qkv.shape
+    d = three_d // 3
+    hd = d // num_heads
+    x = (qkv.float() + qkv_bias.float()).view(n, 3, num_heads, hd)
+    out = torch.zeros((n, d), device=qkv.device, dtype=qkv.dtype)
+    cu = cu_seqlens.tolist()
+    for s in range(n_seqs):
+        a, b = int(cu[s]), int(cu[s + 1])
+        if b <= a:
+            continue
+        q, k, v = (x[a:b, i].transpose(0, 1) for i in range(3))  # [heads, len, hd]
+        p = torch.softmax(q @ k.transpose(1, 2) / math.sqrt(hd), dim=-1)
+        out[a:b] = (p @ v).transpose(0, 1).reshape(b - a, d).to(qkv.dtype)
+    return out

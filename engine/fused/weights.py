@@ -1,0 +1,168 @@
+"""Checkpoint tensors -> the re-packed weights the fused encoder runs on.
+
+Accepts HF ``BertForQuestionAnswering`` key names with or without the ``bert.`` prefix
+(and the old TF-converted ``LayerNorm.gamma``/``beta`` spelling). Packing happens once,
+at load:
+
+- Q, K and V projections become one ``[3*hidden, hidden]`` weight (one GEMM, and the
+  attention kernel reads Q, K and V from its ``[tokens, 3*hidden]`` output);
+- GEMM weights stay ``[out, in]`` in the model dtype (cuBLAS reads them transposed for free);
+- biases, LayerNorm parameters and the QA head are kept in float32: they are tiny and the
+  kernels add them in float32 anyway;
+- with ``fp8=True`` the QKV and both FFN weights also get an e4m3 copy with one scale per
+  output row (``w ~= w8 * scale``). The attention-output projection stays in the model
+  dtype: its input comes straight from the attention kernel, which has no whole-row view
+  to compute a per-token scale from.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from engine.fused.config import BertQAConfig
+from engine.fused.fp8 import quantize_rows
+
+_PREFIXES = ("bert.",)
+
+
+@dataclass(frozen=True)
+class Linear:
+    """``y = x @ weight.T + bias``; ``w8``/``w8_scale`` set when an FP8 copy exists."""
+
+    weight: torch.Tensor  # [out, in], model dtype
+    bias: torch.Tensor  # [out], float32
+    w8: torch.Tensor | None = None  # [out, in], float8_e4m3fn
+    w8_scale: torch.Tensor | None = None  # [1, out], float32
+
+
+@dataclass(frozen=True)
+class LayerWeights:
+    qkv: Linear  # [3*hidden, hidden]: rows are Q, then K, then V
+    attn_out: Linear
+    ln1_weight: torch.Tensor
+    ln1_bias: torch.Tensor
+    ffn_in: Linear
+    ffn_out: Linear
+    ln2_weight: torch.Tensor
+    ln2_bias: torch.Tensor
+
+
+@dataclass(frozen=True)
+class BertQAWeights:
+    config: BertQAConfig
+    dtype: torch.dtype
+    word_embeddings: torch.Tensor  # [vocab, hidden], model dtype
+    position_embeddings: torch.Tensor  # [max_pos, hidden]
+    token_type_embeddings: torch.Tensor  # [types, hidden]
+    emb_ln_weight: torch.Tensor  # float32
+    emb_ln_bias: torch.Tensor
+    layers: tuple[LayerWeights, ...]
+    qa_weight: torch.Tensor  # [2, hidden] float32: row 0 start, row 1 end
+    qa_bias: torch.Tensor  # [2] float32
+
+    @property
+    def fp8(self) -> bool:
+        return self.layers[0].qkv.w8 is not None
+
+
+def read_state_dict(model_dir: Path) -> dict[str, torch.Tensor]:
+    """All tensors of ``model.safetensors`` (or ``pytorch_model.bin``) on the CPU."""
+    model_dir = Path(model_dir)
+    st = model_dir / "model.safetensors"
+    if st.exists():
+        from safetensors.torch import load_file
+
+        return load_file(str(st))
+    pt = model_dir / "pytorch_model.bin"
+    if pt.exists():
+        state: dict[str, torch.Tensor] = torch.load(pt, map_location="cpu", weights_only=True)
+        return state
+    raise FileNotFoundError(f"no model.safetensors or pytorch_model.bin in {model_dir}")
+
+
+def normalise_keys(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Drop the ``bert.`` prefix and spell LayerNorm parameters ``weight``/``bias``."""
+    out = {}
+    for key, value in state.items():
+        for prefix in _PREFIXES:
+            if key.startswith(prefix):
+                key = key[len(prefix) :]
+                break
+        if ".LayerNorm.gamma" in key or ".LayerNorm.beta" in key:
+            key = key.replace(".gamma", ".weight").replace(".beta", ".bias")
+        out[key] = value
+    return out
+
+
+def pack_weights(
+    state: dict[str, torch.Tensor],
+    config: BertQAConfig,
+    device: torch.device | str,
+    dtype: torch.dtype,
+    fp8: bool = False,
+) -> BertQAWeights:
+    """Re-pack a (prefix-free or ``bert.``-prefixed) state dict for the fused encoder."""
+    s = normalise_keys(state)
+    missing: list[str] = []
+
+    def get(key: str) -> torch.Tensor:
+        if key not in s:
+            missing.append(key)
+            return torch.zeros(1)
+        return s[key]
+
+    def mat(t: torch.Tensor) -> torch.Tensor:
+        return t.to(device=device, dtype=dtype).contiguous()
+
+    def vec(t: torch.Tensor) -> torch.Tensor:
+        return t.to(device=device, dtype=torch.float32).contiguous()
+
+    def linear(w: torch.Tensor, b: torch.Tensor, quantize: bool) -> Linear:
+        w = mat(w)
+        if not quantize:
+            return Linear(w, vec(b))
+        q = quantize_rows(w)  # one scale per output channel
+        return Linear(w, vec(b), q.data, q.scale.t().contiguous())
+
+    layers = []
+    for i in range(config.num_layers):
+        p = f"encoder.layer.{i}."
+        a = p + "attention."
+        names = [a + f"self.{n}." for n in ("query", "key", "value")]
+        qkv_w = torch.cat([get(n + "weight") for n in names], 0)
+        qkv_b = torch.cat([get(n + "bias") for n in names], 0)
+        layers.append(
+            LayerWeights(
+                qkv=linear(qkv_w, qkv_b, fp8),
+                attn_out=linear(get(a + "output.dense.weight"), get(a + "output.dense.bias"), False),
+                ln1_weight=vec(get(a + "output.LayerNorm.weight")),
+                ln1_bias=vec(get(a + "output.LayerNorm.bias")),
+                ffn_in=linear(get(p + "intermediate.dense.weight"),
+                              get(p + "intermediate.dense.bias"), fp8),
+                ffn_out=linear(get(p + "output.dense.weight"), get(p + "output.dense.bias"), fp8),
+                ln2_weight=vec(get(p + "output.LayerNorm.weight")),
+                ln2_bias=vec(get(p + "output.LayerNorm.bias")),
+            )
+        )
+    e = "embeddings."
+    weights = BertQAWeights(
+        config=config,
+        dtype=dtype,
+        word_embeddings=mat(get(e + "word_embeddings.weight")),
+        position_embeddings=mat(get(e + "position_embeddings.weight")),
+        token_type_embeddings=mat(get(e + "token_type_embeddings.weight")),
+        emb_ln_weight=vec(get(e + "LayerNorm.weight")),
+        emb_ln_bias=vec(get(e + "LayerNorm.bias")),
+        layers=tuple(layers),
+        qa_weight=vec(get("qa_outputs.weight")),
+        qa_bias=vec(get("qa_outputs.bias")),
+    )
+    if missing:
+        raise KeyError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[:4]}")
+    h = config.hidden_size
+    if weights.word_embeddings.shape != (config.vocab_size, h) or weights.qa_weight.shape != (2, h):
+        raise ValueError("checkpoint shapes do not match config.json (or the head is not 2-logit QA)")
+    return weights

@@ -1,0 +1,385 @@
+"""The fused engine's Triton kernels, checked on the CPU through Triton's interpreter.
+
+``@triton.jit`` reads ``TRITON_INTERPRET`` when a kernel is *defined* (at import of
+``engine.fused.kernels``), so the kernel checks run in one child process started with
+``TRITON_INTERPRET=1``: nothing leaks into this pytest process or other tests. The child
+runs every check in :data:`CASES` and prints one JSON line of results; each check is
+reported as its own test here. Run the child alone with
+``TRITON_INTERPRET=1 python tests/unit/test_fused_kernels.py --child``.
+
+References are float64 torch computations on the same (already rounded) inputs, and
+HF ``BertForQuestionAnswering`` in float32 for a whole tiny model. Known interpreter
+limits (triton 3.9): ``tl.dot`` on bfloat16 returns garbage and float32->bfloat16 casts
+truncate, so bfloat16 is checked on the row kernels only, within one bf16 ulp; the GPU
+test suite checks bfloat16 end to end.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+# ------------------------------------------------------------------ checks (child process)
+# Each returns (error, tolerance); error is max |out - ref| / max(|ref|, 1) unless noted.
+# Row kernels round once to the output dtype: half an ulp, plus bf16's truncating cast
+# in the interpreter (a whole ulp).
+_TOL = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
+
+
+def _rel(out: object, ref: object) -> float:
+    import torch
+
+    assert isinstance(out, torch.Tensor) and isinstance(ref, torch.Tensor)
+    if not torch.isfinite(out).all():
+        return math.inf
+    return float((out.double() - ref.double()).abs().max() / max(float(ref.abs().max()), 1.0))
+
+
+def _ln64(x: object, g: object, b: object, eps: float) -> object:
+    import torch
+
+    assert isinstance(x, torch.Tensor)
+    mean = x.mean(-1, keepdim=True)
+    var = ((x - mean) ** 2).mean(-1, keepdim=True)
+    return (x - mean) / torch.sqrt(var + eps) * g.double() + b.double()  # type: ignore[union-attr]
+
+
+def _check_embed(dtype_name: str, fp8: bool) -> tuple[float, float]:
+    import torch
+
+    from engine.fused import kernels as k
+
+    dt = getattr(torch, dtype_name)
+    g = torch.Generator().manual_seed(1)
+    t, d, vocab, npos = 45, 80, 50, 64  # d not a power of two: masked columns
+    ids = torch.randint(0, vocab, (t,), generator=g, dtype=torch.int32)
+    tt = torch.randint(0, 2, (t,), generator=g, dtype=torch.int32)
+    pos = torch.randint(0, npos, (t,), generator=g, dtype=torch.int32)
+    word, posemb, typ = (torch.randn(n, d, generator=g).to(dt) for n in (vocab, npos, 2))
+    gamma, beta = torch.randn(d, generator=g), torch.randn(d, generator=g)
+    out, q = k.embed_layernorm(ids, tt, pos, word, posemb, typ, gamma, beta, 1e-12, fp8=fp8)
+    x = word.double()[ids.long()] + posemb.double()[pos.long()] + typ.double()[tt.long()]
+    ref = _ln64(x, gamma, beta, 1e-12)
+    tol = _TOL[dtype_name]
+    if fp8:  # both outputs, each in units of its own tolerance
+        return max(_rel(out, ref) / tol, _fp8_err(q, ref)), 1.0
+    return _rel(out, ref), tol
+
+
+def _fp8_err(q: object, ref: object) -> float:
+    """Error of a per-row e4m3 copy in units of its allowed error (pass: <= 1).
+
+    e4m3 keeps 3 mantissa bits: relative rounding error <= 2**-4, plus the subnormal step
+    (2**-9 of the row scale) for tiny values.
+    """
+    import torch
+
+    assert isinstance(ref, torch.Tensor)
+    data, scale = q.data, q.scale  # type: ignore[attr-defined]
+    expect_scale = ref.abs().amax(1, keepdim=True) / 448.0
+    if not torch.allclose(scale.double(), expect_scale, rtol=1e-3, atol=1e-12):
+        return math.inf
+    deq = data.double() * scale.double()
+    allowed = ref.abs() * 2.0**-4 + scale.double() * 2.0**-9 + 1e-9
+    return float(((deq - ref).abs() / allowed).max())
+
+
+def _check_residual_ln(dtype_name: str, fp8: bool) -> tuple[float, float]:
+    import torch
+
+    from engine.fused import kernels as k
+
+    dt = getattr(torch, dtype_name)
+    g = torch.Generator().manual_seed(2)
+    t, d = 33, 96
+    a, res = torch.randn(t, d, generator=g).to(dt), torch.randn(t, d, generator=g).to(dt)
+    bias, gamma, beta = (torch.randn(d, generator=g) for _ in range(3))
+    out, q = k.bias_residual_layernorm(a, bias, res, gamma, beta, 1e-5, fp8=fp8)
+    ref = _ln64(a.double() + bias.double() + res.double(), gamma, beta, 1e-5)
+    tol = _TOL[dtype_name]
+    if fp8:
+        return max(_rel(out, ref) / tol, _fp8_err(q, ref)), 1.0
+    return _rel(out, ref), tol
+
+
+def _check_residual_ln_qa() -> tuple[float, float]:
+    import torch
+
+    from engine.fused import kernels as k
+
+    g = torch.Generator().manual_seed(3)
+    t, d = 29, 64
+    a, res = torch.randn(t, d, generator=g), torch.randn(t, d, generator=g)
+    bias, gamma, beta = (torch.randn(d, generator=g) for _ in range(3))
+    qa_w, qa_b = torch.randn(2, d, generator=g), torch.randn(2, generator=g)
+    logits = k.bias_residual_layernorm_qa(a, bias, res, gamma, beta, 1e-12, qa_w, qa_b)
+    y = _ln64(a.double() + bias.double() + res.double(), gamma, beta, 1e-12)
+    ref = qa_w.double() @ y.t() + qa_b.double()[:, None]  # type: ignore[union-attr]
+    return _rel(logits, ref), 1e-5
+
+
+def _check_gelu(dtype_name: str, tanh: bool, fp8: bool) -> tuple[float, float]:
+    import torch
+
+    from engine.fused import kernels as k
+
+    dt = getattr(torch, dtype_name)
+    g = torch.Generator().manual_seed(4)
+    t, f = 21, 1500  # f spans two 1024-column blocks, the second partial
+    h, bias = (torch.randn(t, f, generator=g) * 3).to(dt), torch.randn(f, generator=g)
+    x = h.double() + bias.double()
+    if tanh:
+        ref = 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
+    else:
+        ref = 0.5 * x * (1 + torch.erf(x / math.sqrt(2)))
+    out, q = k.bias_gelu(h.clone(), bias, fp8=fp8, tanh=tanh)
+    if fp8:
+        return _fp8_err(q, ref), 1.0
+    return _rel(out, ref), _TOL[dtype_name]
+
+
+def _check_attention(dtype_name: str, heads: int, head_dim: int) -> tuple[float, float]:
+    import torch
+
+    from engine.fused import kernels as k
+
+    dt = getattr(torch, dtype_name)
+    g = torch.Generator().manual_seed(5)
+    lengths = [70, 1, 17, 64, 5]  # > one 64-key block, a single token, block-exact
+    cu = torch.tensor([0, *np.cumsum(lengths).tolist()], dtype=torch.int32)
+    t, d = int(cu[-1]), heads * head_dim
+    qkv = (torch.randn(t, 3 * d, generator=g) * 0.5).to(dt)
+    bias = torch.randn(3 * d, generator=g) * 0.5
+    # Over-stated grid (more sequences, longer max) as CUDA graphs use: extra seqs are empty.
+    cu_pad = torch.cat([cu, cu[-1:].repeat(3)])
+    out = k.attention_varlen(qkv, bias, cu_pad, 128, len(lengths) + 3, heads)
+    x = (qkv.double() + bias.double()).view(t, 3, heads, head_dim)
+    ref = torch.empty(t, d, dtype=torch.float64)
+    for a, b in zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True):
+        q, kk, v = (x[a:b, i].transpose(0, 1) for i in range(3))
+        p = torch.softmax(q @ kk.transpose(1, 2) / math.sqrt(head_dim), -1)
+        ref[a:b] = (p @ v).transpose(0, 1).reshape(b - a, d)
+    return _rel(out, ref), {"float32": 1e-5, "float16": 5e-3}[dtype_name]
+
+
+def _tiny_bert(seed: int = 0) -> tuple[object, object]:
+    """A random 2-layer, hidden-64, 4-head HF BERT-QA (LayerNorms and biases perturbed)."""
+    import torch
+    from transformers import BertConfig, BertForQuestionAnswering
+
+    from engine.fused.config import BertQAConfig
+
+    torch.manual_seed(seed)
+    hf = BertConfig(vocab_size=120, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                    intermediate_size=128, max_position_embeddings=64)
+    model = BertForQuestionAnswering(hf).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+    return model, BertQAConfig.from_dict(hf.to_dict())
+
+
+def _random_batch(seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    w, s = 5, 48
+    lengths = np.array([48, 9, 30, 1, 20])
+    ids = rng.integers(1, 120, (w, s)).astype(np.int32)
+    mask = (np.arange(s)[None, :] < lengths[:, None]).astype(np.int32)
+    mask[4] = mask[4][::-1]  # one left-padded row: positions must stay column indices
+    tt = ((np.arange(s)[None, :] >= 6) & (mask == 1)).astype(np.int32)
+    return ids, mask, tt
+
+
+def _check_tiny_bert(dtype: str) -> tuple[float, float]:
+    import torch
+
+    from engine.fused.engine import PAD_LOGIT, FusedEngine
+
+    model, cfg = _tiny_bert()
+    engine = FusedEngine.from_state_dict(model.state_dict(), cfg, device="cpu",  # type: ignore[attr-defined]
+                                         dtype=dtype, backend="triton")
+    assert engine.backend == "triton"
+    ids, mask, tt = _random_batch(7)
+    start, end = engine.infer(ids, mask, tt)
+    with torch.no_grad():
+        ref = model(input_ids=torch.from_numpy(ids).long(),  # type: ignore[operator]
+                    attention_mask=torch.from_numpy(mask).long(),
+                    token_type_ids=torch.from_numpy(tt).long())
+    keep = mask.astype(bool)
+    if not ((start[~keep] == PAD_LOGIT).all() and (end[~keep] == PAD_LOGIT).all()):
+        return math.inf, 0.0
+    err = max(
+        _rel(torch.from_numpy(start[keep]), ref.start_logits[torch.from_numpy(keep)]),
+        _rel(torch.from_numpy(end[keep]), ref.end_logits[torch.from_numpy(keep)]),
+    )
+    return err, {"float32": 1e-4, "float16": 1e-2, "fp8": 6e-2}[dtype]
+
+
+def _check_packed_entry_points() -> tuple[float, float]:
+    """``infer_packed`` and ``infer_torch`` give what ``infer`` gives."""
+    import torch
+
+    from engine.fused.engine import FusedEngine
+
+    model, cfg = _tiny_bert(1)
+    engine = FusedEngine.from_state_dict(model.state_dict(), cfg, device="cpu",  # type: ignore[attr-defined]
+                                         dtype="float32", backend="triton")
+    ids, mask, tt = _random_batch(8)
+    mask[4] = mask[4][::-1]  # right padding again: infer_packed restarts positions at 0
+    start, end = engine.infer(ids, mask, tt)
+    keep = mask.astype(bool)
+    lengths = keep.sum(1)
+    cu = torch.tensor([0, *np.cumsum(lengths).tolist()], dtype=torch.int32)
+    ps, pe = engine.infer_packed(torch.from_numpy(ids[keep]), torch.from_numpy(tt[keep]), cu,
+                                 int(lengths.max()))
+    ts, te = engine.infer_torch(torch.from_numpy(ids), torch.from_numpy(mask), torch.from_numpy(tt))
+    errs = [
+        _rel(ps, torch.from_numpy(start[keep])), _rel(pe, torch.from_numpy(end[keep])),
+        _rel(ts, torch.from_numpy(start)), _rel(te, torch.from_numpy(end)),
+    ]
+    return max(errs), 1e-6
+
+
+CASES: dict[str, Callable[[], tuple[float, float]]] = {
+    "embed_ln_fp32": lambda: _check_embed("float32", False),
+    "embed_ln_fp16": lambda: _check_embed("float16", False),
+    "embed_ln_bf16": lambda: _check_embed("bfloat16", False),
+    "embed_ln_fp16_fp8": lambda: _check_embed("float16", True),
+    "residual_ln_fp32": lambda: _check_residual_ln("float32", False),
+    "residual_ln_fp16_fp8": lambda: _check_residual_ln("float16", True),
+    "residual_ln_bf16": lambda: _check_residual_ln("bfloat16", False),
+    "residual_ln_qa_head": _check_residual_ln_qa,
+    "gelu_erf_fp32": lambda: _check_gelu("float32", False, False),
+    "gelu_erf_fp16": lambda: _check_gelu("float16", False, False),
+    "gelu_tanh_fp32": lambda: _check_gelu("float32", True, False),
+    "gelu_erf_fp8": lambda: _check_gelu("float16", False, True),
+    "attention_fp32_hd16": lambda: _check_attention("float32", 4, 16),
+    "attention_fp16_hd64": lambda: _check_attention("float16", 2, 64),
+    "attention_fp16_hd24": lambda: _check_attention("float16", 3, 24),  # padded head dim
+    "tiny_bert_fp32": lambda: _check_tiny_bert("float32"),
+    "tiny_bert_fp16": lambda: _check_tiny_bert("float16"),
+    "tiny_bert_fp8": lambda: _check_tiny_bert("fp8"),
+    "packed_entry_points": _check_packed_entry_points,
+}
+
+
+def _child_main() -> None:
+    assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
+    sys.path.insert(0, str(REPO))
+    results = {}
+    for name, check in CASES.items():
+        try:
+            err, tol = check()
+            results[name] = {"ok": bool(err <= tol), "error": err, "tolerance": tol}
+        except Exception as exc:  # report, keep checking the rest
+            results[name] = {"ok": False, "error": None, "exception": repr(exc)}
+    print(json.dumps(results))
+
+
+# ------------------------------------------------------------------ tests (pytest process)
+
+
+@pytest.fixture(scope="module")
+def interpreter_results() -> dict[str, dict[str, object]]:
+    pytest.importorskip("triton")
+    pytest.importorskip("transformers")
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve()), "--child"],
+        env=env, cwd=REPO, capture_output=True, text=True, timeout=600,
+    )
+    if proc.returncode != 0 or not proc.stdout.strip():
+        pytest.fail(f"interpreter child failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
+    results: dict[str, dict[str, object]] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return results
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_kernel_under_triton_interpreter(
+    case: str, interpreter_results: dict[str, dict[str, object]]
+) -> None:
+    result = interpreter_results[case]
+    assert result["ok"], result
+
+
+def test_packing_round_trip_and_positions() -> None:
+    from engine.fused.packing import pack_padded
+
+    ids = np.arange(12, dtype=np.int32).reshape(3, 4) + 1
+    mask = np.array([[1, 1, 1, 0], [0, 0, 0, 0], [0, 1, 1, 1]], dtype=np.int32)
+    p = pack_padded(ids, mask, np.zeros_like(ids))
+    assert p.input_ids.tolist() == [1, 2, 3, 10, 11, 12]
+    assert p.cu_seqlens.tolist() == [0, 3, 3, 6]
+    assert p.position_ids.tolist() == [0, 1, 2, 1, 2, 3]  # HF position = column index
+    assert p.max_seqlen == 3 and p.seqs == 3 and p.tokens == 6
+
+
+def test_buckets_bound_padding() -> None:
+    from engine.fused.packing import bucket_for, bucket_layout, round_tokens
+
+    for t in range(1, 70000, 97):
+        r = round_tokens(t)
+        assert r >= t and (r - t) <= max(64, t // 8)
+    assert round_tokens(128) == 128 and round_tokens(384) == 384
+    b = bucket_for(300, 3, 200)
+    assert (b.tokens, b.seqs, b.max_seqlen) == (320, 4, 256)
+    buf = bucket_layout(np.ones(300, np.int32), np.ones(300, np.int32), np.ones(300, np.int32),
+                        np.array([0, 100, 200, 300], np.int32), b)
+    assert buf.shape == (b.buffer_len,)
+    assert buf[3 * 320 :].tolist() == [0, 100, 200, 300, 300]  # the extra sequence is empty
+    assert buf[300:320].sum() == 0
+
+
+def test_chunks_by_tokens() -> None:
+    from engine.fused.packing import chunks_by_tokens
+
+    chunks = chunks_by_tokens(np.array([5, 5, 5, 20, 1]), 10)
+    assert [(c.start, c.stop) for c in chunks] == [(0, 2), (2, 3), (3, 4), (4, 5)]
+
+
+def test_weight_keys_without_prefix_and_tf_names() -> None:
+    torch = pytest.importorskip("torch")
+    from engine.fused.weights import normalise_keys
+
+    state = {"bert.embeddings.LayerNorm.gamma": torch.ones(2),
+             "encoder.layer.0.output.LayerNorm.beta": torch.zeros(2),
+             "qa_outputs.weight": torch.zeros(2, 2)}
+    assert set(normalise_keys(state)) == {"embeddings.LayerNorm.weight",
+                                          "encoder.layer.0.output.LayerNorm.bias",
+                                          "qa_outputs.weight"}
+
+
+def test_shipped_checkpoint_torch_path_matches_reference() -> None:
+    """The CPU (plain-torch) path on the real checkpoint, a few windows, vs transformers."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    model_dir = REPO / "models" / "minilm-l6-squad"
+    from engine.fused.engine import FusedEngine
+    from engine.reference import ReferenceEngine
+
+    ours = FusedEngine.from_pretrained(model_dir, device="cpu", dtype="float32", backend="torch")
+    ref = ReferenceEngine(model_dir)
+    rng = np.random.default_rng(3)
+    ids = rng.integers(1000, 20000, (3, 64)).astype(np.int32)
+    mask = (np.arange(64)[None, :] < np.array([[64], [33], [8]])).astype(np.int32)
+    tt = ((np.arange(64)[None, :] >= 5) & (mask == 1)).astype(np.int32)
+    s, e = ours.infer(ids, mask, tt)
+    rs, re_ = ref.infer(ids, mask, tt)
+    keep = mask.astype(bool)
+    assert np.abs(s[keep] - rs[keep]).max() < 1e-3
+    assert np.abs(e[keep] - re_[keep]).max() < 1e-3
+    del torch
+
+
+if __name__ == "__main__" and "--child" in sys.argv:
+    _child_main()
