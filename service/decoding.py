@@ -4,8 +4,8 @@ A candidate span is (start token, end token) inside one window's context with
 ``start <= end < start + max_answer_len``; its rank score is ``start_logit + end_logit``
 (the convention of BERT's and HF's SQuAD post-processing). Spans from overlapping
 windows that cover the same characters are merged, keeping the best. The reported
-``score`` is a probability: the softmax of rank scores over the candidates kept plus
-the no-answer candidate.
+``score`` is a probability: the softmax of rank scores over the ``N_BEST`` best distinct
+spans plus the no-answer candidate (so it does not depend on ``top_k``).
 
 The no-answer score of a question is the lowest ``start[CLS] + end[CLS]`` over its
 windows. With a threshold set, the answer is empty when
@@ -24,6 +24,7 @@ from service.windowing import NOT_CONTEXT, Windows
 FloatArray = npt.NDArray[np.float32]
 
 _CANDIDATES_PER_ANSWER = 4  # extra candidates taken so that merging duplicates keeps top_k
+N_BEST = 20  # spans the reported probability is normalised over, whatever top_k is
 
 
 @dataclass(frozen=True)
@@ -83,11 +84,11 @@ def _decode_question(
 ) -> QuestionResult:
     scores = _span_scores(start_logits[rows], end_logits[rows], is_ctx[rows], spec.max_answer_len)
     null_logit = float(np.min(start_logits[rows, 0] + end_logits[rows, 0]))
-    spans = _best_spans(scores, windows.offsets[rows], spec.top_k)
+    spans = _best_spans(scores, windows.offsets[rows], max(spec.top_k, N_BEST))
     probs = _softmax(np.array([s[2] for s in spans] + [null_logit], dtype=np.float64))
     ranked = tuple(
         Span(start=s, end=e, score=float(p), logit=float(lg))
-        for (s, e, lg), p in zip(spans, probs[:-1], strict=True)
+        for (s, e, lg), p in zip(spans[: spec.top_k], probs[: spec.top_k], strict=True)
     )
     threshold = spec.no_answer_threshold
     if threshold is not None and (not ranked or null_logit - ranked[0].logit > threshold):

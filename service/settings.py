@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -62,3 +62,12 @@ class Settings(BaseSettings):
 
     # SLO
     latency_budget_ms: float = Field(10.0, gt=0, description="Latency budget for metrics and alerts")
+
+    @model_validator(mode="after")
+    def _windows_fit(self) -> Settings:
+        from service.windowing import WindowSpec
+
+        WindowSpec(self.max_seq_len, self.window_overlap, self.max_question_tokens)
+        if max(self.seq_buckets) < self.max_seq_len:
+            raise ValueError("the largest of seq_buckets must be >= max_seq_len")
+        return self

@@ -50,8 +50,10 @@ class TritonInstall:
         _copy_if_changed(stub, python_dir / stub.name)
         return python_dir.parent
 
-    def environment(self, extra_pythonpath: Path) -> dict[str, str]:
-        env = dict(os.environ)
+    def environment(
+        self, extra_pythonpath: Path, base: dict[str, str] | None = None
+    ) -> dict[str, str]:
+        env = dict(os.environ if base is None else base)
         libdir = sysconfig.get_config_var("LIBDIR") or ""
         env["LD_LIBRARY_PATH"] = os.pathsep.join(
             p for p in (str(self.libs_dir), libdir, env.get("LD_LIBRARY_PATH", "")) if p

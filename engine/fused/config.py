@@ -44,7 +44,7 @@ class BertQAConfig:
             raise ValueError(f"position_embedding_type {pos_type!r} not supported (only absolute)")
         hidden, heads = int(cfg["hidden_size"]), int(cfg["num_attention_heads"])
         if hidden % heads:
-            raise ValueError(f"hidden_size {hidden} is not a multiple of num_attention_heads {heads}")
+            raise ValueError(f"hidden_size {hidden} is not a multiple of num_heads {heads}")
         return cls(
             vocab_size=int(cfg["vocab_size"]),
             hidden_size=hidden,

@@ -42,7 +42,7 @@ def dequantize(q: Quantized) -> torch.Tensor:
 def scaled_linear(
     xq: Quantized, w8: torch.Tensor, w8_scale: torch.Tensor, out_dtype: torch.dtype
 ) -> torch.Tensor:
-    """``x @ w.T`` from e4m3 operands: ``xq`` [M, K] per-row, ``w8`` [N, K] with ``w8_scale`` [1, N].
+    """``x @ w.T`` from e4m3: ``xq`` [M, K] per-row scaled, ``w8`` [N, K] with ``w8_scale`` [1, N].
 
     ``w8.t()`` is the column-major [K, N] operand ``_scaled_mm`` wants, at no copy.
     """

@@ -73,7 +73,7 @@ class GraphCache:
 
         # Warm up on a side stream: Triton compiles and cuBLAS picks its kernels and
         # workspaces here, outside the capture (neither may happen inside one).
-        side = torch.cuda.Stream(self._device)
+        side = torch.cuda.Stream(self._device)  # type: ignore[no-untyped-call]
         side.wait_stream(torch.cuda.current_stream(self._device))
         with torch.cuda.stream(side):
             for _ in range(2):

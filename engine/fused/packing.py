@@ -111,7 +111,7 @@ def bucket_layout(
     return buf
 
 
-def chunks_by_tokens(lengths: npt.NDArray[np.integer], max_tokens: int) -> list[slice]:
+def chunks_by_tokens(lengths: npt.NDArray[np.int64], max_tokens: int) -> list[slice]:
     """Consecutive row ranges whose token counts stay within ``max_tokens`` (a row alone may
     exceed it)."""
     out, start, total = [], 0, 0

@@ -14,7 +14,9 @@ import torch.nn.functional as F
 from engine.fused.fp8 import Quantized, quantize_rows
 
 
-def _layernorm(x: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor, eps: float) -> torch.Tensor:
+def _layernorm(
+    x: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor, eps: float
+) -> torch.Tensor:
     return F.layer_norm(x, (x.shape[-1],), gamma.float(), beta.float(), eps)
 
 

@@ -137,7 +137,8 @@ def pack_weights(
         layers.append(
             LayerWeights(
                 qkv=linear(qkv_w, qkv_b, fp8),
-                attn_out=linear(get(a + "output.dense.weight"), get(a + "output.dense.bias"), False),
+                attn_out=linear(get(a + "output.dense.weight"), get(a + "output.dense.bias"),
+                                False),
                 ln1_weight=vec(get(a + "output.LayerNorm.weight")),
                 ln1_bias=vec(get(a + "output.LayerNorm.bias")),
                 ffn_in=linear(get(p + "intermediate.dense.weight"),
@@ -164,5 +165,5 @@ def pack_weights(
         raise KeyError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[:4]}")
     h = config.hidden_size
     if weights.word_embeddings.shape != (config.vocab_size, h) or weights.qa_weight.shape != (2, h):
-        raise ValueError("checkpoint shapes do not match config.json (or the head is not 2-logit QA)")
+        raise ValueError("checkpoint shapes do not match config.json (or no 2-logit QA head)")
     return weights

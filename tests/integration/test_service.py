@@ -1,0 +1,139 @@
+"""The gateway over HTTP in front of a real Triton server (started from the wheel)."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+
+from service.contract import INPUTS, MAX_BATCH_SIZE, MODEL_NAME, OUTPUTS
+from tests.integration.conftest import REPO, LiveService, Ports, SeparateProcesses, stop, wait_http
+
+pytestmark = pytest.mark.integration
+
+SQUAD = [  # SQuAD v1.1 dev, "Super_Bowl_50" article, first paragraph
+    ("Which NFL team represented the AFC at Super Bowl 50?", ("Denver Broncos",)),
+    ("Where did Super Bowl 50 take place?", ("Santa Clara, California", "Levi's Stadium")),
+    ("Which NFL team won Super Bowl 50?", ("Denver Broncos",)),
+]
+CONTEXT = (
+    "Super Bowl 50 was an American football game to determine the champion of the National "
+    "Football League (NFL) for the 2015 season. The American Football Conference (AFC) champion "
+    "Denver Broncos defeated the National Football Conference (NFC) champion Carolina Panthers "
+    "24\u201310 to earn their third Super Bowl title. The game was played on February 7, 2016, at "
+    "Levi's Stadium in the San Francisco Bay Area at Santa Clara, California."
+)
+
+
+def test_answers_squad_questions(live_service: LiveService) -> None:
+    r = httpx.post(f"{live_service.gateway_url}/v1/qa",
+                   json={"context": CONTEXT, "questions": [q for q, _ in SQUAD]}, timeout=30)
+    assert r.status_code == 200
+    body = r.json()
+    for (_, golds), answers in zip(SQUAD, body["answers"], strict=True):
+        assert any(g in answers[0]["text"] for g in golds), answers[0]
+        assert CONTEXT[answers[0]["start"] : answers[0]["end"]] == answers[0]["text"]
+    assert set(r.headers["server-timing"].replace(" ", "").split(",")[0].split(";")) >= {"tokenize"}
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "code"),
+    [
+        ({"context": "", "question": "Who?"}, 422, "invalid_input"),
+        ({"context": "Text", "question": "   "}, 422, "invalid_input"),
+        ({"context": ["a"], "question": "Who?"}, 422, "invalid_input"),
+        ({"context": "x" * 60_000, "question": "Who?"}, 413, "payload_too_large"),
+        ({"context": "Text", "questions": ["q?"] * 33}, 413, "payload_too_large"),
+    ],
+)
+def test_bad_inputs_get_documented_status(
+    live_service: LiveService, body: dict, status: int, code: str
+) -> None:
+    r = httpx.post(f"{live_service.gateway_url}/v1/qa", json=body, timeout=30)
+    assert r.status_code == status
+    assert r.json()["error"]["code"] == code
+
+
+def test_concurrent_requests_all_succeed_and_batch(live_service: LiveService) -> None:
+    async def burst() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=live_service.gateway_url, timeout=60) as c:
+            return await asyncio.gather(*(
+                c.post("/v1/qa", json={"context": CONTEXT, "question": q})
+                for q, _ in SQUAD * 8
+            ))
+
+    def counts() -> tuple[float, float]:
+        text = httpx.get(live_service.triton_metrics_url, timeout=5).text
+        values = {}
+        for line in text.splitlines():
+            if line.startswith(("nv_inference_count{", "nv_inference_exec_count{")) and MODEL_NAME in line:
+                values[line.split("{")[0]] = float(line.rsplit(" ", 1)[1])
+        return values["nv_inference_count"], values["nv_inference_exec_count"]
+
+    before = counts()
+    responses = asyncio.run(burst())
+    after = counts()
+    assert all(r.status_code == 200 for r in responses)
+    inferences, executions = after[0] - before[0], after[1] - before[1]
+    assert inferences == 24
+    assert executions < inferences, "the dynamic batcher merged no requests"
+
+
+def test_triton_model_config_matches_contract(live_service: LiveService) -> None:
+    config = httpx.get(f"{live_service.triton_url}/v2/models/{MODEL_NAME}/config", timeout=5).json()
+    assert config["max_batch_size"] == MAX_BATCH_SIZE
+    assert [(t["name"], t["data_type"], t["dims"]) for t in config["input"]] == [
+        (s.name, s.config_dtype, [str(d) for d in s.dims]) for s in INPUTS
+    ] or [(t["name"], t["data_type"], t["dims"]) for t in config["input"]] == [
+        (s.name, s.config_dtype, list(s.dims)) for s in INPUTS
+    ]
+    assert [t["name"] for t in config["output"]] == [s.name for s in OUTPUTS]
+
+
+def test_deadline_exceeded_is_504(live_service: LiveService) -> None:
+    ports = Ports(http=live_service.ports.http, grpc=live_service.ports.grpc,
+                  metrics=live_service.ports.metrics)
+    gateway = subprocess.Popen([sys.executable, "-m", "service"],
+                               env=ports.env(QA_REQUEST_TIMEOUT_MS="0.01"), cwd=REPO)
+    try:
+        url = f"http://127.0.0.1:{ports.gateway}"
+        wait_http(f"{url}/health/ready", gateway, 60)
+        r = httpx.post(f"{url}/v1/qa", json={"context": CONTEXT, "question": "Who won?"}, timeout=30)
+        assert r.status_code == 504
+        assert r.json()["error"]["code"] == "deadline_exceeded"
+    finally:
+        stop(gateway)
+
+
+def test_triton_death_gives_fast_503_not_a_hang(separate_processes: SeparateProcesses) -> None:
+    url = separate_processes.gateway_url
+    ok = httpx.post(f"{url}/v1/qa", json={"context": CONTEXT, "question": "Who won?"}, timeout=30)
+    assert ok.status_code == 200
+    separate_processes.triton.send_signal(signal.SIGKILL)
+    separate_processes.triton.wait(10)
+    started = time.monotonic()
+    r = httpx.post(f"{url}/v1/qa", json={"context": CONTEXT, "question": "Who won?"}, timeout=30)
+    assert r.status_code == 503 and r.json()["error"]["code"] == "backend_unavailable"
+    assert time.monotonic() - started < 5
+    ready = httpx.get(f"{url}/health/ready", timeout=10)
+    assert ready.status_code == 503
+    assert httpx.get(f"{url}/health/live", timeout=5).status_code == 200
+
+
+def test_launcher_stops_both_on_sigterm() -> None:
+    ports = Ports()
+    proc = subprocess.Popen([sys.executable, "-m", "service.launcher"], env=ports.env(), cwd=REPO)
+    try:
+        wait_http(f"http://127.0.0.1:{ports.gateway}/health/ready", proc)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(60) == 0
+        for port in (ports.gateway, ports.http):
+            with pytest.raises(httpx.ConnectError):
+                httpx.get(f"http://127.0.0.1:{port}/", timeout=2)
+    finally:
+        stop(proc)
