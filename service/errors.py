@@ -6,10 +6,10 @@ No exception class name or stack trace ever reaches a client.
 
 from __future__ import annotations
 
-from enum import Enum
+from enum import StrEnum
 
 
-class ErrorCode(str, Enum):
+class ErrorCode(StrEnum):
     INVALID_INPUT = "invalid_input"
     PAYLOAD_TOO_LARGE = "payload_too_large"
     NOT_FOUND = "not_found"

@@ -12,7 +12,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.errors import ErrorCode, STATUS, error_body
+from service.errors import STATUS, ErrorCode, error_body
 from service.metrics import Metrics
 
 REQUEST_ID_HEADER = b"x-request-id"
@@ -75,7 +75,7 @@ class GatewayMiddleware:
 def _request_id(scope: Scope) -> str:
     for name, value in scope.get("headers", []):
         if name == REQUEST_ID_HEADER:
-            text = value.decode("latin-1")
+            text: str = value.decode("latin-1")
             if 0 < len(text) <= 128 and text.isprintable():
                 return text
     return uuid.uuid4().hex

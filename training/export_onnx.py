@@ -66,9 +66,8 @@ def fuse(src: Path, dst: Path, num_heads: int, hidden: int) -> dict[str, int]:
 
 
 def quantize(src: Path, dst: Path) -> None:
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
     import onnx
+    from onnxruntime.quantization import QuantType, quantize_dynamic
 
     # Fused contrib ops (Attention, SkipLayerNormalization) defeat shape inference;
     # every tensor here is float32.

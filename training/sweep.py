@@ -19,11 +19,12 @@ from rich.table import Table
 from training import evaluate, finetune
 
 # name -> (phases, extra finetune flags); files are relative to --data-dir
+EXTRA, SQUAD = "extra_train_answerable.json.xz", "train-subset-v1.1.json.xz"
 CONFIGS: dict[str, tuple[list[str], list[str]]] = {
-    "mix-sq2-e3-lr1e-4": (["extra_train_answerable.json.xz,train-subset-v1.1.json.xz*2@3"], ["--lr", "1e-4"]),
-    "twostage-e2+2-lr1e-4": (["extra_train_answerable.json.xz@2", "train-subset-v1.1.json.xz@2"], ["--lr", "1e-4"]),
-    "mix-sq2-e3-lr2e-4": (["extra_train_answerable.json.xz,train-subset-v1.1.json.xz*2@3"], ["--lr", "2e-4"]),
-    "mix-sq3-e4-lr1.5e-4": (["extra_train_answerable.json.xz,train-subset-v1.1.json.xz*3@4"], ["--lr", "1.5e-4"]),
+    "mix-sq2-e3-lr1e-4": ([f"{EXTRA},{SQUAD}*2@3"], ["--lr", "1e-4"]),
+    "twostage-e2+2-lr1e-4": ([f"{EXTRA}@2", f"{SQUAD}@2"], ["--lr", "1e-4"]),
+    "mix-sq2-e3-lr2e-4": ([f"{EXTRA},{SQUAD}*2@3"], ["--lr", "2e-4"]),
+    "mix-sq3-e4-lr1.5e-4": ([f"{EXTRA},{SQUAD}*3@4"], ["--lr", "1.5e-4"]),
 }
 
 
@@ -63,7 +64,8 @@ def main() -> None:
     for col in ("config", "steps", "train s", "EM", "F1"):
         table.add_column(col)
     for r in rows:
-        table.add_row(r["name"], str(r["steps"]), f"{r['train_s']:.0f}", f"{r['em']:.2f}", f"{r['f1']:.2f}")
+        table.add_row(r["name"], str(r["steps"]), f"{r['train_s']:.0f}",
+                      f"{r['em']:.2f}", f"{r['f1']:.2f}")
     Console().print(table)
 
 
