@@ -42,7 +42,17 @@ class TritonBackend:
         import tritonclient.grpc.aio as grpcclient
 
         self._grpc = grpcclient
-        self._client = grpcclient.InferenceServerClient(url=url)
+        size = 64 * 1024 * 1024  # [64, 512] int32 x 3 in, fp32 x 2 out: far below this
+        # round_robin spreads calls over every address a `dns:///triton-headless:8001`
+        # name resolves to (one Triton pod each on Kubernetes); harmless for one address.
+        options = [
+            ("grpc.max_send_message_length", size),
+            ("grpc.max_receive_message_length", size),
+            ("grpc.lb_policy_name", "round_robin"),
+            ("grpc.keepalive_time_ms", 10_000),
+            ("grpc.keepalive_timeout_ms", 5_000),
+        ]
+        self._client = grpcclient.InferenceServerClient(url=url, channel_args=options)
         self.model_name = model_name
         self.model_version = model_version
 
@@ -71,7 +81,7 @@ class TritonBackend:
                 outputs=outputs, client_timeout=deadline_s,
             )
         except InferenceServerException as exc:
-            raise _map_triton_error(exc) from exc
+            raise map_triton_error(exc) from exc
         start, end = (result.as_numpy(spec.name) for spec in OUTPUTS)
         return start, end
 
@@ -90,14 +100,13 @@ class TritonBackend:
         await self._client.close()
 
 
-def _map_triton_error(exc: Exception) -> ServiceError:
+def map_triton_error(exc: Exception) -> ServiceError:
+    """A tritonclient error -> the gateway's taxonomy (the message stays server-side)."""
     status = str(getattr(exc, "status", lambda: "")() or "")
     if "DEADLINE_EXCEEDED" in status:
         return ServiceError(ErrorCode.DEADLINE_EXCEEDED, "inference deadline exceeded")
-    if "UNAVAILABLE" in status:
-        return ServiceError(ErrorCode.BACKEND_UNAVAILABLE, "inference server unavailable")
-    if "NOT_FOUND" in status or "UNAVAILABLE" in str(exc):
-        return ServiceError(ErrorCode.BACKEND_UNAVAILABLE, "model not available")
+    if "UNAVAILABLE" in status or "NOT_FOUND" in status:
+        return ServiceError(ErrorCode.BACKEND_UNAVAILABLE, "inference server or model unavailable")
     return ServiceError(ErrorCode.BACKEND_ERROR, "inference server error")
 
 

@@ -21,7 +21,9 @@ class Settings(BaseSettings):
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level")
 
     # Triton
-    triton_url: str = Field("localhost:8001", description="Triton gRPC endpoint host:port")
+    triton_url: str = Field(
+        "localhost:8001", description="Triton gRPC host:port (dns:///name:port balances over pods)"
+    )
     model_name: str = Field("bert_qa", description="Triton model to call")
     model_version: str = Field("", description="Triton model version ('' = latest)")
     request_timeout_ms: float = Field(2000.0, gt=0, description="Deadline of one Triton call")

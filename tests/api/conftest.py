@@ -25,6 +25,8 @@ def engine() -> OnnxEngine:
 
 
 def make_client(engine: OnnxEngine, **settings: object) -> TestClient:
+    # a slow, shared 2-core CI machine must not turn behaviour tests into deadline tests
+    settings.setdefault("request_timeout_ms", 60_000)
     app = create_app(Settings(**settings), backend=EngineBackend(engine))  # type: ignore[arg-type]
     return TestClient(app)
 

@@ -12,7 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 DEFS = "https://kubernetes.io/api/_definitions.json#/$defs/io.k8s.apimachinery.pkg.apis.meta.v1."
-DURATION = r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"
+# A Prometheus duration: 0, or units from years to milliseconds in order (1h30m, 5s, 250ms).
+DURATION = "^(0|" + "".join(rf"(([0-9]+){u})?" for u in ("y", "w", "d", "h", "m", "s", "ms")) + ")$"
 
 _OBJ: dict[str, Any] = {"type": "object"}
 _STR: dict[str, Any] = {"type": "string"}

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 from dataclasses import dataclass, field
+from functools import cache
 from importlib import metadata
 from pathlib import Path
 
@@ -305,7 +306,12 @@ def distribution_closure(reqs: list[Requirement]) -> set[str]:
     return {k.split("[")[0] for k in seen}
 
 
+@cache
+def _packages_distributions() -> dict[str, list[str]]:
+    return metadata.packages_distributions()
+
+
 def providing_distributions(module: str) -> set[str]:
     """Canonical names of the installed distributions that provide a top-level module."""
     top = module.split(".")[0]
-    return {canonicalize_name(d) for d in metadata.packages_distributions().get(top, [])}
+    return {canonicalize_name(d) for d in _packages_distributions().get(top, [])}

@@ -34,7 +34,8 @@ def test_compose_files_validate_against_the_compose_spec(
     compose_configs: dict[str, Config], variant: str
 ) -> None:
     """`docker compose config` rejects anything outside the spec's JSON schema (rendered OK)."""
-    assert set(compose_configs[variant]["services"]) == {"triton", "gateway", "prometheus", "grafana"}
+    services = set(compose_configs[variant]["services"])
+    assert services == {"triton", "gateway", "prometheus", "grafana"}
 
 
 def test_compose_rejects_an_unknown_key(compose: Any, tmp_path: Any) -> None:
@@ -128,10 +129,11 @@ def test_monitoring_is_mounted_from_deploy_monitoring(
         "/etc/prometheus/prometheus.yml": str(MONITORING / "prometheus.yml"),
         "/etc/prometheus/rules": str(MONITORING / "rules"),
     }
+    grafana = MONITORING / "grafana"
     assert mounts["grafana"] == {
-        "/etc/grafana/provisioning/datasources": str(MONITORING / "grafana/provisioning/datasources"),
-        "/etc/grafana/provisioning/dashboards": str(MONITORING / "grafana/provisioning/dashboards"),
-        "/var/lib/grafana/dashboards": str(MONITORING / "grafana/dashboards"),
+        "/etc/grafana/provisioning/datasources": str(grafana / "provisioning/datasources"),
+        "/etc/grafana/provisioning/dashboards": str(grafana / "provisioning/dashboards"),
+        "/var/lib/grafana/dashboards": str(grafana / "dashboards"),
     }
     home = service(compose_configs, variant, "grafana")["environment"][
         "GF_DASHBOARDS_DEFAULT_HOME_DASHBOARD_PATH"]
@@ -178,7 +180,8 @@ def test_grafana_provisioning_matches_the_mounts() -> None:
     files = sorted(directory.glob("*.y*ml")) if directory.is_dir() else []
     if not files:
         pytest.skip("deploy/monitoring/grafana/provisioning/dashboards not written yet")
-    paths = {p["options"]["path"] for f in files for p in yaml.safe_load(f.read_text())["providers"]}
+    providers = [p for f in files for p in yaml.safe_load(f.read_text())["providers"]]
+    paths = {p["options"]["path"] for p in providers}
     assert paths == {"/var/lib/grafana/dashboards"}
     sources = MONITORING / "grafana/provisioning/datasources"
     urls = {d.get("url") for f in sources.glob("*.y*ml")

@@ -4,7 +4,6 @@ the code they ship actually imports."""
 from __future__ import annotations
 
 import re
-import sys
 from functools import cache
 from pathlib import Path
 

@@ -10,14 +10,14 @@ from typing import Any
 
 import pytest
 import yaml
-from jsonschema import Draft202012Validator
+from jsonschema import Draft202012Validator  # a dependency of kubernetes-validate
 from referencing import Registry, Resource
 
 from service import contract
 from service.settings import Settings
 from tests.deploy.conftest import KUSTOMIZATIONS, OVERLAYS, Manifest, find
 from tests.deploy.crd_schemas import SCHEMAS
-from tests.deploy.support import ENGINE_VARS, REQUIREMENTS, REPO, parse_env_file
+from tests.deploy.support import ENGINE_VARS, REPO, REQUIREMENTS, parse_env_file
 
 # Oldest Kubernetes minor still in wide use (HPA v2, PDB v1, seccompProfile all GA) and the
 # newest whose schemas kubernetes-validate bundles.
@@ -38,6 +38,11 @@ def containers(objects: list[Manifest], name: str) -> dict[str, Any]:
     pod = find(objects, "Deployment", name)["spec"]["template"]["spec"]
     (container,) = [c for c in pod["containers"] if c["name"] == name]
     return container  # type: ignore[no-any-return]
+
+
+def pod_labels(objects: list[Manifest], name: str) -> dict[str, str]:
+    template = find(objects, "Deployment", name)["spec"]["template"]
+    return template["metadata"]["labels"]  # type: ignore[no-any-return]
 
 
 def pod_spec(objects: list[Manifest], name: str) -> dict[str, Any]:
@@ -142,8 +147,8 @@ def test_services_select_their_pods_on_named_ports(
     objects = rendered[name]
     for service in [o for o in objects if o["kind"] == "Service"]:
         target = service["metadata"]["labels"]["app.kubernetes.io/name"]
-        pod_labels = find(objects, "Deployment", target)["spec"]["template"]["metadata"]["labels"]
-        assert service["spec"]["selector"].items() <= pod_labels.items()
+        labels = pod_labels(objects, target)
+        assert service["spec"]["selector"].items() <= labels.items()
         named = {p["name"] for p in containers(objects, target)["ports"]}
         assert {p["targetPort"] for p in service["spec"]["ports"]} <= named
     assert find(objects, "Service", "gateway")["spec"]["ports"][0]["port"] == contract.GATEWAY_PORT
@@ -158,13 +163,46 @@ def test_scrape_objects_point_at_metrics_ports(
     objects = rendered[name]
     monitor = find(objects, "ServiceMonitor", "gateway")
     service = find(objects, "Service", "gateway")
-    assert monitor["spec"]["selector"]["matchLabels"].items() <= service["metadata"]["labels"].items()
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    assert selector.items() <= service["metadata"]["labels"].items()
     assert [(e["port"], e["path"]) for e in monitor["spec"]["endpoints"]] == [("http", "/metrics")]
     podmon = find(objects, "PodMonitor", "triton")
-    labels = find(objects, "Deployment", "triton")["spec"]["template"]["metadata"]["labels"]
+    labels = pod_labels(objects, "triton")
     assert podmon["spec"]["selector"]["matchLabels"].items() <= labels.items()
     endpoints = [(e["port"], e["path"]) for e in podmon["spec"]["podMetricsEndpoints"]]
     assert endpoints == [("metrics", "/metrics")]
+
+
+@pytest.mark.parametrize("name", OVERLAYS)
+def test_scrape_jobs_and_interval_match_prometheus_yml(
+    rendered: dict[str, list[Manifest]], name: str
+) -> None:
+    """The recording rules and alerts select job="gateway" / job="triton" (compose's jobs)."""
+    path = REPO / "deploy/monitoring/prometheus.yml"
+    if not path.is_file():
+        pytest.skip("deploy/monitoring/prometheus.yml not written yet")
+    config = yaml.safe_load(path.read_text())
+    objects = rendered[name]
+    jobs = {}
+    # jobLabel names a label of the Service (ServiceMonitor) or of the pod (PodMonitor).
+    service_labels = find(objects, "Service", "gateway")["metadata"]["labels"]
+    triton_labels = pod_labels(objects, "triton")
+    for kind, target, key, labels in (
+        ("ServiceMonitor", "gateway", "endpoints", service_labels),
+        ("PodMonitor", "triton", "podMetricsEndpoints", triton_labels),
+    ):
+        monitor = find(objects, kind, target)["spec"]
+        jobs[labels[monitor["jobLabel"]]] = {e["interval"] for e in monitor[key]}
+    assert set(jobs) == {job["job_name"] for job in config["scrape_configs"]}
+    assert set().union(*jobs.values()) == {config["global"]["scrape_interval"]}
+
+
+def test_gateway_paths_are_routes_of_the_app() -> None:
+    """The probe and scrape paths used here are GET routes the gateway really serves."""
+    from service.routes import router
+
+    served = {r.path for r in router.routes if "GET" in getattr(r, "methods", set())}
+    assert served >= GATEWAY_PATHS
 
 
 @pytest.mark.parametrize("name", OVERLAYS)
@@ -179,7 +217,9 @@ def test_every_http_path_is_a_known_route(rendered: dict[str, list[Manifest]], n
 
 @pytest.mark.parametrize("workload", ["gateway", "triton"])
 @pytest.mark.parametrize("name", OVERLAYS)
-def test_pods_are_locked_down(rendered: dict[str, list[Manifest]], name: str, workload: str) -> None:
+def test_pods_are_locked_down(
+    rendered: dict[str, list[Manifest]], name: str, workload: str
+) -> None:
     pod = pod_spec(rendered[name], workload)
     assert pod["securityContext"]["runAsNonRoot"] is True
     assert pod["securityContext"]["runAsUser"] != 0
@@ -200,7 +240,8 @@ def test_pods_are_locked_down(rendered: dict[str, list[Manifest]], name: str, wo
 def test_triton_shm_is_a_memory_backed_emptydir(
     rendered: dict[str, list[Manifest]], name: str
 ) -> None:
-    mounts = {m["mountPath"]: m["name"] for m in containers(rendered[name], "triton")["volumeMounts"]}
+    container = containers(rendered[name], "triton")
+    mounts = {m["mountPath"]: m["name"] for m in container["volumeMounts"]}
     volumes = {v["name"]: v for v in pod_spec(rendered[name], "triton")["volumes"]}
     assert volumes[mounts["/dev/shm"]]["emptyDir"]["medium"] == "Memory"
 
@@ -300,7 +341,8 @@ def test_triton_hpa_metric_is_served_by_the_adapter_rule(
     rendered: dict[str, list[Manifest]],
 ) -> None:
     metric = find(rendered["gpu"], "HorizontalPodAutoscaler", "triton")["spec"]["metrics"][0]
-    (rule,) = [r for r in adapter_rules(rendered) if r["name"]["as"] == metric["pods"]["metric"]["name"]]
+    name = metric["pods"]["metric"]["name"]
+    (rule,) = [r for r in adapter_rules(rendered) if r["name"]["as"] == name]
     assert re.match(rule["name"]["matches"], "nv_inference_queue_duration_us")
     assert f'model="{contract.MODEL_NAME}"' in rule["seriesQuery"]
     query = rule["metricsQuery"]
@@ -315,7 +357,7 @@ def test_pdbs_cover_both_deployments_without_blocking_drains(
 ) -> None:
     for workload in ("gateway", "triton"):
         pdb = find(rendered[name], "PodDisruptionBudget", workload)["spec"]
-        labels = find(rendered[name], "Deployment", workload)["spec"]["template"]["metadata"]["labels"]
+        labels = pod_labels(rendered[name], workload)
         assert pdb["selector"]["matchLabels"].items() <= labels.items()
         hpa = find(rendered[name], "HorizontalPodAutoscaler", workload)["spec"]
         assert pdb["maxUnavailable"] < hpa["minReplicas"]
@@ -327,8 +369,8 @@ def test_only_gateway_and_prometheus_reach_triton(
 ) -> None:
     objects = rendered[name]
     policy = find(objects, "NetworkPolicy", "triton")["spec"]
-    triton_labels = find(objects, "Deployment", "triton")["spec"]["template"]["metadata"]["labels"]
-    gateway_labels = find(objects, "Deployment", "gateway")["spec"]["template"]["metadata"]["labels"]
+    triton_labels = pod_labels(objects, "triton")
+    gateway_labels = pod_labels(objects, "gateway")
     assert policy["podSelector"]["matchLabels"].items() <= triton_labels.items()
     assert policy["policyTypes"] == ["Ingress"]
     allowed: dict[str, set[int]] = {}
