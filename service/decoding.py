@@ -88,7 +88,7 @@ def _decode_question(
     probs = _softmax(np.array([s[2] for s in spans] + [null_logit], dtype=np.float64))
     ranked = tuple(
         Span(start=s, end=e, score=float(p), logit=float(lg))
-        for (s, e, lg), p in zip(spans[: spec.top_k], probs[: spec.top_k], strict=True)
+        for (s, e, lg), p in zip(spans[: spec.top_k], probs[:-1][: spec.top_k], strict=True)
     )
     threshold = spec.no_answer_threshold
     if threshold is not None and (not ranked or null_logit - ranked[0].logit > threshold):

@@ -4,7 +4,7 @@ set -euo pipefail
 pip="$1"
 cd "$(dirname "$0")"
 "$pip" install -q -r requirements.txt
-pkgs=$(grep -v '^#' apt.txt | xargs)
+pkgs=$(cat apt.txt */apt.txt 2>/dev/null | sed 's/#.*//' | xargs)
 missing=""
 for p in $pkgs; do dpkg -s "$p" >/dev/null 2>&1 || missing="$missing $p"; done
 if [ -n "$missing" ]; then

@@ -150,7 +150,7 @@ def train_phase(
             sched.step()
             opt.zero_grad(set_to_none=True)
             step += 1
-            if step % 20 == 0 or step == total:
+            if step == 1 or step % 20 == 0 or step == total:
                 losses.append(loss.item())
                 bar.set_postfix(loss=f"{losses[-1]:.3f}")
             bar.update(1)

@@ -120,9 +120,12 @@ def test_answer_from_a_later_window_of_a_long_context(
     assert "Ada Okafor" in context[best.start : best.end]
     assert best.start >= context.index(COMPANY)
     assert len(res.spans) == 3
-    # measured: "the engineer Ada Okafor" 0.59, "Ada Okafor" 0.25, a long span with both 0.16
+    # measured: "the engineer Ada Okafor" 0.52, "Ada Okafor" 0.22, a long span with both 0.14
+    # (probabilities over the 20 best spans and the no-answer candidate)
+    assert best.score > 0.4
     with_name = [s.score for s in res.spans if "Ada Okafor" in context[s.start : s.end]]
-    assert sum(with_name) > 0.9
+    assert len(with_name) == 3
+    assert sum(with_name) > 0.75
     assert res.no_answer_score < 0.01
     assert sum(s.score for s in res.spans) + res.no_answer_score <= 1.0 + 1e-6
 

@@ -1,8 +1,13 @@
 """Span decoding on hand-built logits whose right answers are known.
 
 Windows come from the real tokenizer (so offsets are real), logits are set by hand: a
-word gets a start/end logit and every other position a low one. A brute-force decoder
-(all spans of all windows, merged by characters) is the reference for random logits.
+word gets a start/end logit and every other position LOW (so low that spans using it have
+probability exactly 0 in float64, which makes the probabilities computable by hand). A
+brute-force decoder (all spans of all windows, merged by characters) is the reference for
+random logits.
+
+Probability contract: a span's ``score`` is the softmax of its logit over the N_BEST best
+distinct spans plus the no-answer logit, whatever top_k is.
 """
 
 from __future__ import annotations
@@ -15,10 +20,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from service.decoding import DecodeSpec, QuestionResult, decode
+from service.decoding import N_BEST, DecodeSpec, QuestionResult, decode
 from service.windowing import NOT_CONTEXT, QATokenizer, Windows, WindowSpec
 
-LOW = -10.0
+LOW = -1000.0
 
 CONTEXT = (
     "Nordhaven Robotics was founded in 2011 by Ada Okafor in Tromsø. "
@@ -71,8 +76,14 @@ def test_best_span_is_the_known_answer(one_window: Windows) -> None:
     assert span.logit == pytest.approx(11.0)
     # the no-answer logit is start[CLS] + end[CLS] = 2 * LOW
     assert res.null_logit == pytest.approx(2 * LOW)
-    assert span.score == pytest.approx(1 / (1 + math.exp(2 * LOW - 11.0)))
-    assert span.score + res.no_answer_score == pytest.approx(1.0)
+    assert span.score == pytest.approx(1.0)
+    assert res.no_answer_score == pytest.approx(0.0, abs=1e-300)
+    # a plausible no-answer: null = 4 + 4 = 8, best = 11 -> score = 1 / (1 + e^-3) = 0.9526
+    s[0, 0] = e[0, 0] = 4.0
+    [res] = decode(one_window, s, e, 1, DecodeSpec())
+    assert res.spans[0].score == pytest.approx(1 / (1 + math.exp(-3.0)))
+    assert res.spans[0].score == pytest.approx(0.952574, abs=1e-6)
+    assert res.spans[0].score + res.no_answer_score == pytest.approx(1.0)
 
 
 def test_span_texts_are_exact_slices_through_normalisation(one_window: Windows) -> None:
@@ -92,30 +103,35 @@ def test_span_texts_are_exact_slices_through_normalisation(one_window: Windows) 
 
 
 def test_top_k_order_and_scores(one_window: Windows) -> None:
-    """start(2011)=5, start(ada)=3, end(2011)=4, end(okafor)=2, all else LOW.
+    """start(2011)=5, start(Ada)=3, end(2011)=4, end(Okafor)=2, [CLS]=3+3, all else LOW.
 
-    Spans: 2011..2011 = 9, ada..okafor = 5, 2011..okafor = 7 (5 tokens: within 30),
-    ada..(LOW) etc. are far lower. So top-3 is [2011, "2011 by Ada Okafor", "Ada Okafor"].
+    Spans: 2011..2011 = 9, 2011..Okafor = 7 (6 tokens: within 30), Ada..Okafor = 5; every
+    other span uses a LOW logit. So top-3 is [2011, "2011 by Ada Okafor", "Ada Okafor"] and
+    the probabilities are softmax([9, 7, 5, null=6]).
     """
     s, e = words_logits(
         one_window, CONTEXT, {"2011": 5.0, "Ada": 3.0}, {"2011": 4.0, "Okafor": 2.0}
     )
+    s[0, 0] = e[0, 0] = 3.0
     [res] = decode(one_window, s, e, 1, DecodeSpec(top_k=3))
     assert texts(CONTEXT, res) == ["2011", "2011 by Ada Okafor", "Ada Okafor"]
     assert [sp.logit for sp in res.spans] == pytest.approx([9.0, 7.0, 5.0])
-    # probabilities: softmax over the three spans and the no-answer logit (-20)
-    z = np.exp(np.array([9.0, 7.0, 5.0, 2 * LOW]) - 9.0)
+    # probabilities: softmax over the three spans and the no-answer logit 6
+    z = np.exp(np.array([9.0, 7.0, 5.0, 6.0]) - 9.0)
     expected = z / z.sum()
     assert [sp.score for sp in res.spans] == pytest.approx(expected[:3].tolist())
     assert res.no_answer_score == pytest.approx(expected[3])
     scores = [sp.score for sp in res.spans]
     assert scores == sorted(scores, reverse=True)
-    assert sum(scores) + res.no_answer_score <= 1.0 + 1e-9
-    # top_k=1 gives the same best span, with a larger share of the probability
+    assert sum(scores) + res.no_answer_score == pytest.approx(1.0)
+    assert scores == pytest.approx([0.8309527, 0.1124572, 0.0152194], abs=1e-6)
+    # top_k=1 gives the same best span with the same probability: the score does not
+    # depend on how many answers were asked for
     [one] = decode(one_window, s, e, 1, DecodeSpec(top_k=1))
     assert texts(CONTEXT, one) == ["2011"]
-    assert one.spans[0].score == pytest.approx(1 / (1 + math.exp(2 * LOW - 9.0)))
-    assert one.spans[0].score > res.spans[0].score
+    assert one.spans[0].score == pytest.approx(res.spans[0].score)
+    assert one.no_answer_score == pytest.approx(res.no_answer_score)
+    assert one.spans[0].score + one.no_answer_score < 1.0
 
 
 def test_max_answer_len_is_respected(one_window: Windows) -> None:
@@ -159,7 +175,7 @@ def test_spans_never_leave_the_context(qa_tokenizer: QATokenizer) -> None:
     is_ctx = win.offsets[:, :, 0] != NOT_CONTEXT
     s[is_ctx] = LOW  # ... except the context, which is low and flat
     e[is_ctx] = LOW
-    s[0, 0] = e[0, 0] = LOW  # [CLS] of question 0 low: the no-answer candidate is -20
+    s[0, 0] = e[0, 0] = LOW  # [CLS] of question 0 low: the no-answer candidate is 2 * LOW
     results = decode(win, s, e, 2, DecodeSpec(top_k=50, max_answer_len=30))
     n_ctx = int(is_ctx[0].sum())
     for res in results:
@@ -168,6 +184,7 @@ def test_spans_never_leave_the_context(qa_tokenizer: QATokenizer) -> None:
         for span in res.spans:
             assert 0 <= span.start < span.end <= len(context)
             assert span.logit == pytest.approx(2 * LOW)
+    assert results[0].null_logit == pytest.approx(2 * LOW)
     assert results[1].null_logit == pytest.approx(100.0)
     assert results[1].no_answer_score == pytest.approx(1.0)
     # the engine may return logits wider than the windows: extra columns are ignored
@@ -311,9 +328,25 @@ def test_empty_context_gives_no_answer(qa_tokenizer: QATokenizer) -> None:
     tok = qa_tokenizer
     win = tok.windows([tok.encode("Anything?")], tok.encode("   \u200b "), WindowSpec())
     s = np.zeros(win.input_ids.shape, np.float32)
-    [res] = decode(win, s, s, 1, DecodeSpec(top_k=3))
-    assert res.spans == ()
-    assert res.no_answer_score == pytest.approx(1.0)
+    for top_k in (1, 3, N_BEST + 5):
+        [res] = decode(win, s, s, 1, DecodeSpec(top_k=top_k))
+        assert res.spans == ()
+        assert res.no_answer_score == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("top_k", [3, 4, 10, N_BEST, N_BEST + 1])
+def test_top_k_larger_than_the_candidates(qa_tokenizer: QATokenizer, top_k: int) -> None:
+    """A two-token context has exactly 3 spans; asking for more returns those 3."""
+    tok = qa_tokenizer
+    context = "Paris."
+    win = tok.windows([tok.encode("Where?")], tok.encode(context), WindowSpec())
+    s, e = words_logits(win, context, {"Paris": 2.0, ".": 1.0}, {"Paris": 2.0, ".": 0.5},
+                        unit=r"\w+|\.")
+    [res] = decode(win, s, e, 1, DecodeSpec(top_k=top_k))
+    # Paris..Paris = 4, Paris..'.' = 2.5, '.'..'.' = 1.5; null = 2 * LOW
+    assert texts(context, res) == ["Paris", "Paris.", "."]
+    z = np.exp(np.array([4.0, 2.5, 1.5]) - 4.0)
+    assert [sp.score for sp in res.spans] == pytest.approx((z / z.sum()).tolist())
 
 
 # --- against a brute-force decoder ----------------------------------------------------------
@@ -398,8 +431,14 @@ def test_decode_matches_brute_force(
         probs = [sp.score for sp in res.spans]
         assert all(0.0 <= p <= 1.0 for p in probs)
         assert probs == sorted(probs, reverse=True)
-        assert sum(probs) + res.no_answer_score == pytest.approx(1.0)
-        z = np.exp(np.array([lg for *_, lg in expected] + [null]) - max(
-            [lg for *_, lg in expected] + [null]
-        ))
-        assert probs == pytest.approx((z / z.sum())[:-1].tolist())
+        # softmax over the N_BEST best distinct spans (whatever top_k is) and the null
+        pool, _ = brute_force(win, s, e, q, DecodeSpec(top_k=max(top_k, N_BEST),
+                                                       max_answer_len=max_answer_len))
+        logits = np.array([lg for *_, lg in pool] + [null])
+        z = np.exp(logits - logits.max())
+        want = z / z.sum()
+        assert probs == pytest.approx(want[: len(probs)].tolist())
+        assert res.no_answer_score == pytest.approx(want[-1])
+        assert sum(probs) + res.no_answer_score <= 1.0 + 1e-9
+        if len(pool) <= top_k:  # every candidate reported: the probabilities add up to 1
+            assert sum(probs) + res.no_answer_score == pytest.approx(1.0)
