@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Test-only tools: PyPI packages into the venv, Debian packages where apt-get works.
 set -euo pipefail
-pip="$1"
+pip="$(cd "$(dirname "$1")" && pwd)/$(basename "$1")"
 cd "$(dirname "$0")"
 "$pip" install -q -r requirements.txt
 pkgs=$(cat apt.txt */apt.txt 2>/dev/null | sed 's/#.*//' | xargs)
