@@ -158,7 +158,7 @@ def _execute(args: argparse.Namespace) -> int:
     )
     write_json(result, plan.out / "results.json")
     write_html(to_dict(result), plan.out / "report.html")
-    console = Console(stderr=True)
+    console = Console(stderr=True, width=None if sys.stderr.isatty() else 120)
     console.print(_summary(result))
     if args.command == "capacity":
         console.print(f"capacity at p99 <= {plan.criteria.budget_ms:g} ms: "

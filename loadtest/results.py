@@ -37,7 +37,7 @@ class StepResult:
     completed: int
     ok: int
     wall_s: float  # step start to last response
-    achieved_rps: float  # 2xx responses per second of wall time
+    achieved_rps: float  # 2xx responses per second of the step (or of wall time, if longer)
     error_rate: float  # non-2xx (incl. timeouts) / completed
     errors: dict[str, int]
     latency_ms: LatencySummary  # every request, from its scheduled send time
@@ -89,7 +89,7 @@ def step_result(
     return StepResult(
         offered_rps=offered_rps, duration_s=duration_s, scheduled=len(samples),
         completed=len(samples), ok=len(ok), wall_s=wall,
-        achieved_rps=len(ok) / wall if wall > 0 else 0.0, error_rate=error_rate,
+        achieved_rps=len(ok) / max(duration_s, wall), error_rate=error_rate,
         errors=dict(Counter(s.error for s in samples if s.error)), latency_ms=latency,
         ok_latency_ms=summarize_ms([s.latency_s for s in ok]),
         lag_ms=summarize_ms([max(s.lag_s, 0.0) for s in samples]),
