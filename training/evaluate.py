@@ -32,7 +32,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--data", type=Path, required=True)
     p.add_argument("--engine", choices=ENGINES, default="reference")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--dtype", default="float32")
+    p.add_argument("--dtype", default=None,
+                   help="engine precision (default: float32 for reference, float16 for fused)")
     p.add_argument("--max-seq-len", type=int, default=384)
     p.add_argument("--overlap", type=int, default=128)
     p.add_argument("--max-answer-len", type=int, default=30)
@@ -49,7 +50,8 @@ def main(argv: list[str] | None = None) -> Score:
     if args.limit:
         examples = examples[: args.limit]
     tok = QATokenizer.from_dir(args.tokenizer_dir or args.model_dir)
-    engine = load_engine(args.engine, args.model_dir, device=args.device, dtype=args.dtype)
+    options = {"dtype": args.dtype} if args.dtype else {}
+    engine = load_engine(args.engine, args.model_dir, device=args.device, **options)
     spec = WindowSpec(max_seq_len=args.max_seq_len, overlap=args.overlap)
     decode_spec = DecodeSpec(max_answer_len=args.max_answer_len,
                              no_answer_threshold=args.no_answer_threshold)

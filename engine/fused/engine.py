@@ -28,8 +28,9 @@ import torch
 
 from engine.base import Float32Array, Int32Array
 from engine.fused.config import BertQAConfig
-from engine.fused.encoder import encode_packed
+from engine.fused.encoder import FP8_MIN_TOKENS, encode_packed
 from engine.fused.fp8 import rowwise_out_dtype
+from engine.fused.gemm import GemmPlan, GemmPlanner
 from engine.fused.graphs import GraphCache, split_inputs
 from engine.fused.packing import (
     Bucket,
@@ -91,7 +92,15 @@ class FusedEngine:
         cuda_graphs: bool = True,
         max_graph_tokens: int = 32768,
         max_tokens_per_pass: int = 65536,
+        gemm_autotune: bool = False,
+        fp8_min_tokens: int = FP8_MIN_TOKENS,
+        force_gemm: GemmPlan | None = None,
     ) -> None:
+        """``gemm_autotune``: time cuBLAS against split-K per GEMM shape (CUDA only; off by
+        default: on the H200, 2026-11-29, cuBLAS won every BERT shape, and the first sight
+        of a shape would cost a Triton compile);
+        ``force_gemm`` (tests) imposes one plan; FP8 weights (if packed) are used for
+        batches of at least ``fp8_min_tokens`` tokens."""
         self.weights = weights
         self.config = weights.config
         self.device = torch.device(device)
@@ -102,6 +111,9 @@ class FusedEngine:
         self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
         self.max_graph_tokens = max_graph_tokens
         self.max_tokens_per_pass = max_tokens_per_pass
+        self.fp8_min_tokens = fp8_min_tokens
+        self.planner = GemmPlanner(self.ops, enabled=gemm_autotune and self.device.type == "cuda",
+                                   force=force_gemm)
         self._graphs = GraphCache(self._forward, self.device) if self.cuda_graphs else None
         self._lock = threading.Lock()
 
@@ -120,8 +132,8 @@ class FusedEngine:
         """Load a HF BERT-family QA checkpoint directory (config.json + model.safetensors).
 
         ``dtype``: float16 | bfloat16 | float32, or ``fp8`` (float16 activations, e4m3 QKV
-        and FFN GEMMs). ``options``: ``backend``, ``cuda_graphs``, ``max_graph_tokens``,
-        ``max_tokens_per_pass`` (see ``__init__``).
+        and FFN GEMMs). ``options``: keyword arguments of ``__init__`` (``backend``,
+        ``cuda_graphs``, ``max_graph_tokens``, ``gemm_autotune``, ...).
         """
         config = BertQAConfig.from_dir(Path(model_dir))
         return cls.from_state_dict(read_state_dict(Path(model_dir)), config, device, dtype,
@@ -148,7 +160,7 @@ class FusedEngine:
     def _forward(self, ids: torch.Tensor, tt: torch.Tensor, pos: torch.Tensor, cu: torch.Tensor,
                  n_seqs: int, max_seqlen: int) -> torch.Tensor:
         return encode_packed(self.weights, self.ops, ids, tt, pos, cu, n_seqs, max_seqlen,
-                             self.fp8_out_dtype)
+                             self.fp8_out_dtype, self.planner, self.fp8_min_tokens)
 
     def _graph_bucket(self, tokens: int, seqs: int, max_seqlen: int) -> Bucket | None:
         if self._graphs is None or tokens > self.max_graph_tokens:

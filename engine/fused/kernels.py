@@ -12,6 +12,8 @@ epilogue or prologue that cuBLAS cannot fuse, merged with its neighbours:
 ``bias_gelu``                FFN bias + exact (erf) GELU (+ FP8 copy instead of the fp16 one)
 ``bias_residual_layernorm``  projection bias + residual add + LayerNorm (+ FP8 copy)
 ``..._qa``                   the same for the last layer, dotted with the 2-row QA head
+``splitk_linear``            optional split-K GEMM leaving float32 partials that the two
+                             kernels above sum while reading (see ``gemm``)
 ==========================  ==================================================================
 
 Launchers never synchronise with the device and take every size from the host, so a
@@ -28,10 +30,12 @@ import triton.language as tl
 
 from engine.fused.fp8 import FP8_DTYPE, FP8_MAX, SCALE_MIN, Quantized
 
-# Attention tile: 64 queries x 64 keys keeps a program's registers small enough for
-# 2 pipeline stages with head_dim 64, and gives short (batch-1) sequences more programs.
-ATTN_BLOCK_M = 64
-ATTN_BLOCK_N = 64
+# Attention tiles (BLOCK_M queries x BLOCK_N keys, warps, pipeline stages). Few programs
+# (batch 1): 64-query tiles, so short sequences still spread over more multiprocessors.
+# Many programs: 128-query tiles with 8 warps, half the K/V re-reads per query.
+ATTN_SMALL = (64, 64, 4, 3)
+ATTN_LARGE = (128, 64, 8, 3)
+_ATTN_SMALL_PROGRAMS = 4 * 132  # below ~4 waves of an H100/H200, prefer the small tile
 _LOG2E = 1.4426950408889634
 # Globals a @triton.jit function reads must be constexpr.
 _FP8_MAX = tl.constexpr(FP8_MAX)
@@ -109,8 +113,9 @@ def _residual_ln_kernel(
     a_ptr, bias_ptr, res_ptr, g_ptr, b_ptr,
     out_ptr, q_ptr, qs_ptr,
     qa_w_ptr, qa_b_ptr, logits_ptr,
-    n_rows, logits_stride, D, eps,
-    BLOCK_D: tl.constexpr, ROWS: tl.constexpr, FP8_OUT: tl.constexpr, QA_HEAD: tl.constexpr,
+    n_rows, logits_stride, split_stride, D, eps,
+    BLOCK_D: tl.constexpr, ROWS: tl.constexpr, SPLITS: tl.constexpr,
+    FP8_OUT: tl.constexpr, QA_HEAD: tl.constexpr,
 ):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     rmask = rows < n_rows
@@ -119,6 +124,8 @@ def _residual_ln_kernel(
     mask = rmask[:, None] & cmask[None, :]
     offs = rows.to(tl.int64)[:, None] * D + cols[None, :]
     x = tl.load(a_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    for s in tl.static_range(1, SPLITS):  # split-K partial sums of the GEMM, if any
+        x += tl.load(a_ptr + s * split_stride + offs, mask=mask, other=0.0)
     x += tl.load(bias_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
     x += tl.load(res_ptr + offs, mask=mask, other=0.0).to(tl.float32)
     y = _layernorm_rows(x, mask, cols, cmask, g_ptr, b_ptr, D, eps)
@@ -140,8 +147,9 @@ def _residual_ln_kernel(
 @triton.jit
 def _bias_gelu_kernel(
     h_ptr, bias_ptr, out_ptr, q_ptr, qs_ptr,
-    n_rows, F,
-    BLOCK_F: tl.constexpr, ROWS: tl.constexpr, FP8_OUT: tl.constexpr, TANH: tl.constexpr,
+    n_rows, F, split_stride,
+    BLOCK_F: tl.constexpr, ROWS: tl.constexpr, SPLITS: tl.constexpr,
+    FP8_OUT: tl.constexpr, TANH: tl.constexpr,
 ):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     cols = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
@@ -150,6 +158,8 @@ def _bias_gelu_kernel(
     mask = rmask[:, None] & cmask[None, :]
     offs = rows.to(tl.int64)[:, None] * F + cols[None, :]
     x = tl.load(h_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    for s in tl.static_range(1, SPLITS):  # split-K partial sums of the GEMM, if any
+        x += tl.load(h_ptr + s * split_stride + offs, mask=mask, other=0.0)
     x += tl.load(bias_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
     if TANH:
         u = 0.7978845608028654 * (x + 0.044715 * x * x * x)
@@ -178,6 +188,11 @@ def _attn_varlen_kernel(
     Q, K, V are column slices of the packed QKV GEMM output (no bias yet). A sequence's
     tokens are rows ``cu[seq]:cu[seq+1]``; programs past a sequence's end write nothing,
     so the grid may be sized for bucketed (padded) sequence counts and lengths.
+
+    Biases cost nothing inside the loop: the K bias adds ``q . bk`` to every score of a
+    query row, which softmax cancels, so it is dropped; rows of P sum to one, so
+    ``P (V + bv) = P V + bv`` and the V bias is added once at the end. K and V tiles thus
+    go from memory straight into ``tl.dot``, which lets the compiler pipeline the loads.
     """
     m_block = tl.program_id(0)
     seq = tl.program_id(1)
@@ -198,8 +213,6 @@ def _attn_varlen_kernel(
 
     q = tl.load(qkv_ptr + q_rows[:, None] * stride_qkv + col[None, :], mask=io_mask, other=0.0)
     bq = tl.load(bias_ptr + col, mask=dmask, other=0.0)
-    bk = tl.load(bias_ptr + D + col, mask=dmask, other=0.0)
-    bv = tl.load(bias_ptr + 2 * D + col, mask=dmask, other=0.0)
     # Softmax scale and log2(e) folded into Q once, so the loop uses exp2 directly.
     q = ((q.to(tl.float32) + bq[None, :]) * qk_scale).to(dtype)
 
@@ -207,15 +220,12 @@ def _attn_varlen_kernel(
     l_i = tl.zeros([BLOCK_M], tl.float32)
     acc = tl.zeros([BLOCK_M, BLOCK_DH], tl.float32)
     n_end = tl.where(m0 < length, length, 0)  # empty programs skip the loop
+    k_ptrs = qkv_ptr + (start + offs_n).to(tl.int64)[:, None] * stride_qkv + D + col[None, :]
     for n0 in range(0, n_end, BLOCK_N):
         nmask = (n0 + offs_n) < length
-        kv_rows = (start + n0 + offs_n).to(tl.int64)
         kv_mask = nmask[:, None] & dmask[None, :]
-        kv_ptrs = qkv_ptr + kv_rows[:, None] * stride_qkv + col[None, :]
-        k = tl.load(kv_ptrs + D, mask=kv_mask, other=0.0)
-        v = tl.load(kv_ptrs + 2 * D, mask=kv_mask, other=0.0)
-        k = (k.to(tl.float32) + bk[None, :]).to(dtype)
-        v = (v.to(tl.float32) + bv[None, :]).to(dtype)
+        k = tl.load(k_ptrs, mask=kv_mask, other=0.0)
+        v = tl.load(k_ptrs + D, mask=kv_mask, other=0.0)
         s = tl.dot(q, tl.trans(k))
         s = tl.where(nmask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -224,11 +234,46 @@ def _attn_varlen_kernel(
         l_i = l_i * alpha + tl.sum(p, axis=1)
         acc = acc * alpha[:, None] + tl.dot(p.to(dtype), v)
         m_i = m_new
+        k_ptrs += BLOCK_N * stride_qkv
+    bv = tl.load(bias_ptr + 2 * D + col, mask=dmask, other=0.0)
     # l_i >= 1 on every row that saw a key (its max contributes exp2(0)); the floor only
     # keeps rows of empty programs finite (they are not stored).
-    out = acc / tl.maximum(l_i, 1.0)[:, None]
+    out = acc / tl.maximum(l_i, 1.0)[:, None] + bv[None, :]
     o_ptrs = out_ptr + q_rows[:, None] * stride_out + col[None, :]
     tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=io_mask)
+
+
+@triton.jit
+def _splitk_gemm_kernel(
+    x_ptr, w_ptr, out_ptr,
+    M, N, K, k_split,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    """``out[s] = x[:, Ks] @ w[:, Ks]^T`` in float32, ``Ks`` the s-th of the K splits.
+
+    ``x`` [M, K] and ``w`` [N, K] are row-major; program (n, m, s) owns one output tile of
+    split s. The consumer kernel adds the splits up while it reads the tile anyway.
+    """
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    split = tl.program_id(2)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = split * k_split + tl.arange(0, BLOCK_K)
+    mmask = offs_m < M
+    nmask = offs_n < N
+    x_ptrs = x_ptr + offs_m.to(tl.int64)[:, None] * K + offs_k[None, :]
+    w_ptrs = w_ptr + offs_n.to(tl.int64)[None, :] * K + offs_k[:, None]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for _ in range(0, k_split, BLOCK_K):
+        a = tl.load(x_ptrs, mask=mmask[:, None], other=0.0)
+        b = tl.load(w_ptrs, mask=nmask[None, :], other=0.0)
+        acc = tl.dot(a, b, acc)
+        x_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    rows = split.to(tl.int64) * M + offs_m
+    tl.store(out_ptr + rows[:, None] * N + offs_n[None, :], acc,
+             mask=mmask[:, None] & nmask[None, :])
 
 
 # ----------------------------------------------------------------------------- launchers
@@ -278,6 +323,13 @@ def embed_layernorm(
     return out, (Quantized(q, qs) if fp8 else None)
 
 
+def _splits(a: torch.Tensor) -> tuple[int, int]:
+    """(number of split-K partials, elements between them) of a GEMM output."""
+    if a.dim() == 3:
+        return a.shape[0], a.shape[1] * a.shape[2]
+    return 1, 0
+
+
 def bias_residual_layernorm(
     a: torch.Tensor,
     bias: torch.Tensor,
@@ -287,15 +339,19 @@ def bias_residual_layernorm(
     eps: float,
     fp8: bool = False,
 ) -> tuple[torch.Tensor, Quantized | None]:
-    """LayerNorm(a + bias + residual), in ``residual``'s dtype (+ per-row e4m3 copy)."""
-    n, d = a.shape
+    """LayerNorm(a + bias + residual), in ``residual``'s dtype (+ per-row e4m3 copy).
+
+    ``a`` is a GEMM output [T, D], or [S, T, D] float32 split-K partials to be summed.
+    """
+    n, d = a.shape[-2:]
+    splits, split_stride = _splits(a)
     out = torch.empty((n, d), device=a.device, dtype=residual.dtype)
     q, qs = _fp8_buffers(out, fp8)
     block, rows, warps = _row_tile(n, d)
     _residual_ln_kernel[(triton.cdiv(n, rows),)](
         a, bias, residual, gamma, beta, out, q, qs, gamma, gamma, out,
-        n, 0, d, eps,
-        BLOCK_D=block, ROWS=rows, FP8_OUT=fp8, QA_HEAD=False, num_warps=warps,
+        n, 0, split_stride, d, eps,
+        BLOCK_D=block, ROWS=rows, SPLITS=splits, FP8_OUT=fp8, QA_HEAD=False, num_warps=warps,
     )
     return out, (Quantized(q, qs) if fp8 else None)
 
@@ -311,28 +367,35 @@ def bias_residual_layernorm_qa(
     qa_bias: torch.Tensor,
 ) -> torch.Tensor:
     """QA logits float32 [2, T] (row 0 start, row 1 end) of LayerNorm(a + bias + residual)."""
-    n, d = a.shape
+    n, d = a.shape[-2:]
+    splits, split_stride = _splits(a)
     logits = torch.empty((2, n), device=a.device, dtype=torch.float32)
     block, rows, warps = _row_tile(n, d)
     _residual_ln_kernel[(triton.cdiv(n, rows),)](
         a, bias, residual, gamma, beta, a, a, a, qa_weight, qa_bias, logits,
-        n, logits.stride(0), d, eps,
-        BLOCK_D=block, ROWS=rows, FP8_OUT=False, QA_HEAD=True, num_warps=warps,
+        n, logits.stride(0), split_stride, d, eps,
+        BLOCK_D=block, ROWS=rows, SPLITS=splits, FP8_OUT=False, QA_HEAD=True, num_warps=warps,
     )
     return logits
 
 
 def bias_gelu(
-    h: torch.Tensor, bias: torch.Tensor, fp8: bool = False, tanh: bool = False
+    h: torch.Tensor,
+    bias: torch.Tensor,
+    fp8: bool = False,
+    tanh: bool = False,
+    out_dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor | None, Quantized | None]:
     """GELU(h + bias): ``(out, None)``, or ``(None, e4m3 copy)`` when ``fp8``.
 
-    Without FP8 the result overwrites ``h`` (elementwise, so in place is safe and saves
-    an allocation of the largest activation).
+    ``h`` is a GEMM output [T, F], or [S, T, F] float32 split-K partials to be summed.
+    A 2-D ``h`` is overwritten in place (elementwise, so safe; it saves an allocation of the
+    largest activation); otherwise ``out`` is new, in ``out_dtype``.
     """
-    n, f = h.shape
+    n, f = h.shape[-2:]
+    splits, split_stride = _splits(h)
     if fp8:
-        q, qs = _fp8_buffers(h, True)
+        q, qs = _fp8_buffers(h[-1] if splits > 1 else h, True)
         block, rows, warps = _row_tile(n, f)  # whole rows: the scale needs them
         grid = (triton.cdiv(n, rows), 1)
         out = h
@@ -340,14 +403,51 @@ def bias_gelu(
         q = qs = h
         block, rows, warps = min(1024, triton.next_power_of_2(f)), 4, 4
         grid = (triton.cdiv(n, rows), triton.cdiv(f, block))
-        out = h
+        out = h if splits == 1 and out_dtype in (None, h.dtype) else torch.empty(
+            (n, f), device=h.device, dtype=out_dtype or h.dtype)
     _bias_gelu_kernel[grid](
-        h, bias, out, q, qs, n, f,
-        BLOCK_F=block, ROWS=rows, FP8_OUT=fp8, TANH=tanh, num_warps=warps,
+        h, bias, out, q, qs, n, f, split_stride,
+        BLOCK_F=block, ROWS=rows, SPLITS=splits, FP8_OUT=fp8, TANH=tanh, num_warps=warps,
     )
     if fp8:
         return None, Quantized(q, qs)
     return out, None
+
+
+def splitk_linear(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    splits: int,
+    block_m: int = 64,
+    block_n: int = 64,
+    block_k: int = 64,
+    num_warps: int = 4,
+    num_stages: int = 4,
+) -> torch.Tensor:
+    """``x @ w.T`` as float32 split-K partials [splits, M, N] (their sum is the product).
+
+    ``x`` [M, K], ``w`` [N, K], both contiguous; ``K`` must split into ``splits`` equal
+    multiples of ``block_k``.
+    """
+    m, k = x.shape
+    n = w.shape[0]
+    if k % (splits * block_k):
+        raise ValueError(f"K={k} does not split into {splits} multiples of {block_k}")
+    out = torch.empty((splits, m, n), device=x.device, dtype=torch.float32)
+    grid = (triton.cdiv(n, block_n), triton.cdiv(m, block_m), splits)
+    _splitk_gemm_kernel[grid](
+        x, w, out, m, n, k, k // splits,
+        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k,
+        num_warps=num_warps, num_stages=num_stages,
+    )
+    return out
+
+
+def attention_config(max_seqlen: int, n_seqs: int, num_heads: int,
+                     head_dim: int) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) for a batch of this size."""
+    programs = triton.cdiv(max_seqlen, ATTN_SMALL[0]) * n_seqs * num_heads
+    return ATTN_SMALL if programs < _ATTN_SMALL_PROGRAMS or head_dim > 64 else ATTN_LARGE
 
 
 def attention_varlen(
@@ -357,6 +457,7 @@ def attention_varlen(
     max_seqlen: int,
     n_seqs: int,
     num_heads: int,
+    config: tuple[int, int, int, int] | None = None,
 ) -> torch.Tensor:
     """Bidirectional multi-head attention over packed sequences; returns [T, hidden].
 
@@ -372,11 +473,12 @@ def attention_varlen(
     if n_seqs == 0 or max_seqlen == 0:
         return out
     scale = _LOG2E / float(head_dim) ** 0.5
-    grid = (triton.cdiv(max_seqlen, ATTN_BLOCK_M), n_seqs, num_heads)
+    bm, bn, warps, stages = config or attention_config(max_seqlen, n_seqs, num_heads, head_dim)
+    grid = (triton.cdiv(max_seqlen, bm), n_seqs, num_heads)
     _attn_varlen_kernel[grid](
         qkv, qkv_bias, out, cu_seqlens,
         scale, qkv.stride(0), out.stride(0), d,
         HEAD_DIM=head_dim, BLOCK_DH=max(16, triton.next_power_of_2(head_dim)),
-        BLOCK_M=ATTN_BLOCK_M, BLOCK_N=ATTN_BLOCK_N, num_warps=4, num_stages=2,
+        BLOCK_M=bm, BLOCK_N=bn, num_warps=warps, num_stages=stages,
     )
     return out

@@ -14,6 +14,11 @@ import torch.nn.functional as F
 from engine.fused.fp8 import Quantized, quantize_rows
 
 
+def _sum_splits(a: torch.Tensor) -> torch.Tensor:
+    """float32 GEMM output from [T, N] or split-K partials [S, T, N]."""
+    return a.float().sum(0) if a.dim() == 3 else a.float()
+
+
 def _layernorm(
     x: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor, eps: float
 ) -> torch.Tensor:
@@ -50,7 +55,7 @@ def bias_residual_layernorm(
     eps: float,
     fp8: bool = False,
 ) -> tuple[torch.Tensor, Quantized | None]:
-    y = _layernorm(a.float() + bias.float() + residual.float(), gamma, beta, eps)
+    y = _layernorm(_sum_splits(a) + bias.float() + residual.float(), gamma, beta, eps)
     return y.to(residual.dtype), (quantize_rows(y) if fp8 else None)
 
 
@@ -64,7 +69,7 @@ def bias_residual_layernorm_qa(
     qa_weight: torch.Tensor,
     qa_bias: torch.Tensor,
 ) -> torch.Tensor:
-    y = _layernorm(a.float() + bias.float() + residual.float(), gamma, beta, eps)
+    y = _layernorm(_sum_splits(a) + bias.float() + residual.float(), gamma, beta, eps)
     return (qa_weight.float() @ y.t() + qa_bias.float()[:, None]).contiguous()
 
 
@@ -74,12 +79,24 @@ def gelu(x: torch.Tensor, tanh: bool = False) -> torch.Tensor:
 
 
 def bias_gelu(
-    h: torch.Tensor, bias: torch.Tensor, fp8: bool = False, tanh: bool = False
+    h: torch.Tensor,
+    bias: torch.Tensor,
+    fp8: bool = False,
+    tanh: bool = False,
+    out_dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor | None, Quantized | None]:
-    y = gelu(h.float() + bias.float(), tanh)
+    y = gelu(_sum_splits(h) + bias.float(), tanh)
     if fp8:
         return None, quantize_rows(y)
-    return y.to(h.dtype), None
+    return y.to(out_dtype or h.dtype), None
+
+
+def splitk_linear(x: torch.Tensor, w: torch.Tensor, splits: int, **_tiles: int) -> torch.Tensor:
+    """``x @ w.T`` as float32 partials [splits, M, N] over equal K slices."""
+    k = x.shape[1]
+    xs = x.float().view(x.shape[0], splits, k // splits).transpose(0, 1)
+    ws = w.float().view(w.shape[0], splits, k // splits).transpose(0, 1)
+    return torch.bmm(xs, ws.transpose(1, 2))
 
 
 def attention_varlen(
@@ -89,6 +106,7 @@ def attention_varlen(
     max_seqlen: int,
     n_seqs: int,
     num_heads: int,
+    config: tuple[int, int, int, int] | None = None,  # tile sizes: meaningless here
 ) -> torch.Tensor:
     n, three_d = qkv.shape
     d = three_d // 3

@@ -65,7 +65,9 @@ class BertQAWeights:
 
     @property
     def fp8(self) -> bool:
-        return self.layers[0].qkv.w8 is not None
+        """Whether any GEMM has an e4m3 copy."""
+        return any(lin.w8 is not None for ly in self.layers
+                   for lin in (ly.qkv, ly.ffn_in, ly.ffn_out))
 
 
 def read_state_dict(model_dir: Path) -> dict[str, torch.Tensor]:

@@ -112,6 +112,30 @@ def _check_residual_ln(dtype_name: str, fp8: bool) -> tuple[float, float]:
     return _rel(out, ref), tol
 
 
+def _check_splitk(dtype_name: str) -> tuple[float, float]:
+    """Split-K partials sum to the product, and both consumers sum them."""
+    import torch
+
+    from engine.fused import kernels as k
+
+    dt = getattr(torch, dtype_name)
+    g = torch.Generator().manual_seed(6)
+    m, n, kk = 70, 96, 256  # M and N not multiples of the 64 tile
+    x, w = torch.randn(m, kk, generator=g).to(dt), torch.randn(n, kk, generator=g).to(dt)
+    parts = k.splitk_linear(x, w, 4)
+    ref = x.double() @ w.double().t()
+    err = _rel(parts.sum(0), ref) / _TOL[dtype_name]
+    bias, gamma, beta = (torch.randn(n, generator=g) for _ in range(3))
+    res = torch.randn(m, n, generator=g).to(dt)
+    y, _ = k.bias_residual_layernorm(parts, bias, res, gamma, beta, 1e-12)
+    y_ref = _ln64(ref + bias.double() + res.double(), gamma, beta, 1e-12)
+    err = max(err, _rel(y, y_ref) / _TOL[dtype_name])
+    h, _ = k.bias_gelu(parts, bias, out_dtype=dt)
+    xb = ref + bias.double()
+    err = max(err, _rel(h, 0.5 * xb * (1 + torch.erf(xb / math.sqrt(2)))) / _TOL[dtype_name])
+    return err, 1.0
+
+
 def _check_residual_ln_qa() -> tuple[float, float]:
     import torch
 
@@ -148,7 +172,8 @@ def _check_gelu(dtype_name: str, tanh: bool, fp8: bool) -> tuple[float, float]:
     return _rel(out, ref), _TOL[dtype_name]
 
 
-def _check_attention(dtype_name: str, heads: int, head_dim: int) -> tuple[float, float]:
+def _check_attention(dtype_name: str, heads: int, head_dim: int,
+                     large_tile: bool = False) -> tuple[float, float]:
     import torch
 
     from engine.fused import kernels as k
@@ -162,7 +187,8 @@ def _check_attention(dtype_name: str, heads: int, head_dim: int) -> tuple[float,
     bias = torch.randn(3 * d, generator=g) * 0.5
     # Over-stated grid (more sequences, longer max) as CUDA graphs use: extra seqs are empty.
     cu_pad = torch.cat([cu, cu[-1:].repeat(3)])
-    out = k.attention_varlen(qkv, bias, cu_pad, 128, len(lengths) + 3, heads)
+    config = k.ATTN_LARGE if large_tile else k.ATTN_SMALL
+    out = k.attention_varlen(qkv, bias, cu_pad, 128, len(lengths) + 3, heads, config=config)
     x = (qkv.double() + bias.double()).view(t, 3, heads, head_dim)
     ref = torch.empty(t, d, dtype=torch.float64)
     for a, b in zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True):
@@ -200,14 +226,17 @@ def _random_batch(seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return ids, mask, tt
 
 
-def _check_tiny_bert(dtype: str) -> tuple[float, float]:
+def _check_tiny_bert(dtype: str, splitk: bool = False) -> tuple[float, float]:
     import torch
 
     from engine.fused.engine import PAD_LOGIT, FusedEngine
+    from engine.fused.gemm import GemmPlan
 
     model, cfg = _tiny_bert()
+    force = GemmPlan(2, block_m=32, block_n=32, block_k=32) if splitk else None
     engine = FusedEngine.from_state_dict(model.state_dict(), cfg, device="cpu",  # type: ignore[attr-defined]
-                                         dtype=dtype, backend="triton")
+                                         dtype=dtype, backend="triton", force_gemm=force,
+                                         fp8_min_tokens=0)
     assert engine.backend == "triton"
     ids, mask, tt = _random_batch(7)
     start, end = engine.infer(ids, mask, tt)
@@ -266,7 +295,11 @@ CASES: dict[str, Callable[[], tuple[float, float]]] = {
     "attention_fp32_hd16": lambda: _check_attention("float32", 4, 16),
     "attention_fp16_hd64": lambda: _check_attention("float16", 2, 64),
     "attention_fp16_hd24": lambda: _check_attention("float16", 3, 24),  # padded head dim
+    "attention_fp16_large_tile": lambda: _check_attention("float16", 2, 64, large_tile=True),
+    "splitk_gemm_fp32": lambda: _check_splitk("float32"),
+    "splitk_gemm_fp16": lambda: _check_splitk("float16"),
     "tiny_bert_fp32": lambda: _check_tiny_bert("float32"),
+    "tiny_bert_fp32_splitk": lambda: _check_tiny_bert("float32", splitk=True),
     "tiny_bert_fp16": lambda: _check_tiny_bert("float16"),
     "tiny_bert_fp8": lambda: _check_tiny_bert("fp8"),
     "packed_entry_points": _check_packed_entry_points,
@@ -361,7 +394,7 @@ def test_weight_keys_without_prefix_and_tf_names() -> None:
 
 def test_shipped_checkpoint_torch_path_matches_reference() -> None:
     """The CPU (plain-torch) path on the real checkpoint, a few windows, vs transformers."""
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     pytest.importorskip("transformers")
     model_dir = REPO / "models" / "minilm-l6-squad"
     from engine.fused.engine import FusedEngine
@@ -378,7 +411,6 @@ def test_shipped_checkpoint_torch_path_matches_reference() -> None:
     keep = mask.astype(bool)
     assert np.abs(s[keep] - rs[keep]).max() < 1e-3
     assert np.abs(e[keep] - re_[keep]).max() < 1e-3
-    del torch
 
 
 if __name__ == "__main__" and "--child" in sys.argv:
