@@ -96,7 +96,10 @@ def score(examples: Sequence[Example], predictions: Mapping[str, str]) -> Score:
 
     A missing prediction counts as an empty answer.
     """
-    ems, f1s, has_ans, no_ans = [], [], [], []
+    ems: list[float] = []
+    f1s: list[float] = []
+    has_ans: list[float] = []
+    no_ans: list[float] = []
     for ex in examples:
         pred = predictions.get(ex.id, "")
         golds: Iterable[str] = ex.answers or ("",)
