@@ -21,8 +21,8 @@ from rich.table import Table
 from engine.registry import ENGINES, load_engine
 from service.decoding import DecodeSpec
 from service.windowing import QATokenizer, WindowSpec
-from training.features import predict
-from training.squad import Score, load_examples, score
+from training.features import predict_with_margins
+from training.squad import Score, best_threshold, load_examples, score
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -38,6 +38,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--overlap", type=int, default=128)
     p.add_argument("--max-answer-len", type=int, default=30)
     p.add_argument("--no-answer-threshold", type=float, default=None)
+    p.add_argument("--search-threshold", action="store_true",
+                   help="also report the F1-maximising no-answer threshold (SQuAD v2)")
     p.add_argument("--batch-windows", type=int, default=64)
     p.add_argument("--limit", type=int, default=0, help="first N questions only")
     p.add_argument("--out", type=Path, default=None, help="write predictions + scores JSON")
@@ -56,8 +58,9 @@ def main(argv: list[str] | None = None) -> Score:
     decode_spec = DecodeSpec(max_answer_len=args.max_answer_len,
                              no_answer_threshold=args.no_answer_threshold)
     started = time.perf_counter()
-    preds = predict(examples, tok, engine.infer, spec, decode_spec, args.batch_windows)
+    full = predict_with_margins(examples, tok, engine.infer, spec, decode_spec, args.batch_windows)
     seconds = time.perf_counter() - started
+    preds = {k: text for k, (text, _) in full.items()}
     result = score(examples, preds)
     table = Table(title=f"{args.data.name} via {engine.name}: {args.model_dir}")
     for col in ("questions", "EM", "F1", "has-ans F1", "no-ans F1", "seconds"):
@@ -66,6 +69,11 @@ def main(argv: list[str] | None = None) -> Score:
     table.add_row(str(result.total), fmt(result.exact), fmt(result.f1), fmt(result.has_ans_f1),
                   fmt(result.no_ans_f1), f"{seconds:.1f}")
     Console().print(table)
+    if args.search_threshold:
+        threshold, tuned = best_threshold(examples, full)
+        Console().print(f"best no-answer threshold {threshold:.3f}: EM {tuned.exact:.2f} "
+                        f"F1 {tuned.f1:.2f} (has-ans F1 {fmt(tuned.has_ans_f1)}, "
+                        f"no-ans F1 {fmt(tuned.no_ans_f1)}); tuned on this data")
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(

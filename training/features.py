@@ -78,7 +78,20 @@ def predict(
     batch_windows: int = 64,
 ) -> dict[str, str]:
     """The best answer text of every example (empty when judged unanswerable)."""
-    predictions: dict[str, str] = {}
+    full = predict_with_margins(examples, tok, infer, spec, decode_spec, batch_windows)
+    return {k: text for k, (text, _) in full.items()}
+
+
+def predict_with_margins(
+    examples: Sequence[Example],
+    tok: QATokenizer,
+    infer: InferFn,
+    spec: WindowSpec,
+    decode_spec: DecodeSpec,
+    batch_windows: int = 64,
+) -> dict[str, tuple[str, float]]:
+    """Per example: the answer text and ``null_logit - best_span_logit`` (the no-answer margin)."""
+    predictions: dict[str, tuple[str, float]] = {}
     pending: list[tuple[list[Example], Windows]] = []
 
     def flush() -> None:
@@ -94,9 +107,10 @@ def predict(
             rows = slice(row, row + win.count)
             results = decode(pwin, start[rows], end[rows], len(group), decode_spec)
             for ex, res in zip(group, results, strict=True):
-                predictions[ex.id] = (
-                    ex.context[res.spans[0].start : res.spans[0].end] if res.spans else ""
-                )
+                best = res.spans[0] if res.spans else None
+                text = ex.context[best.start : best.end] if best else ""
+                margin = res.null_logit - best.logit if best else float("inf")
+                predictions[ex.id] = (text, margin)
             row += win.count
         pending.clear()
 
