@@ -17,6 +17,13 @@ Sections, each guarded (a failure is recorded and the run goes on), results writ
               weights) against its bytes/FLOPs floor
 6. f1         SQuAD v1.1 dev EM/F1 of models/minilm-l6-squad: reference fp32 vs fused fp16/fp8
 7. compile    torch.compile(mode="max-autotune") in a child process with a time cap
+8. attn_sweep attention tiles per layer (output checked); the fastest on the mix, if >3%
+              faster, is timed as a whole pass in ``mix`` (run before it)
+9. ffn1_sweep FFN1 as cuBLAS + bias_gelu vs the fused Triton GEMM, and torch.mm vs
+              cuBLASLt addmm for every GEMM, per layer
+
+``--fast`` times only hf_graph against ours (no eager columns, no padded mix columns);
+``--shapes`` and ``--f1`` pick latency rows and F1 runs, for short device calls.
 
 Timing: CUDA events around each call after warm-up, median and p99; every timed call
 starts from fresh random data (never zeros) rotated over 4 input sets. The HF baselines
@@ -53,6 +60,8 @@ MODELS = {
                        intermediate_size=4096),
 }
 SHAPES = [(1, 128), (1, 384), (32, 128), (32, 384), (128, 128), (128, 384)]
+# --fast: fewer competitors per row (ours + hf_graph), for short device calls.
+OPTS: dict[str, Any] = {"fast": False, "shapes": None}
 
 
 # ----------------------------------------------------------------------------- lengths
@@ -323,10 +332,16 @@ def section_latency(res: dict[str, Any], name: str, deadline: float) -> None:
     from engine.fused.engine import FusedEngine
 
     ours_eager = FusedEngine(ours.weights, "cuda", cuda_graphs=False)
+    alt = {  # v2's path: cuBLAS FFN1 + bias_gelu at every size
+        "ours_graph_ffn1_unfused": {"ffn1_fused_max_tokens": None},
+    }
+    alt_engines = {key: FusedEngine(ours.weights, "cuda", max_graph_tokens=65536, **kw)  # type: ignore[arg-type]
+                   for key, kw in alt.items()}
     ours_fp8 = make_ours(model, cfg, dtype="fp8")
     rows = res.setdefault("latency", [])
     rng = np.random.default_rng(2)
-    for batch, seq in SHAPES:
+    shapes = [s for s in SHAPES if OPTS["shapes"] is None or f"{name}:{s[0]}x{s[1]}" in OPTS["shapes"]]
+    for batch, seq in shapes:
         if time.time() > deadline:
             rows.append({"model": name, "batch": batch, "seq": seq, "skipped": "deadline"})
             continue
@@ -335,12 +350,16 @@ def section_latency(res: dict[str, Any], name: str, deadline: float) -> None:
         packed = [device_packed(*s) for s in sets]
         row: dict[str, Any] = {"model": name, "batch": batch, "seq": seq}
         variants: dict[str, tuple[Callable[[Any], Any], list[Any]]] = {}
-        hf_eager = HFRunner(model, batch, seq, use_mask=False, graph=False)
-        variants["hf_eager"] = (hf_eager, hf_in)
+        if not OPTS["fast"]:
+            hf_eager = HFRunner(model, batch, seq, use_mask=False, graph=False)
+            variants["hf_eager"] = (hf_eager, hf_in)
         hf_graph = HFRunner(model, batch, seq, use_mask=False, graph=True)
         variants["hf_graph"] = (hf_graph, hf_in)
         variants["ours_graph"] = (lambda x: ours._run_device(*x), packed)
-        variants["ours_eager"] = (lambda x: ours_eager._run_device(*x), packed)
+        for key, eng in alt_engines.items():
+            variants[key] = (lambda x, eng=eng: eng._run_device(*x), packed)
+        if not OPTS["fast"]:
+            variants["ours_eager"] = (lambda x: ours_eager._run_device(*x), packed)
         variants["ours_fp8_graph"] = (lambda x: ours_fp8._run_device(*x), packed)
         for key, (fn, inputs) in variants.items():
             try:
@@ -385,13 +404,25 @@ def section_mix(res: dict[str, Any], name: str, windows: int) -> None:
     hf_in = [tuple(torch.from_numpy(a).long().cuda() for a in s) for s in sets]
     row: dict[str, Any] = {"model": name, "windows": windows, "mean_tokens_per_window":
                            tokens / windows}
-    variants = {
+    variants: dict[str, Any] = {
         "ours_packed": (lambda x: ours._run_device(*x), packed),
         "ours_fp8_packed": (lambda x: ours_fp8._run_device(*x), packed),
-        "ours_padded_384": (lambda x: ours._run_device(*x), packed_full),
-        "hf_graph_padded_384": (HFRunner(model, windows, 384, use_mask=True, graph=True), hf_in),
-        "hf_eager_padded_384": (HFRunner(model, windows, 384, use_mask=True, graph=False), hf_in),
     }
+    best = OPTS.get("attn_best", {}).get(f"{name}:mix")
+    if best is not None:  # the attention sweep's fastest tile on this mix, whole pass
+        from engine.fused.engine import FusedEngine
+
+        e16 = FusedEngine(ours.weights, "cuda", max_graph_tokens=65536, attention_tiles=best)
+        e8 = FusedEngine(ours_fp8.weights, "cuda", max_graph_tokens=65536, attention_tiles=best)
+        row["attn_best"] = list(best)
+        variants["ours_packed_attn_best"] = (lambda x: e16._run_device(*x), packed)
+        variants["ours_fp8_packed_attn_best"] = (lambda x: e8._run_device(*x), packed)
+    if not OPTS["fast"]:
+        variants["ours_padded_384"] = (lambda x: ours._run_device(*x), packed_full)
+        variants["hf_graph_padded_384"] = (HFRunner(model, windows, 384, use_mask=True,
+                                                    graph=True), hf_in)
+        variants["hf_eager_padded_384"] = (HFRunner(model, windows, 384, use_mask=True,
+                                                    graph=False), hf_in)
     for key, (fn, inputs) in variants.items():
         try:
             with torch.inference_mode():
@@ -455,6 +486,12 @@ def section_stages(res: dict[str, Any], name: str, label: str, windows: int, seq
                           L * 2 * t * f * 2),
             "FFN2 GEMM": (lambda: [torch.mm(h, ly.ffn_out.weight.t()) for ly in lay],
                           L * 2 * t * d * f, L * (d * f + t * d + t * f) * 2),
+            "FFN1 GEMM+bias+GELU fused (triton)": (lambda: [k.linear_bias_gelu(
+                x, ly.ffn_in.weight, ly.ffn_in.bias) for ly in lay],
+                L * 2 * t * d * f, L * (d * f + t * d + t * f) * 2),
+            "FFN1 cuBLASLt addmm+GELU(tanh), info": (lambda: [torch._addmm_activation(
+                ly.ffn_in.bias, x, ly.ffn_in.weight.t(), use_gelu=True) for ly in lay],
+                L * 2 * t * d * f, L * (d * f + t * d + t * f) * 2),
             "attention small tile": (lambda: [k.attention_varlen(
                 qkv, ly.qkv.bias, cu, max_len, seqs, heads, config=k.ATTN_SMALL) for ly in lay],
                 L * 4 * d * float((np.diff(cu.cpu().numpy()) ** 2).sum()), L * 4 * t * d * 2),
@@ -504,14 +541,141 @@ def section_stages(res: dict[str, Any], name: str, label: str, windows: int, seq
         flush=True)
 
 
+ATTN_SWEEP = [(64, 64, 4, 3), (128, 64, 8, 3), (64, 32, 4, 3), (64, 32, 4, 2), (64, 64, 4, 2),
+              (64, 64, 4, 4), (128, 64, 4, 3), (128, 128, 8, 3), (128, 32, 8, 3), (32, 64, 4, 3),
+              (64, 64, 8, 3)]
+# The full sweep ran on 2026-11-29 (v3 in NOTES.md); these are the two tiles in use.
+GEMM_GELU_SWEEP = [(128, 256, 64, 8, 3), (64, 64, 64, 4, 4)]
+
+
+def _sweep_inputs(name: str, label: str, windows: int, seq: int, mix: bool):  # type: ignore[no-untyped-def]
+    import numpy as np
+    import torch
+
+    cfg = MODELS[name]
+    d, f = cfg["hidden_size"], cfg["intermediate_size"]
+    rng = np.random.default_rng(6)
+    lengths = rng.choice(squad_lengths(), windows) if mix else None
+    ids, _tt, _pos, cu, max_len = device_packed(*random_padded(rng, windows, seq, lengths))
+    t = ids.shape[0]
+    g = torch.Generator(device="cuda").manual_seed(0)
+    return cfg, d, f, t, cu, max_len, g
+
+
+def section_attn_sweep(res: dict[str, Any]) -> None:
+    """Attention tiles (BLOCK_M x BLOCK_N, warps, stages), per layer, output checked against
+    the default tile. The fastest tile on the mix, if >3% faster, is timed whole-pass in mix."""
+    import numpy as np
+    import torch
+
+    from engine.fused import kernels as k
+
+    out = []
+    for name, label, windows, seq, mix in [("bert-large", "mix x256", 256, 384, True),
+                                           ("bert-large", "1x384", 1, 384, False),
+                                           ("bert-base", "1x128", 1, 128, False)]:
+        cfg, d, _f, t, cu, max_len, g = _sweep_inputs(name, label, windows, seq, mix)
+        heads = cfg["num_attention_heads"]
+        qkv = torch.randn(t, 3 * d, device="cuda", dtype=torch.float16, generator=g)
+        bias = torch.randn(3 * d, device="cuda", dtype=torch.float16, generator=g) * 0.1
+        seqs = cu.shape[0] - 1
+        lens = np.diff(cu.cpu().numpy()).astype(np.float64)
+        flops = 4 * d * float((lens**2).sum())
+        with torch.inference_mode():
+            ref = k.attention_varlen(qkv, bias, cu, max_len, seqs, heads, config=k.ATTN_SMALL)
+            row: dict[str, Any] = {"model": name, "shape": label, "tokens": t}
+            for conf in ATTN_SWEEP:
+                key = f"{conf[0]}x{conf[1]} w{conf[2]} s{conf[3]}"
+                try:
+                    o = k.attention_varlen(qkv, bias, cu, max_len, seqs, heads, config=conf)
+                    err = float((o.float() - ref.float()).abs().max())
+                    ms = graph_time_ms(lambda conf=conf: [k.attention_varlen(
+                        qkv, bias, cu, max_len, seqs, heads, config=conf)  # noqa: B023
+                        for _ in range(4)], reps=2) / 4
+                    row[key] = {"ms": ms, "tflops": flops / ms / 1e9, "max_abs_vs_v2": err}
+                except Exception as exc:
+                    row[key] = {"error": repr(exc)[:200]}
+        out.append(row)
+        best = sorted(((v["ms"], kk) for kk, v in row.items() if isinstance(v, dict) and "ms" in v))
+        base_ms = row.get("64x64 w4 s3", {}).get("ms")
+        if mix and best and base_ms and best[0][0] < 0.97 * base_ms:
+            conf = next(c for c in ATTN_SWEEP
+                        if f"{c[0]}x{c[1]} w{c[2]} s{c[3]}" == best[0][1])
+            OPTS.setdefault("attn_best", {})[f"{name}:mix"] = conf
+        print(f"attn sweep {name} {label}: " + " ".join(f"{kk}={m * 1e3:.1f}us" for m, kk in best[:6]),
+              flush=True)
+    res["attn_sweep"] = out
+
+
+def section_ffn1_sweep(res: dict[str, Any]) -> None:
+    """Per layer: FFN1 as cuBLAS + bias_gelu vs the fused Triton GEMM (per tile), and each
+    GEMM through plain cuBLAS (``torch.mm``) vs cuBLASLt (``torch.addmm``, zero bias)."""
+    import torch
+
+    from engine.fused import kernels as k
+
+    out = []
+    for name, label, windows, seq, mix in [("bert-large", "mix x256", 256, 384, True),
+                                           ("bert-large", "1x384", 1, 384, False),
+                                           ("bert-base", "1x128", 1, 128, False),
+                                           ("bert-base", "32x128", 32, 128, False)]:
+        _cfg, d, f, t, _cu, _max_len, g = _sweep_inputs(name, label, windows, seq, mix)
+        xs = [torch.randn(t, d, device="cuda", dtype=torch.float16, generator=g) for _ in range(2)]
+        ws = [torch.randn(f, d, device="cuda", dtype=torch.float16, generator=g) * 0.03
+              for _ in range(4)]
+        bs = [torch.randn(f, device="cuda", dtype=torch.float16, generator=g) * 0.1
+              for _ in range(4)]
+        flops = 2 * t * d * f
+        row: dict[str, Any] = {"model": name, "shape": label, "tokens": t}
+        with torch.inference_mode():
+            ref = k.bias_gelu(torch.mm(xs[0], ws[0].t()), bs[0])[0]
+            ms = graph_time_ms(lambda: [k.bias_gelu(
+                torch.mm(xs[i % 2], ws[i].t()), bs[i]) for i in range(4)], reps=2) / 4  # noqa: B023
+            row["cuBLAS + bias_gelu"] = {"ms": ms, "tflops": flops / ms / 1e9}
+            ms = graph_time_ms(lambda: [torch.mm(xs[i % 2], ws[i].t())  # noqa: B023
+                                        for i in range(4)], reps=2) / 4
+            row["cuBLAS alone"] = {"ms": ms, "tflops": flops / ms / 1e9}
+            zero = {n: torch.zeros(n, device="cuda", dtype=torch.float16) for n in (d, 3 * d, f)}
+            gemms = {"QKV": (d, 3 * d), "out-proj": (d, d), "FFN1": (d, f), "FFN2": (f, d)}
+            for gname, (kk_, nn_) in gemms.items():
+                xg = torch.randn(t, kk_, device="cuda", dtype=torch.float16, generator=g)
+                wg = [torch.randn(nn_, kk_, device="cuda", dtype=torch.float16, generator=g) * 0.03
+                      for _ in range(4)]
+                fl = 2 * t * kk_ * nn_
+                for api in ("mm", "lt"):
+                    def call(xg=xg, wg=wg, api=api, b_=zero[nn_]) -> list[Any]:  # type: ignore[no-untyped-def]
+                        if api == "mm":
+                            return [torch.mm(xg, w_.t()) for w_ in wg]
+                        return [torch.addmm(b_, xg, w_.t()) for w_ in wg]
+                    ms = graph_time_ms(call, reps=2) / 4
+                    row[f"{gname} {api}"] = {"ms": ms, "tflops": fl / ms / 1e9}
+            for conf in GEMM_GELU_SWEEP:
+                key = "triton " + "x".join(map(str, conf[:3])) + f" w{conf[3]} s{conf[4]}"
+                try:
+                    o = k.linear_bias_gelu(xs[0], ws[0], bs[0], config=conf)
+                    err = float((o.float() - ref.float()).abs().max())
+                    ms = graph_time_ms(lambda conf=conf: [k.linear_bias_gelu(
+                        xs[i % 2], ws[i], bs[i], config=conf)  # noqa: B023
+                        for i in range(4)], reps=2) / 4
+                    row[key] = {"ms": ms, "tflops": flops / ms / 1e9, "max_abs_vs_cublas": err}
+                except Exception as exc:
+                    row[key] = {"error": repr(exc)[:200]}
+        out.append(row)
+        items = [(kk, v["ms"]) for kk, v in row.items() if isinstance(v, dict) and "ms" in v]
+        print(f"ffn1/gemm sweep {name} {label} ({t} tok): " + " ".join(
+            f"{kk}={m * 1e3:.1f}us" for kk, m in items), flush=True)
+    res["ffn1_sweep"] = out
+
+
 def section_f1(res: dict[str, Any]) -> None:
     from training.evaluate import main as evaluate
 
     base = ["--model-dir", str(CHECKPOINT), "--data", str(DEV_SET), "--device", "cuda"]
     out = {}
-    for label, extra in [("reference_fp32", ["--engine", "reference", "--dtype", "float32"]),
-                         ("fused_fp16", ["--engine", "fused", "--dtype", "float16"]),
-                         ("fused_fp8", ["--engine", "fused", "--dtype", "fp8"])]:
+    runs = [("reference_fp32", ["--engine", "reference", "--dtype", "float32"]),
+            ("fused_fp16", ["--engine", "fused", "--dtype", "float16"]),
+            ("fused_fp8", ["--engine", "fused", "--dtype", "fp8"])]
+    for label, extra in [r for r in runs if OPTS.get("f1") is None or r[0] in OPTS["f1"]]:
         t0 = time.time()
         score = evaluate(base + extra)
         out[label] = {"exact": score.exact, "f1": score.f1, "seconds": time.time() - t0}
@@ -595,7 +759,8 @@ def write_markdown(res: dict[str, Any], path: Path) -> str:
             lines.append(f"| {k} | {v['max_abs']:.3e} | {v['max_rel']:.3e} |")
         lines.append("")
     if res.get("latency"):
-        cols = ["hf_eager", "hf_graph", "ours_eager", "ours_graph", "ours_fp8_graph"]
+        cols = ["hf_eager", "hf_graph", "ours_eager", "ours_graph", "ours_graph_ffn1_unfused",
+                "ours_fp8_graph"]
         lines += ["## Latency, ms per batch (median / p99), random weights, full-length", "",
                   "| model | batch x seq | " + " | ".join(cols) + " | ours vs hf_graph |",
                   "|---|---|" + "---|" * (len(cols) + 1)]
@@ -613,7 +778,8 @@ def write_markdown(res: dict[str, Any], path: Path) -> str:
                          + f" | {ratio} |")
         lines.append("")
     if res.get("mix"):
-        cols = ["ours_packed", "ours_fp8_packed", "ours_padded_384", "hf_graph_padded_384",
+        cols = ["ours_packed", "ours_fp8_packed", "ours_packed_attn_best",
+                "ours_fp8_packed_attn_best", "ours_padded_384", "hf_graph_padded_384",
                 "hf_eager_padded_384"]
         lines += ["## SQuAD dev length mix, windows/s (ms per batch)", "",
                   "| model | windows | mean tokens | " + " | ".join(cols) + " |",
@@ -640,6 +806,20 @@ def write_markdown(res: dict[str, Any], path: Path) -> str:
             lines += ["", "GEMM plans (M x N x K: split-K splits, 0 = cuBLAS): "
                       + ", ".join(f"{k} {v}" for k, v in st["gemm_plans"].items())]
         lines.append("")
+    for key in ("attn_sweep", "ffn1_sweep"):
+        for r in res.get(key, []):
+            lines += [f"## {key}: {r['model']} {r['shape']} ({r['tokens']} tokens), per layer", "",
+                      "| variant | us | TFLOP/s | max abs vs baseline |", "|---|---|---|---|"]
+            for kk, v in r.items():
+                if not isinstance(v, dict):
+                    continue
+                if "error" in v:
+                    lines.append(f"| {kk} | error: {v['error'][:80]} | | |")
+                    continue
+                e = v.get("max_abs_vs_v2", v.get("max_abs_vs_cublas"))
+                lines.append(f"| {kk} | {v['ms'] * 1e3:.1f} | {v['tflops']:.0f} | "
+                             + (f"{e:.2e}" if e is not None else "") + " |")
+            lines.append("")
     if "f1" in res:
         lines += ["## SQuAD v1.1 dev, models/minilm-l6-squad", "", "| engine | EM | F1 | s |",
                   "|---|---|---|---|"]
@@ -667,11 +847,22 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=REPO / "build" / "bench_gpu")
     p.add_argument("--commit", default="unknown")
     p.add_argument("--deadline-s", type=float, default=540.0)
-    p.add_argument("--sections", default="env,parity,latency,mix,stages,f1,compile")
+    p.add_argument("--sections",
+                   default="env,parity,latency,mix,stages,attn_sweep,ffn1_sweep,f1,compile")
     p.add_argument("--mix-windows", type=int, default=256)
     p.add_argument("--make-lengths", action="store_true")
     p.add_argument("--compile-child", default=None)
+    p.add_argument("--fast", action="store_true",
+                   help="latency: only hf_graph as competitor; mix: no padded variants")
+    p.add_argument("--shapes", default=None,
+                   help="latency rows to run, e.g. bert-base:1x128,bert-large:1x384")
+    p.add_argument("--f1", default=None,
+                   help="F1 runs, from reference_fp32,fused_fp16,fused_fp8 (default all)")
+    p.add_argument("--mix-models", default="bert-large,bert-base")
     args = p.parse_args()
+    OPTS["fast"] = args.fast
+    OPTS["shapes"] = set(args.shapes.split(",")) if args.shapes else None
+    OPTS["f1"] = set(args.f1.split(",")) if args.f1 else None
     sys.path.insert(0, str(REPO))
     if args.make_lengths:
         make_lengths()
@@ -710,9 +901,12 @@ def main() -> None:
     run("env", lambda: section_env(res, args))
     ceil = res.get("ceilings", {})
     run("parity", lambda: section_parity(res))
+    run("attn_sweep", lambda: section_attn_sweep(res))  # before mix: it picks a tile to try
+    run("ffn1_sweep", lambda: section_ffn1_sweep(res))
     for name in MODELS:
-        run(f"latency:{name}", lambda name=name: section_latency(res, name, deadline - 150))
-    for name in ("bert-large", "bert-base"):
+        run(f"latency:{name}", lambda name=name: section_latency(
+            res, name, deadline - min(150.0, args.deadline_s / 3)))
+    for name in args.mix_models.split(","):
         run(f"mix:{name}", lambda name=name: section_mix(res, name, args.mix_windows))
     run("stages:base-1x128",
         lambda: section_stages(res, "bert-base", "1x128", 1, 128, False, ceil))

@@ -28,7 +28,7 @@ import torch
 
 from engine.base import Float32Array, Int32Array
 from engine.fused.config import BertQAConfig
-from engine.fused.encoder import FP8_MIN_TOKENS, encode_packed
+from engine.fused.encoder import FFN1_FUSED_MAX_TOKENS, FP8_MIN_TOKENS, encode_packed
 from engine.fused.fp8 import rowwise_out_dtype
 from engine.fused.gemm import GemmPlan, GemmPlanner
 from engine.fused.graphs import GraphCache, split_inputs
@@ -94,13 +94,17 @@ class FusedEngine:
         max_tokens_per_pass: int = 65536,
         gemm_autotune: bool = False,
         fp8_min_tokens: int = FP8_MIN_TOKENS,
+        ffn1_fused_max_tokens: int | None = FFN1_FUSED_MAX_TOKENS,
+        attention_tiles: tuple[int, int, int, int] | None = None,
         force_gemm: GemmPlan | None = None,
     ) -> None:
         """``gemm_autotune``: time cuBLAS against split-K per GEMM shape (CUDA only; off by
         default: on the H200, 2026-11-29, cuBLAS won every BERT shape, and the first sight
         of a shape would cost a Triton compile);
         ``force_gemm`` (tests) imposes one plan; FP8 weights (if packed) are used for
-        batches of at least ``fp8_min_tokens`` tokens."""
+        batches of at least ``fp8_min_tokens`` tokens; fp16/bf16 batches of at most
+        ``ffn1_fused_max_tokens`` tokens (None: none) run FFN1 with bias + GELU fused;
+        ``attention_tiles`` (BLOCK_M, BLOCK_N, warps, stages) overrides the tile rule."""
         self.weights = weights
         self.config = weights.config
         self.device = torch.device(device)
@@ -112,6 +116,8 @@ class FusedEngine:
         self.max_graph_tokens = max_graph_tokens
         self.max_tokens_per_pass = max_tokens_per_pass
         self.fp8_min_tokens = fp8_min_tokens
+        self.ffn1_fused_max_tokens = ffn1_fused_max_tokens
+        self.attention_tiles = attention_tiles
         self.planner = GemmPlanner(self.ops, enabled=gemm_autotune and self.device.type == "cuda",
                                    force=force_gemm)
         self._graphs = GraphCache(self._forward, self.device) if self.cuda_graphs else None
@@ -160,7 +166,8 @@ class FusedEngine:
     def _forward(self, ids: torch.Tensor, tt: torch.Tensor, pos: torch.Tensor, cu: torch.Tensor,
                  n_seqs: int, max_seqlen: int) -> torch.Tensor:
         return encode_packed(self.weights, self.ops, ids, tt, pos, cu, n_seqs, max_seqlen,
-                             self.fp8_out_dtype, self.planner, self.fp8_min_tokens)
+                             self.fp8_out_dtype, self.planner, self.fp8_min_tokens,
+                             self.ffn1_fused_max_tokens, self.attention_tiles)
 
     def _graph_bucket(self, tokens: int, seqs: int, max_seqlen: int) -> Bucket | None:
         if self._graphs is None or tokens > self.max_graph_tokens:

@@ -89,6 +89,11 @@ class GemmPlanner:
         self._force = force  # tests: use this plan whenever it applies
         self.plans: dict[tuple[int, int, int, torch.dtype], GemmPlan] = {}
 
+    @property
+    def forcing_splitk(self) -> bool:
+        """True when tests impose split-K plans (the FFN1 GEMM then stays unfused)."""
+        return self._force is not None and self._force.splits > 0
+
     def _run(self, plan: GemmPlan, x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         if plan.splits == 0:
             return torch.mm(x, w.t())

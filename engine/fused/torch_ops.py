@@ -91,6 +91,21 @@ def bias_gelu(
     return y.to(out_dtype or h.dtype), None
 
 
+def linear_bias_gelu(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    bias: torch.Tensor,
+    tanh: bool = False,
+    config: tuple[int, int, int, int, int] | None = None,  # tile sizes: meaningless here
+) -> torch.Tensor:
+    """GELU(x @ w.T + bias) in ``x``'s dtype, from a float32 product (one rounding)."""
+    return gelu(x.float() @ w.float().t() + bias.float(), tanh).to(x.dtype)
+
+
+def gemm_gelu_supported(k: int) -> bool:
+    return True
+
+
 def splitk_linear(x: torch.Tensor, w: torch.Tensor, splits: int, **_tiles: int) -> torch.Tensor:
     """``x @ w.T`` as float32 partials [splits, M, N] over equal K slices."""
     k = x.shape[1]

@@ -109,6 +109,30 @@ def test_graph_and_eager_agree_across_buckets() -> None:
     assert graphed._graphs is not None and len(graphed._graphs) == 4  # (1,128) replayed
 
 
+@pytest.mark.parametrize("variant", ["ffn1_unfused", "attn_64x32"])
+def test_small_batch_paths_agree(variant: str) -> None:
+    """Few-token batches run FFN1 as one Triton GEMM + bias + GELU; it must agree with the
+    v2 path (cuBLAS + ``bias_gelu``, the path of larger batches) to fp16 rounding. Also
+    checks an imposed attention tile."""
+    from engine.fused.engine import FusedEngine
+
+    default = FusedEngine.from_pretrained(CHECKPOINT, device="cuda", dtype="float16")
+    options: dict[str, object] = {
+        "ffn1_unfused": {"ffn1_fused_max_tokens": None},
+        "attn_64x32": {"attention_tiles": (64, 32, 4, 3)},
+    }[variant]
+    other = FusedEngine(default.weights, "cuda", **options)  # type: ignore[arg-type]
+    assert default.ffn1_fused_max_tokens is not None
+    rng = np.random.default_rng(13)
+    for windows, seq in [(1, 128), (1, 384), (2, 200)]:
+        ids, mask, tt = _random_batch(rng, windows, seq, 30522)
+        assert int(mask.sum()) <= default.ffn1_fused_max_tokens
+        a, b = default.infer(ids, mask, tt), other.infer(ids, mask, tt)
+        keep = mask.astype(bool)
+        assert np.abs(a[0][keep] - b[0][keep]).max() < 3e-2
+        assert np.abs(a[1][keep] - b[1][keep]).max() < 3e-2
+
+
 def test_torch_entry_points_on_gpu() -> None:
     from engine.fused.engine import FusedEngine
 

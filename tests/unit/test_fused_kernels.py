@@ -172,6 +172,26 @@ def _check_gelu(dtype_name: str, tanh: bool, fp8: bool) -> tuple[float, float]:
     return _rel(out, ref), _TOL[dtype_name]
 
 
+def _check_gemm_gelu(dtype_name: str, tanh: bool) -> tuple[float, float]:
+    """FFN1 GEMM + bias + GELU in one kernel; M and N off the tile grid (clamped loads)."""
+    import torch
+
+    from engine.fused import kernels as k
+
+    dt = getattr(torch, dtype_name)
+    g = torch.Generator().manual_seed(9)
+    m, n, kk = 70, 100, 128
+    x, w = torch.randn(m, kk, generator=g).to(dt), (torch.randn(n, kk, generator=g) * 0.2).to(dt)
+    bias = torch.randn(n, generator=g).to(dt)
+    out = k.linear_bias_gelu(x, w, bias, tanh=tanh, config=(32, 64, 64, 4, 2))
+    xb = x.double() @ w.double().t() + bias.double()
+    if tanh:
+        ref = 0.5 * xb * (1 + torch.tanh(math.sqrt(2 / math.pi) * (xb + 0.044715 * xb**3)))
+    else:
+        ref = 0.5 * xb * (1 + torch.erf(xb / math.sqrt(2)))
+    return _rel(out, ref), _TOL[dtype_name]
+
+
 def _check_attention(dtype_name: str, heads: int, head_dim: int,
                      large_tile: bool = False) -> tuple[float, float]:
     import torch
@@ -296,6 +316,9 @@ CASES: dict[str, Callable[[], tuple[float, float]]] = {
     "attention_fp16_hd64": lambda: _check_attention("float16", 2, 64),
     "attention_fp16_hd24": lambda: _check_attention("float16", 3, 24),  # padded head dim
     "attention_fp16_large_tile": lambda: _check_attention("float16", 2, 64, large_tile=True),
+    "gemm_gelu_erf_fp16": lambda: _check_gemm_gelu("float16", False),
+    "gemm_gelu_tanh_fp16": lambda: _check_gemm_gelu("float16", True),
+    "gemm_gelu_erf_fp32": lambda: _check_gemm_gelu("float32", False),
     "splitk_gemm_fp32": lambda: _check_splitk("float32"),
     "splitk_gemm_fp16": lambda: _check_splitk("float16"),
     "tiny_bert_fp32": lambda: _check_tiny_bert("float32"),
