@@ -28,6 +28,7 @@ from tokenizers import Tokenizer
 IntArray = npt.NDArray[np.int32]
 
 NOT_CONTEXT = -1
+_SEQUENTIAL_BELOW = 4  # texts; see QATokenizer.encode_batch
 
 
 @dataclass(frozen=True)
@@ -125,8 +126,11 @@ class QATokenizer:
         return self.encode_batch([text])[0]
 
     def encode_batch(self, texts: Sequence[str]) -> list[EncodedText]:
-        """Tokenize texts (in parallel, in Rust) without special tokens."""
-        encodings = self._tok.encode_batch(list(texts), add_special_tokens=False)
+        """Tokenize texts without special tokens (in parallel, in Rust, for many texts)."""
+        if len(texts) <= _SEQUENTIAL_BELOW:  # the thread pool costs more than it saves here
+            encodings = [self._tok.encode(t, add_special_tokens=False) for t in texts]
+        else:
+            encodings = self._tok.encode_batch(list(texts), add_special_tokens=False)
         return [
             EncodedText(
                 ids=np.asarray(e.ids, dtype=np.int32).reshape(-1),
