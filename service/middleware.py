@@ -10,6 +10,7 @@ import time
 import uuid
 from typing import Any
 
+from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.errors import STATUS, ErrorCode, error_body
@@ -53,11 +54,27 @@ class GatewayMiddleware:
             )
         else:
             try:
-                await self.app(scope, receive, send_wrapper)
+                await self.app(scope, self._limited(receive), send_wrapper)
             finally:
                 self._observe(scope, state, status, time.perf_counter() - started)
             return
         self._observe(scope, state, status, time.perf_counter() - started)
+
+    def _limited(self, receive: Receive) -> Receive:
+        """Count streamed body bytes too (a chunked body has no Content-Length)."""
+        received = 0
+
+        async def receive_limited() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_body_bytes:
+                    # FastAPI re-raises HTTPException from body reading; the app maps it to 413
+                    raise HTTPException(413, f"request body is larger than {self.max_body_bytes} bytes")
+            return message
+
+        return receive_limited
 
     def _observe(self, scope: Scope, state: dict[str, Any], status: int, seconds: float) -> None:
         route = getattr(scope.get("route"), "path", "unmatched")

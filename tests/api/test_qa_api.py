@@ -144,6 +144,21 @@ def test_body_larger_than_limit_is_413_before_parsing(engine: OnnxEngine) -> Non
         assert r.status_code == 413
 
 
+def test_chunked_body_over_limit_is_413(engine: OnnxEngine) -> None:
+    def chunks():  # no Content-Length: the body arrives in pieces
+        yield b'{"question": "Who?", "context": "'
+        for _ in range(50):
+            yield b"x" * 10_000
+        yield b'"}'
+
+    with make_client(engine, max_context_chars=10, max_questions=1, max_question_chars=10) as c:
+        r = c.post("/v1/qa", content=chunks(), headers={"content-type": "application/json"})
+        assert r.status_code == 413
+        error = r.json()["error"]
+        # stopped while streaming, not after parsing the whole body
+        assert error["code"] == "payload_too_large" and "request body is larger" in error["message"]
+
+
 def test_top_k_above_limit(engine: OnnxEngine) -> None:
     with make_client(engine, max_top_k=3) as c:
         r = c.post("/v1/qa", json={"context": CONTEXT, "question": "Where?", "top_k": 4})
