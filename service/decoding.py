@@ -101,6 +101,7 @@ def _span_scores(
 ) -> FloatArray:
     """Scores [windows, seq, max_len]: span (i, i + d); -inf where invalid."""
     n, seq = start.shape
+    max_len = min(max_len, seq)  # no span is longer than a window
     neg = np.float32(-np.inf)
     start = np.where(is_ctx, start, neg)
     end = np.where(is_ctx, end, neg)

@@ -35,6 +35,8 @@ class QAOutcome:
 # Requests up to this many characters are tokenized on the event loop: they take well under a
 # millisecond, less than a worker-thread hop plus the GIL hand-offs it causes under load.
 INLINE_TOKENIZE_CHARS = 4_000
+# Decoding more windows than this runs in a worker thread (numpy releases the GIL).
+INLINE_DECODE_WINDOWS = 8
 
 
 class QAService:
@@ -97,7 +99,12 @@ class QAService:
         start, end = await self.backend.infer(windows, self.settings.request_timeout_ms / 1000)
         t2 = time.perf_counter()
         spec = DecodeSpec(query.top_k, query.max_answer_len, query.no_answer_threshold)
-        results = decode(windows, start, end, len(query.questions), spec)
+        if windows.count <= INLINE_DECODE_WINDOWS:
+            results = decode(windows, start, end, len(query.questions), spec)
+        else:
+            results = await asyncio.to_thread(
+                decode, windows, start, end, len(query.questions), spec
+            )
         t3 = time.perf_counter()
         self._observe(windows, t1 - t0, t2 - t1, t3 - t2, len(query.questions))
         return QAOutcome(tuple(results), windows.count, t1 - t0, t2 - t1, t3 - t2)

@@ -20,7 +20,7 @@ class QARequest(BaseModel):
     question: str | None = Field(None, description="A single question")
     questions: list[str] | None = Field(None, description="Several questions, one context")
     top_k: int | None = Field(None, ge=1, description="Answers per question (default 1)")
-    max_answer_len: int | None = Field(None, ge=1, le=512, description="Longest answer in tokens")
+    max_answer_len: int | None = Field(None, ge=1, le=128, description="Longest answer in tokens")
     no_answer_threshold: float | None = Field(
         None,
         description="Answer nothing when null_logit - best_logit > threshold (SQuAD v2 style)",

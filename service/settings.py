@@ -49,7 +49,7 @@ class Settings(BaseSettings):
     )
 
     # Answers
-    max_answer_tokens: int = Field(30, ge=1, le=512, description="Default longest answer (tokens)")
+    max_answer_tokens: int = Field(30, ge=1, le=128, description="Default longest answer (tokens)")
     default_top_k: int = Field(1, ge=1, description="Answers per question when not asked")
     max_top_k: int = Field(20, ge=1, description="Largest top_k a client may ask")
     no_answer_threshold: float | None = Field(
