@@ -103,6 +103,7 @@ def test_server_timing_header_and_body_agree(client: TestClient) -> None:
         ({"context": 42, "question": "Who?"}, "context"),
         ({"context": "Text.", "question": "Who?", "top_k": 0}, "top_k"),
         ({"context": "Text.", "question": "Who?", "top_k": "3"}, "top_k"),
+        ({"context": "Text.", "question": "Who?", "max_answer_len": 129}, "max_answer_len"),
         ({"context": "Text.", "question": "Who?", "colour": "red"}, "colour"),
     ],
 )
