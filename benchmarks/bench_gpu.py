@@ -21,6 +21,8 @@ Sections, each guarded (a failure is recorded and the run goes on), results writ
               faster, is timed as a whole pass in ``mix`` (run before it)
 9. ffn1_sweep FFN1 as cuBLAS + bias_gelu vs the fused Triton GEMM, and torch.mm vs
               cuBLASLt addmm for every GEMM, per layer
+10. small     (only when named in --sections) the small-batch path: tiles and K splits of
+              each Triton GEMM in a PDL chain, then whole passes (``bench_small.py``)
 
 ``--fast`` times only hf_graph against ours (no eager columns, no padded mix columns);
 ``--shapes`` and ``--f1`` pick latency rows and F1 runs, for short device calls.
@@ -332,8 +334,10 @@ def section_latency(res: dict[str, Any], name: str, deadline: float) -> None:
     from engine.fused.engine import FusedEngine
 
     ours_eager = FusedEngine(ours.weights, "cuda", cuda_graphs=False)
-    alt = {  # v2's path: cuBLAS FFN1 + bias_gelu at every size
-        "ours_graph_ffn1_unfused": {"ffn1_fused_max_tokens": None},
+    alt = {  # the same weights through other paths (A/B in one run)
+        "ours_graph_large_path": {"small_batch_max_tokens": None},  # v3's batch-1 path
+        "ours_graph_no_pdl": {"pdl": False},
+        "ours_graph_no_prefetch": {"prefetch": False},
     }
     alt_engines = {key: FusedEngine(ours.weights, "cuda", max_graph_tokens=65536, **kw)  # type: ignore[arg-type]
                    for key, kw in alt.items()}
@@ -446,7 +450,7 @@ def section_stages(res: dict[str, Any], name: str, label: str, windows: int, seq
     from engine.fused.fp8 import scaled_linear
 
     model, cfg = make_hf(name)
-    ours = make_ours(model, cfg, dtype="float16", gemm_autotune=True)  # split-K vs cuBLAS
+    ours = make_ours(model, cfg, dtype="float16")
     ours8 = make_ours(model, cfg, dtype="fp8")
     w, w8 = ours.weights, ours8.weights
     rng = np.random.default_rng(4)
@@ -486,8 +490,8 @@ def section_stages(res: dict[str, Any], name: str, label: str, windows: int, seq
                           L * 2 * t * f * 2),
             "FFN2 GEMM": (lambda: [torch.mm(h, ly.ffn_out.weight.t()) for ly in lay],
                           L * 2 * t * d * f, L * (d * f + t * d + t * f) * 2),
-            "FFN1 GEMM+bias+GELU fused (triton)": (lambda: [k.linear_bias_gelu(
-                x, ly.ffn_in.weight, ly.ffn_in.bias) for ly in lay],
+            "FFN1 GEMM+bias+GELU fused (triton)": (lambda: [k.linear(
+                x, ly.ffn_in.weight, ly.ffn_in.bias, act="gelu") for ly in lay],
                 L * 2 * t * d * f, L * (d * f + t * d + t * f) * 2),
             "FFN1 cuBLASLt addmm+GELU(tanh), info": (lambda: [torch._addmm_activation(
                 ly.ffn_in.bias, x, ly.ffn_in.weight.t(), use_gelu=True) for ly in lay],
@@ -498,14 +502,6 @@ def section_stages(res: dict[str, Any], name: str, label: str, windows: int, seq
             "attention large tile": (lambda: [k.attention_varlen(
                 qkv, ly.qkv.bias, cu, max_len, seqs, heads, config=k.ATTN_LARGE) for ly in lay],
                 L * 4 * d * float((np.diff(cu.cpu().numpy()) ** 2).sum()), L * 4 * t * d * 2),
-            "out-proj GEMM planned": (lambda: [ours.planner.linear(x, ly.attn_out.weight)
-                                               for ly in lay],
-                                      L * 2 * t * d * d, L * (d * d + 2 * t * d) * 2),
-            "FFN1 GEMM planned": (lambda: [ours.planner.linear(x, ly.ffn_in.weight) for ly in lay],
-                                  L * 2 * t * d * f, L * (d * f + t * d + t * f) * 2),
-            "FFN2 GEMM planned": (lambda: [ours.planner.linear(h, ly.ffn_out.weight)
-                                           for ly in lay],
-                                  L * 2 * t * d * f, L * (d * f + t * d + t * f) * 2),
             "QKV GEMM fp8": (lambda: [scaled_linear(xq, ly.qkv.w8, ly.qkv.w8_scale, torch.float16)
                                       for ly in lay8], L * 2 * t * d * 3 * d,
                              L * (3 * d * d + t * d + 6 * t * d)),
@@ -530,11 +526,9 @@ def section_stages(res: dict[str, Any], name: str, label: str, windows: int, seq
                 out[key] = {"error": repr(exc)[:300]}
         full = time_calls(lambda _x: ours._run_device(ids, tt, pos, cu, max_len), [None])
         out["whole forward (graph)"] = {"ms": full.median_ms}
-        if w8.fp8 and t >= ours8.fp8_min_tokens:
+        if w8.fp8 and t >= ours8.options.fp8_min_tokens:
             full8 = time_calls(lambda _x: ours8._run_device(ids, tt, pos, cu, max_len), [None])
             out["whole forward fp8 (graph)"] = {"ms": full8.median_ms}
-        out["gemm_plans"] = {f"{m}x{n}x{kk}": p.splits
-                             for (m, n, kk, _), p in ours.planner.plans.items()}
     res.setdefault("stages", []).append(out)
     print(f"stages {name} {label}: " + " ".join(
         f"{k}={v['ms']:.3f}" for k, v in out.items() if isinstance(v, dict) and "ms" in v),
@@ -652,10 +646,10 @@ def section_ffn1_sweep(res: dict[str, Any]) -> None:
             for conf in GEMM_GELU_SWEEP:
                 key = "triton " + "x".join(map(str, conf[:3])) + f" w{conf[3]} s{conf[4]}"
                 try:
-                    o = k.linear_bias_gelu(xs[0], ws[0], bs[0], config=conf)
+                    o = k.linear(xs[0], ws[0], bs[0], act="gelu", config=conf)
                     err = float((o.float() - ref.float()).abs().max())
-                    ms = graph_time_ms(lambda conf=conf: [k.linear_bias_gelu(
-                        xs[i % 2], ws[i], bs[i], config=conf)  # noqa: B023
+                    ms = graph_time_ms(lambda conf=conf: [k.linear(
+                        xs[i % 2], ws[i], bs[i], act="gelu", config=conf)  # noqa: B023
                         for i in range(4)], reps=2) / 4
                     row[key] = {"ms": ms, "tflops": flops / ms / 1e9, "max_abs_vs_cublas": err}
                 except Exception as exc:
@@ -674,6 +668,9 @@ def section_f1(res: dict[str, Any]) -> None:
     out = {}
     runs = [("reference_fp32", ["--engine", "reference", "--dtype", "float32"]),
             ("fused_fp16", ["--engine", "fused", "--dtype", "float16"]),
+            # 2 windows a batch (<= 768 tokens, mostly <= 512): the small-batch path
+            ("fused_fp16_small", ["--engine", "fused", "--dtype", "float16",
+                                  "--batch-windows", "2"]),
             ("fused_fp8", ["--engine", "fused", "--dtype", "fp8"])]
     for label, extra in [r for r in runs if OPTS.get("f1") is None or r[0] in OPTS["f1"]]:
         t0 = time.time()
@@ -759,8 +756,8 @@ def write_markdown(res: dict[str, Any], path: Path) -> str:
             lines.append(f"| {k} | {v['max_abs']:.3e} | {v['max_rel']:.3e} |")
         lines.append("")
     if res.get("latency"):
-        cols = ["hf_eager", "hf_graph", "ours_eager", "ours_graph", "ours_graph_ffn1_unfused",
-                "ours_fp8_graph"]
+        cols = ["hf_eager", "hf_graph", "ours_eager", "ours_graph", "ours_graph_no_prefetch",
+                "ours_graph_no_pdl", "ours_graph_large_path", "ours_fp8_graph"]
         lines += ["## Latency, ms per batch (median / p99), random weights, full-length", "",
                   "| model | batch x seq | " + " | ".join(cols) + " | ours vs hf_graph |",
                   "|---|---|" + "---|" * (len(cols) + 1)]
@@ -793,7 +790,7 @@ def write_markdown(res: dict[str, Any], path: Path) -> str:
         lines += [f"## Stages per forward: {st['model']} {st['shape']} ({st['tokens']} tokens)", "",
                   "| stage | ms | floor ms | TFLOP/s | TB/s |", "|---|---|---|---|---|"]
         for k, v in st.items():
-            if not isinstance(v, dict) or k == "gemm_plans":
+            if not isinstance(v, dict):
                 continue
             if "error" in v:
                 lines.append(f"| {k} | error | | | |")
@@ -802,10 +799,10 @@ def write_markdown(res: dict[str, Any], path: Path) -> str:
             tb = f"{v['tb_s']:.2f}" if v.get("tb_s") else ""
             fl = f"{v['floor_ms']:.3f}" if "floor_ms" in v else ""
             lines.append(f"| {k} | {v['ms']:.3f} | {fl} | {tf} | {tb} |")
-        if st.get("gemm_plans"):
-            lines += ["", "GEMM plans (M x N x K: split-K splits, 0 = cuBLAS): "
-                      + ", ".join(f"{k} {v}" for k, v in st["gemm_plans"].items())]
         lines.append("")
+    from benchmarks.bench_small import markdown as small_markdown
+
+    lines += small_markdown(res)
     for key in ("attn_sweep", "ffn1_sweep"):
         for r in res.get(key, []):
             lines += [f"## {key}: {r['model']} {r['shape']} ({r['tokens']} tokens), per layer", "",
@@ -901,6 +898,10 @@ def main() -> None:
     run("env", lambda: section_env(res, args))
     ceil = res.get("ceilings", {})
     run("parity", lambda: section_parity(res))
+    if "small" in wanted:
+        from benchmarks.bench_small import section_small_sweep
+
+        run("small", lambda: section_small_sweep(res, deadline - 60.0))
     run("attn_sweep", lambda: section_attn_sweep(res))  # before mix: it picks a tile to try
     run("ffn1_sweep", lambda: section_ffn1_sweep(res))
     for name in MODELS:

@@ -1,51 +1,93 @@
 """The BERT-QA forward pass over packed tokens, written once against an op set.
 
-Per layer, 4 GEMMs (cuBLAS, Triton split-K, or FP8 ``_scaled_mm``) and 3 fused kernels::
+Per layer, 4 GEMMs and 3 fused kernels::
 
     qkv  = x @ Wqkv^T                          GEMM (bias added inside attention)
     ctx  = attention(qkv + bqkv)               attention_varlen
     a    = ctx @ Wo^T                          GEMM
     x    = LN(a + bo + x)                      bias_residual_layernorm (+ e4m3 copy of x)
-    h    = x @ W1^T                            GEMM        } or, for few tokens, one Triton GEMM
-    h    = gelu(h + b1)                        bias_gelu   } with both in its epilogue
+    h    = gelu(x @ W1^T + b1)                 GEMM + bias_gelu, or one GEMM with both
     a    = h @ W2^T                            GEMM
     x    = LN(a + b2 + x)                      bias_residual_layernorm (last layer: + QA head)
 
-plus one embedding+LayerNorm kernel in front. No GEMM carries a bias: each bias rides in
-the kernel that reads the GEMM's output anyway.
+plus one embedding+LayerNorm kernel in front. No cuBLAS GEMM carries a bias: each bias
+rides in the kernel that reads the GEMM's output anyway. Two paths:
+
+* **Small batches** (up to ``small_batch_max_tokens`` tokens, fp16/bf16): every GEMM is the
+  Triton ``linear``: QKV plain, FFN1 with bias + GELU in its epilogue, the attention-output
+  and FFN2 GEMMs split over K into float32 partials that the residual-LayerNorm kernels
+  sum. All 7 kernels of a layer launch with programmatic dependent launch (PDL) where the
+  GPU has it, each GEMM prefetching its weights into L2 while the kernel before it runs.
+  At a few hundred tokens the pass is bound by kernel boundaries and by weight streaming
+  through few multiprocessors, which this path attacks; cuBLAS cannot take part (it does
+  not wait on ``griddepcontrol``).
+* **Large batches:** cuBLAS GEMMs (FP8 ``_scaled_mm`` from ``fp8_min_tokens`` tokens when
+  the weights have e4m3 copies), Triton kernels around them.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from types import ModuleType
 
 import torch
 
 from engine.fused.fp8 import Quantized, scaled_linear
-from engine.fused.gemm import GemmPlanner
 from engine.fused.weights import BertQAWeights, Linear
 
 # Below ~4k tokens the row-scaled e4m3 GEMMs measured no faster than fp16 ones (H200,
 # 2026-11-29: BERT-base 32x128 1.87 vs 1.81 ms; BERT-large 32x128 4.63 vs 5.44 ms).
 FP8_MIN_TOKENS = 4096
-# Up to this many tokens, FFN1 runs as one Triton GEMM with bias + GELU in its epilogue
-# (``linear_bias_gelu``) instead of cuBLAS + ``bias_gelu``; None turns it off. H200,
-# 2026-11-29, per layer: the fused GEMM wins at 128 tokens (5.9 vs 7.1 us, and one launch
-# fewer) and 384 (12.3 vs 12.8), and loses from 4096 up (56 vs 52 us; 844 vs 739 at 42,891).
+# Large path: up to this many tokens, FFN1 is one Triton GEMM with bias + GELU in its
+# epilogue instead of cuBLAS + ``bias_gelu`` (H200, 2026-11-29, per layer: 5.9 vs 7.1 us at
+# 128 tokens, 12.3 vs 12.8 at 384; loses from 4096 up). None turns it off.
 FFN1_FUSED_MAX_TOKENS: int | None = 512
+# Up to this many tokens the small-batch path runs (None: never). H200, 2026-11-30, whole
+# passes: it wins at 128 tokens (BERT-base 0.383 vs 0.488 ms, BERT-large 0.912 vs 1.011)
+# and loses at 384 (0.624 vs 0.565, 1.462 vs 1.232: Triton's GEMMs trail cuBLAS there).
+SMALL_BATCH_MAX_TOKENS: int | None = 256
+
+# Tiles and K splits of one GEMM: (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages), splits.
+GemmPlan = tuple[tuple[int, int, int, int, int], int]
+
+
+@dataclass(frozen=True)
+class EncodeOptions:
+    """How :func:`encode_packed` runs; the defaults are the engine's.
+
+    ``gemm_plans`` overrides the small-batch plan of GEMMs by name (``qkv``, ``out``,
+    ``ffn1``, ``ffn2``); ``attn_config`` imposes attention tiles.
+    """
+
+    fp8_out_dtype: torch.dtype | None = None
+    fp8_min_tokens: int = FP8_MIN_TOKENS
+    ffn1_fused_max_tokens: int | None = FFN1_FUSED_MAX_TOKENS
+    small_batch_max_tokens: int | None = SMALL_BATCH_MAX_TOKENS
+    pdl: bool = True
+    prefetch: bool = True
+    attn_config: tuple[int, int, int, int] | None = None
+    gemm_plans: tuple[tuple[str, GemmPlan], ...] = ()
 
 
 def _linear(x: torch.Tensor | None, xq: Quantized | None, lin: Linear,
-            fp8_out: torch.dtype, planner: GemmPlanner | None) -> torch.Tensor:
+            fp8_out: torch.dtype) -> torch.Tensor:
     """``x @ W^T`` without bias: FP8 when the activation comes with an e4m3 copy (and the
-    weight has one), else cuBLAS or split-K as ``planner`` picks (split-K partials are
-    [S, T, N] float32, which only the residual-LayerNorm and GELU kernels accept)."""
+    weight has one), else cuBLAS."""
     if xq is not None and lin.w8 is not None and lin.w8_scale is not None:
         return scaled_linear(xq, lin.w8, lin.w8_scale, fp8_out)
     assert x is not None, "activation only exists as FP8 but the weight has no FP8 copy"
-    if planner is not None:
-        return planner.linear(x, lin.weight)
     return torch.mm(x, lin.weight.t())
+
+
+def _small_batch(w: BertQAWeights, ops: ModuleType, tokens: int, use8: bool,
+                 opts: EncodeOptions) -> bool:
+    cfg = w.config
+    return (opts.small_batch_max_tokens is not None
+            and tokens <= opts.small_batch_max_tokens
+            and not use8
+            and w.dtype in (torch.float16, torch.bfloat16)
+            and ops.gemm_supported(cfg.hidden_size)
+            and ops.gemm_supported(cfg.intermediate_size))
 
 
 def encode_packed(
@@ -57,11 +99,7 @@ def encode_packed(
     cu_seqlens: torch.Tensor,
     n_seqs: int,
     max_seqlen: int,
-    fp8_out_dtype: torch.dtype | None = None,
-    planner: GemmPlanner | None = None,
-    fp8_min_tokens: int = FP8_MIN_TOKENS,
-    ffn1_fused_max_tokens: int | None = FFN1_FUSED_MAX_TOKENS,
-    attn_config: tuple[int, int, int, int] | None = None,
+    opts: EncodeOptions = EncodeOptions(),
 ) -> torch.Tensor:
     """QA logits float32 [2, T] (start row, end row) of packed int32 token tensors.
 
@@ -69,24 +107,31 @@ def encode_packed(
     the same functions with the same contracts.
 
     ``n_seqs``/``max_seqlen`` may over-state the batch (see ``attention_varlen``); tokens
-    outside every sequence get logits too, which callers ignore. FP8 weights are used only
-    from ``fp8_min_tokens`` tokens up; ``planner`` (None: cuBLAS) picks the attention-output
-    and FFN GEMMs' implementation. Up to ``ffn1_fused_max_tokens`` tokens (None: never),
-    an fp16/bf16 FFN1 is one GEMM with bias and GELU in its epilogue. ``attn_config``
-    imposes attention tiles (None: ``kernels.attention_config``).
+    outside every sequence get logits too, which callers ignore.
     """
     cfg = w.config
     eps = cfg.layer_norm_eps
-    tanh = cfg.gelu == "tanh"
-    out8 = fp8_out_dtype or w.dtype
+    act = "gelu_tanh" if cfg.gelu == "tanh" else "gelu"
+    tokens = input_ids.shape[0]
     layers = w.layers
-    use8 = w.fp8 and input_ids.shape[0] >= fp8_min_tokens
+    use8 = w.fp8 and tokens >= opts.fp8_min_tokens
+    small = _small_batch(w, ops, tokens, use8, opts)
+    pdl = small and opts.pdl and ops.pdl_available(input_ids)
+    pf = pdl and opts.prefetch
+    d, f = cfg.hidden_size, cfg.intermediate_size
+    plans = dict(opts.gemm_plans)
 
-    fuse_ffn1 = (ffn1_fused_max_tokens is not None
-                 and input_ids.shape[0] <= ffn1_fused_max_tokens
-                 and w.dtype in (torch.float16, torch.bfloat16)
-                 and ops.gemm_gelu_supported(cfg.hidden_size)
-                 and (planner is None or not planner.forcing_splitk))
+    def plan(name: str, n: int, k: int, partial: bool) -> GemmPlan:
+        return plans.get(name) or ops.small_batch_plan(tokens, n, k, partial)
+
+    if small:
+        (c_qkv, _), (c_out, s_out) = plan("qkv", 3 * d, d, False), plan("out", d, d, True)
+        (c_ff1, _), (c_ff2, s_ff2) = plan("ffn1", f, d, False), plan("ffn2", d, f, True)
+    fuse_ffn1 = small or (opts.ffn1_fused_max_tokens is not None
+                          and tokens <= opts.ffn1_fused_max_tokens
+                          and w.dtype in (torch.float16, torch.bfloat16)
+                          and ops.gemm_supported(d))
+    out8 = opts.fp8_out_dtype or w.dtype
 
     def wants8(lin: Linear) -> bool:  # does this GEMM take an e4m3 activation?
         return use8 and lin.w8 is not None
@@ -94,31 +139,43 @@ def encode_packed(
     x, xq = ops.embed_layernorm(
         input_ids, token_type_ids, position_ids, w.word_embeddings, w.position_embeddings,
         w.token_type_embeddings, w.emb_ln_weight, w.emb_ln_bias, eps,
-        fp8=wants8(layers[0].qkv),
+        fp8=wants8(layers[0].qkv), pdl=pdl,
     )
     for i, layer in enumerate(layers):
-        qkv = _linear(x, xq, layer.qkv, out8, None)  # attention reads it: no split-K
+        if small:
+            qkv = ops.linear(x, layer.qkv.weight, config=c_qkv, pdl=pdl, prefetch=pf)
+        else:
+            qkv = _linear(x, xq, layer.qkv, out8)
         ctx = ops.attention_varlen(qkv, layer.qkv.bias, cu_seqlens, max_seqlen, n_seqs,
-                                   cfg.num_heads, config=attn_config)
-        a = _linear(ctx, None, layer.attn_out, out8, planner)
+                                   cfg.num_heads, config=opts.attn_config, pdl=pdl)
+        if small:
+            a = ops.linear(ctx, layer.attn_out.weight, splits=s_out, config=c_out, pdl=pdl,
+                           prefetch=pf)
+        else:
+            a = _linear(ctx, None, layer.attn_out, out8)
         x, xq = ops.bias_residual_layernorm(
             a, layer.attn_out.bias, x, layer.ln1_weight, layer.ln1_bias, eps,
-            fp8=wants8(layer.ffn_in),
+            fp8=wants8(layer.ffn_in), pdl=pdl,
         )
         if fuse_ffn1 and not wants8(layer.ffn_in) and not wants8(layer.ffn_out):
-            h, hq = ops.linear_bias_gelu(x, layer.ffn_in.weight, layer.ffn_in.bias, tanh), None
+            h, hq = ops.linear(x, layer.ffn_in.weight, layer.ffn_in.bias, act=act,
+                               config=c_ff1 if small else None, pdl=pdl, prefetch=pf), None
         else:
-            h = _linear(x, xq, layer.ffn_in, out8, planner)
-            h, hq = ops.bias_gelu(h, layer.ffn_in.bias, fp8=wants8(layer.ffn_out), tanh=tanh,
-                                  out_dtype=w.dtype)
-        a = _linear(h, hq, layer.ffn_out, out8, planner)
+            h = _linear(x, xq, layer.ffn_in, out8)
+            h, hq = ops.bias_gelu(h, layer.ffn_in.bias, fp8=wants8(layer.ffn_out),
+                                  tanh=act == "gelu_tanh", out_dtype=w.dtype)
+        if small:
+            a = ops.linear(h, layer.ffn_out.weight, splits=s_ff2, config=c_ff2, pdl=pdl,
+                           prefetch=pf)
+        else:
+            a = _linear(h, hq, layer.ffn_out, out8)
         if i == len(layers) - 1:
             return ops.bias_residual_layernorm_qa(  # type: ignore[no-any-return]
                 a, layer.ffn_out.bias, x, layer.ln2_weight, layer.ln2_bias, eps,
-                w.qa_weight, w.qa_bias,
+                w.qa_weight, w.qa_bias, pdl=pdl,
             )
         x, xq = ops.bias_residual_layernorm(
             a, layer.ffn_out.bias, x, layer.ln2_weight, layer.ln2_bias, eps,
-            fp8=wants8(layers[i + 1].qkv),
+            fp8=wants8(layers[i + 1].qkv), pdl=pdl,
         )
     raise ValueError("a BERT encoder needs at least one layer")

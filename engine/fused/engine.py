@@ -28,9 +28,15 @@ import torch
 
 from engine.base import Float32Array, Int32Array
 from engine.fused.config import BertQAConfig
-from engine.fused.encoder import FFN1_FUSED_MAX_TOKENS, FP8_MIN_TOKENS, encode_packed
+from engine.fused.encoder import (
+    FFN1_FUSED_MAX_TOKENS,
+    FP8_MIN_TOKENS,
+    SMALL_BATCH_MAX_TOKENS,
+    EncodeOptions,
+    GemmPlan,
+    encode_packed,
+)
 from engine.fused.fp8 import rowwise_out_dtype
-from engine.fused.gemm import GemmPlan, GemmPlanner
 from engine.fused.graphs import GraphCache, split_inputs
 from engine.fused.packing import (
     Bucket,
@@ -92,34 +98,41 @@ class FusedEngine:
         cuda_graphs: bool = True,
         max_graph_tokens: int = 32768,
         max_tokens_per_pass: int = 65536,
-        gemm_autotune: bool = False,
         fp8_min_tokens: int = FP8_MIN_TOKENS,
         ffn1_fused_max_tokens: int | None = FFN1_FUSED_MAX_TOKENS,
+        small_batch_max_tokens: int | None = SMALL_BATCH_MAX_TOKENS,
+        pdl: bool = True,
+        prefetch: bool = True,
         attention_tiles: tuple[int, int, int, int] | None = None,
-        force_gemm: GemmPlan | None = None,
+        gemm_plans: dict[str, GemmPlan] | None = None,
     ) -> None:
-        """``gemm_autotune``: time cuBLAS against split-K per GEMM shape (CUDA only; off by
-        default: on the H200, 2026-11-29, cuBLAS won every BERT shape, and the first sight
-        of a shape would cost a Triton compile);
-        ``force_gemm`` (tests) imposes one plan; FP8 weights (if packed) are used for
-        batches of at least ``fp8_min_tokens`` tokens; fp16/bf16 batches of at most
-        ``ffn1_fused_max_tokens`` tokens (None: none) run FFN1 with bias + GELU fused;
-        ``attention_tiles`` (BLOCK_M, BLOCK_N, warps, stages) overrides the tile rule."""
+        """FP8 weights (if packed) are used for batches of at least ``fp8_min_tokens``
+        tokens. fp16/bf16 batches of at most ``small_batch_max_tokens`` tokens (None: none)
+        take the small-batch path (all-Triton GEMMs, split-K, programmatic dependent launch
+        if ``pdl`` and the GPU has it, L2 weight prefetch if ``prefetch``; see
+        ``encoder``); above it, batches of at most ``ffn1_fused_max_tokens`` still run FFN1
+        with bias + GELU fused. ``attention_tiles`` (BLOCK_M, BLOCK_N, warps, stages) and
+        ``gemm_plans`` (small-batch GEMM name -> (tiles, splits)) override the built-in
+        rules (benchmarks, tests)."""
         self.weights = weights
         self.config = weights.config
         self.device = torch.device(device)
         self.ops = select_ops(backend, self.device)
         self.backend = "triton" if self.ops.__name__.endswith("kernels") else "torch"
         self.fp8 = weights.fp8
-        self.fp8_out_dtype = rowwise_out_dtype(self.device, weights.dtype) if self.fp8 else None
         self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
         self.max_graph_tokens = max_graph_tokens
         self.max_tokens_per_pass = max_tokens_per_pass
-        self.fp8_min_tokens = fp8_min_tokens
-        self.ffn1_fused_max_tokens = ffn1_fused_max_tokens
-        self.attention_tiles = attention_tiles
-        self.planner = GemmPlanner(self.ops, enabled=gemm_autotune and self.device.type == "cuda",
-                                   force=force_gemm)
+        self.options = EncodeOptions(
+            fp8_out_dtype=rowwise_out_dtype(self.device, weights.dtype) if self.fp8 else None,
+            fp8_min_tokens=fp8_min_tokens,
+            ffn1_fused_max_tokens=ffn1_fused_max_tokens,
+            small_batch_max_tokens=small_batch_max_tokens,
+            pdl=pdl,
+            prefetch=prefetch,
+            attn_config=attention_tiles,
+            gemm_plans=tuple(sorted((gemm_plans or {}).items())),
+        )
         self._graphs = GraphCache(self._forward, self.device) if self.cuda_graphs else None
         self._lock = threading.Lock()
 
@@ -139,7 +152,7 @@ class FusedEngine:
 
         ``dtype``: float16 | bfloat16 | float32, or ``fp8`` (float16 activations, e4m3 QKV
         and FFN GEMMs). ``options``: keyword arguments of ``__init__`` (``backend``,
-        ``cuda_graphs``, ``max_graph_tokens``, ``gemm_autotune``, ...).
+        ``cuda_graphs``, ``max_graph_tokens``, ``small_batch_max_tokens``, ...).
         """
         config = BertQAConfig.from_dir(Path(model_dir))
         return cls.from_state_dict(read_state_dict(Path(model_dir)), config, device, dtype,
@@ -166,8 +179,7 @@ class FusedEngine:
     def _forward(self, ids: torch.Tensor, tt: torch.Tensor, pos: torch.Tensor, cu: torch.Tensor,
                  n_seqs: int, max_seqlen: int) -> torch.Tensor:
         return encode_packed(self.weights, self.ops, ids, tt, pos, cu, n_seqs, max_seqlen,
-                             self.fp8_out_dtype, self.planner, self.fp8_min_tokens,
-                             self.ffn1_fused_max_tokens, self.attention_tiles)
+                             self.options)
 
     def _graph_bucket(self, tokens: int, seqs: int, max_seqlen: int) -> Bucket | None:
         if self._graphs is None or tokens > self.max_graph_tokens:

@@ -36,6 +36,7 @@ def embed_layernorm(
     beta: torch.Tensor,
     eps: float,
     fp8: bool = False,
+    pdl: bool = False,  # launch detail: meaningless here
 ) -> tuple[torch.Tensor, Quantized | None]:
     x = (
         word[input_ids.long()].float()
@@ -54,6 +55,7 @@ def bias_residual_layernorm(
     beta: torch.Tensor,
     eps: float,
     fp8: bool = False,
+    pdl: bool = False,
 ) -> tuple[torch.Tensor, Quantized | None]:
     y = _layernorm(_sum_splits(a) + bias.float() + residual.float(), gamma, beta, eps)
     return y.to(residual.dtype), (quantize_rows(y) if fp8 else None)
@@ -68,6 +70,7 @@ def bias_residual_layernorm_qa(
     eps: float,
     qa_weight: torch.Tensor,
     qa_bias: torch.Tensor,
+    pdl: bool = False,
 ) -> torch.Tensor:
     y = _layernorm(_sum_splits(a) + bias.float() + residual.float(), gamma, beta, eps)
     return (qa_weight.float() @ y.t() + qa_bias.float()[:, None]).contiguous()
@@ -84,6 +87,7 @@ def bias_gelu(
     fp8: bool = False,
     tanh: bool = False,
     out_dtype: torch.dtype | None = None,
+    pdl: bool = False,
 ) -> tuple[torch.Tensor | None, Quantized | None]:
     y = gelu(_sum_splits(h) + bias.float(), tanh)
     if fp8:
@@ -91,27 +95,44 @@ def bias_gelu(
     return y.to(out_dtype or h.dtype), None
 
 
-def linear_bias_gelu(
+def linear(
     x: torch.Tensor,
     w: torch.Tensor,
-    bias: torch.Tensor,
-    tanh: bool = False,
+    bias: torch.Tensor | None = None,
+    act: str | None = None,
+    splits: int = 1,
     config: tuple[int, int, int, int, int] | None = None,  # tile sizes: meaningless here
+    pdl: bool = False,
+    prefetch: bool = False,
 ) -> torch.Tensor:
-    """GELU(x @ w.T + bias) in ``x``'s dtype, from a float32 product (one rounding)."""
-    return gelu(x.float() @ w.float().t() + bias.float(), tanh).to(x.dtype)
+    """``x @ w.T`` (+ bias) (then GELU) in ``x``'s dtype from a float32 product (one
+    rounding), or float32 partials [splits, M, N] over equal K slices."""
+    if splits > 1:
+        if bias is not None or act is not None:
+            raise ValueError("split-K partials take no bias or activation")
+        k = x.shape[1]
+        xs = x.float().view(x.shape[0], splits, k // splits).transpose(0, 1)
+        ws = w.float().view(w.shape[0], splits, k // splits).transpose(0, 1)
+        return torch.bmm(xs, ws.transpose(1, 2))
+    y = x.float() @ w.float().t()
+    if bias is not None:
+        y = y + bias.float()
+    if act is not None:
+        y = gelu(y, tanh=act == "gelu_tanh")
+    return y.to(x.dtype)
 
 
-def gemm_gelu_supported(k: int) -> bool:
+def gemm_supported(k: int) -> bool:
     return True
 
 
-def splitk_linear(x: torch.Tensor, w: torch.Tensor, splits: int, **_tiles: int) -> torch.Tensor:
-    """``x @ w.T`` as float32 partials [splits, M, N] over equal K slices."""
-    k = x.shape[1]
-    xs = x.float().view(x.shape[0], splits, k // splits).transpose(0, 1)
-    ws = w.float().view(w.shape[0], splits, k // splits).transpose(0, 1)
-    return torch.bmm(xs, ws.transpose(1, 2))
+def small_batch_plan(m: int, n: int, k: int, partial: bool) -> tuple[None, int]:
+    """No tiles and no split-K here: one float32 product per GEMM."""
+    return None, 1
+
+
+def pdl_available(t: torch.Tensor) -> bool:
+    return False
 
 
 def attention_varlen(
@@ -122,6 +143,7 @@ def attention_varlen(
     n_seqs: int,
     num_heads: int,
     config: tuple[int, int, int, int] | None = None,  # tile sizes: meaningless here
+    pdl: bool = False,
 ) -> torch.Tensor:
     n, three_d = qkv.shape
     d = three_d // 3

@@ -69,11 +69,13 @@ def _hf_logits(model, ids, mask, tt):  # type: ignore[no-untyped-def]
 
 
 @pytest.mark.parametrize(
-    ("dtype", "graphs", "tol"),
-    [("float16", True, 2e-2), ("float16", False, 2e-2), ("bfloat16", True, 6e-2),
-     ("fp8", True, 0.15)],
+    ("dtype", "graphs", "windows", "tol"),
+    [("float16", True, 7, 2e-2), ("float16", False, 7, 2e-2), ("bfloat16", True, 7, 6e-2),
+     ("fp8", True, 7, 0.15), ("float16", True, 2, 2e-2), ("bfloat16", True, 2, 6e-2)],
 )
-def test_random_bert_base_parity(dtype: str, graphs: bool, tol: float) -> None:
+def test_random_bert_base_parity(dtype: str, graphs: bool, windows: int, tol: float) -> None:
+    """7 windows of up to 160 tokens: mostly the large-batch path; 2 windows: always the
+    small-batch path (<= 320 tokens)."""
     from engine.fused.config import BertQAConfig
     from engine.fused.engine import FusedEngine
 
@@ -83,10 +85,11 @@ def test_random_bert_base_parity(dtype: str, graphs: bool, tol: float) -> None:
                                          fp8_min_tokens=0)  # exercise FP8 at any size
     rng = np.random.default_rng(11)
     for trial in range(3):  # fresh inputs each time; the same bucket's graph is replayed
-        ids, mask, tt = _random_batch(rng, 7, 160, cfg.vocab_size)
+        ids, mask, tt = _random_batch(rng, windows, 160, cfg.vocab_size)
         ours = engine.infer(ids, mask, tt)
         ref = _hf_logits(model, ids, mask, tt)
-        worst = _report(f"bert-base-4L {dtype} graphs={graphs} trial={trial}", ours, ref,
+        worst = _report(f"bert-base-4L {dtype} graphs={graphs} windows={windows} "
+                        f"trial={trial}", ours, ref,
                         mask.astype(bool))
         assert worst < tol
 
@@ -109,24 +112,30 @@ def test_graph_and_eager_agree_across_buckets() -> None:
     assert graphed._graphs is not None and len(graphed._graphs) == 4  # (1,128) replayed
 
 
-@pytest.mark.parametrize("variant", ["ffn1_unfused", "attn_64x32"])
+@pytest.mark.parametrize("variant", ["large_path", "no_pdl", "no_prefetch", "ffn1_unfused",
+                                     "attn_64x32"])
 def test_small_batch_paths_agree(variant: str) -> None:
-    """Few-token batches run FFN1 as one Triton GEMM + bias + GELU; it must agree with the
-    v2 path (cuBLAS + ``bias_gelu``, the path of larger batches) to fp16 rounding. Also
+    """Few-token batches take the small-batch path (all-Triton GEMMs, split-K partials,
+    PDL + L2 prefetch); it must agree with the large-batch path (cuBLAS + epilogue kernels)
+    and with itself without PDL or prefetch, to fp16 rounding, over graph replays. Also
     checks an imposed attention tile."""
     from engine.fused.engine import FusedEngine
 
     default = FusedEngine.from_pretrained(CHECKPOINT, device="cuda", dtype="float16")
     options: dict[str, object] = {
-        "ffn1_unfused": {"ffn1_fused_max_tokens": None},
+        "large_path": {"small_batch_max_tokens": None},
+        "no_pdl": {"pdl": False},
+        "no_prefetch": {"prefetch": False},
+        "ffn1_unfused": {"small_batch_max_tokens": None, "ffn1_fused_max_tokens": None},
         "attn_64x32": {"attention_tiles": (64, 32, 4, 3)},
     }[variant]
     other = FusedEngine(default.weights, "cuda", **options)  # type: ignore[arg-type]
-    assert default.ffn1_fused_max_tokens is not None
+    limit = default.options.small_batch_max_tokens
+    assert limit is not None
     rng = np.random.default_rng(13)
-    for windows, seq in [(1, 128), (1, 384), (2, 200)]:
+    for windows, seq in [(1, 128), (1, 384), (2, 200), (1, 128), (3, 170)]:
         ids, mask, tt = _random_batch(rng, windows, seq, 30522)
-        assert int(mask.sum()) <= default.ffn1_fused_max_tokens
+        assert int(mask.sum()) <= limit
         a, b = default.infer(ids, mask, tt), other.infer(ids, mask, tt)
         keep = mask.astype(bool)
         assert np.abs(a[0][keep] - b[0][keep]).max() < 3e-2

@@ -122,7 +122,7 @@ def _check_splitk(dtype_name: str) -> tuple[float, float]:
     g = torch.Generator().manual_seed(6)
     m, n, kk = 70, 96, 256  # M and N not multiples of the 64 tile
     x, w = torch.randn(m, kk, generator=g).to(dt), torch.randn(n, kk, generator=g).to(dt)
-    parts = k.splitk_linear(x, w, 4)
+    parts = k.linear(x, w, splits=4)
     ref = x.double() @ w.double().t()
     err = _rel(parts.sum(0), ref) / _TOL[dtype_name]
     bias, gamma, beta = (torch.randn(n, generator=g) for _ in range(3))
@@ -183,12 +183,31 @@ def _check_gemm_gelu(dtype_name: str, tanh: bool) -> tuple[float, float]:
     m, n, kk = 70, 100, 128
     x, w = torch.randn(m, kk, generator=g).to(dt), (torch.randn(n, kk, generator=g) * 0.2).to(dt)
     bias = torch.randn(n, generator=g).to(dt)
-    out = k.linear_bias_gelu(x, w, bias, tanh=tanh, config=(32, 64, 64, 4, 2))
+    act = "gelu_tanh" if tanh else "gelu"
+    out = k.linear(x, w, bias, act=act, config=(32, 64, 64, 4, 2))
     xb = x.double() @ w.double().t() + bias.double()
     if tanh:
         ref = 0.5 * xb * (1 + torch.tanh(math.sqrt(2 / math.pi) * (xb + 0.044715 * xb**3)))
     else:
         ref = 0.5 * xb * (1 + torch.erf(xb / math.sqrt(2)))
+    return _rel(out, ref), _TOL[dtype_name]
+
+
+def _check_linear_plain(dtype_name: str, with_bias: bool) -> tuple[float, float]:
+    """``linear`` with the plain epilogue (the small-batch QKV GEMM), one BLOCK_M=128 tile."""
+    import torch
+
+    from engine.fused import kernels as k
+
+    dt = getattr(torch, dtype_name)
+    g = torch.Generator().manual_seed(10)
+    m, n, kk = 100, 72, 192
+    x, w = torch.randn(m, kk, generator=g).to(dt), (torch.randn(n, kk, generator=g) * 0.2).to(dt)
+    bias = torch.randn(n, generator=g).to(dt) if with_bias else None
+    out = k.linear(x, w, bias, config=(128, 64, 64, 4, 3))
+    ref = x.double() @ w.double().t()
+    if bias is not None:
+        ref = ref + bias.double()
     return _rel(out, ref), _TOL[dtype_name]
 
 
@@ -246,17 +265,25 @@ def _random_batch(seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return ids, mask, tt
 
 
-def _check_tiny_bert(dtype: str, splitk: bool = False) -> tuple[float, float]:
+def _check_tiny_bert(dtype: str, small_batch: bool = True,
+                     splits: int | None = None) -> tuple[float, float]:
+    """The whole engine vs HF fp32. fp16 batches this small take the small-batch path
+    (all-Triton GEMMs; ``splits`` imposes split-K on the attention-output and FFN2 GEMMs)
+    unless ``small_batch`` is off (cuBLAS-path code: torch.mm + epilogue kernels)."""
     import torch
 
     from engine.fused.engine import PAD_LOGIT, FusedEngine
-    from engine.fused.gemm import GemmPlan
 
     model, cfg = _tiny_bert()
-    force = GemmPlan(2, block_m=32, block_n=32, block_k=32) if splitk else None
+    plans = None
+    if splits is not None:
+        tiles = (64, 32, 32, 4, 2)
+        plans = {"out": (tiles, splits), "ffn2": (tiles, splits), "qkv": (tiles, 1),
+                 "ffn1": (tiles, 1)}
     engine = FusedEngine.from_state_dict(model.state_dict(), cfg, device="cpu",  # type: ignore[attr-defined]
-                                         dtype=dtype, backend="triton", force_gemm=force,
-                                         fp8_min_tokens=0)
+                                         dtype=dtype, backend="triton", fp8_min_tokens=0,
+                                         small_batch_max_tokens=512 if small_batch else None,
+                                         gemm_plans=plans)
     assert engine.backend == "triton"
     ids, mask, tt = _random_batch(7)
     start, end = engine.infer(ids, mask, tt)
@@ -319,11 +346,14 @@ CASES: dict[str, Callable[[], tuple[float, float]]] = {
     "gemm_gelu_erf_fp16": lambda: _check_gemm_gelu("float16", False),
     "gemm_gelu_tanh_fp16": lambda: _check_gemm_gelu("float16", True),
     "gemm_gelu_erf_fp32": lambda: _check_gemm_gelu("float32", False),
+    "linear_fp16_bias": lambda: _check_linear_plain("float16", True),
+    "linear_fp32_no_bias": lambda: _check_linear_plain("float32", False),
     "splitk_gemm_fp32": lambda: _check_splitk("float32"),
     "splitk_gemm_fp16": lambda: _check_splitk("float16"),
     "tiny_bert_fp32": lambda: _check_tiny_bert("float32"),
-    "tiny_bert_fp32_splitk": lambda: _check_tiny_bert("float32", splitk=True),
     "tiny_bert_fp16": lambda: _check_tiny_bert("float16"),
+    "tiny_bert_fp16_splitk_2": lambda: _check_tiny_bert("float16", splits=2),
+    "tiny_bert_fp16_large_path": lambda: _check_tiny_bert("float16", small_batch=False),
     "tiny_bert_fp8": lambda: _check_tiny_bert("fp8"),
     "packed_entry_points": _check_packed_entry_points,
 }
@@ -366,6 +396,27 @@ def test_kernel_under_triton_interpreter(
 ) -> None:
     result = interpreter_results[case]
     assert result["ok"], result
+
+
+@pytest.mark.parametrize(("m", "n", "k", "partial"), [
+    (128, 768, 768, True), (128, 768, 3072, True), (384, 1024, 4096, True),
+    (384, 3072, 1024, False), (1, 768, 3072, True), (512, 1024, 1024, True), (100, 96, 192, True),
+])
+def test_small_batch_plan_splits_evenly_and_fills_the_gpu(m: int, n: int, k: int,
+                                                          partial: bool) -> None:
+    """Plans are pure Python (no kernel): K splits into whole tiles, splits only where the
+    consumer sums partials, a GEMM of under half a wave of tiles is split, and splitting
+    never makes more than two waves of programs."""
+    pytest.importorskip("triton")
+    from engine.fused.kernels.matmul import small_batch_plan
+
+    (bm, bn, bk, _warps, _stages), splits = small_batch_plan(m, n, k, partial)
+    assert k % (splits * bk) == 0
+    assert partial or splits == 1
+    tiles = -(-m // bm) * -(-n // bn)
+    assert splits == 1 or tiles * splits <= 2 * 132
+    if partial and tiles < 66 and k % (2 * bk) == 0:
+        assert splits > 1
 
 
 def test_packing_round_trip_and_positions() -> None:

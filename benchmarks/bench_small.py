@@ -1,0 +1,177 @@
+"""Small-batch path sweep for ``bench_gpu.py`` (section ``small``): tiles and K splits of
+each Triton GEMM, then whole passes with the best plans.
+
+Per model and batch-1 shape, each of the four GEMMs (QKV, attention output, FFN1, FFN2)
+runs as a chain over many weight copies (more bytes than L2 holds, so weights stream from
+HBM as in a real pass), captured in one CUDA graph, with PDL and the L2 weight prefetch
+as the engine launches it. GEMMs whose output is split-K partials are timed together with
+the residual-LayerNorm kernel that sums them, since more splits cost that kernel more
+reads. cuBLAS (``torch.mm`` + the same consumer) is timed alongside. Then whole forward
+passes compare the engine's default plan, the sweep's best plan, and the large-batch path
+(cuBLAS GEMMs, the v3 default), all on the same inputs.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+L2_DEFEAT_BYTES = 160e6  # > 2x the H200's 60 MB L2
+SHAPES = [("bert-base", 1, 128), ("bert-base", 1, 384), ("bert-large", 1, 128),
+          ("bert-large", 1, 384)]
+STORE_CONFIGS = [(64, 64, 64, 4, 4), (128, 64, 64, 4, 4), (64, 32, 64, 4, 4),
+                 (128, 32, 64, 4, 4), (64, 128, 64, 4, 3), (128, 128, 64, 8, 3),
+                 (64, 64, 128, 4, 3)]
+PARTIAL_CONFIGS = [(64, 64, 64, 4, 4), (128, 64, 64, 4, 4), (128, 32, 64, 4, 4),
+                   (64, 32, 64, 4, 4)]
+SPLITS = [1, 2, 3, 4, 6, 8, 12]
+
+
+def _key(config: tuple[int, ...], splits: int) -> str:
+    return "x".join(map(str, config[:3])) + f" w{config[3]} s{config[4]} k/{splits}"
+
+
+def section_small_sweep(res: dict[str, Any], deadline: float) -> None:
+    import time
+
+    import numpy as np
+    import torch
+
+    from benchmarks.bench_gpu import (
+        MODELS,
+        device_packed,
+        graph_time_ms,
+        make_hf,
+        make_ours,
+        random_padded,
+        time_calls,
+    )
+    from engine.fused import kernels as k
+
+    rows = res.setdefault("small_sweep", [])
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for name, batch, seq in SHAPES:
+        if time.time() > deadline:
+            rows.append({"model": name, "shape": f"{batch}x{seq}", "skipped": "deadline"})
+            continue
+        cfg = MODELS[name]
+        d, f = cfg["hidden_size"], cfg["intermediate_size"]
+        t = batch * seq
+        row: dict[str, Any] = {"model": name, "shape": f"{batch}x{seq}", "tokens": t,
+                               "gemm": {}, "best": {}}
+        gemms = {"qkv": (3 * d, d, False), "out": (d, d, True), "ffn1": (f, d, False),
+                 "ffn2": (d, f, True)}
+        gamma = torch.ones(d, device="cuda", dtype=torch.float16)
+        beta = torch.zeros(d, device="cuda", dtype=torch.float16)
+        res_x = torch.randn(t, d, device="cuda", dtype=torch.float16, generator=g)
+        with torch.inference_mode():
+            for gname, (n, kk, partial) in gemms.items():
+                copies = max(cfg["num_hidden_layers"], math.ceil(L2_DEFEAT_BYTES / (n * kk * 2)))
+                ws = [torch.randn(n, kk, device="cuda", dtype=torch.float16, generator=g) * 0.03
+                      for _ in range(copies)]
+                bias = torch.randn(n, device="cuda", dtype=torch.float16, generator=g) * 0.1
+                x = torch.randn(t, kk, device="cuda", dtype=torch.float16, generator=g)
+                act = "gelu" if gname == "ffn1" else None
+                b = bias if gname == "ffn1" else None
+
+                def chain(config: Any, splits: int, pdl: bool = True, cublas: bool = False,
+                          ws: Any = ws, x: Any = x, b: Any = b, act: Any = act,
+                          partial: bool = partial, bias: Any = bias, res_x: Any = res_x,
+                          gamma: Any = gamma, beta: Any = beta) -> list[Any]:
+                    out = []
+                    for w in ws:
+                        if cublas:
+                            y = torch.mm(x, w.t())
+                        else:
+                            y = k.linear(x, w, b, act=act, splits=splits, config=config,
+                                         pdl=pdl, prefetch=pdl)
+                        if partial:  # its consumer, which sums the partials
+                            y = k.bias_residual_layernorm(y, bias, res_x, gamma, beta, 1e-12,
+                                                          pdl=pdl and not cublas)[0]
+                        out.append(y)
+                    return out
+
+                timings: dict[str, float] = {}
+                ref = chain(None, 1, cublas=True)[0].float()
+                timings["cuBLAS"] = graph_time_ms(lambda: chain(None, 1, cublas=True),
+                                                  reps=1) / copies * 1e3
+                plan = k.small_batch_plan(t, n, kk, partial)
+                timings["default " + _key(*plan) + " no PDL"] = graph_time_ms(
+                    lambda plan=plan: chain(*plan, pdl=False), reps=1) / copies * 1e3
+                cands = ([(c, s) for c in PARTIAL_CONFIGS for s in SPLITS
+                          if kk % (s * c[2]) == 0 and math.ceil(t / c[0]) * math.ceil(n / c[1])
+                          * s <= 4 * 132] if partial else [(c, 1) for c in STORE_CONFIGS])
+                for config, splits in cands:
+                    key = _key(config, splits)
+                    try:
+                        y = chain(config, splits)[0].float()
+                        # FFN1 carries bias + GELU: compare with cuBLAS + the same epilogue
+                        want = torch.nn.functional.gelu(ref + bias.float()) if act else ref
+                        err = float((y - want).abs().max() / max(float(want.abs().max()), 1e-6))
+                        if err > 2e-2:
+                            timings[key + " WRONG"] = err
+                            continue
+                        timings[key] = graph_time_ms(
+                            lambda config=config, splits=splits: chain(config, splits),
+                            reps=1) / copies * 1e3
+                    except Exception as exc:  # record and go on
+                        row.setdefault("errors", []).append(f"{gname} {key}: {exc!r}"[:300])
+                row["gemm"][gname] = timings
+                good = [(us, kk_) for kk_, us in timings.items()
+                        if kk_ not in ("cuBLAS",) and "no PDL" not in kk_ and "WRONG" not in kk_]
+                if good:
+                    us, best_key = min(good)
+                    best = next((c, s) for c, s in cands if _key(c, s) == best_key)
+                    row["best"][gname] = {"config": list(best[0]), "splits": best[1], "us": us}
+                print(f"small sweep {name} {batch}x{seq} {gname}: cuBLAS "
+                      f"{timings['cuBLAS']:.1f}us, best {row['best'].get(gname)}, default "
+                      f"{timings.get(_key(*plan), float('nan')):.1f}us", flush=True)
+            # Whole passes on the same inputs: default plan, best plans, large path.
+            model, hcfg = make_hf(name)
+            rng = np.random.default_rng(8)
+            sets = [device_packed(*random_padded(rng, batch, seq)) for _ in range(4)]
+            best_plans = {gn: (tuple(v["config"]), v["splits"]) for gn, v in row["best"].items()}
+            engines = {
+                "default": make_ours(model, hcfg, dtype="float16"),
+                "best_plans": make_ours(model, hcfg, dtype="float16", gemm_plans=best_plans),
+                "no_pdl": make_ours(model, hcfg, dtype="float16", pdl=False),
+                "large_path_v3": make_ours(model, hcfg, dtype="float16",
+                                           small_batch_max_tokens=None),
+            }
+            whole: dict[str, Any] = {}
+            for label, eng in engines.items():
+                tm = time_calls(lambda xs, eng=eng: eng._run_device(*xs), sets)
+                whole[label] = tm.as_dict()
+            row["whole"] = whole
+            print(f"small whole {name} {batch}x{seq}: " + " ".join(
+                f"{kk_}={v['median_ms']:.3f}" for kk_, v in whole.items()), flush=True)
+            del model, engines
+        rows.append(row)
+
+
+def markdown(res: dict[str, Any]) -> list[str]:
+    lines: list[str] = []
+    for r in res.get("small_sweep", []):
+        if "skipped" in r:
+            lines += [f"## small sweep {r['model']} {r['shape']}: skipped ({r['skipped']})", ""]
+            continue
+        lines += [f"## Small-batch sweep: {r['model']} {r['shape']} ({r['tokens']} tokens)", "",
+                  "us per GEMM in a PDL chain (partials: + the LayerNorm that sums them)", "",
+                  "| GEMM | cuBLAS | default no PDL | best | best plan | top 5 |",
+                  "|---|---|---|---|---|---|"]
+        for gname, tms in r.get("gemm", {}).items():
+            nopdl = next((v for kk, v in tms.items() if "no PDL" in kk), float("nan"))
+            best = r["best"].get(gname, {})
+            ranked = sorted((v, kk) for kk, v in tms.items()
+                            if kk != "cuBLAS" and "no PDL" not in kk and "WRONG" not in kk)
+            top = ", ".join(f"{kk} {v:.1f}" for v, kk in ranked[:5])
+            lines.append(f"| {gname} | {tms.get('cuBLAS', float('nan')):.1f} | {nopdl:.1f} | "
+                         f"{best.get('us', float('nan')):.1f} | {best.get('config')} "
+                         f"k/{best.get('splits')} | {top} |")
+        if "whole" in r:
+            lines += ["", "Whole pass, ms (median / p99): " + ", ".join(
+                f"{kk} {v['median_ms']:.3f} / {v['p99_ms']:.3f}" for kk, v in r["whole"].items())]
+        for e in r.get("errors", []):
+            lines.append(f"- error: {e}")
+        lines.append("")
+    return lines

@@ -1,0 +1,53 @@
+"""The fused encoder's OpenAI-Triton kernels, and launchers over torch tensors.
+
+Every kernel computes in float32 and reads/writes whatever float dtype its tensors have
+(fp16, bf16, fp32; e4m3 for the optional FP8 copies):
+
+==========================  ==================================================================
+``embed_layernorm``          word + position + token-type gather, sum, LayerNorm (+ FP8 copy)
+``attention_varlen``         QKV bias, scaled QK^T, online softmax, PV over packed sequences
+``bias_gelu``                FFN bias + exact (erf) GELU (+ FP8 copy instead of the fp16 one)
+``bias_residual_layernorm``  projection bias + residual add + LayerNorm (+ FP8 copy), summing
+                             split-K partials when the GEMM left them
+``..._qa``                   the same for the last layer, dotted with the 2-row QA head
+``linear``                   a GEMM with a bias / GELU epilogue or split-K partials: FFN1 for
+                             few tokens, and every GEMM of the small-batch path (``matmul``)
+==========================  ==================================================================
+
+Modules: ``common`` (shared jit helpers, PDL), ``rows`` (row-wise kernels), ``attention``,
+``matmul``. Launchers never synchronise with the device and take every size from the
+host, so a whole forward pass can be captured in a CUDA graph. Each takes ``pdl``:
+launch with programmatic dependent launch (see ``common``). With ``TRITON_INTERPRET=1``
+set before this package is imported, the same kernels run on CPU tensors (for CI).
+``engine.fused.torch_ops`` holds the plain-PyTorch spec of each launcher, same signature.
+"""
+
+from engine.fused.kernels.attention import (
+    ATTN_LARGE,
+    ATTN_SMALL,
+    attention_config,
+    attention_varlen,
+)
+from engine.fused.kernels.common import pdl_available
+from engine.fused.kernels.matmul import (
+    GEMM_LARGE,
+    GEMM_SMALL,
+    GemmConfig,
+    gemm_config,
+    gemm_supported,
+    linear,
+    small_batch_plan,
+)
+from engine.fused.kernels.rows import (
+    bias_gelu,
+    bias_residual_layernorm,
+    bias_residual_layernorm_qa,
+    embed_layernorm,
+)
+
+__all__ = [
+    "ATTN_LARGE", "ATTN_SMALL", "GEMM_LARGE", "GEMM_SMALL", "GemmConfig", "attention_config",
+    "attention_varlen", "bias_gelu", "bias_residual_layernorm", "bias_residual_layernorm_qa",
+    "embed_layernorm", "gemm_config", "gemm_supported", "linear", "pdl_available",
+    "small_batch_plan",
+]

@@ -1,0 +1,129 @@
+# mypy: disable-error-code="no-untyped-def,untyped-decorator,no-untyped-call"
+"""Bidirectional attention over packed variable-length sequences (FlashAttention-style
+online softmax, no padding), reading Q, K and V straight from the QKV GEMM's output."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from engine.fused.kernels.common import LOG2E, launch_options, pdl_enter
+
+# Attention tiles (BLOCK_M queries x BLOCK_N keys, warps, pipeline stages). Few programs
+# (batch 1): 64-query tiles, so short sequences still spread over more multiprocessors.
+# Many programs: 128-query tiles with 8 warps, half the K/V re-reads per query.
+ATTN_SMALL = (64, 64, 4, 3)
+ATTN_LARGE = (128, 64, 8, 3)
+_ATTN_SMALL_PROGRAMS = 4 * 132  # below ~4 waves of an H100/H200, prefer the small tile
+
+
+@triton.jit
+def _attn_varlen_kernel(
+    qkv_ptr, bias_ptr, out_ptr, cu_ptr,
+    qk_scale, stride_qkv, stride_out, D,
+    HEAD_DIM: tl.constexpr, BLOCK_DH: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_PDL: tl.constexpr,
+):
+    """One (query block, sequence, head): softmax(Q K^T * scale) V with an online softmax.
+
+    Q, K, V are column slices of the packed QKV GEMM output (no bias yet). A sequence's
+    tokens are rows ``cu[seq]:cu[seq+1]``; programs past a sequence's end write nothing,
+    so the grid may be sized for bucketed (padded) sequence counts and lengths.
+
+    Biases cost nothing inside the loop: the K bias adds ``q . bk`` to every score of a
+    query row, which softmax cancels, so it is dropped; rows of P sum to one, so
+    ``P (V + bv) = P V + bv`` and the V bias is added once at the end. K and V tiles thus
+    go from memory straight into ``tl.dot``, which lets the compiler pipeline the loads.
+    """
+    pdl_enter(USE_PDL)
+    m_block = tl.program_id(0)
+    seq = tl.program_id(1)
+    head = tl.program_id(2)
+    start = tl.load(cu_ptr + seq)
+    length = tl.load(cu_ptr + seq + 1) - start
+    m0 = m_block * BLOCK_M
+
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_DH)
+    dmask = offs_d < HEAD_DIM
+    col = head * HEAD_DIM + offs_d
+    mmask = offs_m < length
+    q_rows = (start + offs_m).to(tl.int64)
+    io_mask = mmask[:, None] & dmask[None, :]
+    dtype = qkv_ptr.dtype.element_ty
+
+    q = tl.load(qkv_ptr + q_rows[:, None] * stride_qkv + col[None, :], mask=io_mask, other=0.0)
+    bq = tl.load(bias_ptr + col, mask=dmask, other=0.0)
+    # Softmax scale and log2(e) folded into Q once, so the loop uses exp2 directly.
+    q = ((q.to(tl.float32) + bq[None, :]) * qk_scale).to(dtype)
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, BLOCK_DH], tl.float32)
+    n_end = tl.where(m0 < length, length, 0)  # empty programs skip the loop
+    k_ptrs = qkv_ptr + (start + offs_n).to(tl.int64)[:, None] * stride_qkv + D + col[None, :]
+    for n0 in range(0, n_end, BLOCK_N):
+        nmask = (n0 + offs_n) < length
+        kv_mask = nmask[:, None] & dmask[None, :]
+        k = tl.load(k_ptrs, mask=kv_mask, other=0.0)
+        v = tl.load(k_ptrs + D, mask=kv_mask, other=0.0)
+        s = tl.dot(q, tl.trans(k))
+        s = tl.where(nmask[None, :], s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))
+        alpha = tl.exp2(m_i - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(dtype), v)
+        m_i = m_new
+        k_ptrs += BLOCK_N * stride_qkv
+    bv = tl.load(bias_ptr + 2 * D + col, mask=dmask, other=0.0)
+    # l_i >= 1 on every row that saw a key (its max contributes exp2(0)); the floor only
+    # keeps rows of empty programs finite (they are not stored).
+    out = acc / tl.maximum(l_i, 1.0)[:, None] + bv[None, :]
+    o_ptrs = out_ptr + q_rows[:, None] * stride_out + col[None, :]
+    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=io_mask)
+
+
+def attention_config(max_seqlen: int, n_seqs: int, num_heads: int,
+                     head_dim: int) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) for a batch of this size."""
+    programs = triton.cdiv(max_seqlen, ATTN_SMALL[0]) * n_seqs * num_heads
+    return ATTN_SMALL if programs < _ATTN_SMALL_PROGRAMS or head_dim > 64 else ATTN_LARGE
+
+
+def attention_varlen(
+    qkv: torch.Tensor,
+    qkv_bias: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    max_seqlen: int,
+    n_seqs: int,
+    num_heads: int,
+    config: tuple[int, int, int, int] | None = None,
+    pdl: bool = False,
+) -> torch.Tensor:
+    """Bidirectional multi-head attention over packed sequences; returns [T, hidden].
+
+    ``qkv`` [T, 3*hidden] is the bias-free QKV GEMM output; ``cu_seqlens`` int32
+    [n_seqs + 1]. ``max_seqlen`` and ``n_seqs`` only size the grid: they may exceed the
+    real values (extra sequences have zero length), which is what CUDA graphs rely on.
+    Rows of the output outside every sequence are left unwritten.
+    """
+    n, three_d = qkv.shape
+    d = three_d // 3
+    head_dim = d // num_heads
+    out = torch.empty((n, d), device=qkv.device, dtype=qkv.dtype)
+    if n_seqs == 0 or max_seqlen == 0:
+        return out
+    scale = LOG2E / float(head_dim) ** 0.5
+    bm, bn, warps, stages = config or attention_config(max_seqlen, n_seqs, num_heads, head_dim)
+    grid = (triton.cdiv(max_seqlen, bm), n_seqs, num_heads)
+    _attn_varlen_kernel[grid](
+        qkv, qkv_bias, out, cu_seqlens,
+        scale, qkv.stride(0), out.stride(0), d,
+        HEAD_DIM=head_dim, BLOCK_DH=max(16, triton.next_power_of_2(head_dim)),
+        BLOCK_M=bm, BLOCK_N=bn, USE_PDL=pdl, num_warps=warps, num_stages=stages,
+        **launch_options(pdl),
+    )
+    return out

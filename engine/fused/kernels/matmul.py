@@ -1,0 +1,181 @@
+# mypy: disable-error-code="no-untyped-def,untyped-decorator,no-untyped-call"
+"""One Triton GEMM, ``x @ w^T``, with the epilogues cuBLAS cannot give this engine.
+
+cuBLAS wins on the large GEMMs (the SQuAD-mix batches), so this kernel serves where it
+does not: FFN1 with bias + exact-erf GELU in its epilogue (cuBLASLt only has the tanh
+form), and every GEMM of a small batch (a few hundred tokens), where cuBLAS covers the
+output with a handful of tiles, streams each weight through a few multiprocessors, and
+cannot overlap its start with the kernel before it. Here, small batches get
+
+* **split-K**: K is cut into ``splits`` slices handled by separate programs, which leave
+  float32 partial sums ``[splits, M, N]``; the residual-LayerNorm (or GELU) kernel that
+  reads the GEMM's output adds them up while it reads anyway;
+* **PDL with an L2 weight prefetch**: launched with programmatic dependent launch, each
+  program first asks L2 for its weight slice (weights never depend on earlier kernels),
+  then waits for the previous kernel, so weight streaming overlaps that kernel's work.
+
+Epilogues: ``EPI_STORE`` (+ optional bias, output dtype), ``EPI_GELU`` (bias + GELU),
+``EPI_PARTIAL`` (float32 partial of this program's K slice).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from engine.fused.kernels.common import gelu, launch_options, pdl_enter, prefetch_rows_l2
+
+EPI_STORE = tl.constexpr(0)
+EPI_GELU = tl.constexpr(1)
+EPI_PARTIAL = tl.constexpr(2)
+
+# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages)
+GemmConfig = tuple[int, int, int, int, int]
+# FFN1 + GELU tiles measured on the H200 (2026-11-29): 64x64x64 best of 7 at 128 and 384
+# tokens; 128x256x64 the best Triton tile at 42,891 tokens (still 17% slower than
+# cuBLAS + bias_gelu there, which is why the engine fuses FFN1 only for few tokens).
+GEMM_LARGE: GemmConfig = (128, 256, 64, 8, 3)
+GEMM_SMALL: GemmConfig = (64, 64, 64, 4, 4)
+_SMS = 132  # H100/H200 multiprocessors: the split-K planner aims at 1-2 waves of them
+
+
+@triton.jit
+def _gemm_kernel(
+    x_ptr, w_ptr, bias_ptr, out_ptr,
+    M, N, K, k_split,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, EPILOGUE: tl.constexpr, HAS_BIAS: tl.constexpr,
+    TANH: tl.constexpr, USE_PDL: tl.constexpr, PREFETCH: tl.constexpr,
+    W_BYTES: tl.constexpr,
+):
+    """Program (tile, split): ``x[:, Ks] @ w[:, Ks]^T`` over K slice ``split`` of length
+    ``k_split`` (a multiple of BLOCK_K), then the epilogue.
+
+    ``x`` [M, K], ``w`` [N, K] row-major. Rows/columns past the edge are clamped on load
+    (no masks in the K loop) and masked on store. Tiles are ordered in groups of GROUP_M
+    row-tiles so that neighbours share weight tiles in L2.
+    """
+    pid = tl.program_id(0)
+    split = tl.program_id(1)
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    per_group = GROUP_M * num_n
+    first_m = (pid // per_group) * GROUP_M
+    group_size = tl.minimum(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % per_group) % group_size
+    pid_n = (pid % per_group) // group_size
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    rows = tl.minimum(offs_m, M - 1).to(tl.int64)
+    cols = tl.minimum(offs_n, N - 1).to(tl.int64)
+    k0 = split * k_split
+    if PREFETCH:  # this program's weight slice, while the previous kernel still runs
+        prefetch_rows_l2(w_ptr + cols * K + k0, k_split * W_BYTES, [BLOCK_N])
+    pdl_enter(USE_PDL)
+    x_ptrs = x_ptr + rows[:, None] * K + k0 + offs_k[None, :]
+    w_ptrs = w_ptr + cols[:, None] * K + k0 + offs_k[None, :]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for _ in range(0, k_split, BLOCK_K):
+        a = tl.load(x_ptrs)
+        b = tl.load(w_ptrs)
+        acc = tl.dot(a, tl.trans(b), acc)
+        x_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    nmask = offs_n < N
+    omask = (offs_m < M)[:, None] & nmask[None, :]
+    if EPILOGUE == EPI_PARTIAL:
+        prow = split.to(tl.int64) * M + offs_m
+        tl.store(out_ptr + prow[:, None] * N + offs_n[None, :], acc, mask=omask)
+    else:
+        y = acc
+        if HAS_BIAS:
+            y += tl.load(bias_ptr + offs_n, mask=nmask, other=0.0).to(tl.float32)[None, :]
+        if EPILOGUE == EPI_GELU:
+            y = gelu(y, TANH)
+        o_ptrs = out_ptr + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
+        tl.store(o_ptrs, y.to(out_ptr.dtype.element_ty), mask=omask)
+
+
+def gemm_config(m: int) -> GemmConfig:
+    """Default tiles: small ones for few tokens (spread the weight stream over more
+    multiprocessors), large ones for many."""
+    return GEMM_LARGE if m >= 2048 else GEMM_SMALL
+
+
+def gemm_supported(k: int) -> bool:
+    """Whether :func:`linear` takes this inner dimension (a multiple of every BLOCK_K)."""
+    return k % 64 == 0
+
+
+def linear(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    act: str | None = None,
+    splits: int = 1,
+    config: GemmConfig | None = None,
+    pdl: bool = False,
+    prefetch: bool = False,
+) -> torch.Tensor:
+    """``x @ w.T`` (+ ``bias``) (then ``act``: None, "gelu" or "gelu_tanh") in ``x``'s dtype,
+    or, with ``splits > 1``, float32 split-K partials ``[splits, M, N]`` (no bias, no act).
+
+    ``x`` [M, K] and ``w`` [N, K] contiguous; K must split into ``splits`` multiples of the
+    tile's BLOCK_K. ``pdl`` launches with programmatic dependent launch; ``prefetch`` (with
+    ``pdl``) pulls each program's weight slice into L2 before waiting for the previous
+    kernel.
+    """
+    m, k = x.shape
+    n = w.shape[0]
+    bm, bn, bk, warps, stages = config or gemm_config(m)
+    if k % (splits * bk):
+        raise ValueError(f"K={k} does not split into {splits} multiples of {bk}")
+    if splits > 1 and (bias is not None or act is not None):
+        raise ValueError("split-K partials take no bias or activation (the consumer adds them)")
+    if act not in (None, "gelu", "gelu_tanh"):
+        raise ValueError(f"unknown activation {act!r}")
+    if splits > 1:
+        out = torch.empty((splits, m, n), device=x.device, dtype=torch.float32)
+        epilogue = EPI_PARTIAL
+    else:
+        out = torch.empty((m, n), device=x.device, dtype=x.dtype)
+        epilogue = EPI_STORE if act is None else EPI_GELU
+    if m == 0:
+        return out
+    grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn), splits)
+    _gemm_kernel[grid](
+        x, w, bias if bias is not None else w, out, m, n, k, k // splits,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, EPILOGUE=epilogue,
+        HAS_BIAS=bias is not None, TANH=act == "gelu_tanh", USE_PDL=pdl,
+        PREFETCH=pdl and prefetch, W_BYTES=w.element_size(),
+        num_warps=warps, num_stages=stages, **launch_options(pdl),
+    )
+    return out
+
+
+def small_batch_plan(m: int, n: int, k: int, partial: bool) -> tuple[GemmConfig, int]:
+    """(tiles, K splits) of a small-batch GEMM; splits only where the consumer sums partials.
+
+    From the H200 sweep of 2026-11-30 (``benchmarks/bench_small.py``: GEMM chains with PDL
+    over HBM-resident weights, BERT-base and BERT-large at 128 and 384 tokens):
+
+    * plain/GELU epilogues: 64x64x128 tiles, 3 stages, at up to 128 tokens (best at both
+      models); 128x64x64, 4 stages, above;
+    * split-K: 128-row tiles for long K (FFN2) or more than 128 tokens, else 64; then as
+      many splits as keep the programs within one wave (128 tokens: 4 for the attention
+      output, 8 for FFN2 -- the best of up to 28 plans on both models).
+    """
+    if not partial:
+        if m <= 128:
+            return ((64, 64, 128, 4, 3) if k % 128 == 0 else (64, 64, 64, 4, 4)), 1
+        return (128, 64, 64, 4, 4), 1
+    bm = 128 if (k >= 2048 or m > 128) else 64
+    config: GemmConfig = (bm, 64, 64, 4, 4)
+    tiles = triton.cdiv(m, bm) * triton.cdiv(n, 64)
+    splits = 1
+    for s in (2, 3, 4, 6, 8):
+        if tiles * s <= _SMS and k % (s * 64) == 0:
+            splits = s
+    return config, splits

@@ -1,0 +1,255 @@
+# mypy: disable-error-code="no-untyped-def,untyped-decorator,no-untyped-call"
+"""Row-wise kernels: embeddings + LayerNorm, bias + residual + LayerNorm (+ QA head),
+bias + GELU. Each reads a GEMM's output once (summing split-K partials if there are any)
+and writes one activation, optionally with its per-row e4m3 copy."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from engine.fused.fp8 import FP8_DTYPE, Quantized
+from engine.fused.kernels.common import (
+    gelu,
+    launch_options,
+    layernorm_rows,
+    pdl_enter,
+    store_rows_fp8,
+)
+
+
+@triton.jit
+def _embed_ln_kernel(
+    ids_ptr, tt_ptr, pos_ptr, word_ptr, posemb_ptr, type_ptr, g_ptr, b_ptr,
+    out_ptr, q_ptr, qs_ptr,
+    n_rows, D, eps,
+    BLOCK_D: tl.constexpr, ROWS: tl.constexpr, FP8_OUT: tl.constexpr, USE_PDL: tl.constexpr,
+):
+    pdl_enter(USE_PDL)
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    rmask = rows < n_rows
+    cols = tl.arange(0, BLOCK_D)
+    cmask = cols < D
+    mask = rmask[:, None] & cmask[None, :]
+    tok = tl.load(ids_ptr + rows, mask=rmask, other=0).to(tl.int64)
+    typ = tl.load(tt_ptr + rows, mask=rmask, other=0).to(tl.int64)
+    pos = tl.load(pos_ptr + rows, mask=rmask, other=0).to(tl.int64)
+    x = tl.load(word_ptr + tok[:, None] * D + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    x += tl.load(posemb_ptr + pos[:, None] * D + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    x += tl.load(type_ptr + typ[:, None] * D + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    y = layernorm_rows(x, mask, cols, cmask, g_ptr, b_ptr, D, eps)
+    offs = rows.to(tl.int64)[:, None] * D + cols[None, :]
+    tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+    if FP8_OUT:
+        store_rows_fp8(y, mask, rmask, q_ptr + offs, qs_ptr + rows)
+
+
+@triton.jit
+def _residual_ln_kernel(
+    a_ptr, bias_ptr, res_ptr, g_ptr, b_ptr,
+    out_ptr, q_ptr, qs_ptr,
+    qa_w_ptr, qa_b_ptr, logits_ptr,
+    n_rows, logits_stride, split_stride, D, eps,
+    BLOCK_D: tl.constexpr, ROWS: tl.constexpr, SPLITS: tl.constexpr,
+    FP8_OUT: tl.constexpr, QA_HEAD: tl.constexpr, USE_PDL: tl.constexpr,
+):
+    pdl_enter(USE_PDL)
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    rmask = rows < n_rows
+    cols = tl.arange(0, BLOCK_D)
+    cmask = cols < D
+    mask = rmask[:, None] & cmask[None, :]
+    offs = rows.to(tl.int64)[:, None] * D + cols[None, :]
+    x = tl.load(a_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    for s in tl.static_range(1, SPLITS):  # split-K partial sums of the GEMM, if any
+        x += tl.load(a_ptr + s * split_stride + offs, mask=mask, other=0.0)
+    x += tl.load(bias_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    x += tl.load(res_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    y = layernorm_rows(x, mask, cols, cmask, g_ptr, b_ptr, D, eps)
+    if QA_HEAD:
+        # The last layer's hidden states are only ever read by the 2-logit head: dot them
+        # here (in float32, from the unrounded LayerNorm output) and never store them.
+        w0 = tl.load(qa_w_ptr + cols, mask=cmask, other=0.0)
+        w1 = tl.load(qa_w_ptr + D + cols, mask=cmask, other=0.0)
+        start = tl.sum(y * w0[None, :], axis=1) + tl.load(qa_b_ptr)
+        end = tl.sum(y * w1[None, :], axis=1) + tl.load(qa_b_ptr + 1)
+        tl.store(logits_ptr + rows, start, mask=rmask)
+        tl.store(logits_ptr + logits_stride + rows, end, mask=rmask)
+    else:
+        tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+        if FP8_OUT:
+            store_rows_fp8(y, mask, rmask, q_ptr + offs, qs_ptr + rows)
+
+
+@triton.jit
+def _bias_gelu_kernel(
+    h_ptr, bias_ptr, out_ptr, q_ptr, qs_ptr,
+    n_rows, F, split_stride,
+    BLOCK_F: tl.constexpr, ROWS: tl.constexpr, SPLITS: tl.constexpr,
+    FP8_OUT: tl.constexpr, TANH: tl.constexpr, USE_PDL: tl.constexpr,
+):
+    pdl_enter(USE_PDL)
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    cols = tl.program_id(1) * BLOCK_F + tl.arange(0, BLOCK_F)
+    rmask = rows < n_rows
+    cmask = cols < F
+    mask = rmask[:, None] & cmask[None, :]
+    offs = rows.to(tl.int64)[:, None] * F + cols[None, :]
+    x = tl.load(h_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    for s in tl.static_range(1, SPLITS):  # split-K partial sums of the GEMM, if any
+        x += tl.load(h_ptr + s * split_stride + offs, mask=mask, other=0.0)
+    x += tl.load(bias_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
+    y = gelu(x, TANH)
+    if FP8_OUT:
+        # Only the next GEMM reads this activation: store its e4m3 copy alone
+        # (BLOCK_F covers the whole row, so the row's scale is known here).
+        store_rows_fp8(y, mask, rmask, q_ptr + offs, qs_ptr + rows)
+    else:
+        tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+# ----------------------------------------------------------------------------- launchers
+
+
+def _row_tile(n_rows: int, width: int) -> tuple[int, int, int]:
+    """(BLOCK, ROWS, num_warps) for a row-wise kernel over ``width`` columns.
+
+    Small batches get 2 rows per program (more programs for few tokens); large ones
+    about 4096 elements per program (fewer, fuller programs).
+    """
+    block = triton.next_power_of_2(width)
+    rows = 2 if n_rows < 8192 else max(2, 4096 // block)
+    warps = 4 if block * rows <= 2048 else 8
+    return block, rows, warps
+
+
+def _fp8_buffers(x: torch.Tensor, on: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    if not on:
+        return x, x  # never touched: the FP8 branch is compiled out
+    q = torch.empty(x.shape, device=x.device, dtype=FP8_DTYPE)
+    return q, torch.empty((x.shape[0], 1), device=x.device, dtype=torch.float32)
+
+
+def _splits(a: torch.Tensor) -> tuple[int, int]:
+    """(number of split-K partials, elements between them) of a GEMM output."""
+    if a.dim() == 3:
+        return a.shape[0], a.shape[1] * a.shape[2]
+    return 1, 0
+
+
+def embed_layernorm(
+    input_ids: torch.Tensor,
+    token_type_ids: torch.Tensor,
+    position_ids: torch.Tensor,
+    word: torch.Tensor,
+    position: torch.Tensor,
+    token_type: torch.Tensor,
+    gamma: torch.Tensor,
+    beta: torch.Tensor,
+    eps: float,
+    fp8: bool = False,
+    pdl: bool = False,
+) -> tuple[torch.Tensor, Quantized | None]:
+    """LayerNorm(word[ids] + position[pos] + token_type[tt]) for packed int32 [T] inputs."""
+    n, d = input_ids.shape[0], word.shape[1]
+    out = torch.empty((n, d), device=word.device, dtype=word.dtype)
+    q, qs = _fp8_buffers(out, fp8)
+    block, rows, warps = _row_tile(n, d)
+    _embed_ln_kernel[(triton.cdiv(n, rows),)](
+        input_ids, token_type_ids, position_ids, word, position, token_type, gamma, beta,
+        out, q, qs, n, d, eps,
+        BLOCK_D=block, ROWS=rows, FP8_OUT=fp8, USE_PDL=pdl, num_warps=warps,
+        **launch_options(pdl),
+    )
+    return out, (Quantized(q, qs) if fp8 else None)
+
+
+def bias_residual_layernorm(
+    a: torch.Tensor,
+    bias: torch.Tensor,
+    residual: torch.Tensor,
+    gamma: torch.Tensor,
+    beta: torch.Tensor,
+    eps: float,
+    fp8: bool = False,
+    pdl: bool = False,
+) -> tuple[torch.Tensor, Quantized | None]:
+    """LayerNorm(a + bias + residual), in ``residual``'s dtype (+ per-row e4m3 copy).
+
+    ``a`` is a GEMM output [T, D], or [S, T, D] float32 split-K partials to be summed.
+    """
+    n, d = a.shape[-2:]
+    splits, split_stride = _splits(a)
+    out = torch.empty((n, d), device=a.device, dtype=residual.dtype)
+    q, qs = _fp8_buffers(out, fp8)
+    block, rows, warps = _row_tile(n, d)
+    _residual_ln_kernel[(triton.cdiv(n, rows),)](
+        a, bias, residual, gamma, beta, out, q, qs, gamma, gamma, out,
+        n, 0, split_stride, d, eps,
+        BLOCK_D=block, ROWS=rows, SPLITS=splits, FP8_OUT=fp8, QA_HEAD=False, USE_PDL=pdl,
+        num_warps=warps, **launch_options(pdl),
+    )
+    return out, (Quantized(q, qs) if fp8 else None)
+
+
+def bias_residual_layernorm_qa(
+    a: torch.Tensor,
+    bias: torch.Tensor,
+    residual: torch.Tensor,
+    gamma: torch.Tensor,
+    beta: torch.Tensor,
+    eps: float,
+    qa_weight: torch.Tensor,
+    qa_bias: torch.Tensor,
+    pdl: bool = False,
+) -> torch.Tensor:
+    """QA logits float32 [2, T] (row 0 start, row 1 end) of LayerNorm(a + bias + residual)."""
+    n, d = a.shape[-2:]
+    splits, split_stride = _splits(a)
+    logits = torch.empty((2, n), device=a.device, dtype=torch.float32)
+    block, rows, warps = _row_tile(n, d)
+    _residual_ln_kernel[(triton.cdiv(n, rows),)](
+        a, bias, residual, gamma, beta, a, a, a, qa_weight, qa_bias, logits,
+        n, logits.stride(0), split_stride, d, eps,
+        BLOCK_D=block, ROWS=rows, SPLITS=splits, FP8_OUT=False, QA_HEAD=True, USE_PDL=pdl,
+        num_warps=warps, **launch_options(pdl),
+    )
+    return logits
+
+
+def bias_gelu(
+    h: torch.Tensor,
+    bias: torch.Tensor,
+    fp8: bool = False,
+    tanh: bool = False,
+    out_dtype: torch.dtype | None = None,
+    pdl: bool = False,
+) -> tuple[torch.Tensor | None, Quantized | None]:
+    """GELU(h + bias): ``(out, None)``, or ``(None, e4m3 copy)`` when ``fp8``.
+
+    ``h`` is a GEMM output [T, F], or [S, T, F] float32 split-K partials to be summed.
+    A 2-D ``h`` is overwritten in place (elementwise, so safe; it saves an allocation of the
+    largest activation); otherwise ``out`` is new, in ``out_dtype``.
+    """
+    n, f = h.shape[-2:]
+    splits, split_stride = _splits(h)
+    if fp8:
+        q, qs = _fp8_buffers(h[-1] if splits > 1 else h, True)
+        block, rows, warps = _row_tile(n, f)  # whole rows: the scale needs them
+        grid = (triton.cdiv(n, rows), 1)
+        out = h
+    else:
+        q = qs = h
+        block, rows, warps = min(1024, triton.next_power_of_2(f)), 4, 4
+        grid = (triton.cdiv(n, rows), triton.cdiv(f, block))
+        out = h if splits == 1 and out_dtype in (None, h.dtype) else torch.empty(
+            (n, f), device=h.device, dtype=out_dtype or h.dtype)
+    _bias_gelu_kernel[grid](
+        h, bias, out, q, qs, n, f, split_stride,
+        BLOCK_F=block, ROWS=rows, SPLITS=splits, FP8_OUT=fp8, TANH=tanh, USE_PDL=pdl,
+        num_warps=warps, **launch_options(pdl),
+    )
+    if fp8:
+        return None, Quantized(q, qs)
+    return out, None
