@@ -21,8 +21,10 @@ Sections, each guarded (a failure is recorded and the run goes on), results writ
               faster, is timed as a whole pass in ``mix`` (run before it)
 9. ffn1_sweep FFN1 as cuBLAS + bias_gelu vs the fused Triton GEMM, and torch.mm vs
               cuBLASLt addmm for every GEMM, per layer
-10. small     (only when named in --sections) the small-batch path: tiles and K splits of
-              each Triton GEMM in a PDL chain, then whole passes (``bench_small.py``)
+10. small     (only when named in --sections) the small-batch path: whole passes of its
+              variants (persistent kernel, PDL off, large path); with ``small_sweep`` also
+              named, first the tiles and K splits of each Triton GEMM in a PDL chain
+              (``bench_small.py``)
 
 ``--fast`` times only hf_graph against ours (no eager columns, no padded mix columns);
 ``--shapes`` and ``--f1`` pick latency rows and F1 runs, for short device calls.
@@ -336,8 +338,7 @@ def section_latency(res: dict[str, Any], name: str, deadline: float) -> None:
     ours_eager = FusedEngine(ours.weights, "cuda", cuda_graphs=False)
     alt = {  # the same weights through other paths (A/B in one run)
         "ours_graph_large_path": {"small_batch_max_tokens": None},  # v3's batch-1 path
-        "ours_graph_no_pdl": {"pdl": False},
-        "ours_graph_no_prefetch": {"prefetch": False},
+        "ours_graph_persistent": {"persistent": True},
     }
     alt_engines = {key: FusedEngine(ours.weights, "cuda", max_graph_tokens=65536, **kw)  # type: ignore[arg-type]
                    for key, kw in alt.items()}
@@ -756,8 +757,8 @@ def write_markdown(res: dict[str, Any], path: Path) -> str:
             lines.append(f"| {k} | {v['max_abs']:.3e} | {v['max_rel']:.3e} |")
         lines.append("")
     if res.get("latency"):
-        cols = ["hf_eager", "hf_graph", "ours_eager", "ours_graph", "ours_graph_no_prefetch",
-                "ours_graph_no_pdl", "ours_graph_large_path", "ours_fp8_graph"]
+        cols = ["hf_eager", "hf_graph", "ours_eager", "ours_graph", "ours_graph_persistent",
+                "ours_graph_large_path", "ours_fp8_graph"]
         lines += ["## Latency, ms per batch (median / p99), random weights, full-length", "",
                   "| model | batch x seq | " + " | ".join(cols) + " | ours vs hf_graph |",
                   "|---|---|" + "---|" * (len(cols) + 1)]
@@ -856,6 +857,8 @@ def main() -> None:
     p.add_argument("--f1", default=None,
                    help="F1 runs, from reference_fp32,fused_fp16,fused_fp8 (default all)")
     p.add_argument("--mix-models", default="bert-large,bert-base")
+    p.add_argument("--small-shapes", default=None,
+                   help="small-section shapes, e.g. bert-base:1x192 (default: bench_small.SHAPES)")
     args = p.parse_args()
     OPTS["fast"] = args.fast
     OPTS["shapes"] = set(args.shapes.split(",")) if args.shapes else None
@@ -901,7 +904,9 @@ def main() -> None:
     if "small" in wanted:
         from benchmarks.bench_small import section_small_sweep
 
-        run("small", lambda: section_small_sweep(res, deadline - 60.0))
+        run("small", lambda: section_small_sweep(res, deadline - 60.0,
+                                                 sweep="small_sweep" in wanted,
+                                                 shapes=args.small_shapes))
     run("attn_sweep", lambda: section_attn_sweep(res))  # before mix: it picks a tile to try
     run("ffn1_sweep", lambda: section_ffn1_sweep(res))
     for name in MODELS:

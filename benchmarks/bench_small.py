@@ -17,8 +17,9 @@ import math
 from typing import Any
 
 L2_DEFEAT_BYTES = 160e6  # > 2x the H200's 60 MB L2
-SHAPES = [("bert-base", 1, 128), ("bert-base", 1, 384), ("bert-large", 1, 128),
-          ("bert-large", 1, 384)]
+SHAPES = [("bert-base", 1, 128), ("bert-base", 1, 192), ("bert-base", 1, 256),
+          ("bert-base", 1, 384), ("bert-large", 1, 128), ("bert-large", 1, 192),
+          ("bert-large", 1, 256), ("bert-large", 1, 384)]
 STORE_CONFIGS = [(64, 64, 64, 4, 4), (128, 64, 64, 4, 4), (64, 32, 64, 4, 4),
                  (128, 32, 64, 4, 4), (64, 128, 64, 4, 3), (128, 128, 64, 8, 3),
                  (64, 64, 128, 4, 3)]
@@ -31,7 +32,19 @@ def _key(config: tuple[int, ...], splits: int) -> str:
     return "x".join(map(str, config[:3])) + f" w{config[3]} s{config[4]} k/{splits}"
 
 
-def section_small_sweep(res: dict[str, Any], deadline: float) -> None:
+def _shapes(spec: str | None) -> list[tuple[str, int, int]]:
+    if not spec:
+        return SHAPES
+    out = []
+    for item in spec.split(","):
+        name, bs = item.split(":")
+        b, s = bs.split("x")
+        out.append((name, int(b), int(s)))
+    return out
+
+
+def section_small_sweep(res: dict[str, Any], deadline: float, sweep: bool = True,
+                        shapes: str | None = None) -> None:
     import time
 
     import numpy as np
@@ -50,7 +63,7 @@ def section_small_sweep(res: dict[str, Any], deadline: float) -> None:
 
     rows = res.setdefault("small_sweep", [])
     g = torch.Generator(device="cuda").manual_seed(0)
-    for name, batch, seq in SHAPES:
+    for name, batch, seq in _shapes(shapes):
         if time.time() > deadline:
             rows.append({"model": name, "shape": f"{batch}x{seq}", "skipped": "deadline"})
             continue
@@ -65,7 +78,7 @@ def section_small_sweep(res: dict[str, Any], deadline: float) -> None:
         beta = torch.zeros(d, device="cuda", dtype=torch.float16)
         res_x = torch.randn(t, d, device="cuda", dtype=torch.float16, generator=g)
         with torch.inference_mode():
-            for gname, (n, kk, partial) in gemms.items():
+            for gname, (n, kk, partial) in gemms.items() if sweep else ():
                 copies = max(cfg["num_hidden_layers"], math.ceil(L2_DEFEAT_BYTES / (n * kk * 2)))
                 ws = [torch.randn(n, kk, device="cuda", dtype=torch.float16, generator=g) * 0.03
                       for _ in range(copies)]
@@ -131,20 +144,40 @@ def section_small_sweep(res: dict[str, Any], deadline: float) -> None:
             rng = np.random.default_rng(8)
             sets = [device_packed(*random_padded(rng, batch, seq)) for _ in range(4)]
             best_plans = {gn: (tuple(v["config"]), v["splits"]) for gn, v in row["best"].items()}
-            engines = {
-                "default": make_ours(model, hcfg, dtype="float16"),
-                "best_plans": make_ours(model, hcfg, dtype="float16", gemm_plans=best_plans),
-                "no_pdl": make_ours(model, hcfg, dtype="float16", pdl=False),
-                "large_path_v3": make_ours(model, hcfg, dtype="float16",
-                                           small_batch_max_tokens=None),
+            small = {"small_batch_max_tokens": 512}  # whatever the default threshold
+            bm64 = {  # 64-row tiles for every GEMM, about one wave of programs each
+                "qkv": ((64, 64, 128, 4, 3), 1), "ffn1": ((64, 64, 128, 4, 3), 1),
+                "out": ((64, 64, 64, 4, 4), max(1, min(4, 132 // (math.ceil(t / 64) * d // 64)))),
+                "ffn2": ((64, 64, 64, 4, 4), max(1, min(8, 132 // (math.ceil(t / 64) * d // 64)))),
             }
+            bm64 = {k_: (c, s if (kk_ % (s * 64) == 0) else 1) for (k_, (c, s)), kk_ in
+                    zip(bm64.items(), (d, d, d, f), strict=True)}
+            variants: dict[str, dict[str, Any]] = {
+                "small_path": small,
+                "small_bm64": {**small, "gemm_plans": bm64},
+                "large_path": {"small_batch_max_tokens": None},
+                "persistent": {**small, "persistent": True},
+                "no_pdl": {**small, "pdl": False},
+            }
+            engines = {label: make_ours(model, hcfg, dtype="float16", **kw)
+                       for label, kw in variants.items()}
+            if best_plans:
+                engines["best_plans"] = make_ours(model, hcfg, dtype="float16",
+                                                  gemm_plans=best_plans, **small)
             whole: dict[str, Any] = {}
+            ref = engines["large_path"]._run_device(*sets[0])
             for label, eng in engines.items():
-                tm = time_calls(lambda xs, eng=eng: eng._run_device(*xs), sets)
-                whole[label] = tm.as_dict()
+                try:
+                    out = eng._run_device(*sets[0])
+                    err = float((out - ref).abs().max())
+                    tm = time_calls(lambda xs, eng=eng: eng._run_device(*xs), sets)
+                    whole[label] = {**tm.as_dict(), "max_abs_vs_large_path": err}
+                except Exception as exc:  # record and go on
+                    whole[label] = {"error": repr(exc)[:300]}
             row["whole"] = whole
             print(f"small whole {name} {batch}x{seq}: " + " ".join(
-                f"{kk_}={v['median_ms']:.3f}" for kk_, v in whole.items()), flush=True)
+                f"{kk_}={v.get('median_ms', float('nan')):.3f}" for kk_, v in whole.items()),
+                flush=True)
             del model, engines
         rows.append(row)
 
@@ -169,8 +202,9 @@ def markdown(res: dict[str, Any]) -> list[str]:
                          f"{best.get('us', float('nan')):.1f} | {best.get('config')} "
                          f"k/{best.get('splits')} | {top} |")
         if "whole" in r:
-            lines += ["", "Whole pass, ms (median / p99): " + ", ".join(
-                f"{kk} {v['median_ms']:.3f} / {v['p99_ms']:.3f}" for kk, v in r["whole"].items())]
+            lines += ["", "Whole pass, ms (median / p99, max |logit - large path|): " + ", ".join(
+                f"{kk} {v['median_ms']:.3f} / {v['p99_ms']:.3f} ({v['max_abs_vs_large_path']:.1e})"
+                if "median_ms" in v else f"{kk} {v.get('error')}" for kk, v in r["whole"].items())]
         for e in r.get("errors", []):
             lines.append(f"- error: {e}")
         lines.append("")

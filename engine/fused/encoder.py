@@ -21,6 +21,8 @@ rides in the kernel that reads the GEMM's output anyway. Two paths:
   At a few hundred tokens the pass is bound by kernel boundaries and by weight streaming
   through few multiprocessors, which this path attacks; cuBLAS cannot take part (it does
   not wait on ``griddepcontrol``).
+* **Persistent (opt-in, ``persistent``):** the small-batch path's kernels as phases of one
+  kernel with grid-wide barriers between them (``kernels.persistent``).
 * **Large batches:** cuBLAS GEMMs (FP8 ``_scaled_mm`` from ``fp8_min_tokens`` tokens when
   the weights have e4m3 copies), Triton kernels around them.
 """
@@ -44,8 +46,9 @@ FP8_MIN_TOKENS = 4096
 FFN1_FUSED_MAX_TOKENS: int | None = 512
 # Up to this many tokens the small-batch path runs (None: never). H200, 2026-11-30, whole
 # passes: it wins at 128 tokens (BERT-base 0.383 vs 0.488 ms, BERT-large 0.912 vs 1.011)
-# and loses at 384 (0.624 vs 0.565, 1.462 vs 1.232: Triton's GEMMs trail cuBLAS there).
-SMALL_BATCH_MAX_TOKENS: int | None = 256
+# and loses at 192 (0.716 vs 0.503, 1.769 vs 1.081), 256 (0.560 vs 0.524, 1.204 vs 1.156)
+# and 384 (0.624 vs 0.565, 1.462 vs 1.232): Triton's GEMMs trail cuBLAS as M grows.
+SMALL_BATCH_MAX_TOKENS: int | None = 128
 
 # Tiles and K splits of one GEMM: (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages), splits.
 GemmPlan = tuple[tuple[int, int, int, int, int], int]
@@ -56,7 +59,9 @@ class EncodeOptions:
     """How :func:`encode_packed` runs; the defaults are the engine's.
 
     ``gemm_plans`` overrides the small-batch plan of GEMMs by name (``qkv``, ``out``,
-    ``ffn1``, ``ffn2``); ``attn_config`` imposes attention tiles.
+    ``ffn1``, ``ffn2``); ``attn_config`` imposes attention tiles. ``persistent`` runs
+    small batches of up to ``persistent_max_tokens`` tokens as one persistent kernel
+    (``kernels.persistent``) where the op set and the weights support it.
     """
 
     fp8_out_dtype: torch.dtype | None = None
@@ -65,6 +70,8 @@ class EncodeOptions:
     small_batch_max_tokens: int | None = SMALL_BATCH_MAX_TOKENS
     pdl: bool = True
     prefetch: bool = True
+    persistent: bool = False
+    persistent_max_tokens: int = 256
     attn_config: tuple[int, int, int, int] | None = None
     gemm_plans: tuple[tuple[str, GemmPlan], ...] = ()
 
@@ -124,6 +131,10 @@ def encode_packed(
     def plan(name: str, n: int, k: int, partial: bool) -> GemmPlan:
         return plans.get(name) or ops.small_batch_plan(tokens, n, k, partial)
 
+    if (small and opts.persistent and tokens <= opts.persistent_max_tokens
+            and ops.persistent_supported(w)):
+        return ops.encode_persistent(  # type: ignore[no-any-return]
+            w, input_ids, token_type_ids, position_ids, cu_seqlens, n_seqs, max_seqlen)
     if small:
         (c_qkv, _), (c_out, s_out) = plan("qkv", 3 * d, d, False), plan("out", d, d, True)
         (c_ff1, _), (c_ff2, s_ff2) = plan("ffn1", f, d, False), plan("ffn2", d, f, True)

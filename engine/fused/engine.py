@@ -103,15 +103,17 @@ class FusedEngine:
         small_batch_max_tokens: int | None = SMALL_BATCH_MAX_TOKENS,
         pdl: bool = True,
         prefetch: bool = True,
+        persistent: bool = False,
         attention_tiles: tuple[int, int, int, int] | None = None,
         gemm_plans: dict[str, GemmPlan] | None = None,
     ) -> None:
         """FP8 weights (if packed) are used for batches of at least ``fp8_min_tokens``
         tokens. fp16/bf16 batches of at most ``small_batch_max_tokens`` tokens (None: none)
         take the small-batch path (all-Triton GEMMs, split-K, programmatic dependent launch
-        if ``pdl`` and the GPU has it, L2 weight prefetch if ``prefetch``; see
+        if ``pdl`` and the GPU has it, each GEMM's L2 weight prefetch if ``prefetch``; see
         ``encoder``); above it, batches of at most ``ffn1_fused_max_tokens`` still run FFN1
-        with bias + GELU fused. ``attention_tiles`` (BLOCK_M, BLOCK_N, warps, stages) and
+        with bias + GELU fused. ``persistent`` runs small batches as one persistent kernel
+        (``kernels.persistent``). ``attention_tiles`` (BLOCK_M, BLOCK_N, warps, stages) and
         ``gemm_plans`` (small-batch GEMM name -> (tiles, splits)) override the built-in
         rules (benchmarks, tests)."""
         self.weights = weights
@@ -130,6 +132,7 @@ class FusedEngine:
             small_batch_max_tokens=small_batch_max_tokens,
             pdl=pdl,
             prefetch=prefetch,
+            persistent=persistent,
             attn_config=attention_tiles,
             gemm_plans=tuple(sorted((gemm_plans or {}).items())),
         )

@@ -135,6 +135,11 @@ def pdl_available(t: torch.Tensor) -> bool:
     return False
 
 
+def persistent_supported(w: object) -> bool:
+    """No persistent kernel here: the encoder runs its per-op path."""
+    return False
+
+
 def attention_varlen(
     qkv: torch.Tensor,
     qkv_bias: torch.Tensor,

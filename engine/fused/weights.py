@@ -12,7 +12,11 @@ at load:
 - with ``fp8=True`` the QKV and both FFN weights also get an e4m3 copy with one scale per
   output row (``w ~= w8 * scale``). The attention-output projection stays in the model
   dtype: its input comes straight from the attention kernel, which has no whole-row view
-  to compute a per-token scale from.
+  to compute a per-token scale from;
+- every layer's matrices live in one buffer and its vectors in another (``FlatLayers``),
+  layer after layer at a fixed stride, and the per-layer tensors are views into them: the
+  persistent kernel finds any layer's weights from two base pointers, and a layer's
+  weights are one contiguous span to prefetch.
 """
 
 from __future__ import annotations
@@ -51,6 +55,59 @@ class LayerWeights:
 
 
 @dataclass(frozen=True)
+class FlatLayers:
+    """All layers' weights at a fixed stride. Per layer (element offsets, d = hidden,
+    f = FFN width): ``mats`` (model dtype) holds Wqkv [3d, d], Wo [d, d], W1 [f, d],
+    W2 [d, f]; ``vecs`` (float32) holds bqkv [3d], bo, ln1 gamma, ln1 beta [d each],
+    b1 [f], b2, ln2 gamma, ln2 beta [d each]."""
+
+    mats: torch.Tensor  # [layers, 4*d*d + 2*d*f]
+    vecs: torch.Tensor  # [layers, 9*d + f]
+
+
+def flat_strides(d: int, f: int) -> tuple[int, int]:
+    """(elements per layer in ``FlatLayers.mats``, in ``FlatLayers.vecs``)."""
+    return 4 * d * d + 2 * d * f, 9 * d + f
+
+
+def _flatten(layers: list[LayerWeights], d: int, f: int) -> tuple[list[LayerWeights], FlatLayers]:
+    """Copy the layers into one ``FlatLayers`` and return them as views into it."""
+    ms, vs = flat_strides(d, f)
+    w0 = layers[0].qkv.weight
+    mats = torch.empty((len(layers), ms), device=w0.device, dtype=w0.dtype)
+    vecs = torch.empty((len(layers), vs), device=w0.device, dtype=torch.float32)
+    out = []
+    for i, ly in enumerate(layers):
+        m_at, v_at = 0, 0
+
+        def mat(t: torch.Tensor, i: int = i) -> torch.Tensor:
+            nonlocal m_at
+            view = mats[i, m_at : m_at + t.numel()].view(t.shape)
+            view.copy_(t)
+            m_at += t.numel()
+            return view
+
+        def vec(t: torch.Tensor, i: int = i) -> torch.Tensor:
+            nonlocal v_at
+            view = vecs[i, v_at : v_at + t.numel()].view(t.shape)
+            view.copy_(t)
+            v_at += t.numel()
+            return view
+
+        # Order = the layout in FlatLayers' docstring.
+        qkv = Linear(mat(ly.qkv.weight), vec(ly.qkv.bias), ly.qkv.w8, ly.qkv.w8_scale)
+        wo, w1, w2 = mat(ly.attn_out.weight), mat(ly.ffn_in.weight), mat(ly.ffn_out.weight)
+        bo, ln1g, ln1b = vec(ly.attn_out.bias), vec(ly.ln1_weight), vec(ly.ln1_bias)
+        b1, b2 = vec(ly.ffn_in.bias), vec(ly.ffn_out.bias)
+        ln2g, ln2b = vec(ly.ln2_weight), vec(ly.ln2_bias)
+        assert (m_at, v_at) == (ms, vs), "flat layout does not match flat_strides"
+        out.append(LayerWeights(
+            qkv, Linear(wo, bo), ln1g, ln1b, Linear(w1, b1, ly.ffn_in.w8, ly.ffn_in.w8_scale),
+            Linear(w2, b2, ly.ffn_out.w8, ly.ffn_out.w8_scale), ln2g, ln2b))
+    return out, FlatLayers(mats, vecs)
+
+
+@dataclass(frozen=True)
 class BertQAWeights:
     config: BertQAConfig
     dtype: torch.dtype
@@ -62,6 +119,7 @@ class BertQAWeights:
     layers: tuple[LayerWeights, ...]
     qa_weight: torch.Tensor  # [2, hidden] float32: row 0 start, row 1 end
     qa_bias: torch.Tensor  # [2] float32
+    flat: FlatLayers | None = None  # the layers' storage (None: separate tensors)
 
     @property
     def fp8(self) -> bool:
@@ -150,6 +208,9 @@ def pack_weights(
                 ln2_bias=vec(get(p + "output.LayerNorm.bias")),
             )
         )
+    flat = None
+    if not missing:
+        layers, flat = _flatten(layers, config.hidden_size, config.intermediate_size)
     e = "embeddings."
     weights = BertQAWeights(
         config=config,
@@ -162,6 +223,7 @@ def pack_weights(
         layers=tuple(layers),
         qa_weight=vec(get("qa_outputs.weight")),
         qa_bias=vec(get("qa_outputs.bias")),
+        flat=flat,
     )
     if missing:
         raise KeyError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[:4]}")

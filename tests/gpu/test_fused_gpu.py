@@ -113,33 +113,60 @@ def test_graph_and_eager_agree_across_buckets() -> None:
 
 
 @pytest.mark.parametrize("variant", ["large_path", "no_pdl", "no_prefetch", "ffn1_unfused",
-                                     "attn_64x32"])
+                                     "attn_64x32", "persistent"])
 def test_small_batch_paths_agree(variant: str) -> None:
-    """Few-token batches take the small-batch path (all-Triton GEMMs, split-K partials,
-    PDL + L2 prefetch); it must agree with the large-batch path (cuBLAS + epilogue kernels)
-    and with itself without PDL or prefetch, to fp16 rounding, over graph replays. Also
-    checks an imposed attention tile."""
+    """Batches of up to 512 tokens through the small-batch path (all-Triton GEMMs, split-K
+    partials, PDL + L2 prefetch) agree with the large-batch path (cuBLAS + epilogue
+    kernels), with themselves without PDL or prefetching, and with the persistent kernel,
+    to fp16 rounding, over graph replays. Also checks an imposed attention tile."""
     from engine.fused.engine import FusedEngine
 
-    default = FusedEngine.from_pretrained(CHECKPOINT, device="cuda", dtype="float16")
+    default = FusedEngine.from_pretrained(CHECKPOINT, device="cuda", dtype="float16",
+                                          small_batch_max_tokens=512)
     options: dict[str, object] = {
         "large_path": {"small_batch_max_tokens": None},
         "no_pdl": {"pdl": False},
         "no_prefetch": {"prefetch": False},
         "ffn1_unfused": {"small_batch_max_tokens": None, "ffn1_fused_max_tokens": None},
         "attn_64x32": {"attention_tiles": (64, 32, 4, 3)},
+        "persistent": {"persistent": True},
     }[variant]
-    other = FusedEngine(default.weights, "cuda", **options)  # type: ignore[arg-type]
-    limit = default.options.small_batch_max_tokens
-    assert limit is not None
+    other = FusedEngine(default.weights, "cuda", **{"small_batch_max_tokens": 512, **options})  # type: ignore[arg-type]
     rng = np.random.default_rng(13)
     for windows, seq in [(1, 128), (1, 384), (2, 200), (1, 128), (3, 170)]:
         ids, mask, tt = _random_batch(rng, windows, seq, 30522)
-        assert int(mask.sum()) <= limit
         a, b = default.infer(ids, mask, tt), other.infer(ids, mask, tt)
         keep = mask.astype(bool)
         assert np.abs(a[0][keep] - b[0][keep]).max() < 3e-2
         assert np.abs(a[1][keep] - b[1][keep]).max() < 3e-2
+
+
+@pytest.mark.parametrize(("windows", "seq"), [(1, 128), (2, 100), (1, 256), (7, 30)])
+def test_persistent_kernel_parity_and_barrier(windows: int, seq: int) -> None:
+    """The one-launch persistent encoder (grid barriers between phases) against HF fp32,
+    on fresh inputs over CUDA-graph replays, and bit for bit against the same kernel run
+    one launch per phase (no barrier): any difference is a race across the barrier."""
+    from engine.fused.config import BertQAConfig
+    from engine.fused.engine import FusedEngine
+    from engine.fused.kernels.persistent import encode_persistent
+    from engine.fused.packing import pack_padded
+
+    model, cfg = _random_hf_bert(layers=4, hidden=768, heads=12, seed=1)
+    engine = FusedEngine.from_state_dict(model.state_dict(), BertQAConfig.from_dict(cfg.to_dict()),
+                                         device="cuda", dtype="float16", persistent=True)
+    rng = np.random.default_rng(17)
+    for trial in range(3):
+        ids, mask, tt = _random_batch(rng, windows, seq, cfg.vocab_size)
+        worst = _report(f"persistent {windows}x{seq} trial={trial}", engine.infer(ids, mask, tt),
+                        _hf_logits(model, ids, mask, tt), mask.astype(bool))
+        assert worst < 2e-2
+        p = pack_padded(ids, mask, tt)
+        dev = [torch.from_numpy(a).cuda() for a in (p.input_ids, p.token_type_ids,
+                                                    p.position_ids, p.cu_seqlens)]
+        with torch.inference_mode():
+            one = encode_persistent(engine.weights, *dev, p.seqs, p.max_seqlen)
+            phased = encode_persistent(engine.weights, *dev, p.seqs, p.max_seqlen, barrier=False)
+        assert torch.equal(one, phased), float((one - phased).abs().max())
 
 
 def test_torch_entry_points_on_gpu() -> None:

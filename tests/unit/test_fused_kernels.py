@@ -237,16 +237,17 @@ def _check_attention(dtype_name: str, heads: int, head_dim: int,
     return _rel(out, ref), {"float32": 1e-5, "float16": 5e-3}[dtype_name]
 
 
-def _tiny_bert(seed: int = 0) -> tuple[object, object]:
-    """A random 2-layer, hidden-64, 4-head HF BERT-QA (LayerNorms and biases perturbed)."""
+def _tiny_bert(seed: int = 0, hidden: int = 64) -> tuple[object, object]:
+    """A random 2-layer, 4-head HF BERT-QA (LayerNorms and biases perturbed)."""
     import torch
     from transformers import BertConfig, BertForQuestionAnswering
 
     from engine.fused.config import BertQAConfig
 
     torch.manual_seed(seed)
-    hf = BertConfig(vocab_size=120, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                    intermediate_size=128, max_position_embeddings=64)
+    hf = BertConfig(vocab_size=120, hidden_size=hidden, num_hidden_layers=2,
+                    num_attention_heads=4, intermediate_size=2 * hidden,
+                    max_position_embeddings=64)
     model = BertForQuestionAnswering(hf).eval()
     with torch.no_grad():
         for p in model.parameters():
@@ -299,6 +300,39 @@ def _check_tiny_bert(dtype: str, small_batch: bool = True,
         _rel(torch.from_numpy(end[keep]), ref.end_logits[torch.from_numpy(keep)]),
     )
     return err, {"float32": 1e-4, "float16": 1e-2, "fp8": 6e-2}[dtype]
+
+
+def _check_persistent(programs: int, through_engine: bool = False) -> tuple[float, float]:
+    """The persistent kernel, one launch per phase (the interpreter runs programs one
+    after another, so the grid barrier is compiled out), against HF fp32. ``programs``
+    below the task counts exercises the grid-stride loops; 16 allows split-K."""
+    import torch
+
+    from engine.fused.engine import FusedEngine
+    from engine.fused.kernels.persistent import encode_persistent
+    from engine.fused.packing import pack_padded
+
+    model, cfg = _tiny_bert(2, hidden=128)  # the kernel's GEMM tiles need 128-multiples
+    engine = FusedEngine.from_state_dict(model.state_dict(), cfg, device="cpu",  # type: ignore[attr-defined]
+                                         dtype="float16", backend="triton", persistent=True)
+    ids, mask, tt = _random_batch(11)
+    keep = mask.astype(bool)
+    if through_engine:
+        start, end = (torch.from_numpy(a[keep]) for a in engine.infer(ids, mask, tt))
+    else:
+        p = pack_padded(ids, mask, tt)
+        logits = encode_persistent(
+            engine.weights, *(torch.from_numpy(a) for a in (p.input_ids, p.token_type_ids,
+                                                              p.position_ids, p.cu_seqlens)),
+            p.seqs, p.max_seqlen, programs=programs)
+        # pack order is row-major over real tokens, as mask[keep] is
+        start, end = logits[0], logits[1]
+    with torch.no_grad():
+        ref = model(input_ids=torch.from_numpy(ids).long(),  # type: ignore[operator]
+                    attention_mask=torch.from_numpy(mask).long(),
+                    token_type_ids=torch.from_numpy(tt).long())
+    k = torch.from_numpy(keep)
+    return max(_rel(start, ref.start_logits[k]), _rel(end, ref.end_logits[k])), 1e-2
 
 
 def _check_packed_entry_points() -> tuple[float, float]:
@@ -356,6 +390,9 @@ CASES: dict[str, Callable[[], tuple[float, float]]] = {
     "tiny_bert_fp16_large_path": lambda: _check_tiny_bert("float16", small_batch=False),
     "tiny_bert_fp8": lambda: _check_tiny_bert("fp8"),
     "packed_entry_points": _check_packed_entry_points,
+    "persistent_fp16_16_programs": lambda: _check_persistent(16),
+    "persistent_fp16_3_programs": lambda: _check_persistent(3),
+    "persistent_fp16_engine": lambda: _check_persistent(4, through_engine=True),
 }
 
 

@@ -12,10 +12,12 @@ Every kernel computes in float32 and reads/writes whatever float dtype its tenso
 ``..._qa``                   the same for the last layer, dotted with the 2-row QA head
 ``linear``                   a GEMM with a bias / GELU epilogue or split-K partials: FFN1 for
                              few tokens, and every GEMM of the small-batch path (``matmul``)
+``encode_persistent``        the whole encoder of a small batch as one persistent kernel
+                             whose phases are the tasks above (``persistent``)
 ==========================  ==================================================================
 
 Modules: ``common`` (shared jit helpers, PDL), ``rows`` (row-wise kernels), ``attention``,
-``matmul``. Launchers never synchronise with the device and take every size from the
+``matmul``, ``persistent``. Launchers never synchronise with the device and take every size from the
 host, so a whole forward pass can be captured in a CUDA graph. Each takes ``pdl``:
 launch with programmatic dependent launch (see ``common``). With ``TRITON_INTERPRET=1``
 set before this package is imported, the same kernels run on CPU tensors (for CI).
@@ -38,6 +40,7 @@ from engine.fused.kernels.matmul import (
     linear,
     small_batch_plan,
 )
+from engine.fused.kernels.persistent import encode_persistent, persistent_supported
 from engine.fused.kernels.rows import (
     bias_gelu,
     bias_residual_layernorm,
@@ -48,6 +51,6 @@ from engine.fused.kernels.rows import (
 __all__ = [
     "ATTN_LARGE", "ATTN_SMALL", "GEMM_LARGE", "GEMM_SMALL", "GemmConfig", "attention_config",
     "attention_varlen", "bias_gelu", "bias_residual_layernorm", "bias_residual_layernorm_qa",
-    "embed_layernorm", "gemm_config", "gemm_supported", "linear", "pdl_available",
-    "small_batch_plan",
+    "embed_layernorm", "encode_persistent", "gemm_config", "gemm_supported", "linear",
+    "pdl_available", "persistent_supported", "small_batch_plan",
 ]

@@ -19,11 +19,11 @@ _ATTN_SMALL_PROGRAMS = 4 * 132  # below ~4 waves of an H100/H200, prefer the sma
 
 
 @triton.jit
-def _attn_varlen_kernel(
-    qkv_ptr, bias_ptr, out_ptr, cu_ptr,
+def attention_tile(
+    qkv_ptr, bias_ptr, out_ptr, cu_ptr, m_block, seq, head,
     qk_scale, stride_qkv, stride_out, D,
     HEAD_DIM: tl.constexpr, BLOCK_DH: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_PDL: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """One (query block, sequence, head): softmax(Q K^T * scale) V with an online softmax.
 
@@ -36,12 +36,8 @@ def _attn_varlen_kernel(
     ``P (V + bv) = P V + bv`` and the V bias is added once at the end. K and V tiles thus
     go from memory straight into ``tl.dot``, which lets the compiler pipeline the loads.
     """
-    pdl_enter(USE_PDL)
-    m_block = tl.program_id(0)
-    seq = tl.program_id(1)
-    head = tl.program_id(2)
-    start = tl.load(cu_ptr + seq)
-    length = tl.load(cu_ptr + seq + 1) - start
+    start = tl.load(cu_ptr + seq, cache_modifier=".cg")
+    length = tl.load(cu_ptr + seq + 1, cache_modifier=".cg") - start
     m0 = m_block * BLOCK_M
 
     offs_m = m0 + tl.arange(0, BLOCK_M)
@@ -54,7 +50,8 @@ def _attn_varlen_kernel(
     io_mask = mmask[:, None] & dmask[None, :]
     dtype = qkv_ptr.dtype.element_ty
 
-    q = tl.load(qkv_ptr + q_rows[:, None] * stride_qkv + col[None, :], mask=io_mask, other=0.0)
+    q = tl.load(qkv_ptr + q_rows[:, None] * stride_qkv + col[None, :], mask=io_mask, other=0.0,
+                cache_modifier=".cg")
     bq = tl.load(bias_ptr + col, mask=dmask, other=0.0)
     # Softmax scale and log2(e) folded into Q once, so the loop uses exp2 directly.
     q = ((q.to(tl.float32) + bq[None, :]) * qk_scale).to(dtype)
@@ -67,8 +64,8 @@ def _attn_varlen_kernel(
     for n0 in range(0, n_end, BLOCK_N):
         nmask = (n0 + offs_n) < length
         kv_mask = nmask[:, None] & dmask[None, :]
-        k = tl.load(k_ptrs, mask=kv_mask, other=0.0)
-        v = tl.load(k_ptrs + D, mask=kv_mask, other=0.0)
+        k = tl.load(k_ptrs, mask=kv_mask, other=0.0, cache_modifier=".cg")
+        v = tl.load(k_ptrs + D, mask=kv_mask, other=0.0, cache_modifier=".cg")
         s = tl.dot(q, tl.trans(k))
         s = tl.where(nmask[None, :], s, float("-inf"))
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
@@ -84,6 +81,19 @@ def _attn_varlen_kernel(
     out = acc / tl.maximum(l_i, 1.0)[:, None] + bv[None, :]
     o_ptrs = out_ptr + q_rows[:, None] * stride_out + col[None, :]
     tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=io_mask)
+
+
+@triton.jit
+def _attn_varlen_kernel(
+    qkv_ptr, bias_ptr, out_ptr, cu_ptr,
+    qk_scale, stride_qkv, stride_out, D,
+    HEAD_DIM: tl.constexpr, BLOCK_DH: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_PDL: tl.constexpr,
+):
+    pdl_enter(USE_PDL)
+    attention_tile(qkv_ptr, bias_ptr, out_ptr, cu_ptr,
+                   tl.program_id(0), tl.program_id(1), tl.program_id(2),
+                   qk_scale, stride_qkv, stride_out, D, HEAD_DIM, BLOCK_DH, BLOCK_M, BLOCK_N)
 
 
 def attention_config(max_seqlen: int, n_seqs: int, num_heads: int,

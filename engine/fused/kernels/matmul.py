@@ -41,44 +41,30 @@ _SMS = 132  # H100/H200 multiprocessors: the split-K planner aims at 1-2 waves o
 
 
 @triton.jit
-def _gemm_kernel(
+def gemm_tile(
     x_ptr, w_ptr, bias_ptr, out_ptr,
-    M, N, K, k_split,
+    M, N, K, k0, k_len, pid_m, pid_n, split,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    GROUP_M: tl.constexpr, EPILOGUE: tl.constexpr, HAS_BIAS: tl.constexpr,
-    TANH: tl.constexpr, USE_PDL: tl.constexpr, PREFETCH: tl.constexpr,
-    W_BYTES: tl.constexpr,
+    EPILOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, TANH: tl.constexpr,
 ):
-    """Program (tile, split): ``x[:, Ks] @ w[:, Ks]^T`` over K slice ``split`` of length
-    ``k_split`` (a multiple of BLOCK_K), then the epilogue.
+    """Output tile (pid_m, pid_n) of ``x[:, k0:k0+k_len] @ w[:, k0:k0+k_len]^T``, then the
+    epilogue (``EPI_PARTIAL`` stores split ``split`` of float32 partials [S, M, N]).
 
-    ``x`` [M, K], ``w`` [N, K] row-major. Rows/columns past the edge are clamped on load
-    (no masks in the K loop) and masked on store. Tiles are ordered in groups of GROUP_M
-    row-tiles so that neighbours share weight tiles in L2.
+    ``x`` [M, K], ``w`` [N, K] row-major, ``k_len`` a multiple of BLOCK_K. Rows/columns
+    past the edge are clamped on load (no masks in the K loop) and masked on store.
+    Activations are loaded past L1 (``.cg``): in the persistent kernel another program
+    may have written them since this multiprocessor last cached the lines.
     """
-    pid = tl.program_id(0)
-    split = tl.program_id(1)
-    num_m = tl.cdiv(M, BLOCK_M)
-    num_n = tl.cdiv(N, BLOCK_N)
-    per_group = GROUP_M * num_n
-    first_m = (pid // per_group) * GROUP_M
-    group_size = tl.minimum(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % per_group) % group_size
-    pid_n = (pid % per_group) // group_size
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_k = tl.arange(0, BLOCK_K)
     rows = tl.minimum(offs_m, M - 1).to(tl.int64)
     cols = tl.minimum(offs_n, N - 1).to(tl.int64)
-    k0 = split * k_split
-    if PREFETCH:  # this program's weight slice, while the previous kernel still runs
-        prefetch_rows_l2(w_ptr + cols * K + k0, k_split * W_BYTES, [BLOCK_N])
-    pdl_enter(USE_PDL)
     x_ptrs = x_ptr + rows[:, None] * K + k0 + offs_k[None, :]
     w_ptrs = w_ptr + cols[:, None] * K + k0 + offs_k[None, :]
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-    for _ in range(0, k_split, BLOCK_K):
-        a = tl.load(x_ptrs)
+    for _ in range(0, k_len, BLOCK_K):
+        a = tl.load(x_ptrs, cache_modifier=".cg")
         b = tl.load(w_ptrs)
         acc = tl.dot(a, tl.trans(b), acc)
         x_ptrs += BLOCK_K
@@ -96,6 +82,35 @@ def _gemm_kernel(
             y = gelu(y, TANH)
         o_ptrs = out_ptr + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
         tl.store(o_ptrs, y.to(out_ptr.dtype.element_ty), mask=omask)
+
+
+@triton.jit
+def _gemm_kernel(
+    x_ptr, w_ptr, bias_ptr, out_ptr,
+    M, N, K, k_split,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, EPILOGUE: tl.constexpr, HAS_BIAS: tl.constexpr,
+    TANH: tl.constexpr, USE_PDL: tl.constexpr, PREFETCH: tl.constexpr,
+    W_BYTES: tl.constexpr,
+):
+    """Program (tile, split) of ``gemm_tile``, tiles ordered in groups of GROUP_M row-tiles
+    so that neighbours share weight tiles in L2."""
+    pid = tl.program_id(0)
+    split = tl.program_id(1)
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    per_group = GROUP_M * num_n
+    first_m = (pid // per_group) * GROUP_M
+    group_size = tl.minimum(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % per_group) % group_size
+    pid_n = (pid % per_group) // group_size
+    k0 = split * k_split
+    if PREFETCH:  # this program's weight slice, while the previous kernel still runs
+        cols = tl.minimum(pid_n * BLOCK_N + tl.arange(0, BLOCK_N), N - 1).to(tl.int64)
+        prefetch_rows_l2(w_ptr + cols * K + k0, k_split * W_BYTES, [BLOCK_N])
+    pdl_enter(USE_PDL)
+    gemm_tile(x_ptr, w_ptr, bias_ptr, out_ptr, M, N, K, k0, k_split, pid_m, pid_n, split,
+              BLOCK_M, BLOCK_N, BLOCK_K, EPILOGUE, HAS_BIAS, TANH)
 
 
 def gemm_config(m: int) -> GemmConfig:
@@ -158,20 +173,20 @@ def linear(
 def small_batch_plan(m: int, n: int, k: int, partial: bool) -> tuple[GemmConfig, int]:
     """(tiles, K splits) of a small-batch GEMM; splits only where the consumer sums partials.
 
-    From the H200 sweep of 2026-11-30 (``benchmarks/bench_small.py``: GEMM chains with PDL
-    over HBM-resident weights, BERT-base and BERT-large at 128 and 384 tokens):
+    From the H200 sweeps of 2026-11-30 (``benchmarks/bench_small.py``: GEMM chains with PDL
+    over HBM-resident weights, BERT-base and BERT-large at 128, 192, 256 and 384 tokens):
 
-    * plain/GELU epilogues: 64x64x128 tiles, 3 stages, at up to 128 tokens (best at both
-      models); 128x64x64, 4 stages, above;
-    * split-K: 128-row tiles for long K (FFN2) or more than 128 tokens, else 64; then as
-      many splits as keep the programs within one wave (128 tokens: 4 for the attention
-      output, 8 for FFN2 -- the best of up to 28 plans on both models).
+    * plain/GELU epilogues: 64x64x128 tiles, 3 stages, up to 256 tokens (best at 128 and
+      192 on both models; 128-row tiles ran 2x slower at 192); 128x64x64 above;
+    * split-K: 128-row tiles for FFN2 (long K) at up to 128 tokens and for anything above
+      256, else 64; then as many splits as keep the programs within one wave (128 tokens:
+      4 for the attention output, 8 for FFN2 -- the best of up to 28 plans on both models).
     """
     if not partial:
-        if m <= 128:
+        if m <= 256:
             return ((64, 64, 128, 4, 3) if k % 128 == 0 else (64, 64, 64, 4, 4)), 1
         return (128, 64, 64, 4, 4), 1
-    bm = 128 if (k >= 2048 or m > 128) else 64
+    bm = 128 if (m > 256 or (k >= 2048 and m <= 128)) else 64
     config: GemmConfig = (bm, 64, 64, 4, 4)
     tiles = triton.cdiv(m, bm) * triton.cdiv(n, 64)
     splits = 1

@@ -20,21 +20,19 @@ from engine.fused.kernels.common import (
 
 
 @triton.jit
-def _embed_ln_kernel(
-    ids_ptr, tt_ptr, pos_ptr, word_ptr, posemb_ptr, type_ptr, g_ptr, b_ptr,
-    out_ptr, q_ptr, qs_ptr,
-    n_rows, D, eps,
-    BLOCK_D: tl.constexpr, ROWS: tl.constexpr, FP8_OUT: tl.constexpr, USE_PDL: tl.constexpr,
+def embed_ln_rows(
+    rows, ids_ptr, tt_ptr, pos_ptr, word_ptr, posemb_ptr, type_ptr, g_ptr, b_ptr,
+    out_ptr, q_ptr, qs_ptr, n_rows, D, eps,
+    BLOCK_D: tl.constexpr, FP8_OUT: tl.constexpr,
 ):
-    pdl_enter(USE_PDL)
-    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    """Embeddings + LayerNorm of token rows ``rows`` (a [ROWS] index vector)."""
     rmask = rows < n_rows
     cols = tl.arange(0, BLOCK_D)
     cmask = cols < D
     mask = rmask[:, None] & cmask[None, :]
-    tok = tl.load(ids_ptr + rows, mask=rmask, other=0).to(tl.int64)
-    typ = tl.load(tt_ptr + rows, mask=rmask, other=0).to(tl.int64)
-    pos = tl.load(pos_ptr + rows, mask=rmask, other=0).to(tl.int64)
+    tok = tl.load(ids_ptr + rows, mask=rmask, other=0, cache_modifier=".cg").to(tl.int64)
+    typ = tl.load(tt_ptr + rows, mask=rmask, other=0, cache_modifier=".cg").to(tl.int64)
+    pos = tl.load(pos_ptr + rows, mask=rmask, other=0, cache_modifier=".cg").to(tl.int64)
     x = tl.load(word_ptr + tok[:, None] * D + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     x += tl.load(posemb_ptr + pos[:, None] * D + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     x += tl.load(type_ptr + typ[:, None] * D + cols[None, :], mask=mask, other=0.0).to(tl.float32)
@@ -46,26 +44,40 @@ def _embed_ln_kernel(
 
 
 @triton.jit
-def _residual_ln_kernel(
-    a_ptr, bias_ptr, res_ptr, g_ptr, b_ptr,
+def _embed_ln_kernel(
+    ids_ptr, tt_ptr, pos_ptr, word_ptr, posemb_ptr, type_ptr, g_ptr, b_ptr,
     out_ptr, q_ptr, qs_ptr,
-    qa_w_ptr, qa_b_ptr, logits_ptr,
-    n_rows, logits_stride, split_stride, D, eps,
-    BLOCK_D: tl.constexpr, ROWS: tl.constexpr, SPLITS: tl.constexpr,
-    FP8_OUT: tl.constexpr, QA_HEAD: tl.constexpr, USE_PDL: tl.constexpr,
+    n_rows, D, eps,
+    BLOCK_D: tl.constexpr, ROWS: tl.constexpr, FP8_OUT: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     pdl_enter(USE_PDL)
-    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    embed_ln_rows(tl.program_id(0) * ROWS + tl.arange(0, ROWS), ids_ptr, tt_ptr, pos_ptr,
+                  word_ptr, posemb_ptr, type_ptr, g_ptr, b_ptr, out_ptr, q_ptr, qs_ptr,
+                  n_rows, D, eps, BLOCK_D, FP8_OUT)
+
+
+@triton.jit
+def residual_ln_rows(
+    rows, a_ptr, bias_ptr, res_ptr, g_ptr, b_ptr,
+    out_ptr, q_ptr, qs_ptr, qa_w_ptr, qa_b_ptr, logits_ptr,
+    n_rows, logits_stride, split_stride, D, eps,
+    BLOCK_D: tl.constexpr, SPLITS: tl.constexpr, FP8_OUT: tl.constexpr, QA_HEAD: tl.constexpr,
+):
+    """LayerNorm(sum of SPLITS partials of ``a`` + bias + residual) of rows ``rows``.
+
+    ``out_ptr`` may be ``res_ptr`` (in place): each row is read before it is written,
+    by the same program.
+    """
     rmask = rows < n_rows
     cols = tl.arange(0, BLOCK_D)
     cmask = cols < D
     mask = rmask[:, None] & cmask[None, :]
     offs = rows.to(tl.int64)[:, None] * D + cols[None, :]
-    x = tl.load(a_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    x = tl.load(a_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
     for s in tl.static_range(1, SPLITS):  # split-K partial sums of the GEMM, if any
-        x += tl.load(a_ptr + s * split_stride + offs, mask=mask, other=0.0)
+        x += tl.load(a_ptr + s * split_stride + offs, mask=mask, other=0.0, cache_modifier=".cg")
     x += tl.load(bias_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
-    x += tl.load(res_ptr + offs, mask=mask, other=0.0).to(tl.float32)
+    x += tl.load(res_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
     y = layernorm_rows(x, mask, cols, cmask, g_ptr, b_ptr, D, eps)
     if QA_HEAD:
         # The last layer's hidden states are only ever read by the 2-logit head: dot them
@@ -80,6 +92,22 @@ def _residual_ln_kernel(
         tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
         if FP8_OUT:
             store_rows_fp8(y, mask, rmask, q_ptr + offs, qs_ptr + rows)
+
+
+@triton.jit
+def _residual_ln_kernel(
+    a_ptr, bias_ptr, res_ptr, g_ptr, b_ptr,
+    out_ptr, q_ptr, qs_ptr,
+    qa_w_ptr, qa_b_ptr, logits_ptr,
+    n_rows, logits_stride, split_stride, D, eps,
+    BLOCK_D: tl.constexpr, ROWS: tl.constexpr, SPLITS: tl.constexpr,
+    FP8_OUT: tl.constexpr, QA_HEAD: tl.constexpr, USE_PDL: tl.constexpr,
+):
+    pdl_enter(USE_PDL)
+    residual_ln_rows(tl.program_id(0) * ROWS + tl.arange(0, ROWS), a_ptr, bias_ptr, res_ptr,
+                     g_ptr, b_ptr, out_ptr, q_ptr, qs_ptr, qa_w_ptr, qa_b_ptr, logits_ptr,
+                     n_rows, logits_stride, split_stride, D, eps,
+                     BLOCK_D, SPLITS, FP8_OUT, QA_HEAD)
 
 
 @triton.jit
