@@ -669,9 +669,13 @@ def section_f1(res: dict[str, Any]) -> None:
     out = {}
     runs = [("reference_fp32", ["--engine", "reference", "--dtype", "float32"]),
             ("fused_fp16", ["--engine", "fused", "--dtype", "float16"]),
-            # 2 windows a batch (<= 768 tokens, mostly <= 512): the small-batch path
-            ("fused_fp16_small", ["--engine", "fused", "--dtype", "float16",
-                                  "--batch-windows", "2"]),
+            # one window a batch, every one through the small-batch path / persistent kernel
+            ("fused_fp16_small", ["--engine", "fused", "--dtype", "float16", "--batch-windows",
+                                  "1", "--engine-option", "small_batch_max_tokens=512"]),
+            ("fused_fp16_persistent", ["--engine", "fused", "--dtype", "float16",
+                                       "--batch-windows", "1", "--engine-option",
+                                       "small_batch_max_tokens=512", "--engine-option",
+                                       "persistent=true"]),
             ("fused_fp8", ["--engine", "fused", "--dtype", "fp8"])]
     for label, extra in [r for r in runs if OPTS.get("f1") is None or r[0] in OPTS["f1"]]:
         t0 = time.time()

@@ -41,6 +41,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--search-threshold", action="store_true",
                    help="also report the F1-maximising no-answer threshold (SQuAD v2)")
     p.add_argument("--batch-windows", type=int, default=64)
+    p.add_argument("--engine-option", action="append", default=[], metavar="KEY=VALUE",
+                   help="fused engine keyword, e.g. small_batch_max_tokens=512 (repeatable)")
     p.add_argument("--limit", type=int, default=0, help="first N questions only")
     p.add_argument("--out", type=Path, default=None, help="write predictions + scores JSON")
     return p.parse_args(argv)
@@ -53,6 +55,11 @@ def main(argv: list[str] | None = None) -> Score:
         examples = examples[: args.limit]
     tok = QATokenizer.from_dir(args.tokenizer_dir or args.model_dir)
     options = {"dtype": args.dtype} if args.dtype else {}
+    for item in args.engine_option:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--engine-option wants KEY=VALUE, got {item!r}")
+        options[key] = value
     engine = load_engine(args.engine, args.model_dir, device=args.device, **options)
     spec = WindowSpec(max_seq_len=args.max_seq_len, overlap=args.overlap)
     decode_spec = DecodeSpec(max_answer_len=args.max_answer_len,

@@ -53,3 +53,19 @@ def test_run_batched_matches_one_call_per_request() -> None:
         alone_start, alone_end = engine.infer(ids, mask, types)
         np.testing.assert_allclose(start, alone_start, atol=1e-3)
         np.testing.assert_allclose(end, alone_end, atol=1e-3)
+
+
+def test_fused_engine_options_through_the_registry() -> None:
+    """``load_engine`` (and ``training.evaluate --engine-option``) turn text into the
+    FusedEngine keywords: none/true/false/integers, anything else stays text."""
+    pytest.importorskip("torch")
+    from engine.registry import _option_value, load_engine
+
+    assert [_option_value(v) for v in ("none", "True", "false", "512", "fp16")] == [
+        None, True, False, 512, "fp16"]
+    engine = load_engine("fused", REPO_ROOT / "models" / "minilm-l6-squad", device="cpu",
+                         dtype="float32", small_batch_max_tokens="none", persistent="true")
+    opts = engine.options  # type: ignore[attr-defined]
+    assert opts.small_batch_max_tokens is None and opts.persistent is True
+    with pytest.raises(TypeError):
+        load_engine("fused", REPO_ROOT / "models" / "minilm-l6-squad", device="cpu", no_such="1")
