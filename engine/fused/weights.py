@@ -70,6 +70,19 @@ def flat_strides(d: int, f: int) -> tuple[int, int]:
     return 4 * d * d + 2 * d * f, 9 * d + f
 
 
+class _Cursor:
+    """Copies tensors one after another into a 1-D buffer and hands back views of them."""
+
+    def __init__(self, buf: torch.Tensor) -> None:
+        self.buf, self.at = buf, 0
+
+    def take(self, t: torch.Tensor) -> torch.Tensor:
+        view = self.buf[self.at : self.at + t.numel()].view(t.shape)
+        view.copy_(t)
+        self.at += t.numel()
+        return view
+
+
 def _flatten(layers: list[LayerWeights], d: int, f: int) -> tuple[list[LayerWeights], FlatLayers]:
     """Copy the layers into one ``FlatLayers`` and return them as views into it."""
     ms, vs = flat_strides(d, f)
@@ -78,29 +91,14 @@ def _flatten(layers: list[LayerWeights], d: int, f: int) -> tuple[list[LayerWeig
     vecs = torch.empty((len(layers), vs), device=w0.device, dtype=torch.float32)
     out = []
     for i, ly in enumerate(layers):
-        m_at, v_at = 0, 0
-
-        def mat(t: torch.Tensor, i: int = i) -> torch.Tensor:
-            nonlocal m_at
-            view = mats[i, m_at : m_at + t.numel()].view(t.shape)
-            view.copy_(t)
-            m_at += t.numel()
-            return view
-
-        def vec(t: torch.Tensor, i: int = i) -> torch.Tensor:
-            nonlocal v_at
-            view = vecs[i, v_at : v_at + t.numel()].view(t.shape)
-            view.copy_(t)
-            v_at += t.numel()
-            return view
-
+        m, v = _Cursor(mats[i]), _Cursor(vecs[i])
         # Order = the layout in FlatLayers' docstring.
-        qkv = Linear(mat(ly.qkv.weight), vec(ly.qkv.bias), ly.qkv.w8, ly.qkv.w8_scale)
-        wo, w1, w2 = mat(ly.attn_out.weight), mat(ly.ffn_in.weight), mat(ly.ffn_out.weight)
-        bo, ln1g, ln1b = vec(ly.attn_out.bias), vec(ly.ln1_weight), vec(ly.ln1_bias)
-        b1, b2 = vec(ly.ffn_in.bias), vec(ly.ffn_out.bias)
-        ln2g, ln2b = vec(ly.ln2_weight), vec(ly.ln2_bias)
-        assert (m_at, v_at) == (ms, vs), "flat layout does not match flat_strides"
+        qkv = Linear(m.take(ly.qkv.weight), v.take(ly.qkv.bias), ly.qkv.w8, ly.qkv.w8_scale)
+        wo, w1, w2 = m.take(ly.attn_out.weight), m.take(ly.ffn_in.weight), m.take(ly.ffn_out.weight)
+        bo, ln1g, ln1b = v.take(ly.attn_out.bias), v.take(ly.ln1_weight), v.take(ly.ln1_bias)
+        b1, b2 = v.take(ly.ffn_in.bias), v.take(ly.ffn_out.bias)
+        ln2g, ln2b = v.take(ly.ln2_weight), v.take(ly.ln2_bias)
+        assert (m.at, v.at) == (ms, vs), "flat layout does not match flat_strides"
         out.append(LayerWeights(
             qkv, Linear(wo, bo), ln1g, ln1b, Linear(w1, b1, ly.ffn_in.w8, ly.ffn_in.w8_scale),
             Linear(w2, b2, ly.ffn_out.w8, ly.ffn_out.w8_scale), ln2g, ln2b))

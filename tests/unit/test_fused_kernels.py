@@ -491,6 +491,28 @@ def test_chunks_by_tokens() -> None:
     assert [(c.start, c.stop) for c in chunks] == [(0, 2), (2, 3), (3, 4), (4, 5)]
 
 
+def test_layers_are_views_into_flat_storage() -> None:
+    """Every layer's tensors live in ``FlatLayers`` at the documented offsets (what the
+    persistent kernel indexes), so editing the flat buffer edits the layer tensors."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from engine.fused.weights import flat_strides, pack_weights
+
+    model, cfg = _tiny_bert(0, hidden=128)
+    w = pack_weights(model.state_dict(), cfg, "cpu", torch.float16)  # type: ignore[attr-defined,arg-type]
+    assert w.flat is not None
+    d, f = 128, 256
+    assert (w.flat.mats.shape[1], w.flat.vecs.shape[1]) == flat_strides(d, f)
+    ly = w.layers[1]
+    m, v = w.flat.mats[1], w.flat.vecs[1]
+    assert ly.ffn_out.weight.data_ptr() == m[4 * d * d + f * d :].data_ptr()
+    assert ly.ln2_bias.data_ptr() == v[8 * d + f :].data_ptr()
+    ref = model.state_dict()["bert.encoder.layer.1.output.dense.weight"]  # type: ignore[attr-defined]
+    assert torch.equal(ly.ffn_out.weight, ref.half())
+    v[8 * d + f] = 42.0
+    assert float(ly.ln2_bias[0]) == 42.0
+
+
 def test_weight_keys_without_prefix_and_tf_names() -> None:
     torch = pytest.importorskip("torch")
     from engine.fused.weights import normalise_keys

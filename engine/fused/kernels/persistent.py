@@ -171,7 +171,9 @@ def persistent_supported(w: BertQAWeights) -> bool:
     """Whether :func:`encode_persistent` can run these weights (flat fp16/bf16 layers,
     dimensions in whole 128-element tiles, a power-of-two head size up to 128)."""
     cfg = w.config
-    return (w.flat is not None and w.dtype in (torch.float16, torch.bfloat16)
+    strides = flat_strides(cfg.hidden_size, cfg.intermediate_size)
+    return (w.flat is not None and tuple(w.flat.mats.shape[1:] + w.flat.vecs.shape[1:]) == strides
+            and w.dtype in (torch.float16, torch.bfloat16)
             and cfg.hidden_size % 128 == 0 and cfg.intermediate_size % 128 == 0
             and cfg.head_dim in (16, 32, 64, 128))
 
@@ -232,11 +234,3 @@ def encode_persistent(
             TANH=cfg.gelu == "tanh", USE_BARRIER=barrier, num_warps=4, num_stages=3,
         )
     return logits
-
-
-def flat_layout_ok(w: BertQAWeights) -> bool:
-    """The flat buffers have the strides the kernel computes (a cheap self-check)."""
-    if w.flat is None:
-        return False
-    ms, vs = flat_strides(w.config.hidden_size, w.config.intermediate_size)
-    return w.flat.mats.shape[1] == ms and w.flat.vecs.shape[1] == vs
