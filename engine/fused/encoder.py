@@ -18,7 +18,7 @@ rides in the kernel that reads the GEMM's output anyway. Two paths:
   and FFN2 GEMMs split over K into float32 partials that the residual-LayerNorm kernels
   sum. All 7 kernels of a layer launch with programmatic dependent launch (PDL) where the
   GPU has it, each GEMM prefetching its weights into L2 while the kernel before it runs.
-  At a few hundred tokens the pass is bound by kernel boundaries and by weight streaming
+  At around a hundred tokens the pass is bound by kernel boundaries and by weight streaming
   through few multiprocessors, which this path attacks; cuBLAS cannot take part (it does
   not wait on ``griddepcontrol``).
 * **Persistent (opt-in, ``persistent``):** the small-batch path's kernels as phases of one
@@ -45,9 +45,10 @@ FP8_MIN_TOKENS = 4096
 # 128 tokens, 12.3 vs 12.8 at 384; loses from 4096 up). None turns it off.
 FFN1_FUSED_MAX_TOKENS: int | None = 512
 # Up to this many tokens the small-batch path runs (None: never). H200, 2026-11-30, whole
-# passes: it wins at 128 tokens (BERT-base 0.383 vs 0.488 ms, BERT-large 0.912 vs 1.011)
-# and loses at 192 (0.716 vs 0.503, 1.769 vs 1.081), 256 (0.560 vs 0.524, 1.204 vs 1.156)
-# and 384 (0.624 vs 0.565, 1.462 vs 1.232): Triton's GEMMs trail cuBLAS as M grows.
+# passes against the large path: it wins at 128 tokens (BERT-base 0.383 vs 0.488 ms,
+# BERT-large 0.912 vs 1.011) and ties or loses above: 192 (0.501 vs 0.498 with its current
+# tiles; BERT-large 1.420 vs 1.180), 256 (0.560 vs 0.524, 1.204 vs 1.156), 384 (0.624 vs
+# 0.565, 1.462 vs 1.232). Triton's GEMMs trail cuBLAS as M grows.
 SMALL_BATCH_MAX_TOKENS: int | None = 128
 
 # Tiles and K splits of one GEMM: (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages), splits.
@@ -59,9 +60,10 @@ class EncodeOptions:
     """How :func:`encode_packed` runs; the defaults are the engine's.
 
     ``gemm_plans`` overrides the small-batch plan of GEMMs by name (``qkv``, ``out``,
-    ``ffn1``, ``ffn2``); ``attn_config`` imposes attention tiles. ``persistent`` runs
-    small batches of up to ``persistent_max_tokens`` tokens as one persistent kernel
-    (``kernels.persistent``) where the op set and the weights support it.
+    ``ffn1``, ``ffn2``); ``attn_config`` imposes attention tiles. ``persistent`` runs the
+    batches the small-batch path takes, if at most ``persistent_max_tokens`` tokens, as one
+    persistent kernel (``kernels.persistent``) where the op set and the weights support it
+    (measured slower than the separate kernels; see ``NOTES.md``, v4b).
     """
 
     fp8_out_dtype: torch.dtype | None = None
