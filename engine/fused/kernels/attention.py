@@ -96,6 +96,16 @@ def _attn_varlen_kernel(
                    qk_scale, stride_qkv, stride_out, D, HEAD_DIM, BLOCK_DH, BLOCK_M, BLOCK_N)
 
 
+def softmax_scale(head_dim: int) -> float:
+    """1/sqrt(head_dim) with log2(e) folded in: the kernels exponentiate with exp2."""
+    return float(LOG2E / head_dim**0.5)
+
+
+def head_block(head_dim: int) -> int:
+    """BLOCK_DH: the head dimension padded to a power of two (at least 16, for tl.dot)."""
+    return max(16, int(triton.next_power_of_2(head_dim)))
+
+
 def attention_config(max_seqlen: int, n_seqs: int, num_heads: int,
                      head_dim: int) -> tuple[int, int, int, int]:
     """(BLOCK_M, BLOCK_N, num_warps, num_stages) for a batch of this size."""
@@ -126,13 +136,12 @@ def attention_varlen(
     out = torch.empty((n, d), device=qkv.device, dtype=qkv.dtype)
     if n_seqs == 0 or max_seqlen == 0:
         return out
-    scale = LOG2E / float(head_dim) ** 0.5
     bm, bn, warps, stages = config or attention_config(max_seqlen, n_seqs, num_heads, head_dim)
     grid = (triton.cdiv(max_seqlen, bm), n_seqs, num_heads)
     _attn_varlen_kernel[grid](
         qkv, qkv_bias, out, cu_seqlens,
-        scale, qkv.stride(0), out.stride(0), d,
-        HEAD_DIM=head_dim, BLOCK_DH=max(16, triton.next_power_of_2(head_dim)),
+        softmax_scale(head_dim), qkv.stride(0), out.stride(0), d,
+        HEAD_DIM=head_dim, BLOCK_DH=head_block(head_dim),
         BLOCK_M=bm, BLOCK_N=bn, USE_PDL=pdl, num_warps=warps, num_stages=stages,
         **launch_options(pdl),
     )

@@ -170,7 +170,18 @@ def linear(
     return out
 
 
-def small_batch_plan(m: int, n: int, k: int, partial: bool) -> tuple[GemmConfig, int]:
+def most_splits(k: int, bk: int, tiles: int, programs: int = _SMS) -> int:
+    """Most K splits (of 1, 2, 3, 4, 6, 8) into whole BLOCK_K slices that keep
+    ``tiles * splits`` programs within one wave of ``programs``."""
+    best = 1
+    for s in (2, 3, 4, 6, 8):
+        if tiles * s <= programs and k % (s * bk) == 0:
+            best = s
+    return best
+
+
+def small_batch_plan(m: int, n: int, k: int, partial: bool,
+                     programs: int = _SMS) -> tuple[GemmConfig, int]:
     """(tiles, K splits) of a small-batch GEMM; splits only where the consumer sums partials.
 
     From the H200 sweeps of 2026-11-30 (``benchmarks/bench_small.py``: GEMM chains with PDL
@@ -179,8 +190,9 @@ def small_batch_plan(m: int, n: int, k: int, partial: bool) -> tuple[GemmConfig,
     * plain/GELU epilogues: 64x64x128 tiles, 3 stages, up to 256 tokens (best at 128 and
       192 on both models; 128-row tiles ran 2x slower at 192); 128x64x64 above;
     * split-K: 128-row tiles for FFN2 (long K) at up to 128 tokens and for anything above
-      256, else 64; then as many splits as keep the programs within one wave (128 tokens:
-      4 for the attention output, 8 for FFN2 -- the best of up to 28 plans on both models).
+      256, else 64; then as many splits as keep the programs within one wave of
+      ``programs`` (128 tokens on 132 SMs: 4 for the attention output, 8 for FFN2 -- the
+      best of up to 28 plans on both models).
     """
     if not partial:
         if m <= 256:
@@ -188,9 +200,4 @@ def small_batch_plan(m: int, n: int, k: int, partial: bool) -> tuple[GemmConfig,
         return (128, 64, 64, 4, 4), 1
     bm = 128 if (m > 256 or (k >= 2048 and m <= 128)) else 64
     config: GemmConfig = (bm, 64, 64, 4, 4)
-    tiles = triton.cdiv(m, bm) * triton.cdiv(n, 64)
-    splits = 1
-    for s in (2, 3, 4, 6, 8):
-        if tiles * s <= _SMS and k % (s * 64) == 0:
-            splits = s
-    return config, splits
+    return config, most_splits(k, 64, triton.cdiv(m, bm) * triton.cdiv(n, 64), programs)

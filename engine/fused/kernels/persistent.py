@@ -31,19 +31,13 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.fused.kernels.attention import attention_tile
-from engine.fused.kernels.common import LOG2E
-from engine.fused.kernels.matmul import EPI_GELU, EPI_PARTIAL, EPI_STORE, GemmConfig, gemm_tile
+from engine.fused.kernels.attention import ATTN_SMALL, attention_tile, head_block, softmax_scale
+from engine.fused.kernels.matmul import EPI_GELU, EPI_PARTIAL, EPI_STORE, gemm_tile, small_batch_plan
 from engine.fused.kernels.rows import embed_ln_rows, residual_ln_rows
 from engine.fused.weights import BertQAWeights, flat_strides
 
 PHASES_PER_LAYER = 7
 _PPL = tl.constexpr(PHASES_PER_LAYER)  # globals a @triton.jit function reads: constexpr
-# Tiles at <= 128 tokens, from the 2026-11-30 sweep of the separate kernels (matmul.py).
-QKV_TILE: GemmConfig = (64, 64, 128, 4, 3)
-OUT_TILE: GemmConfig = (64, 64, 64, 4, 3)
-FFN1_TILE: GemmConfig = (64, 64, 128, 4, 3)
-FFN2_TILE: GemmConfig = (128, 64, 64, 4, 3)
 
 
 @triton.jit
@@ -158,15 +152,6 @@ def _sm_count(device_index: int) -> int:
     return int(torch.cuda.get_device_properties(device_index).multi_processor_count)
 
 
-def _splits(k: int, bk: int, tiles: int, programs: int) -> int:
-    """Most K splits (of 1, 2, 3, 4, 6, 8) that keep the tasks within one wave."""
-    best = 1
-    for s in (2, 3, 4, 6, 8):
-        if tiles * s <= programs and k % (s * bk) == 0:
-            best = s
-    return best
-
-
 def persistent_supported(w: BertQAWeights) -> bool:
     """Whether :func:`encode_persistent` can run these weights (flat fp16/bf16 layers,
     dimensions in whole 128-element tiles, a power-of-two head size up to 128)."""
@@ -202,10 +187,11 @@ def encode_persistent(
     on_gpu = dev.type == "cuda"
     programs = programs or (_sm_count(dev.index or 0) if on_gpu else 4)
     barrier = on_gpu if barrier is None else barrier
-    out_s = _splits(d, OUT_TILE[2], triton.cdiv(t, OUT_TILE[0]) * triton.cdiv(d, OUT_TILE[1]),
-                    programs)
-    ff2_s = _splits(f, FFN2_TILE[2], triton.cdiv(t, FFN2_TILE[0]) * triton.cdiv(d, FFN2_TILE[1]),
-                    programs)
+    # The separate kernels' tiles and splits (warps and stages are the kernel's own).
+    qkv_t, _ = small_batch_plan(t, 3 * d, d, False, programs)
+    out_t, out_s = small_batch_plan(t, d, d, True, programs)
+    ff1_t, _ = small_batch_plan(t, f, d, False, programs)
+    ff2_t, ff2_s = small_batch_plan(t, d, f, True, programs)
     x = torch.empty((t, d), device=dev, dtype=w.dtype)
     qkv = torch.empty((t, 3 * d), device=dev, dtype=w.dtype)
     ctx = torch.empty((t, d), device=dev, dtype=w.dtype)
@@ -224,13 +210,13 @@ def encode_persistent(
             w.emb_ln_weight, w.emb_ln_bias, w.flat.mats, w.flat.vecs, w.qa_weight, w.qa_bias,
             x, qkv, ctx, part, h, logits, bar,
             t, n_seqs, max_seqlen, cfg.num_layers, lo, hi, d, f, cfg.layer_norm_eps,
-            LOG2E / float(cfg.head_dim) ** 0.5,
-            H=cfg.num_heads, HEAD_DIM=cfg.head_dim, BLOCK_DH=max(16, cfg.head_dim),
-            BLOCK_D=triton.next_power_of_2(d), ROWS=2, ATT_BM=64, ATT_BN=64,
-            QKV_BM=QKV_TILE[0], QKV_BN=QKV_TILE[1], QKV_BK=QKV_TILE[2],
-            OUT_BM=OUT_TILE[0], OUT_BN=OUT_TILE[1], OUT_BK=OUT_TILE[2], OUT_S=out_s,
-            FF1_BM=FFN1_TILE[0], FF1_BN=FFN1_TILE[1], FF1_BK=FFN1_TILE[2],
-            FF2_BM=FFN2_TILE[0], FF2_BN=FFN2_TILE[1], FF2_BK=FFN2_TILE[2], FF2_S=ff2_s,
+            softmax_scale(cfg.head_dim),
+            H=cfg.num_heads, HEAD_DIM=cfg.head_dim, BLOCK_DH=head_block(cfg.head_dim),
+            BLOCK_D=triton.next_power_of_2(d), ROWS=2, ATT_BM=ATTN_SMALL[0], ATT_BN=ATTN_SMALL[1],
+            QKV_BM=qkv_t[0], QKV_BN=qkv_t[1], QKV_BK=qkv_t[2],
+            OUT_BM=out_t[0], OUT_BN=out_t[1], OUT_BK=out_t[2], OUT_S=out_s,
+            FF1_BM=ff1_t[0], FF1_BN=ff1_t[1], FF1_BK=ff1_t[2],
+            FF2_BM=ff2_t[0], FF2_BN=ff2_t[1], FF2_BK=ff2_t[2], FF2_S=ff2_s,
             TANH=cfg.gelu == "tanh", USE_BARRIER=barrier, num_warps=4, num_stages=3,
         )
     return logits

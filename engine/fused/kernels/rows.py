@@ -193,6 +193,32 @@ def embed_layernorm(
     return out, (Quantized(q, qs) if fp8 else None)
 
 
+def _residual_ln(a: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor,
+                 gamma: torch.Tensor, beta: torch.Tensor, eps: float, fp8: bool, pdl: bool,
+                 qa: tuple[torch.Tensor, torch.Tensor] | None,
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Launch ``_residual_ln_kernel``: (LayerNorm output, e4m3 copy, scales), or with ``qa``
+    (head weight, bias) the float32 [2, T] logits three times (nothing else is stored)."""
+    n, d = a.shape[-2:]
+    splits, split_stride = _splits(a)
+    if qa is None:
+        out = torch.empty((n, d), device=a.device, dtype=residual.dtype)
+        q, qs = _fp8_buffers(out, fp8)
+        qa_w, qa_b, logits = gamma, gamma, out  # never touched: QA_HEAD is off
+    else:
+        out = logits = torch.empty((2, n), device=a.device, dtype=torch.float32)
+        q = qs = out
+        qa_w, qa_b = qa
+    block, rows, warps = _row_tile(n, d)
+    _residual_ln_kernel[(triton.cdiv(n, rows),)](
+        a, bias, residual, gamma, beta, out, q, qs, qa_w, qa_b, logits,
+        n, logits.stride(0), split_stride, d, eps,
+        BLOCK_D=block, ROWS=rows, SPLITS=splits, FP8_OUT=fp8 and qa is None,
+        QA_HEAD=qa is not None, USE_PDL=pdl, num_warps=warps, **launch_options(pdl),
+    )
+    return out, q, qs
+
+
 def bias_residual_layernorm(
     a: torch.Tensor,
     bias: torch.Tensor,
@@ -207,17 +233,7 @@ def bias_residual_layernorm(
 
     ``a`` is a GEMM output [T, D], or [S, T, D] float32 split-K partials to be summed.
     """
-    n, d = a.shape[-2:]
-    splits, split_stride = _splits(a)
-    out = torch.empty((n, d), device=a.device, dtype=residual.dtype)
-    q, qs = _fp8_buffers(out, fp8)
-    block, rows, warps = _row_tile(n, d)
-    _residual_ln_kernel[(triton.cdiv(n, rows),)](
-        a, bias, residual, gamma, beta, out, q, qs, gamma, gamma, out,
-        n, 0, split_stride, d, eps,
-        BLOCK_D=block, ROWS=rows, SPLITS=splits, FP8_OUT=fp8, QA_HEAD=False, USE_PDL=pdl,
-        num_warps=warps, **launch_options(pdl),
-    )
+    out, q, qs = _residual_ln(a, bias, residual, gamma, beta, eps, fp8, pdl, None)
     return out, (Quantized(q, qs) if fp8 else None)
 
 
@@ -233,17 +249,7 @@ def bias_residual_layernorm_qa(
     pdl: bool = False,
 ) -> torch.Tensor:
     """QA logits float32 [2, T] (row 0 start, row 1 end) of LayerNorm(a + bias + residual)."""
-    n, d = a.shape[-2:]
-    splits, split_stride = _splits(a)
-    logits = torch.empty((2, n), device=a.device, dtype=torch.float32)
-    block, rows, warps = _row_tile(n, d)
-    _residual_ln_kernel[(triton.cdiv(n, rows),)](
-        a, bias, residual, gamma, beta, a, a, a, qa_weight, qa_bias, logits,
-        n, logits.stride(0), split_stride, d, eps,
-        BLOCK_D=block, ROWS=rows, SPLITS=splits, FP8_OUT=False, QA_HEAD=True, USE_PDL=pdl,
-        num_warps=warps, **launch_options(pdl),
-    )
-    return logits
+    return _residual_ln(a, bias, residual, gamma, beta, eps, False, pdl, (qa_weight, qa_bias))[0]
 
 
 def bias_gelu(
