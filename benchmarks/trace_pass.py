@@ -1,0 +1,140 @@
+"""Where one batch-1 forward pass spends its time: a CUPTI kernel trace of real passes.
+
+    python benchmarks/trace_pass.py --out DIR [--shapes bert-base:1x128,bert-large:1x384]
+        [--option KEY=VALUE ...]
+
+Each shape runs ``FusedEngine._run_device`` (static-input copies, CUDA-graph replay, logits
+clone: what the service pays per batch) on a random-weight model, under
+``torch.profiler``, several times with a synchronize between passes. From the last pass's
+kernels (graph kernels are traced one by one) it reports:
+
+* the span, from the first kernel's start to the last one's end;
+* per kernel kind, its count and its *step* time: with programmatic dependent launch a
+  kernel starts early and waits, so its own duration overstates it; a kernel's step is
+  the time from the previous kernel's end to its own end, and the steps add up to the
+  span (gaps before a kernel are charged to it);
+* the host-side launch gap before the graph (copies) and after it (clone).
+
+Writes ``DIR/trace_<model>_<shape>.json`` (the raw kernel list of the last pass) and
+``DIR/trace.md`` (one table per shape). Random weights; timings of a traced pass run a
+little slower than untraced ones.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+
+_KINDS = [  # (substring of the kernel name, label), first match wins
+    ("_gemm_kernel", "Triton GEMM"), ("_attn", "attention"), ("_residual_ln", "residual LN"),
+    ("_embed_ln", "embed LN"), ("_bias_gelu", "bias GELU"), ("_encoder_kernel", "persistent"),
+    ("gemm", "cuBLAS GEMM"), ("sm90", "cuBLAS GEMM"), ("cutlass", "cuBLAS GEMM"),
+    ("elementwise", "copy/fill"), ("Memcpy", "copy/fill"), ("Memset", "copy/fill"),
+    ("copy", "copy/fill"), ("fill", "copy/fill"),
+]
+
+
+def kind(name: str) -> str:
+    return next((label for key, label in _KINDS if key in name), name[:40])
+
+
+def steps(kernels: list[dict[str, Any]]) -> dict[str, Any]:
+    """Span and per-kind step times (us) of one pass's kernels (``ts``/``dur`` in us)."""
+    ks = sorted(kernels, key=lambda e: e["ts"] + e["dur"])
+    start = min(e["ts"] for e in ks)
+    per: dict[str, dict[str, float]] = defaultdict(lambda: {"count": 0, "step_us": 0.0,
+                                                            "own_us": 0.0})
+    prev_end = start
+    for e in ks:
+        end = e["ts"] + e["dur"]
+        p = per[kind(e["name"])]
+        p["count"] += 1
+        p["step_us"] += end - prev_end
+        p["own_us"] += e["dur"]
+        prev_end = end
+    return {"span_us": prev_end - start, "kernels": len(ks),
+            "by_kind": dict(sorted(per.items(), key=lambda kv: -kv[1]["step_us"]))}
+
+
+def trace_shape(name: str, batch: int, seq: int, options: dict[str, Any],
+                out: Path) -> dict[str, Any]:
+    import numpy as np
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from benchmarks.bench_gpu import device_packed, make_hf, make_ours, random_padded
+
+    model, cfg = make_hf(name)
+    eng = make_ours(model, cfg, dtype="float16", **options)
+    rng = np.random.default_rng(4)
+    x = device_packed(*random_padded(rng, batch, seq))
+    with torch.inference_mode():
+        for _ in range(5):
+            eng._run_device(*x)
+        torch.cuda.synchronize()
+        passes = 4
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(passes):
+                eng._run_device(*x)
+                torch.cuda.synchronize()
+    path = out / f"trace_{name}_{batch}x{seq}.json"
+    prof.export_chrome_trace(str(path))
+    events = [e for e in json.loads(path.read_text())["traceEvents"]
+              if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and "dur" in e]
+    events.sort(key=lambda e: e["ts"])
+    # Passes are separated by synchronizes: split at the largest gaps.
+    gaps = sorted(range(1, len(events)), key=lambda i: events[i]["ts"] - (
+        events[i - 1]["ts"] + events[i - 1]["dur"]), reverse=True)[:passes - 1]
+    last = events[max(gaps):] if gaps else events
+    path.write_text(json.dumps([{k: e[k] for k in ("name", "ts", "dur")} for e in last]))
+    res = {"model": name, "shape": f"{batch}x{seq}", "options": options, **steps(last)}
+    print(f"trace {name} {batch}x{seq}: span {res['span_us']:.1f} us, {res['kernels']} "
+          "kernels; " + ", ".join(f"{k} {v['count']}x {v['step_us']:.1f}"
+                                  for k, v in res["by_kind"].items()), flush=True)
+    return res
+
+
+def markdown(results: list[dict[str, Any]]) -> str:
+    lines = ["# Kernel trace of one forward pass (step = previous kernel's end to this "
+             "kernel's end)", ""]
+    for r in results:
+        lines += [f"## {r['model']} {r['shape']} {r['options'] or ''}: span "
+                  f"{r['span_us']:.1f} us, {r['kernels']} kernels", "",
+                  "| kernel | count | step us | step us each | own us |", "|---|---|---|---|---|"]
+        for k, v in r["by_kind"].items():
+            lines.append(f"| {k} | {v['count']} | {v['step_us']:.1f} | "
+                         f"{v['step_us'] / v['count']:.2f} | {v['own_us']:.1f} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--out", type=Path, default=REPO / "build" / "trace")
+    p.add_argument("--shapes", default="bert-base:1x128,bert-large:1x128,bert-large:1x384")
+    p.add_argument("--option", action="append", default=[],
+                   help="FusedEngine keyword for every shape, KEY=VALUE (repeatable)")
+    args = p.parse_args()
+    sys.path.insert(0, str(REPO))
+    from engine.registry import _option_value
+
+    options = {k: _option_value(v) for k, v in (o.split("=", 1) for o in args.option)}
+    args.out.mkdir(parents=True, exist_ok=True)
+    results = []
+    for item in args.shapes.split(","):
+        name, bs = item.split(":")
+        b, s = bs.split("x")
+        results.append(trace_shape(name, int(b), int(s), options, args.out))
+    (args.out / "trace.md").write_text(markdown(results))
+    print(markdown(results))
+
+
+if __name__ == "__main__":
+    main()
