@@ -25,8 +25,6 @@ Sections, each guarded (a failure is recorded and the run goes on), results writ
               variants (persistent kernel, PDL off, large path); with ``small_sweep`` also
               named, first the tiles and K splits of each Triton GEMM in a PDL chain
               (``bench_small.py``)
-11. attn_out  (only when named) attention + output projection + LayerNorm per layer,
-              unfused vs fused ``attention_out`` over its plans and tiles (``bench_small.py``)
 
 ``--fast`` times only hf_graph against ours (no eager columns, no padded mix columns);
 ``--shapes`` and ``--f1`` pick latency rows and F1 runs, for short device calls.
@@ -341,9 +339,6 @@ def section_latency(res: dict[str, Any], name: str, deadline: float) -> None:
     alt = {  # the same weights through other paths (A/B in one run)
         "ours_graph_large_path": {"small_batch_max_tokens": None},  # v3's batch-1 path
         "ours_graph_persistent": {"persistent": True},
-        "ours_graph_attn_out_off": {"attn_out_max_tokens": None},  # attention + GEMM
-        "ours_graph_attn_out_all": {"attn_out_max_tokens": 512},  # fused at 384 too
-        "ours_graph_small_all": {"small_batch_max_tokens": 512, "attn_out_max_tokens": 512},
     }
     alt_engines = {key: FusedEngine(ours.weights, "cuda", max_graph_tokens=65536, **kw)  # type: ignore[arg-type]
                    for key, kw in alt.items()}
@@ -677,10 +672,6 @@ def section_f1(res: dict[str, Any]) -> None:
             # one window a batch, every one through the small-batch path / persistent kernel
             ("fused_fp16_small", ["--engine", "fused", "--dtype", "float16", "--batch-windows",
                                   "1", "--engine-option", "small_batch_max_tokens=512"]),
-            ("fused_fp16_attn_out", ["--engine", "fused", "--dtype", "float16",
-                                     "--batch-windows", "1", "--engine-option",
-                                     "small_batch_max_tokens=512", "--engine-option",
-                                     "attn_out_max_tokens=512"]),
             ("fused_fp16_persistent", ["--engine", "fused", "--dtype", "float16",
                                        "--batch-windows", "1", "--engine-option",
                                        "small_batch_max_tokens=512", "--engine-option",
@@ -770,10 +761,8 @@ def write_markdown(res: dict[str, Any], path: Path) -> str:
             lines.append(f"| {k} | {v['max_abs']:.3e} | {v['max_rel']:.3e} |")
         lines.append("")
     if res.get("latency"):
-        cols = ["hf_eager", "hf_graph", "ours_eager", "ours_graph", "ours_graph_attn_out_off",
-                "ours_graph_attn_out_all", "ours_graph_small_all", "ours_graph_persistent",
-                "ours_graph_large_path",
-                "ours_fp8_graph"]
+        cols = ["hf_eager", "hf_graph", "ours_eager", "ours_graph", "ours_graph_persistent",
+                "ours_graph_large_path", "ours_fp8_graph"]
         lines += ["## Latency, ms per batch (median / p99), random weights, full-length", "",
                   "| model | batch x seq | " + " | ".join(cols) + " | ours vs hf_graph |",
                   "|---|---|" + "---|" * (len(cols) + 1)]
@@ -922,11 +911,6 @@ def main() -> None:
         run("small", lambda: section_small_sweep(res, deadline - 60.0,
                                                  sweep="small_sweep" in wanted,
                                                  shapes=args.small_shapes))
-    if "attn_out" in wanted:
-        from benchmarks.bench_small import section_attn_out_sweep
-
-        run("attn_out", lambda: section_attn_out_sweep(res, deadline - 60.0,
-                                                       shapes=args.small_shapes))
     run("attn_sweep", lambda: section_attn_sweep(res))  # before mix: it picks a tile to try
     run("ffn1_sweep", lambda: section_ffn1_sweep(res))
     for name in MODELS:

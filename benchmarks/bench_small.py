@@ -9,10 +9,6 @@ the residual-LayerNorm kernel that sums them, since more splits cost that kernel
 reads. cuBLAS (``torch.mm`` + the same consumer) is timed alongside. Then whole forward
 passes compare the engine's default plan, the sweep's best plan, and the large-batch path
 (cuBLAS GEMMs, the v3 default), all on the same inputs.
-
-Section ``attn_out`` times attention + output projection + residual LayerNorm per layer in
-the same kind of chain: attention then the split-K GEMM (small path, PDL) or cuBLAS (large
-path), against the fused ``attention_out`` over its plans and tiles.
 """
 
 from __future__ import annotations
@@ -186,104 +182,8 @@ def section_small_sweep(res: dict[str, Any], deadline: float, sweep: bool = True
         rows.append(row)
 
 
-ATTN_OUT_PLANS = [(1, 64), (1, 128), (2, 64), (2, 128), (3, 128), (4, 64), (4, 128)]
-ATTN_OUT_TILES = [(64, 64, 4, 3), (64, 64, 8, 3), (32, 64, 4, 3), (128, 64, 8, 3)]
-
-
-def section_attn_out_sweep(res: dict[str, Any], deadline: float,
-                           shapes: str | None = None) -> None:
-    """us per layer of attention + output projection + residual LayerNorm, unfused vs
-    fused (``attention_out``), in a CUDA-graph chain over HBM-resident Wo copies."""
-    import time
-
-    rows = res.setdefault("attn_out_sweep", [])
-    for name, batch, seq in _shapes(shapes):
-        if time.time() > deadline:
-            rows.append({"model": name, "shape": f"{batch}x{seq}", "skipped": "deadline"})
-            continue
-        row = _attn_out_row(name, batch, seq)
-        best = row["best"]
-        print(f"attn_out {name} {batch}x{seq}: unfused cuBLAS {row['us']['unfused cuBLAS']:.1f}"
-              f" Triton {row['us']['unfused Triton+PDL']:.1f}, best fused {best['key']} "
-              f"{best['us']:.1f}us", flush=True)
-        rows.append(row)
-
-
-def _attn_out_row(name: str, batch: int, seq: int) -> dict[str, Any]:
-    import torch
-
-    from benchmarks.bench_gpu import MODELS, graph_time_ms
-    from engine.fused import kernels as k
-
-    g = torch.Generator(device="cuda").manual_seed(1)
-    cfg = MODELS[name]
-    d, heads = cfg["hidden_size"], cfg["num_attention_heads"]
-    t = batch * seq
-    cu = torch.arange(0, t + 1, seq, device="cuda", dtype=torch.int32)
-    copies = max(cfg["num_hidden_layers"], math.ceil(L2_DEFEAT_BYTES / (d * d * 2)))
-    wos = [torch.randn(d, d, device="cuda", dtype=torch.float16, generator=g) * 0.03
-           for _ in range(copies)]
-    qkv = torch.randn(t, 3 * d, device="cuda", dtype=torch.float16, generator=g)
-    qb = torch.randn(3 * d, device="cuda", dtype=torch.float16, generator=g) * 0.1
-    bias = torch.randn(d, device="cuda", dtype=torch.float16, generator=g) * 0.1
-    res_x = torch.randn(t, d, device="cuda", dtype=torch.float16, generator=g)
-    gamma = torch.ones(d, device="cuda", dtype=torch.float16)
-    beta = torch.zeros(d, device="cuda", dtype=torch.float16)
-    plan_out = k.small_batch_plan(t, d, d, True)
-
-    def ln(a: Any, pdl: bool) -> Any:
-        return k.bias_residual_layernorm(a, bias, res_x, gamma, beta, 1e-12, pdl=pdl)[0]
-
-    def unfused(cublas: bool) -> list[Any]:
-        out = []
-        for wo in wos:
-            ctx = k.attention_varlen(qkv, qb, cu, seq, batch, heads, pdl=not cublas)
-            a = torch.mm(ctx, wo.t()) if cublas else k.linear(
-                ctx, wo, splits=plan_out[1], config=plan_out[0], pdl=True, prefetch=True)
-            out.append(ln(a, not cublas))
-        return out
-
-    def fused(plan: Any, tiles: Any, pdl: bool = True) -> list[Any]:
-        return [ln(k.attention_out(qkv, qb, wo, cu, seq, batch, heads, plan=plan,
-                                   config=tiles, pdl=pdl, prefetch=pdl), pdl) for wo in wos]
-
-    us: dict[str, float] = {}
-    row: dict[str, Any] = {"model": name, "shape": f"{batch}x{seq}", "tokens": t,
-                           "default_plan": list(k.attention_out_plan(t, heads, d)), "us": us}
-    with torch.inference_mode():
-        ref = unfused(True)[0].float()
-        us["unfused cuBLAS"] = graph_time_ms(lambda: unfused(True), 1) / copies * 1e3
-        us["unfused Triton+PDL"] = graph_time_ms(lambda: unfused(False), 1) / copies * 1e3
-        us["fused default no PDL"] = graph_time_ms(
-            lambda: fused(None, None, False), 1) / copies * 1e3
-        for plan in [None, *ATTN_OUT_PLANS]:
-            if plan is not None and heads % plan[0]:
-                continue
-            for tiles in ATTN_OUT_TILES:
-                key = f"fused {plan or 'default'} {'x'.join(map(str, tiles))}"
-                try:
-                    err = float((fused(plan, tiles)[0].float() - ref).abs().max())
-                    if err > 5e-2:
-                        us[key + " WRONG"] = err
-                        continue
-                    us[key] = graph_time_ms(
-                        lambda plan=plan, tiles=tiles: fused(plan, tiles), 1) / copies * 1e3
-                except Exception as exc:  # record and go on
-                    row.setdefault("errors", []).append(f"{key}: {exc!r}"[:300])
-    best = min((v, kk) for kk, v in us.items()
-               if kk.startswith("fused") and "WRONG" not in kk and "no PDL" not in kk)
-    row["best"] = {"key": best[1], "us": best[0]}
-    return row
-
-
 def markdown(res: dict[str, Any]) -> list[str]:
     lines: list[str] = []
-    for r in res.get("attn_out_sweep", []):
-        if "skipped" in r:
-            continue
-        ranked = sorted((v, kk) for kk, v in r["us"].items() if "WRONG" not in kk)
-        lines += [f"## attention + out-proj + LN, {r['model']} {r['shape']} (us per layer)", "",
-                  ", ".join(f"{kk} {v:.1f}" for v, kk in ranked[:12]), ""]
     for r in res.get("small_sweep", []):
         if "skipped" in r:
             lines += [f"## small sweep {r['model']} {r['shape']}: skipped ({r['skipped']})", ""]

@@ -3,8 +3,8 @@
 Per layer, 4 GEMMs and 3 fused kernels::
 
     qkv  = x @ Wqkv^T                          GEMM (bias added inside attention)
-    ctx  = attention(qkv + bqkv)               attention_varlen       } attention_out for
-    a    = ctx @ Wo^T                          GEMM                   } few tokens
+    ctx  = attention(qkv + bqkv)               attention_varlen
+    a    = ctx @ Wo^T                          GEMM
     x    = LN(a + bo + x)                      bias_residual_layernorm (+ e4m3 copy of x)
     h    = gelu(x @ W1^T + b1)                 GEMM + bias_gelu, or one GEMM with both
     a    = h @ W2^T                            GEMM
@@ -50,9 +50,6 @@ FFN1_FUSED_MAX_TOKENS: int | None = 512
 # tiles; BERT-large 1.420 vs 1.180), 256 (0.560 vs 0.524, 1.204 vs 1.156), 384 (0.624 vs
 # 0.565, 1.462 vs 1.232). Triton's GEMMs trail cuBLAS as M grows.
 SMALL_BATCH_MAX_TOKENS: int | None = 128
-# Up to this many tokens attention and its output projection are one kernel
-# (``attention_out``: split-K over heads into partials the LayerNorm sums). None: never.
-ATTN_OUT_MAX_TOKENS: int | None = 128
 
 # Tiles and K splits of one GEMM: (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages), splits.
 GemmPlan = tuple[tuple[int, int, int, int, int], int]
@@ -63,9 +60,7 @@ class EncodeOptions:
     """How :func:`encode_packed` runs; the defaults are the engine's.
 
     ``gemm_plans`` overrides the small-batch plan of GEMMs by name (``qkv``, ``out``,
-    ``ffn1``, ``ffn2``); ``attn_config`` imposes attention tiles. Batches of at most
-    ``attn_out_max_tokens`` tokens fuse attention with its output projection
-    (``attention_out``, split per ``attn_out_plan`` or the kernel's rule). ``persistent`` runs the
+    ``ffn1``, ``ffn2``); ``attn_config`` imposes attention tiles. ``persistent`` runs the
     batches the small-batch path takes, if at most ``persistent_max_tokens`` tokens, as one
     persistent kernel (``kernels.persistent``) where the op set and the weights support it
     (measured slower than the separate kernels; see ``NOTES.md``, v4b).
@@ -80,8 +75,6 @@ class EncodeOptions:
     persistent: bool = False
     persistent_max_tokens: int = 256
     attn_config: tuple[int, int, int, int] | None = None
-    attn_out_max_tokens: int | None = ATTN_OUT_MAX_TOKENS
-    attn_out_plan: tuple[int, int] | None = None
     gemm_plans: tuple[tuple[str, GemmPlan], ...] = ()
 
 
@@ -147,7 +140,6 @@ def encode_packed(
     if small:
         (c_qkv, _), (c_out, s_out) = plan("qkv", 3 * d, d, False), plan("out", d, d, True)
         (c_ff1, _), (c_ff2, s_ff2) = plan("ffn1", f, d, False), plan("ffn2", d, f, True)
-    fuse_out = opts.attn_out_max_tokens is not None and tokens <= opts.attn_out_max_tokens
     fuse_ffn1 = small or (opts.ffn1_fused_max_tokens is not None
                           and tokens <= opts.ffn1_fused_max_tokens
                           and w.dtype in (torch.float16, torch.bfloat16)
@@ -167,18 +159,13 @@ def encode_packed(
             qkv = ops.linear(x, layer.qkv.weight, config=c_qkv, pdl=pdl, prefetch=pf)
         else:
             qkv = _linear(x, xq, layer.qkv, out8)
-        if fuse_out:
-            a = ops.attention_out(qkv, layer.qkv.bias, layer.attn_out.weight, cu_seqlens,
-                                  max_seqlen, n_seqs, cfg.num_heads, plan=opts.attn_out_plan,
-                                  config=opts.attn_config, pdl=pdl, prefetch=pf)
+        ctx = ops.attention_varlen(qkv, layer.qkv.bias, cu_seqlens, max_seqlen, n_seqs,
+                                   cfg.num_heads, config=opts.attn_config, pdl=pdl)
+        if small:
+            a = ops.linear(ctx, layer.attn_out.weight, splits=s_out, config=c_out, pdl=pdl,
+                           prefetch=pf)
         else:
-            ctx = ops.attention_varlen(qkv, layer.qkv.bias, cu_seqlens, max_seqlen, n_seqs,
-                                       cfg.num_heads, config=opts.attn_config, pdl=pdl)
-            if small:
-                a = ops.linear(ctx, layer.attn_out.weight, splits=s_out, config=c_out,
-                               pdl=pdl, prefetch=pf)
-            else:
-                a = _linear(ctx, None, layer.attn_out, out8)
+            a = _linear(ctx, None, layer.attn_out, out8)
         x, xq = ops.bias_residual_layernorm(
             a, layer.attn_out.bias, x, layer.ln1_weight, layer.ln1_bias, eps,
             fp8=wants8(layer.ffn_in), pdl=pdl,

@@ -29,7 +29,6 @@ import torch
 from engine.base import Float32Array, Int32Array
 from engine.fused.config import BertQAConfig
 from engine.fused.encoder import (
-    ATTN_OUT_MAX_TOKENS,
     FFN1_FUSED_MAX_TOKENS,
     FP8_MIN_TOKENS,
     SMALL_BATCH_MAX_TOKENS,
@@ -106,8 +105,6 @@ class FusedEngine:
         prefetch: bool = True,
         persistent: bool = False,
         attention_tiles: tuple[int, int, int, int] | None = None,
-        attn_out_max_tokens: int | None = ATTN_OUT_MAX_TOKENS,
-        attn_out_plan: tuple[int, int] | None = None,
         gemm_plans: dict[str, GemmPlan] | None = None,
     ) -> None:
         """FP8 weights (if packed) are used for batches of at least ``fp8_min_tokens``
@@ -116,11 +113,9 @@ class FusedEngine:
         if ``pdl`` and the GPU has it, each GEMM's L2 weight prefetch if ``prefetch``; see
         ``encoder``); above it, batches of at most ``ffn1_fused_max_tokens`` still run FFN1
         with bias + GELU fused. ``persistent`` runs small batches as one persistent kernel
-        (``kernels.persistent``). Batches of at most ``attn_out_max_tokens`` tokens run
-        attention and its output projection as one kernel, split per ``attn_out_plan``
-        (heads per split, output columns per program). ``attention_tiles`` (BLOCK_M,
-        BLOCK_N, warps, stages) and ``gemm_plans`` (small-batch GEMM name -> (tiles,
-        splits)) override the built-in rules (benchmarks, tests)."""
+        (``kernels.persistent``). ``attention_tiles`` (BLOCK_M, BLOCK_N, warps, stages) and
+        ``gemm_plans`` (small-batch GEMM name -> (tiles, splits)) override the built-in
+        rules (benchmarks, tests)."""
         self.weights = weights
         self.config = weights.config
         self.device = torch.device(device)
@@ -139,8 +134,6 @@ class FusedEngine:
             prefetch=prefetch,
             persistent=persistent,
             attn_config=attention_tiles,
-            attn_out_max_tokens=attn_out_max_tokens,
-            attn_out_plan=attn_out_plan,
             gemm_plans=tuple(sorted((gemm_plans or {}).items())),
         )
         self._graphs = GraphCache(self._forward, self.device) if self.cuda_graphs else None

@@ -164,28 +164,3 @@ def attention_varlen(
         p = torch.softmax(q @ k.transpose(1, 2) / math.sqrt(hd), dim=-1)
         out[a:b] = (p @ v).transpose(0, 1).reshape(b - a, d).to(qkv.dtype)
     return out
-
-
-def attention_out_plan(tokens: int, num_heads: int, hidden: int) -> tuple[int, int]:
-    """One head per split: the partials are then the per-head products."""
-    return 1, hidden
-
-
-def attention_out(
-    qkv: torch.Tensor,
-    qkv_bias: torch.Tensor,
-    wo: torch.Tensor,
-    cu_seqlens: torch.Tensor,
-    max_seqlen: int,
-    n_seqs: int,
-    num_heads: int,
-    plan: tuple[int, int] | None = None,
-    config: tuple[int, int, int, int] | None = None,  # tile sizes: meaningless here
-    pdl: bool = False,
-    prefetch: bool = False,
-) -> torch.Tensor:
-    """float32 partials [num_heads / plan[0], T, hidden] of ``attention_varlen(...) @ wo.T``
-    (the context rounded to ``qkv``'s dtype first, as the kernel does)."""
-    heads = (plan or attention_out_plan(qkv.shape[0], num_heads, wo.shape[0]))[0]
-    ctx = attention_varlen(qkv, qkv_bias, cu_seqlens, max_seqlen, n_seqs, num_heads)
-    return linear(ctx, wo, splits=num_heads // heads)

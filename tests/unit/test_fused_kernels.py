@@ -237,31 +237,6 @@ def _check_attention(dtype_name: str, heads: int, head_dim: int,
     return _rel(out, ref), {"float32": 1e-5, "float16": 5e-3}[dtype_name]
 
 
-def _check_attention_out(heads: int, head_dim: int, plan: tuple[int, int]) -> tuple[float, float]:
-    """Attention fused with the output projection: its float32 partials (one per group of
-    ``plan[0]`` heads) sum to attention @ Wo^T, and each partial is its heads' share."""
-    import torch
-
-    from engine.fused import kernels as k
-
-    g = torch.Generator().manual_seed(6)
-    lengths = [70, 1, 17, 64]
-    cu = torch.tensor([0, *np.cumsum(lengths).tolist()], dtype=torch.int32)
-    t, d = int(cu[-1]), heads * head_dim
-    qkv = (torch.randn(t, 3 * d, generator=g) * 0.5).half()
-    bias = (torch.randn(3 * d, generator=g) * 0.5).half()
-    wo = (torch.randn(d, d, generator=g) * 0.2).half()
-    cu_pad = torch.cat([cu, cu[-1:].repeat(2)])  # over-stated grid, as CUDA graphs use
-    part = k.attention_out(qkv, bias, wo, cu_pad, 128, len(lengths) + 2, heads, plan=plan)
-    ctx = k.attention_varlen(qkv, bias, cu_pad, 128, len(lengths) + 2, heads)
-    per, splits = plan[0] * head_dim, heads // plan[0]
-    if part.shape != (splits, t, d):
-        return math.inf, 0.0
-    ref = torch.stack([ctx[:, i * per:(i + 1) * per].double()
-                       @ wo[:, i * per:(i + 1) * per].double().t() for i in range(splits)])
-    return _rel(part, ref), 1e-5
-
-
 def _tiny_bert(seed: int = 0, hidden: int = 64) -> tuple[object, object]:
     """A random 2-layer, 4-head HF BERT-QA (LayerNorms and biases perturbed)."""
     import torch
@@ -291,13 +266,11 @@ def _random_batch(seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return ids, mask, tt
 
 
-def _check_tiny_bert(dtype: str, small_batch: bool = True, splits: int | None = None,
-                     attn_out: bool = True) -> tuple[float, float]:
+def _check_tiny_bert(dtype: str, small_batch: bool = True,
+                     splits: int | None = None) -> tuple[float, float]:
     """The whole engine vs HF fp32. fp16 batches this small take the small-batch path
     (all-Triton GEMMs; ``splits`` imposes split-K on the attention-output and FFN2 GEMMs)
-    unless ``small_batch`` is off (cuBLAS-path code: torch.mm + epilogue kernels), and
-    attention with its output projection fused (``attention_out``) unless ``attn_out`` is
-    off."""
+    unless ``small_batch`` is off (cuBLAS-path code: torch.mm + epilogue kernels)."""
     import torch
 
     from engine.fused.engine import PAD_LOGIT, FusedEngine
@@ -311,7 +284,6 @@ def _check_tiny_bert(dtype: str, small_batch: bool = True, splits: int | None = 
     engine = FusedEngine.from_state_dict(model.state_dict(), cfg, device="cpu",  # type: ignore[attr-defined]
                                          dtype=dtype, backend="triton", fp8_min_tokens=0,
                                          small_batch_max_tokens=512 if small_batch else None,
-                                         attn_out_max_tokens=512 if attn_out else None,
                                          gemm_plans=plans)
     assert engine.backend == "triton"
     ids, mask, tt = _random_batch(7)
@@ -416,12 +388,6 @@ CASES: dict[str, Callable[[], tuple[float, float]]] = {
     "tiny_bert_fp16": lambda: _check_tiny_bert("float16"),
     "tiny_bert_fp16_splitk_2": lambda: _check_tiny_bert("float16", splits=2),
     "tiny_bert_fp16_large_path": lambda: _check_tiny_bert("float16", small_batch=False),
-    "tiny_bert_fp16_unfused_attn_out": lambda: _check_tiny_bert("float16", attn_out=False),
-    "tiny_bert_fp16_large_path_unfused": lambda: _check_tiny_bert(
-        "float16", small_batch=False, attn_out=False),
-    "attention_out_1_head_per_split": lambda: _check_attention_out(4, 16, (1, 64)),
-    "attention_out_2_heads_128_cols": lambda: _check_attention_out(4, 32, (2, 128)),
-    "attention_out_padded_head_dim": lambda: _check_attention_out(3, 24, (3, 32)),
     "tiny_bert_fp8": lambda: _check_tiny_bert("fp8"),
     "packed_entry_points": _check_packed_entry_points,
     "persistent_fp16_16_programs": lambda: _check_persistent(16),

@@ -6,7 +6,6 @@ Every kernel computes in float32 and reads/writes whatever float dtype its tenso
 ==========================  ==================================================================
 ``embed_layernorm``          word + position + token-type gather, sum, LayerNorm (+ FP8 copy)
 ``attention_varlen``         QKV bias, scaled QK^T, online softmax, PV over packed sequences
-``attention_out``            the same times the output projection, as split-K partials
 ``bias_gelu``                FFN bias + exact (erf) GELU (+ FP8 copy instead of the fp16 one)
 ``bias_residual_layernorm``  projection bias + residual add + LayerNorm (+ FP8 copy), summing
                              split-K partials when the GEMM left them
@@ -28,10 +27,7 @@ set before this package is imported, the same kernels run on CPU tensors (for CI
 from engine.fused.kernels.attention import (
     ATTN_LARGE,
     ATTN_SMALL,
-    AttnOutPlan,
     attention_config,
-    attention_out,
-    attention_out_plan,
     attention_varlen,
 )
 from engine.fused.kernels.common import pdl_available
@@ -53,9 +49,8 @@ from engine.fused.kernels.rows import (
 )
 
 __all__ = [
-    "ATTN_LARGE", "ATTN_SMALL", "GEMM_LARGE", "GEMM_SMALL", "AttnOutPlan", "GemmConfig",
-    "attention_config", "attention_out", "attention_out_plan", "attention_varlen", "bias_gelu",
-    "bias_residual_layernorm", "bias_residual_layernorm_qa", "embed_layernorm",
-    "encode_persistent", "gemm_config", "gemm_supported", "linear", "pdl_available",
-    "persistent_supported", "small_batch_plan",
+    "ATTN_LARGE", "ATTN_SMALL", "GEMM_LARGE", "GEMM_SMALL", "GemmConfig", "attention_config",
+    "attention_varlen", "bias_gelu", "bias_residual_layernorm", "bias_residual_layernorm_qa",
+    "embed_layernorm", "encode_persistent", "gemm_config", "gemm_supported", "linear",
+    "pdl_available", "persistent_supported", "small_batch_plan",
 ]

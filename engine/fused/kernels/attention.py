@@ -1,13 +1,6 @@
 # mypy: disable-error-code="no-untyped-def,untyped-decorator,no-untyped-call"
 """Bidirectional attention over packed variable-length sequences (FlashAttention-style
-online softmax, no padding), reading Q, K and V straight from the QKV GEMM's output.
-
-``attention_out`` also applies the attention-output projection: it is split-K over
-heads (the projection's K index is ``head * head_dim + d``), so a program that has just
-computed some heads' context multiplies it by their slice of ``Wo`` and leaves float32
-partials that the residual-LayerNorm kernel sums, as it does the split-K GEMM's. That
-removes a kernel, and a dependent step, per layer.
-"""
+online softmax, no padding), reading Q, K and V straight from the QKV GEMM's output."""
 
 from __future__ import annotations
 
@@ -15,7 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.fused.kernels.common import LOG2E, launch_options, pdl_enter, prefetch_rows_l2
+from engine.fused.kernels.common import LOG2E, launch_options, pdl_enter
 
 # Attention tiles (BLOCK_M queries x BLOCK_N keys, warps, pipeline stages). Few programs
 # (batch 1): 64-query tiles, so short sequences still spread over more multiprocessors.
@@ -26,19 +19,17 @@ _ATTN_SMALL_PROGRAMS = 4 * 132  # below ~4 waves of an H100/H200, prefer the sma
 
 
 @triton.jit
-def attention_rows(
-    qkv_ptr, bias_ptr, cu_ptr, m_block, seq, head,
-    qk_scale, stride_qkv, D,
+def attention_tile(
+    qkv_ptr, bias_ptr, out_ptr, cu_ptr, m_block, seq, head,
+    qk_scale, stride_qkv, stride_out, D,
     HEAD_DIM: tl.constexpr, BLOCK_DH: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """One (query block, sequence, head): softmax(Q K^T * scale) V with an online softmax.
 
-    Returns ``(ctx, rows, row_mask)``: the float32 [BLOCK_M, BLOCK_DH] context (V bias
-    included; padded head columns hold 0), the packed row of each query, and which queries
-    exist. Q, K, V are column slices of the packed QKV GEMM output (no bias yet). A
-    sequence's tokens are rows ``cu[seq]:cu[seq+1]``; blocks past a sequence's end have no
-    rows, so the grid may be sized for bucketed (padded) sequence counts and lengths.
+    Q, K, V are column slices of the packed QKV GEMM output (no bias yet). A sequence's
+    tokens are rows ``cu[seq]:cu[seq+1]``; programs past a sequence's end write nothing,
+    so the grid may be sized for bucketed (padded) sequence counts and lengths.
 
     Biases cost nothing inside the loop: the K bias adds ``q . bk`` to every score of a
     query row, which softmax cancels, so it is dropped; rows of P sum to one, so
@@ -56,10 +47,11 @@ def attention_rows(
     col = head * HEAD_DIM + offs_d
     mmask = offs_m < length
     q_rows = (start + offs_m).to(tl.int64)
+    io_mask = mmask[:, None] & dmask[None, :]
     dtype = qkv_ptr.dtype.element_ty
 
-    q = tl.load(qkv_ptr + q_rows[:, None] * stride_qkv + col[None, :],
-                mask=mmask[:, None] & dmask[None, :], other=0.0, cache_modifier=".cg")
+    q = tl.load(qkv_ptr + q_rows[:, None] * stride_qkv + col[None, :], mask=io_mask, other=0.0,
+                cache_modifier=".cg")
     bq = tl.load(bias_ptr + col, mask=dmask, other=0.0)
     # Softmax scale and log2(e) folded into Q once, so the loop uses exp2 directly.
     q = ((q.to(tl.float32) + bq[None, :]) * qk_scale).to(dtype)
@@ -86,26 +78,9 @@ def attention_rows(
     bv = tl.load(bias_ptr + 2 * D + col, mask=dmask, other=0.0)
     # l_i >= 1 on every row that saw a key (its max contributes exp2(0)); the floor only
     # keeps rows of empty programs finite (they are not stored).
-    ctx = acc / tl.maximum(l_i, 1.0)[:, None] + bv[None, :]
-    return ctx, q_rows, mmask
-
-
-@triton.jit
-def attention_tile(
-    qkv_ptr, bias_ptr, out_ptr, cu_ptr, m_block, seq, head,
-    qk_scale, stride_qkv, stride_out, D,
-    HEAD_DIM: tl.constexpr, BLOCK_DH: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-):
-    """``attention_rows`` stored into the context columns of ``head``."""
-    ctx, q_rows, mmask = attention_rows(qkv_ptr, bias_ptr, cu_ptr, m_block, seq, head,
-                                        qk_scale, stride_qkv, D, HEAD_DIM, BLOCK_DH,
-                                        BLOCK_M, BLOCK_N)
-    offs_d = tl.arange(0, BLOCK_DH)
-    col = head * HEAD_DIM + offs_d
+    out = acc / tl.maximum(l_i, 1.0)[:, None] + bv[None, :]
     o_ptrs = out_ptr + q_rows[:, None] * stride_out + col[None, :]
-    tl.store(o_ptrs, ctx.to(out_ptr.dtype.element_ty),
-             mask=mmask[:, None] & (offs_d < HEAD_DIM)[None, :])
+    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=io_mask)
 
 
 @triton.jit
@@ -168,109 +143,6 @@ def attention_varlen(
         softmax_scale(head_dim), qkv.stride(0), out.stride(0), d,
         HEAD_DIM=head_dim, BLOCK_DH=head_block(head_dim),
         BLOCK_M=bm, BLOCK_N=bn, USE_PDL=pdl, num_warps=warps, num_stages=stages,
-        **launch_options(pdl),
-    )
-    return out
-
-
-@triton.jit
-def _attn_out_kernel(
-    qkv_ptr, bias_ptr, wo_ptr, part_ptr, cu_ptr,
-    qk_scale, stride_qkv, D, T,
-    HEAD_DIM: tl.constexpr, BLOCK_DH: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    HEADS: tl.constexpr, BLOCK_O: tl.constexpr,
-    USE_PDL: tl.constexpr, PREFETCH: tl.constexpr, W_BYTES: tl.constexpr,
-):
-    """Program (query block, sequence, split x output chunk): the context of ``HEADS``
-    consecutive heads times their ``Wo`` columns, for ``BLOCK_O`` output columns, stored as
-    split ``split`` of float32 partials [S, T, D]."""
-    m_block = tl.program_id(0)
-    seq = tl.program_id(1)
-    chunks = tl.cdiv(D, BLOCK_O)
-    split = tl.program_id(2) // chunks
-    o_cols = (tl.program_id(2) % chunks) * BLOCK_O + tl.arange(0, BLOCK_O)
-    w_rows = tl.minimum(o_cols, D - 1).to(tl.int64) * D
-    k0 = split * HEADS * HEAD_DIM
-    if PREFETCH:  # this program's Wo slice, while the QKV GEMM still runs
-        prefetch_rows_l2(wo_ptr + w_rows + k0, HEADS * HEAD_DIM * W_BYTES, [BLOCK_O])
-    pdl_enter(USE_PDL)
-    offs_d = tl.arange(0, BLOCK_DH)
-    acc = tl.zeros([BLOCK_M, BLOCK_O], tl.float32)
-    for h in range(HEADS):
-        head = split * HEADS + h
-        ctx, _, _ = attention_rows(qkv_ptr, bias_ptr, cu_ptr, m_block, seq, head,
-                                   qk_scale, stride_qkv, D, HEAD_DIM, BLOCK_DH,
-                                   BLOCK_M, BLOCK_N)
-        w = tl.load(wo_ptr + w_rows[:, None] + head * HEAD_DIM + offs_d[None, :],
-                    mask=(offs_d < HEAD_DIM)[None, :], other=0.0)
-        acc = tl.dot(ctx.to(w.dtype), tl.trans(w), acc)
-    start = tl.load(cu_ptr + seq, cache_modifier=".cg")
-    offs_m = m_block * BLOCK_M + tl.arange(0, BLOCK_M)
-    mmask = offs_m < tl.load(cu_ptr + seq + 1, cache_modifier=".cg") - start
-    rows = split.to(tl.int64) * T + start + offs_m
-    tl.store(part_ptr + rows[:, None] * D + o_cols[None, :], acc,
-             mask=mmask[:, None] & (o_cols < D)[None, :])
-
-
-# (heads per split, BLOCK_O): which heads a program handles, and how many output columns.
-AttnOutPlan = tuple[int, int]
-
-
-def attention_out_plan(tokens: int, num_heads: int, hidden: int,
-                       programs: int = 132) -> AttnOutPlan:
-    """Default split of ``attention_out`` for a batch of ``tokens`` tokens: 2 heads per
-    split where the head count allows (at most 8 partials for BERT-large's 16 heads), and
-    the widest output chunk (of 128, 64) that still gives about a wave of ``programs``."""
-    heads = 2 if num_heads % 2 == 0 else 1
-    splits = num_heads // heads
-    q_blocks = triton.cdiv(tokens, ATTN_SMALL[0])
-    for block_o in (128, 64):
-        if q_blocks * splits * triton.cdiv(hidden, block_o) >= programs // 2:
-            return heads, block_o
-    return heads, 64
-
-
-def attention_out(
-    qkv: torch.Tensor,
-    qkv_bias: torch.Tensor,
-    wo: torch.Tensor,
-    cu_seqlens: torch.Tensor,
-    max_seqlen: int,
-    n_seqs: int,
-    num_heads: int,
-    plan: AttnOutPlan | None = None,
-    config: tuple[int, int, int, int] | None = None,
-    pdl: bool = False,
-    prefetch: bool = False,
-) -> torch.Tensor:
-    """``attention_varlen(...) @ wo.T`` as float32 split-K partials [S, T, hidden], one
-    split per ``plan[0]`` heads (no output bias: the LayerNorm kernel adds it).
-
-    ``wo`` [hidden, hidden] row-major (out x in). Rows outside every sequence are left
-    unwritten, as ``attention_varlen`` leaves them. ``prefetch`` (with ``pdl``) pulls each
-    program's ``wo`` slice into L2 before waiting for the QKV GEMM.
-    """
-    n, three_d = qkv.shape
-    d = three_d // 3
-    head_dim = d // num_heads
-    heads, block_o = plan or attention_out_plan(n, num_heads, d)
-    if num_heads % heads:
-        raise ValueError(f"{num_heads} heads do not split into groups of {heads}")
-    splits = num_heads // heads
-    out = torch.empty((splits, n, d), device=qkv.device, dtype=torch.float32)
-    if n_seqs == 0 or max_seqlen == 0:
-        return out
-    bm, bn, warps, stages = config or ATTN_SMALL
-    grid = (triton.cdiv(max_seqlen, bm), n_seqs, splits * triton.cdiv(d, block_o))
-    size = wo.element_size()  # bulk prefetches take 16-byte-aligned rows and lengths
-    aligned = (heads * head_dim * size) % 16 == 0 and (d * size) % 16 == 0
-    _attn_out_kernel[grid](
-        qkv, qkv_bias, wo, out, cu_seqlens,
-        softmax_scale(head_dim), qkv.stride(0), d, n,
-        HEAD_DIM=head_dim, BLOCK_DH=head_block(head_dim), BLOCK_M=bm, BLOCK_N=bn,
-        HEADS=heads, BLOCK_O=block_o, USE_PDL=pdl, PREFETCH=pdl and prefetch and aligned,
-        W_BYTES=size, num_warps=warps, num_stages=stages,
         **launch_options(pdl),
     )
     return out
