@@ -338,7 +338,9 @@ def section_latency(res: dict[str, Any], name: str, deadline: float) -> None:
     ours_eager = FusedEngine(ours.weights, "cuda", cuda_graphs=False)
     alt = {  # the same weights through other paths (A/B in one run)
         "ours_graph_large_path": {"small_batch_max_tokens": None},  # v3's batch-1 path
-        "ours_graph_persistent": {"persistent": True},
+        "ours_graph_no_prefetch": {"prefetch": False},
+        "ours_graph_attn_64x128": {"attention_tiles": (64, 128, 4, 2)},
+        "ours_graph_attn_32x64": {"attention_tiles": (32, 64, 4, 3)},
     }
     alt_engines = {key: FusedEngine(ours.weights, "cuda", max_graph_tokens=65536, **kw)  # type: ignore[arg-type]
                    for key, kw in alt.items()}
@@ -761,8 +763,9 @@ def write_markdown(res: dict[str, Any], path: Path) -> str:
             lines.append(f"| {k} | {v['max_abs']:.3e} | {v['max_rel']:.3e} |")
         lines.append("")
     if res.get("latency"):
-        cols = ["hf_eager", "hf_graph", "ours_eager", "ours_graph", "ours_graph_persistent",
-                "ours_graph_large_path", "ours_fp8_graph"]
+        cols = ["hf_eager", "hf_graph", "ours_eager", "ours_graph", "ours_graph_no_prefetch",
+                "ours_graph_attn_64x128", "ours_graph_attn_32x64", "ours_graph_large_path",
+                "ours_fp8_graph"]
         lines += ["## Latency, ms per batch (median / p99), random weights, full-length", "",
                   "| model | batch x seq | " + " | ".join(cols) + " | ours vs hf_graph |",
                   "|---|---|" + "---|" * (len(cols) + 1)]

@@ -8,12 +8,14 @@ clone: what the service pays per batch) on a random-weight model, under
 ``torch.profiler``, several times with a synchronize between passes. From the last pass's
 kernels (graph kernels are traced one by one) it reports:
 
-* the span, from the first kernel's start to the last one's end;
+* the span, from the first copy's start to the last kernel's end, and the graph's span
+  (its first to its last kernel);
 * per kernel kind, its count and its *step* time: with programmatic dependent launch a
   kernel starts early and waits, so its own duration overstates it; a kernel's step is
   the time from the previous kernel's end to its own end, and the steps add up to the
   span (gaps before a kernel are charged to it);
-* the host-side launch gap before the graph (copies) and after it (clone).
+* the copies before the graph and the logits clone after it ("copy/fill"), whose steps
+  include the host's launch gaps between them.
 
 Writes ``DIR/trace_<model>_<shape>.json`` (the raw kernel list of the last pass) and
 ``DIR/trace.md`` (one table per shape). Random weights; timings of a traced pass run a
@@ -78,9 +80,10 @@ def trace_shape(name: str, batch: int, seq: int, options: dict[str, Any],
         for _ in range(5):
             eng._run_device(*x)
         torch.cuda.synchronize()
-        passes = 4
         with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(passes):
+            for _ in range(4):  # passes separated by a marker kernel ("spin_kernel")
+                torch.cuda._sleep(1000)
+                torch.cuda.synchronize()
                 eng._run_device(*x)
                 torch.cuda.synchronize()
     path = out / f"trace_{name}_{batch}x{seq}.json"
@@ -88,13 +91,14 @@ def trace_shape(name: str, batch: int, seq: int, options: dict[str, Any],
     events = [e for e in json.loads(path.read_text())["traceEvents"]
               if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and "dur" in e]
     events.sort(key=lambda e: e["ts"])
-    # Passes are separated by synchronizes: split at the largest gaps.
-    gaps = sorted(range(1, len(events)), key=lambda i: events[i]["ts"] - (
-        events[i - 1]["ts"] + events[i - 1]["dur"]), reverse=True)[:passes - 1]
-    last = events[max(gaps):] if gaps else events
+    marks = [i for i, e in enumerate(events) if "spin_kernel" in e["name"]]
+    last = events[marks[-1] + 1:]
     path.write_text(json.dumps([{k: e[k] for k in ("name", "ts", "dur")} for e in last]))
-    res = {"model": name, "shape": f"{batch}x{seq}", "options": options, **steps(last)}
-    print(f"trace {name} {batch}x{seq}: span {res['span_us']:.1f} us, {res['kernels']} "
+    graph = [e for e in last if kind(e["name"]) != "copy/fill"]
+    res = {"model": name, "shape": f"{batch}x{seq}", "options": options, **steps(last),
+           "graph_span_us": steps(graph)["span_us"]}
+    print(f"trace {name} {batch}x{seq}: span {res['span_us']:.1f} us (graph "
+          f"{res['graph_span_us']:.1f}), {res['kernels']} "
           "kernels; " + ", ".join(f"{k} {v['count']}x {v['step_us']:.1f}"
                                   for k, v in res["by_kind"].items()), flush=True)
     return res
@@ -105,7 +109,8 @@ def markdown(results: list[dict[str, Any]]) -> str:
              "kernel's end)", ""]
     for r in results:
         lines += [f"## {r['model']} {r['shape']} {r['options'] or ''}: span "
-                  f"{r['span_us']:.1f} us, {r['kernels']} kernels", "",
+                  f"{r['span_us']:.1f} us (graph {r['graph_span_us']:.1f}), {r['kernels']} "
+                  "kernels", "",
                   "| kernel | count | step us | step us each | own us |", "|---|---|---|---|---|"]
         for k, v in r["by_kind"].items():
             lines.append(f"| {k} | {v['count']} | {v['step_us']:.1f} | "

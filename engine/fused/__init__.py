@@ -8,7 +8,6 @@ Modules, one job each:
 - ``packing``    padded ``[windows, seq]`` batches -> packed tokens + ``cu_seqlens``; buckets
 - ``kernels``    the OpenAI-Triton kernels and their launchers
 - ``torch_ops``  the same operations in plain PyTorch: the readable spec and the CPU path
-- ``gemm``       per-shape choice of cuBLAS or the Triton split-K GEMM (opt-in)
 - ``encoder``    the forward pass over packed tokens, written once against either op set
 - ``graphs``     CUDA-graph capture and replay per token/sequence bucket
 - ``engine``     :class:`~engine.fused.engine.FusedEngine`, the ``QAEngine`` implementation

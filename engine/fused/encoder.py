@@ -17,7 +17,8 @@ rides in the kernel that reads the GEMM's output anyway. Two paths:
   Triton ``linear``: QKV plain, FFN1 with bias + GELU in its epilogue, the attention-output
   and FFN2 GEMMs split over K into float32 partials that the residual-LayerNorm kernels
   sum. All 7 kernels of a layer launch with programmatic dependent launch (PDL) where the
-  GPU has it, each GEMM prefetching its weights into L2 while the kernel before it runs.
+  GPU has it, each GEMM prefetching its weights into L2 (and every kernel its bias and
+  LayerNorm vectors into L1) while the kernel before it runs.
   At around a hundred tokens the pass is bound by kernel boundaries and by weight streaming
   through few multiprocessors, which this path attacks; cuBLAS cannot take part (it does
   not wait on ``griddepcontrol``).
@@ -160,7 +161,8 @@ def encode_packed(
         else:
             qkv = _linear(x, xq, layer.qkv, out8)
         ctx = ops.attention_varlen(qkv, layer.qkv.bias, cu_seqlens, max_seqlen, n_seqs,
-                                   cfg.num_heads, config=opts.attn_config, pdl=pdl)
+                                   cfg.num_heads, config=opts.attn_config, pdl=pdl,
+                                   prefetch=pf)
         if small:
             a = ops.linear(ctx, layer.attn_out.weight, splits=s_out, config=c_out, pdl=pdl,
                            prefetch=pf)
@@ -168,7 +170,7 @@ def encode_packed(
             a = _linear(ctx, None, layer.attn_out, out8)
         x, xq = ops.bias_residual_layernorm(
             a, layer.attn_out.bias, x, layer.ln1_weight, layer.ln1_bias, eps,
-            fp8=wants8(layer.ffn_in), pdl=pdl,
+            fp8=wants8(layer.ffn_in), pdl=pdl, prefetch=pf,
         )
         if fuse_ffn1 and not wants8(layer.ffn_in) and not wants8(layer.ffn_out):
             h, hq = ops.linear(x, layer.ffn_in.weight, layer.ffn_in.bias, act=act,
@@ -185,10 +187,10 @@ def encode_packed(
         if i == len(layers) - 1:
             return ops.bias_residual_layernorm_qa(  # type: ignore[no-any-return]
                 a, layer.ffn_out.bias, x, layer.ln2_weight, layer.ln2_bias, eps,
-                w.qa_weight, w.qa_bias, pdl=pdl,
+                w.qa_weight, w.qa_bias, pdl=pdl, prefetch=pf,
             )
         x, xq = ops.bias_residual_layernorm(
             a, layer.ffn_out.bias, x, layer.ln2_weight, layer.ln2_bias, eps,
-            fp8=wants8(layers[i + 1].qkv), pdl=pdl,
+            fp8=wants8(layers[i + 1].qkv), pdl=pdl, prefetch=pf,
         )
     raise ValueError("a BERT encoder needs at least one layer")

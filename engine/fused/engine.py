@@ -110,9 +110,10 @@ class FusedEngine:
         """FP8 weights (if packed) are used for batches of at least ``fp8_min_tokens``
         tokens. fp16/bf16 batches of at most ``small_batch_max_tokens`` tokens (None: none)
         take the small-batch path (all-Triton GEMMs, split-K, programmatic dependent launch
-        if ``pdl`` and the GPU has it, each GEMM's L2 weight prefetch if ``prefetch``; see
-        ``encoder``); above it, batches of at most ``ffn1_fused_max_tokens`` still run FFN1
-        with bias + GELU fused. ``persistent`` runs small batches as one persistent kernel
+        if ``pdl`` and the GPU has it; with ``prefetch`` each kernel pulls its weight slice
+        into L2 and its small vectors into L1 before it waits; see ``encoder``); above
+        it, batches of at most ``ffn1_fused_max_tokens`` still run FFN1 with bias + GELU
+        fused. ``persistent`` runs small batches as one persistent kernel
         (``kernels.persistent``). ``attention_tiles`` (BLOCK_M, BLOCK_N, warps, stages) and
         ``gemm_plans`` (small-batch GEMM name -> (tiles, splits)) override the built-in
         rules (benchmarks, tests)."""

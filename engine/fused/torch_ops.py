@@ -56,6 +56,7 @@ def bias_residual_layernorm(
     eps: float,
     fp8: bool = False,
     pdl: bool = False,
+    prefetch: bool = False,
 ) -> tuple[torch.Tensor, Quantized | None]:
     y = _layernorm(_sum_splits(a) + bias.float() + residual.float(), gamma, beta, eps)
     return y.to(residual.dtype), (quantize_rows(y) if fp8 else None)
@@ -71,6 +72,7 @@ def bias_residual_layernorm_qa(
     qa_weight: torch.Tensor,
     qa_bias: torch.Tensor,
     pdl: bool = False,
+    prefetch: bool = False,
 ) -> torch.Tensor:
     y = _layernorm(_sum_splits(a) + bias.float() + residual.float(), gamma, beta, eps)
     return (qa_weight.float() @ y.t() + qa_bias.float()[:, None]).contiguous()
@@ -149,6 +151,7 @@ def attention_varlen(
     num_heads: int,
     config: tuple[int, int, int, int] | None = None,  # tile sizes: meaningless here
     pdl: bool = False,
+    prefetch: bool = False,
 ) -> torch.Tensor:
     n, three_d = qkv.shape
     d = three_d // 3

@@ -8,7 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.fused.kernels.common import LOG2E, launch_options, pdl_enter
+from engine.fused.kernels.common import LOG2E, launch_options, pdl_enter, prefetch_l1
 
 # Attention tiles (BLOCK_M queries x BLOCK_N keys, warps, pipeline stages). Few programs
 # (batch 1): 64-query tiles, so short sequences still spread over more multiprocessors.
@@ -89,7 +89,13 @@ def _attn_varlen_kernel(
     qk_scale, stride_qkv, stride_out, D,
     HEAD_DIM: tl.constexpr, BLOCK_DH: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_PDL: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
+    if PREFETCH:  # this head's Q and V biases into L1 while the QKV GEMM still runs
+        v = tl.program_id(2) * HEAD_DIM + tl.minimum(tl.arange(0, BLOCK_DH // 16) * 16,
+                                                     HEAD_DIM - 1)
+        prefetch_l1(bias_ptr + v)
+        prefetch_l1(bias_ptr + 2 * D + v)
     pdl_enter(USE_PDL)
     attention_tile(qkv_ptr, bias_ptr, out_ptr, cu_ptr,
                    tl.program_id(0), tl.program_id(1), tl.program_id(2),
@@ -122,13 +128,15 @@ def attention_varlen(
     num_heads: int,
     config: tuple[int, int, int, int] | None = None,
     pdl: bool = False,
+    prefetch: bool = False,
 ) -> torch.Tensor:
     """Bidirectional multi-head attention over packed sequences; returns [T, hidden].
 
     ``qkv`` [T, 3*hidden] is the bias-free QKV GEMM output; ``cu_seqlens`` int32
     [n_seqs + 1]. ``max_seqlen`` and ``n_seqs`` only size the grid: they may exceed the
     real values (extra sequences have zero length), which is what CUDA graphs rely on.
-    Rows of the output outside every sequence are left unwritten.
+    Rows of the output outside every sequence are left unwritten. ``prefetch`` (with
+    ``pdl``) pulls each program's bias slices into L1 before waiting for the QKV GEMM.
     """
     n, three_d = qkv.shape
     d = three_d // 3
@@ -142,7 +150,8 @@ def attention_varlen(
         qkv, qkv_bias, out, cu_seqlens,
         softmax_scale(head_dim), qkv.stride(0), out.stride(0), d,
         HEAD_DIM=head_dim, BLOCK_DH=head_block(head_dim),
-        BLOCK_M=bm, BLOCK_N=bn, USE_PDL=pdl, num_warps=warps, num_stages=stages,
+        BLOCK_M=bm, BLOCK_N=bn, USE_PDL=pdl, PREFETCH=pdl and prefetch,
+        num_warps=warps, num_stages=stages,
         **launch_options(pdl),
     )
     return out

@@ -11,8 +11,9 @@ cannot overlap its start with the kernel before it. Here, small batches get
   float32 partial sums ``[splits, M, N]``; the residual-LayerNorm (or GELU) kernel that
   reads the GEMM's output adds them up while it reads anyway;
 * **PDL with an L2 weight prefetch**: launched with programmatic dependent launch, each
-  program first asks L2 for its weight slice (weights never depend on earlier kernels),
-  then waits for the previous kernel, so weight streaming overlaps that kernel's work.
+  program first asks L2 for its weight slice (weights never depend on earlier kernels)
+  and L1 for its bias slice, then waits for the previous kernel, so weight streaming
+  overlaps that kernel's work.
 
 Epilogues: ``EPI_STORE`` (+ optional bias, output dtype), ``EPI_GELU`` (bias + GELU),
 ``EPI_PARTIAL`` (float32 partial of this program's K slice).
@@ -24,7 +25,13 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.fused.kernels.common import gelu, launch_options, pdl_enter, prefetch_rows_l2
+from engine.fused.kernels.common import (
+    gelu,
+    launch_options,
+    pdl_enter,
+    prefetch_l1,
+    prefetch_rows_l2,
+)
 
 EPI_STORE = tl.constexpr(0)
 EPI_GELU = tl.constexpr(1)
@@ -108,6 +115,9 @@ def _gemm_kernel(
     if PREFETCH:  # this program's weight slice, while the previous kernel still runs
         cols = tl.minimum(pid_n * BLOCK_N + tl.arange(0, BLOCK_N), N - 1).to(tl.int64)
         prefetch_rows_l2(w_ptr + cols * K + k0, k_split * W_BYTES, [BLOCK_N])
+        if HAS_BIAS:  # and its bias slice into L1, for the epilogue
+            prefetch_l1(bias_ptr + tl.minimum(pid_n * BLOCK_N + tl.arange(0, BLOCK_N // 16) * 16,
+                                              N - 1))
     pdl_enter(USE_PDL)
     gemm_tile(x_ptr, w_ptr, bias_ptr, out_ptr, M, N, K, k0, k_split, pid_m, pid_n, split,
               BLOCK_M, BLOCK_N, BLOCK_K, EPILOGUE, HAS_BIAS, TANH)
