@@ -17,8 +17,8 @@ rides in the kernel that reads the GEMM's output anyway. Two paths:
   Triton ``linear``: QKV plain, FFN1 with bias + GELU in its epilogue, the attention-output
   and FFN2 GEMMs split over K into float32 partials that the residual-LayerNorm kernels
   sum. All 7 kernels of a layer launch with programmatic dependent launch (PDL) where the
-  GPU has it, each GEMM prefetching its weights into L2 (and every kernel its bias and
-  LayerNorm vectors into L1) while the kernel before it runs.
+  GPU has it, each GEMM prefetching its weights into L2 (and the GEMMs and attention their
+  bias slices into L1) while the kernel before it runs.
   At around a hundred tokens the pass is bound by kernel boundaries and by weight streaming
   through few multiprocessors, which this path attacks; cuBLAS cannot take part (it does
   not wait on ``griddepcontrol``).
@@ -170,7 +170,7 @@ def encode_packed(
             a = _linear(ctx, None, layer.attn_out, out8)
         x, xq = ops.bias_residual_layernorm(
             a, layer.attn_out.bias, x, layer.ln1_weight, layer.ln1_bias, eps,
-            fp8=wants8(layer.ffn_in), pdl=pdl, prefetch=pf,
+            fp8=wants8(layer.ffn_in), pdl=pdl,
         )
         if fuse_ffn1 and not wants8(layer.ffn_in) and not wants8(layer.ffn_out):
             h, hq = ops.linear(x, layer.ffn_in.weight, layer.ffn_in.bias, act=act,
@@ -187,10 +187,10 @@ def encode_packed(
         if i == len(layers) - 1:
             return ops.bias_residual_layernorm_qa(  # type: ignore[no-any-return]
                 a, layer.ffn_out.bias, x, layer.ln2_weight, layer.ln2_bias, eps,
-                w.qa_weight, w.qa_bias, pdl=pdl, prefetch=pf,
+                w.qa_weight, w.qa_bias, pdl=pdl,
             )
         x, xq = ops.bias_residual_layernorm(
             a, layer.ffn_out.bias, x, layer.ln2_weight, layer.ln2_bias, eps,
-            fp8=wants8(layers[i + 1].qkv), pdl=pdl, prefetch=pf,
+            fp8=wants8(layers[i + 1].qkv), pdl=pdl,
         )
     raise ValueError("a BERT encoder needs at least one layer")

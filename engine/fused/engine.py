@@ -37,7 +37,7 @@ from engine.fused.encoder import (
     encode_packed,
 )
 from engine.fused.fp8 import rowwise_out_dtype
-from engine.fused.graphs import GraphCache, split_inputs
+from engine.fused.graphs import GraphCache
 from engine.fused.packing import (
     Bucket,
     PackedHost,
@@ -110,10 +110,10 @@ class FusedEngine:
         """FP8 weights (if packed) are used for batches of at least ``fp8_min_tokens``
         tokens. fp16/bf16 batches of at most ``small_batch_max_tokens`` tokens (None: none)
         take the small-batch path (all-Triton GEMMs, split-K, programmatic dependent launch
-        if ``pdl`` and the GPU has it; with ``prefetch`` each kernel pulls its weight slice
-        into L2 and its small vectors into L1 before it waits; see ``encoder``); above
-        it, batches of at most ``ffn1_fused_max_tokens`` still run FFN1 with bias + GELU
-        fused. ``persistent`` runs small batches as one persistent kernel
+        if ``pdl`` and the GPU has it; with ``prefetch`` each GEMM pulls its weight slice
+        into L2, and GEMMs and attention their biases into L1, before waiting; see
+        ``encoder``); above it, batches of at most ``ffn1_fused_max_tokens`` still run FFN1
+        with bias + GELU fused. ``persistent`` runs small batches as one persistent kernel
         (``kernels.persistent``). ``attention_tiles`` (BLOCK_M, BLOCK_N, warps, stages) and
         ``gemm_plans`` (small-batch GEMM name -> (tiles, splits)) override the built-in
         rules (benchmarks, tests)."""
@@ -221,13 +221,8 @@ class FusedEngine:
             bucket = self._graph_bucket(t, b, max_seqlen)
             if bucket is None or self._graphs is None:
                 return self._forward(ids, tt, pos, cu, b, max_seqlen)
-            s_ids, s_tt, s_pos, s_cu = split_inputs(self._graphs.inputs(bucket), bucket)
             # Rows past t keep earlier batches' (valid) tokens: they belong to no sequence.
-            s_ids[:t].copy_(ids)
-            s_tt[:t].copy_(tt)
-            s_pos[:t].copy_(pos)
-            s_cu[: b + 1].copy_(cu)
-            s_cu[b + 1 :].fill_(t)
+            self.ops.stage_inputs(self._graphs.inputs(bucket), bucket.tokens, ids, tt, pos, cu)
             return self._graphs.replay(bucket)[:, :t].clone()
 
     def _check_host(self, p: PackedHost) -> None:

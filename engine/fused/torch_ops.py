@@ -56,7 +56,6 @@ def bias_residual_layernorm(
     eps: float,
     fp8: bool = False,
     pdl: bool = False,
-    prefetch: bool = False,
 ) -> tuple[torch.Tensor, Quantized | None]:
     y = _layernorm(_sum_splits(a) + bias.float() + residual.float(), gamma, beta, eps)
     return y.to(residual.dtype), (quantize_rows(y) if fp8 else None)
@@ -72,7 +71,6 @@ def bias_residual_layernorm_qa(
     qa_weight: torch.Tensor,
     qa_bias: torch.Tensor,
     pdl: bool = False,
-    prefetch: bool = False,
 ) -> torch.Tensor:
     y = _layernorm(_sum_splits(a) + bias.float() + residual.float(), gamma, beta, eps)
     return (qa_weight.float() @ y.t() + qa_bias.float()[:, None]).contiguous()
@@ -167,3 +165,15 @@ def attention_varlen(
         p = torch.softmax(q @ k.transpose(1, 2) / math.sqrt(hd), dim=-1)
         out[a:b] = (p @ v).transpose(0, 1).reshape(b - a, d).to(qkv.dtype)
     return out
+
+
+def stage_inputs(buf: torch.Tensor, tokens: int, ids: torch.Tensor, tt: torch.Tensor,
+                 pos: torch.Tensor, cu: torch.Tensor) -> None:
+    t, b = ids.shape[0], cu.shape[0] - 1
+    seqs = buf.shape[0] - 3 * tokens - 1
+    if t > tokens or b > seqs:
+        raise ValueError(f"batch ({t} tokens, {b} sequences) does not fit the buffer")
+    for i, src in enumerate((ids, tt, pos)):
+        buf[i * tokens: i * tokens + t].copy_(src)
+    buf[3 * tokens: 3 * tokens + b + 1].copy_(cu)
+    buf[3 * tokens + b + 1:].fill_(t)

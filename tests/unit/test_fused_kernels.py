@@ -237,6 +237,30 @@ def _check_attention(dtype_name: str, heads: int, head_dim: int,
     return _rel(out, ref), {"float32": 1e-5, "float16": 5e-3}[dtype_name]
 
 
+def _check_stage_inputs() -> tuple[float, float]:
+    """One launch fills a graph's input buffer as the torch spec's five ops do: the batch's
+    tokens, its cu_seqlens, the unused entries set to the token count, the rest kept.
+    Returns the number of differing or wrong entries (tolerance 0)."""
+    import torch
+
+    from engine.fused import kernels as k
+    from engine.fused import torch_ops
+
+    n, seqs, t = 40, 6, 29
+    g = torch.Generator().manual_seed(11)
+    before = torch.randint(0, 99, (3 * n + seqs + 1,), generator=g, dtype=torch.int32)
+    ids, tt, pos = (torch.randint(0, 99, (t,), generator=g, dtype=torch.int32) for _ in range(3))
+    cu = torch.tensor([0, 10, t], dtype=torch.int32)
+    ours, spec = before.clone(), before.clone()
+    k.stage_inputs(ours, n, ids, tt, pos, cu)
+    torch_ops.stage_inputs(spec, n, ids, tt, pos, cu)
+    want = before.clone()
+    for i, src in enumerate((ids, tt, pos)):
+        want[i * n: i * n + t] = src
+    want[3 * n:] = torch.tensor([0, 10, t, t, t, t, t], dtype=torch.int32)
+    return float((ours != want).sum() + (spec != want).sum()), 0.0
+
+
 def _tiny_bert(seed: int = 0, hidden: int = 64) -> tuple[object, object]:
     """A random 2-layer, 4-head HF BERT-QA (LayerNorms and biases perturbed)."""
     import torch
@@ -390,6 +414,7 @@ CASES: dict[str, Callable[[], tuple[float, float]]] = {
     "tiny_bert_fp16_large_path": lambda: _check_tiny_bert("float16", small_batch=False),
     "tiny_bert_fp8": lambda: _check_tiny_bert("fp8"),
     "packed_entry_points": _check_packed_entry_points,
+    "stage_inputs": _check_stage_inputs,
     "persistent_fp16_16_programs": lambda: _check_persistent(16),
     "persistent_fp16_3_programs": lambda: _check_persistent(3),
     "persistent_fp16_engine": lambda: _check_persistent(4, through_engine=True),

@@ -12,16 +12,18 @@ Every kernel computes in float32 and reads/writes whatever float dtype its tenso
 ``..._qa``                   the same for the last layer, dotted with the 2-row QA head
 ``linear``                   a GEMM with a bias / GELU epilogue or split-K partials: FFN1 for
                              few tokens, and every GEMM of the small-batch path (``matmul``)
+``stage_inputs``             a batch into a CUDA graph's input buffer, in one launch
 ``encode_persistent``        the whole encoder of a small batch as one persistent kernel
                              whose phases are the tasks above (``persistent``)
 ==========================  ==================================================================
 
 Modules: ``common`` (shared jit helpers, PDL), ``rows`` (row-wise kernels), ``attention``,
-``matmul``, ``persistent``. Launchers never synchronise with the device and take every size from the
-host, so a whole forward pass can be captured in a CUDA graph. Each takes ``pdl``:
-launch with programmatic dependent launch (see ``common``). With ``TRITON_INTERPRET=1``
-set before this package is imported, the same kernels run on CPU tensors (for CI).
-``engine.fused.torch_ops`` holds the plain-PyTorch spec of each launcher, same signature.
+``matmul``, ``persistent``, ``staging``. Launchers never synchronise with the device and
+take every size from the host, so a whole forward pass can be captured in a CUDA graph.
+Each takes ``pdl``: launch with programmatic dependent launch (see ``common``). With
+``TRITON_INTERPRET=1`` set before this package is imported, the same kernels run on CPU
+tensors (for CI). ``engine.fused.torch_ops`` holds the plain-PyTorch spec of each
+launcher, same signature.
 """
 
 from engine.fused.kernels.attention import (
@@ -47,10 +49,11 @@ from engine.fused.kernels.rows import (
     bias_residual_layernorm_qa,
     embed_layernorm,
 )
+from engine.fused.kernels.staging import stage_inputs
 
 __all__ = [
     "ATTN_LARGE", "ATTN_SMALL", "GEMM_LARGE", "GEMM_SMALL", "GemmConfig", "attention_config",
     "attention_varlen", "bias_gelu", "bias_residual_layernorm", "bias_residual_layernorm_qa",
     "embed_layernorm", "encode_persistent", "gemm_config", "gemm_supported", "linear",
-    "pdl_available", "persistent_supported", "small_batch_plan",
+    "pdl_available", "persistent_supported", "small_batch_plan", "stage_inputs",
 ]

@@ -71,9 +71,9 @@ def prefetch_rows_l2(row_ptrs, nbytes, SHAPE: tl.constexpr):
 def prefetch_l1(ptrs):
     """Ask this multiprocessor's L1 for the lines at ``ptrs`` (``prefetch.global.L1``): one
     pointer per 128-byte line is enough. It does not block, and its result is never read.
-    Kernels use it before :func:`pdl_enter` for the small vectors (biases, LayerNorm
-    weights) they read after it, which kernel-sized weight streams have evicted from L2:
-    otherwise each costs an HBM round trip on the critical path."""
+    The GEMMs and attention use it before :func:`pdl_enter` for the bias slices they read
+    after it, which the weight streams of earlier kernels have evicted from L2: otherwise
+    each costs an HBM round trip on the critical path."""
     tl.inline_asm_elementwise("prefetch.global.L1 [$1];\n\tmov.u32 $0, 0;", "=r,l", [ptrs],
                               dtype=tl.int32, is_pure=False, pack=1)
 

@@ -15,7 +15,6 @@ from engine.fused.kernels.common import (
     launch_options,
     layernorm_rows,
     pdl_enter,
-    prefetch_l1,
     store_rows_fp8,
 )
 
@@ -103,16 +102,7 @@ def _residual_ln_kernel(
     n_rows, logits_stride, split_stride, D, eps,
     BLOCK_D: tl.constexpr, ROWS: tl.constexpr, SPLITS: tl.constexpr,
     FP8_OUT: tl.constexpr, QA_HEAD: tl.constexpr, USE_PDL: tl.constexpr,
-    PREFETCH: tl.constexpr, LINES: tl.constexpr,
 ):
-    if PREFETCH:  # the layer's vectors into L1 while the GEMM ahead still runs
-        v = tl.minimum(tl.arange(0, LINES) * 32, D - 1)
-        prefetch_l1(bias_ptr + v)
-        prefetch_l1(g_ptr + v)
-        prefetch_l1(b_ptr + v)
-        if QA_HEAD:
-            prefetch_l1(qa_w_ptr + v)
-            prefetch_l1(qa_w_ptr + D + v)
     pdl_enter(USE_PDL)
     residual_ln_rows(tl.program_id(0) * ROWS + tl.arange(0, ROWS), a_ptr, bias_ptr, res_ptr,
                      g_ptr, b_ptr, out_ptr, q_ptr, qs_ptr, qa_w_ptr, qa_b_ptr, logits_ptr,
@@ -205,11 +195,10 @@ def embed_layernorm(
 
 def _residual_ln(a: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor,
                  gamma: torch.Tensor, beta: torch.Tensor, eps: float, fp8: bool, pdl: bool,
-                 prefetch: bool, qa: tuple[torch.Tensor, torch.Tensor] | None,
+                 qa: tuple[torch.Tensor, torch.Tensor] | None,
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launch ``_residual_ln_kernel``: (LayerNorm output, e4m3 copy, scales), or with ``qa``
-    (head weight, bias) the float32 [2, T] logits three times (nothing else is stored).
-    ``prefetch`` (with ``pdl``): pull bias, gamma, beta (and the head) into L1 first."""
+    (head weight, bias) the float32 [2, T] logits three times (nothing else is stored)."""
     n, d = a.shape[-2:]
     splits, split_stride = _splits(a)
     if qa is None:
@@ -225,8 +214,7 @@ def _residual_ln(a: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor,
         a, bias, residual, gamma, beta, out, q, qs, qa_w, qa_b, logits,
         n, logits.stride(0), split_stride, d, eps,
         BLOCK_D=block, ROWS=rows, SPLITS=splits, FP8_OUT=fp8 and qa is None,
-        QA_HEAD=qa is not None, USE_PDL=pdl, PREFETCH=pdl and prefetch,
-        LINES=max(1, block // 32), num_warps=warps, **launch_options(pdl),
+        QA_HEAD=qa is not None, USE_PDL=pdl, num_warps=warps, **launch_options(pdl),
     )
     return out, q, qs
 
@@ -240,13 +228,12 @@ def bias_residual_layernorm(
     eps: float,
     fp8: bool = False,
     pdl: bool = False,
-    prefetch: bool = False,
 ) -> tuple[torch.Tensor, Quantized | None]:
     """LayerNorm(a + bias + residual), in ``residual``'s dtype (+ per-row e4m3 copy).
 
     ``a`` is a GEMM output [T, D], or [S, T, D] float32 split-K partials to be summed.
     """
-    out, q, qs = _residual_ln(a, bias, residual, gamma, beta, eps, fp8, pdl, prefetch, None)
+    out, q, qs = _residual_ln(a, bias, residual, gamma, beta, eps, fp8, pdl, None)
     return out, (Quantized(q, qs) if fp8 else None)
 
 
@@ -260,11 +247,9 @@ def bias_residual_layernorm_qa(
     qa_weight: torch.Tensor,
     qa_bias: torch.Tensor,
     pdl: bool = False,
-    prefetch: bool = False,
 ) -> torch.Tensor:
     """QA logits float32 [2, T] (row 0 start, row 1 end) of LayerNorm(a + bias + residual)."""
-    return _residual_ln(a, bias, residual, gamma, beta, eps, False, pdl, prefetch,
-                        (qa_weight, qa_bias))[0]
+    return _residual_ln(a, bias, residual, gamma, beta, eps, False, pdl, (qa_weight, qa_bias))[0]
 
 
 def bias_gelu(
