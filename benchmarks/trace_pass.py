@@ -36,7 +36,8 @@ REPO = Path(__file__).resolve().parents[1]
 _KINDS = [  # (substring of the kernel name, label), first match wins
     ("_gemm_kernel", "Triton GEMM"), ("_attn", "attention"), ("_residual_ln", "residual LN"),
     ("_embed_ln", "embed LN"), ("_bias_gelu", "bias GELU"), ("_encoder_kernel", "persistent"),
-    ("gemm", "cuBLAS GEMM"), ("sm90", "cuBLAS GEMM"), ("cutlass", "cuBLAS GEMM"),
+    ("_stage_kernel", "copy/fill"), ("gemm", "cuBLAS GEMM"), ("sm90", "cuBLAS GEMM"),
+    ("cutlass", "cuBLAS GEMM"),
     ("elementwise", "copy/fill"), ("Memcpy", "copy/fill"), ("Memset", "copy/fill"),
     ("copy", "copy/fill"), ("fill", "copy/fill"),
 ]

@@ -1,0 +1,37 @@
+"""The kernel-trace arithmetic of ``benchmarks/trace_pass.py`` (no GPU needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.trace_pass import kind, steps
+
+
+def test_kinds_of_kernel_names() -> None:
+    assert kind("_gemm_kernel") == "Triton GEMM"
+    assert kind("nvjet_sm90_hsh_144x64_64x8_1x2_h_bz_TNN") == "cuBLAS GEMM"
+    assert kind("_attn_varlen_kernel") == "attention"
+    assert kind("_residual_ln_kernel") == "residual LN"
+    assert kind("_stage_kernel") == "copy/fill"
+    assert kind("Memcpy DtoD (Device -> Device)") == "copy/fill"
+
+
+def test_steps_charge_overlap_and_gaps_to_the_later_kernel() -> None:
+    """With PDL a kernel starts before its predecessor ends: its step is from that end to
+    its own end. A gap before a kernel is charged to it. Steps add up to the span."""
+    events = [
+        {"name": "_embed_ln_kernel", "ts": 0.0, "dur": 2.0},
+        {"name": "_gemm_kernel", "ts": 1.0, "dur": 4.0},      # ends 5: step 3, own 4
+        {"name": "_attn_varlen_kernel", "ts": 3.0, "dur": 3.5},  # ends 6.5: step 1.5
+        {"name": "_gemm_kernel", "ts": 10.0, "dur": 1.0},     # gap 3.5: step 4.5
+    ]
+    res = steps(events)
+    assert res["span_us"] == pytest.approx(11.0)
+    assert res["kernels"] == 4
+    by = res["by_kind"]
+    assert by["Triton GEMM"]["count"] == 2
+    assert by["Triton GEMM"]["step_us"] == pytest.approx(3.0 + 4.5)
+    assert by["Triton GEMM"]["own_us"] == pytest.approx(5.0)
+    assert by["attention"]["step_us"] == pytest.approx(1.5)
+    assert sum(v["step_us"] for v in by.values()) == pytest.approx(res["span_us"])
+    assert next(iter(by)) == "Triton GEMM"  # largest step total first
