@@ -102,15 +102,20 @@ def store_rows_fp8(y, mask, rmask, q_ptrs, scale_ptrs):
 
 
 @triton.jit
-def layernorm_rows(x, mask, cols, cmask, g_ptr, b_ptr, D, eps):
-    """LayerNorm of each row of a float32 tile whose masked lanes hold 0."""
+def layernorm_rows(x, mask, g, b, D, eps):
+    """LayerNorm of each row of a float32 tile whose masked lanes hold 0; ``g``/``b`` are
+    the float32 gamma and beta vectors (0 past D)."""
     mean = tl.sum(x, axis=1) / D
     xc = tl.where(mask, x - mean[:, None], 0.0)
     var = tl.sum(xc * xc, axis=1) / D
     rstd = 1.0 / tl.sqrt(var + eps)
-    g = tl.load(g_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
-    b = tl.load(b_ptr + cols, mask=cmask, other=0.0).to(tl.float32)
     return xc * rstd[:, None] * g[None, :] + b[None, :]
+
+
+@triton.jit
+def load_vector(ptr, cols, cmask):
+    """A float32 vector (0 past the mask)."""
+    return tl.load(ptr + cols, mask=cmask, other=0.0).to(tl.float32)
 
 
 @triton.jit

@@ -14,6 +14,7 @@ from engine.fused.kernels.common import (
     gelu,
     launch_options,
     layernorm_rows,
+    load_vector,
     pdl_enter,
     store_rows_fp8,
 )
@@ -36,7 +37,8 @@ def embed_ln_rows(
     x = tl.load(word_ptr + tok[:, None] * D + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     x += tl.load(posemb_ptr + pos[:, None] * D + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     x += tl.load(type_ptr + typ[:, None] * D + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    y = layernorm_rows(x, mask, cols, cmask, g_ptr, b_ptr, D, eps)
+    y = layernorm_rows(x, mask, load_vector(g_ptr, cols, cmask), load_vector(b_ptr, cols, cmask),
+                       D, eps)
     offs = rows.to(tl.int64)[:, None] * D + cols[None, :]
     tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
     if FP8_OUT:
@@ -57,17 +59,35 @@ def _embed_ln_kernel(
 
 
 @triton.jit
-def residual_ln_rows(
-    rows, a_ptr, bias_ptr, res_ptr, g_ptr, b_ptr,
+def residual_ln_pre(rows, bias_ptr, res_ptr, g_ptr, b_ptr, n_rows, D, BLOCK_D: tl.constexpr):
+    """What the residual LayerNorm of rows ``rows`` reads that the GEMM ahead of it does
+    not write: ``(residual + bias, gamma, beta)`` in float32.
+
+    With PDL the kernel loads these *before* it waits for that GEMM. The residual rows were
+    written at least three kernels earlier, and a kernel only starts once its predecessor
+    has passed its own wait, so they are complete; they are read past L1 (``.cg``). The
+    vectors are weights, and the weight streams in between have evicted them from L2: an
+    HBM round trip taken off the critical path.
+    """
+    rmask = rows < n_rows
+    cols = tl.arange(0, BLOCK_D)
+    cmask = cols < D
+    mask = rmask[:, None] & cmask[None, :]
+    offs = rows.to(tl.int64)[:, None] * D + cols[None, :]
+    c = tl.load(res_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
+    c += load_vector(bias_ptr, cols, cmask)[None, :]
+    return c, load_vector(g_ptr, cols, cmask), load_vector(b_ptr, cols, cmask)
+
+
+@triton.jit
+def residual_ln_finish(
+    rows, a_ptr, c, g, b,
     out_ptr, q_ptr, qs_ptr, qa_w_ptr, qa_b_ptr, logits_ptr,
     n_rows, logits_stride, split_stride, D, eps,
     BLOCK_D: tl.constexpr, SPLITS: tl.constexpr, FP8_OUT: tl.constexpr, QA_HEAD: tl.constexpr,
 ):
-    """LayerNorm(sum of SPLITS partials of ``a`` + bias + residual) of rows ``rows``.
-
-    ``out_ptr`` may be ``res_ptr`` (in place): each row is read before it is written,
-    by the same program.
-    """
+    """LayerNorm(sum of SPLITS partials of ``a`` + c) with ``c, g, b`` from
+    :func:`residual_ln_pre`: stores the rows (+ e4m3 copy), or the QA logits."""
     rmask = rows < n_rows
     cols = tl.arange(0, BLOCK_D)
     cmask = cols < D
@@ -76,9 +96,7 @@ def residual_ln_rows(
     x = tl.load(a_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
     for s in tl.static_range(1, SPLITS):  # split-K partial sums of the GEMM, if any
         x += tl.load(a_ptr + s * split_stride + offs, mask=mask, other=0.0, cache_modifier=".cg")
-    x += tl.load(bias_ptr + cols, mask=cmask, other=0.0).to(tl.float32)[None, :]
-    x += tl.load(res_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
-    y = layernorm_rows(x, mask, cols, cmask, g_ptr, b_ptr, D, eps)
+    y = layernorm_rows(x + c, mask, g, b, D, eps)
     if QA_HEAD:
         # The last layer's hidden states are only ever read by the 2-logit head: dot them
         # here (in float32, from the unrounded LayerNorm output) and never store them.
@@ -95,6 +113,24 @@ def residual_ln_rows(
 
 
 @triton.jit
+def residual_ln_rows(
+    rows, a_ptr, bias_ptr, res_ptr, g_ptr, b_ptr,
+    out_ptr, q_ptr, qs_ptr, qa_w_ptr, qa_b_ptr, logits_ptr,
+    n_rows, logits_stride, split_stride, D, eps,
+    BLOCK_D: tl.constexpr, SPLITS: tl.constexpr, FP8_OUT: tl.constexpr, QA_HEAD: tl.constexpr,
+):
+    """LayerNorm(sum of SPLITS partials of ``a`` + bias + residual) of rows ``rows``.
+
+    ``out_ptr`` may be ``res_ptr`` (in place): each row is read before it is written,
+    by the same program.
+    """
+    c, g, b = residual_ln_pre(rows, bias_ptr, res_ptr, g_ptr, b_ptr, n_rows, D, BLOCK_D)
+    residual_ln_finish(rows, a_ptr, c, g, b, out_ptr, q_ptr, qs_ptr, qa_w_ptr, qa_b_ptr,
+                       logits_ptr, n_rows, logits_stride, split_stride, D, eps,
+                       BLOCK_D, SPLITS, FP8_OUT, QA_HEAD)
+
+
+@triton.jit
 def _residual_ln_kernel(
     a_ptr, bias_ptr, res_ptr, g_ptr, b_ptr,
     out_ptr, q_ptr, qs_ptr,
@@ -103,11 +139,12 @@ def _residual_ln_kernel(
     BLOCK_D: tl.constexpr, ROWS: tl.constexpr, SPLITS: tl.constexpr,
     FP8_OUT: tl.constexpr, QA_HEAD: tl.constexpr, USE_PDL: tl.constexpr,
 ):
-    pdl_enter(USE_PDL)
-    residual_ln_rows(tl.program_id(0) * ROWS + tl.arange(0, ROWS), a_ptr, bias_ptr, res_ptr,
-                     g_ptr, b_ptr, out_ptr, q_ptr, qs_ptr, qa_w_ptr, qa_b_ptr, logits_ptr,
-                     n_rows, logits_stride, split_stride, D, eps,
-                     BLOCK_D, SPLITS, FP8_OUT, QA_HEAD)
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    c, g, b = residual_ln_pre(rows, bias_ptr, res_ptr, g_ptr, b_ptr, n_rows, D, BLOCK_D)
+    pdl_enter(USE_PDL)  # only the GEMM's output is read after this
+    residual_ln_finish(rows, a_ptr, c, g, b, out_ptr, q_ptr, qs_ptr, qa_w_ptr, qa_b_ptr,
+                       logits_ptr, n_rows, logits_stride, split_stride, D, eps,
+                       BLOCK_D, SPLITS, FP8_OUT, QA_HEAD)
 
 
 @triton.jit
