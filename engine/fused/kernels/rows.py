@@ -21,16 +21,25 @@ from engine.fused.kernels.common import (
 
 
 @triton.jit
+def row_block(rows, n_rows, D, BLOCK_D: tl.constexpr):
+    """Masks and element offsets of a [ROWS, BLOCK_D] tile of rows ``rows`` of a [n_rows, D]
+    row-major matrix: ``(rmask, cols, cmask, mask, offs)``."""
+    rmask = rows < n_rows
+    cols = tl.arange(0, BLOCK_D)
+    cmask = cols < D
+    mask = rmask[:, None] & cmask[None, :]
+    offs = rows.to(tl.int64)[:, None] * D + cols[None, :]
+    return rmask, cols, cmask, mask, offs
+
+
+@triton.jit
 def embed_ln_rows(
     rows, ids_ptr, tt_ptr, pos_ptr, word_ptr, posemb_ptr, type_ptr, g_ptr, b_ptr,
     out_ptr, q_ptr, qs_ptr, n_rows, D, eps,
     BLOCK_D: tl.constexpr, FP8_OUT: tl.constexpr,
 ):
     """Embeddings + LayerNorm of token rows ``rows`` (a [ROWS] index vector)."""
-    rmask = rows < n_rows
-    cols = tl.arange(0, BLOCK_D)
-    cmask = cols < D
-    mask = rmask[:, None] & cmask[None, :]
+    rmask, cols, cmask, mask, offs = row_block(rows, n_rows, D, BLOCK_D)
     tok = tl.load(ids_ptr + rows, mask=rmask, other=0, cache_modifier=".cg").to(tl.int64)
     typ = tl.load(tt_ptr + rows, mask=rmask, other=0, cache_modifier=".cg").to(tl.int64)
     pos = tl.load(pos_ptr + rows, mask=rmask, other=0, cache_modifier=".cg").to(tl.int64)
@@ -39,7 +48,6 @@ def embed_ln_rows(
     x += tl.load(type_ptr + typ[:, None] * D + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     y = layernorm_rows(x, mask, load_vector(g_ptr, cols, cmask), load_vector(b_ptr, cols, cmask),
                        D, eps)
-    offs = rows.to(tl.int64)[:, None] * D + cols[None, :]
     tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
     if FP8_OUT:
         store_rows_fp8(y, mask, rmask, q_ptr + offs, qs_ptr + rows)
@@ -69,11 +77,7 @@ def residual_ln_pre(rows, bias_ptr, res_ptr, g_ptr, b_ptr, n_rows, D, BLOCK_D: t
     vectors are weights, and the weight streams in between have evicted them from L2: an
     HBM round trip taken off the critical path.
     """
-    rmask = rows < n_rows
-    cols = tl.arange(0, BLOCK_D)
-    cmask = cols < D
-    mask = rmask[:, None] & cmask[None, :]
-    offs = rows.to(tl.int64)[:, None] * D + cols[None, :]
+    _, cols, cmask, mask, offs = row_block(rows, n_rows, D, BLOCK_D)
     c = tl.load(res_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
     c += load_vector(bias_ptr, cols, cmask)[None, :]
     return c, load_vector(g_ptr, cols, cmask), load_vector(b_ptr, cols, cmask)
@@ -88,11 +92,7 @@ def residual_ln_finish(
 ):
     """LayerNorm(sum of SPLITS partials of ``a`` + c) with ``c, g, b`` from
     :func:`residual_ln_pre`: stores the rows (+ e4m3 copy), or the QA logits."""
-    rmask = rows < n_rows
-    cols = tl.arange(0, BLOCK_D)
-    cmask = cols < D
-    mask = rmask[:, None] & cmask[None, :]
-    offs = rows.to(tl.int64)[:, None] * D + cols[None, :]
+    rmask, cols, cmask, mask, offs = row_block(rows, n_rows, D, BLOCK_D)
     x = tl.load(a_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
     for s in tl.static_range(1, SPLITS):  # split-K partial sums of the GEMM, if any
         x += tl.load(a_ptr + s * split_stride + offs, mask=mask, other=0.0, cache_modifier=".cg")
