@@ -47,6 +47,12 @@ def embed_layernorm(
     return y.to(word.dtype), (quantize_rows(y) if fp8 else None)
 
 
+def _residual_ln(a: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor,
+                 gamma: torch.Tensor, beta: torch.Tensor, eps: float) -> torch.Tensor:
+    """float32 LayerNorm(a (summing split-K partials) + bias + residual)."""
+    return _layernorm(_sum_splits(a) + bias.float() + residual.float(), gamma, beta, eps)
+
+
 def bias_residual_layernorm(
     a: torch.Tensor,
     bias: torch.Tensor,
@@ -57,7 +63,7 @@ def bias_residual_layernorm(
     fp8: bool = False,
     pdl: bool = False,
 ) -> tuple[torch.Tensor, Quantized | None]:
-    y = _layernorm(_sum_splits(a) + bias.float() + residual.float(), gamma, beta, eps)
+    y = _residual_ln(a, bias, residual, gamma, beta, eps)
     return y.to(residual.dtype), (quantize_rows(y) if fp8 else None)
 
 
@@ -72,7 +78,7 @@ def bias_residual_layernorm_qa(
     qa_bias: torch.Tensor,
     pdl: bool = False,
 ) -> torch.Tensor:
-    y = _layernorm(_sum_splits(a) + bias.float() + residual.float(), gamma, beta, eps)
+    y = _residual_ln(a, bias, residual, gamma, beta, eps)
     return (qa_weight.float() @ y.t() + qa_bias.float()[:, None]).contiguous()
 
 

@@ -94,6 +94,16 @@ def _fp8_err(q: object, ref: object) -> float:
     return float(((deq - ref).abs() / allowed).max())
 
 
+def _gelu64(x: object, tanh: bool) -> object:
+    """Reference GELU in float64: exact erf form, or the tanh approximation."""
+    import torch
+
+    assert isinstance(x, torch.Tensor)
+    if tanh:
+        return 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
+    return 0.5 * x * (1 + torch.erf(x / math.sqrt(2)))
+
+
 def _check_residual_ln(dtype_name: str, fp8: bool) -> tuple[float, float]:
     import torch
 
@@ -162,10 +172,7 @@ def _check_gelu(dtype_name: str, tanh: bool, fp8: bool) -> tuple[float, float]:
     t, f = 21, 1500  # f spans two 1024-column blocks, the second partial
     h, bias = (torch.randn(t, f, generator=g) * 3).to(dt), torch.randn(f, generator=g)
     x = h.double() + bias.double()
-    if tanh:
-        ref = 0.5 * x * (1 + torch.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3)))
-    else:
-        ref = 0.5 * x * (1 + torch.erf(x / math.sqrt(2)))
+    ref = _gelu64(x, tanh)
     out, q = k.bias_gelu(h.clone(), bias, fp8=fp8, tanh=tanh)
     if fp8:
         return _fp8_err(q, ref), 1.0
@@ -186,10 +193,7 @@ def _check_gemm_gelu(dtype_name: str, tanh: bool) -> tuple[float, float]:
     act = "gelu_tanh" if tanh else "gelu"
     out = k.linear(x, w, bias, act=act, config=(32, 64, 64, 4, 2))
     xb = x.double() @ w.double().t() + bias.double()
-    if tanh:
-        ref = 0.5 * xb * (1 + torch.tanh(math.sqrt(2 / math.pi) * (xb + 0.044715 * xb**3)))
-    else:
-        ref = 0.5 * xb * (1 + torch.erf(xb / math.sqrt(2)))
+    ref = _gelu64(xb, tanh)
     return _rel(out, ref), _TOL[dtype_name]
 
 

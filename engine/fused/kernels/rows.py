@@ -118,13 +118,16 @@ def residual_ln_rows(
     out_ptr, q_ptr, qs_ptr, qa_w_ptr, qa_b_ptr, logits_ptr,
     n_rows, logits_stride, split_stride, D, eps,
     BLOCK_D: tl.constexpr, SPLITS: tl.constexpr, FP8_OUT: tl.constexpr, QA_HEAD: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
-    """LayerNorm(sum of SPLITS partials of ``a`` + bias + residual) of rows ``rows``.
+    """LayerNorm(sum of SPLITS partials of ``a`` + bias + residual) of rows ``rows``;
+    with ``USE_PDL`` it waits for the previous kernel between the two halves.
 
     ``out_ptr`` may be ``res_ptr`` (in place): each row is read before it is written,
     by the same program.
     """
     c, g, b = residual_ln_pre(rows, bias_ptr, res_ptr, g_ptr, b_ptr, n_rows, D, BLOCK_D)
+    pdl_enter(USE_PDL)  # only the GEMM's output is read after this
     residual_ln_finish(rows, a_ptr, c, g, b, out_ptr, q_ptr, qs_ptr, qa_w_ptr, qa_b_ptr,
                        logits_ptr, n_rows, logits_stride, split_stride, D, eps,
                        BLOCK_D, SPLITS, FP8_OUT, QA_HEAD)
@@ -139,12 +142,10 @@ def _residual_ln_kernel(
     BLOCK_D: tl.constexpr, ROWS: tl.constexpr, SPLITS: tl.constexpr,
     FP8_OUT: tl.constexpr, QA_HEAD: tl.constexpr, USE_PDL: tl.constexpr,
 ):
-    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-    c, g, b = residual_ln_pre(rows, bias_ptr, res_ptr, g_ptr, b_ptr, n_rows, D, BLOCK_D)
-    pdl_enter(USE_PDL)  # only the GEMM's output is read after this
-    residual_ln_finish(rows, a_ptr, c, g, b, out_ptr, q_ptr, qs_ptr, qa_w_ptr, qa_b_ptr,
-                       logits_ptr, n_rows, logits_stride, split_stride, D, eps,
-                       BLOCK_D, SPLITS, FP8_OUT, QA_HEAD)
+    residual_ln_rows(tl.program_id(0) * ROWS + tl.arange(0, ROWS), a_ptr, bias_ptr, res_ptr,
+                     g_ptr, b_ptr, out_ptr, q_ptr, qs_ptr, qa_w_ptr, qa_b_ptr, logits_ptr,
+                     n_rows, logits_stride, split_stride, D, eps,
+                     BLOCK_D, SPLITS, FP8_OUT, QA_HEAD, USE_PDL)
 
 
 @triton.jit
