@@ -345,7 +345,8 @@ def section_latency(res: dict[str, Any], name: str, deadline: float) -> None:
     ours_eager = FusedEngine(ours.weights, "cuda", cuda_graphs=False)
     alt = {  # the same weights through other paths (A/B in one run)
         "ours_graph_large_path": {"small_batch_max_tokens": None},  # v3's batch-1 path
-        "ours_graph_no_prefetch": {"prefetch": False},
+        "ours_graph_seven_kernels": {"deferred_ln_max_hidden": None},  # v5's small path
+        "ours_graph_deferred_ln": {"deferred_ln_max_hidden": 4096},  # v6, every model
         "ours_graph_attn_64x128": {"attention_tiles": (64, 128, 4, 2)},
     }
     alt_engines = {key: FusedEngine(ours.weights, "cuda", max_graph_tokens=65536, **kw)  # type: ignore[arg-type]
@@ -376,12 +377,15 @@ def section_latency(res: dict[str, Any], name: str, deadline: float) -> None:
         variants["ours_fp8_graph"] = (lambda x: ours_fp8._run_device(*x), packed)
         try:  # the graph alone on inputs already in its buffer (TensorRT-style GPU time)
             x = packed[0]
-            with torch.inference_mode():
-                ours._run_device(*x)
-            bucket = ours._graph_bucket(x[0].shape[0], x[3].shape[0] - 1, x[4])
-            graphs = ours._graphs
-            assert bucket is not None and graphs is not None
-            variants["ours_replay"] = (lambda _, g=graphs, bk=bucket: g.replay(bk), packed)
+            for key, eng in (("ours_replay", ours),
+                             ("ours_replay_seven_kernels", alt_engines["ours_graph_seven_kernels"]),
+                             ("ours_replay_deferred_ln", alt_engines["ours_graph_deferred_ln"])):
+                with torch.inference_mode():
+                    eng._run_device(*x)
+                bucket = eng._graph_bucket(x[0].shape[0], x[3].shape[0] - 1, x[4])
+                graphs = eng._graphs
+                assert bucket is not None and graphs is not None
+                variants[key] = (lambda _, g=graphs, bk=bucket: g.replay(bk), packed)
             buf = graphs.inputs(bucket)  # staging alone: one Triton launch vs 5 torch ops
             for key, stage in (("stage_triton", ours.ops.stage_inputs),
                                ("stage_torch_ops", torch_stage)):
@@ -796,7 +800,9 @@ def write_markdown(res: dict[str, Any], path: Path) -> str:
         lines.append("")
     if res.get("latency"):
         cols = ["hf_eager", "hf_graph", "ours_eager", "ours_graph", "ours_replay",
-                "ours_graph_no_prefetch", "ours_graph_attn_64x128", "ours_graph_large_path",
+                "ours_graph_seven_kernels", "ours_replay_seven_kernels",
+                "ours_graph_deferred_ln", "ours_replay_deferred_ln",
+                "ours_graph_attn_64x128", "ours_graph_large_path",
                 "ours_fp8_graph", "stage_triton", "stage_torch_ops"]
         lines += ["## Latency, ms per batch (median / p99), random weights, full-length", "",
                   "| model | batch x seq | " + " | ".join(cols) + " | ours vs hf_graph |",

@@ -22,6 +22,11 @@ rides in the kernel that reads the GEMM's output anyway. Two paths:
   At around a hundred tokens the pass is bound by kernel boundaries and by weight streaming
   through few multiprocessors, which this path attacks; cuBLAS cannot take part (it does
   not wait on ``griddepcontrol``).
+* **Small batches without LayerNorm kernels** (``deferred_ln_max_hidden``, needs
+  ``w.folded``): the
+  same path with five kernels a layer instead of seven. The GEMM before each residual
+  LayerNorm leaves the un-normalised sum and the GEMM after it applies the LayerNorm
+  algebraically (``kernels.deferred``, ``folding``).
 * **Persistent (opt-in, ``persistent``):** the small-batch path's kernels as phases of one
   kernel with grid-wide barriers between them (``kernels.persistent``).
 * **Large batches:** cuBLAS GEMMs (FP8 ``_scaled_mm`` from ``fp8_min_tokens`` tokens when
@@ -51,6 +56,12 @@ FFN1_FUSED_MAX_TOKENS: int | None = 512
 # tiles; BERT-large 1.420 vs 1.180), 256 (0.560 vs 0.524, 1.204 vs 1.156), 384 (0.624 vs
 # 0.565, 1.462 vs 1.232). Triton's GEMMs trail cuBLAS as M grows.
 SMALL_BATCH_MAX_TOKENS: int | None = 128
+# The small-batch path runs without LayerNorm kernels (``kernels.deferred``) for models of
+# at most this hidden size (None: never). H200, 2026-11-30, CUDA-graph replay at 1x128:
+# BERT-base 0.305-0.312 ms vs 0.321 with the seven-kernel layer; BERT-large 0.835 vs 0.813
+# (its whole-row out-projection and FFN2's tile fix-up cost more than the two LayerNorm
+# steps they replace).
+DEFERRED_LN_MAX_HIDDEN: int | None = 768
 
 # Tiles and K splits of one GEMM: (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages), splits.
 GemmPlan = tuple[tuple[int, int, int, int, int], int]
@@ -61,7 +72,10 @@ class EncodeOptions:
     """How :func:`encode_packed` runs; the defaults are the engine's.
 
     ``gemm_plans`` overrides the small-batch plan of GEMMs by name (``qkv``, ``out``,
-    ``ffn1``, ``ffn2``); ``attn_config`` imposes attention tiles. ``persistent`` runs the
+    ``ffn1``, ``ffn2``); ``attn_config`` imposes attention tiles. ``deferred_ln_max_hidden``
+    runs the small-batch path without LayerNorm kernels for models up to that hidden size
+    (where the weights have folded copies).
+    ``persistent`` runs the
     batches the small-batch path takes, if at most ``persistent_max_tokens`` tokens, as one
     persistent kernel (``kernels.persistent``) where the op set and the weights support it
     (measured slower than the separate kernels; see ``NOTES.md``, v4b).
@@ -75,6 +89,7 @@ class EncodeOptions:
     prefetch: bool = True
     persistent: bool = False
     persistent_max_tokens: int = 256
+    deferred_ln_max_hidden: int | None = DEFERRED_LN_MAX_HIDDEN
     attn_config: tuple[int, int, int, int] | None = None
     gemm_plans: tuple[tuple[str, GemmPlan], ...] = ()
 
@@ -138,6 +153,10 @@ def encode_packed(
             and ops.persistent_supported(w)):
         return ops.encode_persistent(  # type: ignore[no-any-return]
             w, input_ids, token_type_ids, position_ids, cu_seqlens, n_seqs, max_seqlen)
+    if (small and w.folded is not None and opts.deferred_ln_max_hidden is not None
+            and d <= opts.deferred_ln_max_hidden):
+        return _encode_deferred(w, ops, input_ids, token_type_ids, position_ids, cu_seqlens,
+                                n_seqs, max_seqlen, opts, pdl)
     if small:
         (c_qkv, _), (c_out, s_out) = plan("qkv", 3 * d, d, False), plan("out", d, d, True)
         (c_ff1, _), (c_ff2, s_ff2) = plan("ffn1", f, d, False), plan("ffn2", d, f, True)
@@ -194,3 +213,78 @@ def encode_packed(
             fp8=wants8(layers[i + 1].qkv), pdl=pdl,
         )
     raise ValueError("a BERT encoder needs at least one layer")
+
+
+def _encode_deferred(
+    w: BertQAWeights,
+    ops: ModuleType,
+    input_ids: torch.Tensor,
+    token_type_ids: torch.Tensor,
+    position_ids: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    n_seqs: int,
+    max_seqlen: int,
+    opts: EncodeOptions,
+    pdl: bool,
+) -> torch.Tensor:
+    """The small-batch pass with every LayerNorm deferred to the GEMMs around it: per layer
+
+        qkv = LN_prev(z_prev) @ Wqkv^T                  folded
+        ctx = attention(qkv + bqkv')
+        y   = ctx @ Wo^T + bo + LN_prev(z_prev)         un-normalised, model dtype; + sums
+        h   = gelu(LN1(y) @ W1^T + b1)                  folded
+        z  += h @ W2^T + b2 + LN1(y)                    split-K atomics, float32; + sums
+
+    and LN2(z) of the last layer goes to the QA head. LayerNorm moments come from each
+    row's (sum, sum of squares), added up by the GEMM that produced the row. Per layer
+    parity ``p`` a scratch row holds ``z``, its sums, ``y``'s sums and FFN2's tile
+    counters; layer ``i``'s QKV zeroes scratch ``i % 2``, which layer ``i - 2`` filled and
+    nothing reads after layer ``i - 1``'s out-projection. (Zeroing it all once before the
+    pass measured slower: by the time FFN2 adds into it, the weight streams have evicted
+    it from L2.) The embeddings' sum is "layer -1" (scratch 1).
+    """
+    assert w.folded is not None
+    cfg = w.config
+    eps = cfg.layer_norm_eps
+    act = "gelu_tanh" if cfg.gelu == "tanh" else "gelu"
+    t = input_ids.shape[0]
+    d, f = cfg.hidden_size, cfg.intermediate_size
+    pf = pdl and opts.prefetch
+    plans = dict(opts.gemm_plans)
+
+    def plan(name: str, n: int, k: int, kind: str) -> GemmPlan:
+        return plans.get(name) or ops.deferred_plan(t, n, k, kind)
+
+    (c_qkv, _), (c_out, _) = plan("qkv", 3 * d, d, "folded"), plan("out", d, d, "residual")
+    (c_ff1, _), (c_ff2, s_ff2) = plan("ffn1", f, d, "folded"), plan("ffn2", d, f, "accumulate")
+    tiles = -(-t // 32) * -(-d // 32)  # FFN2's output tiles, at most (32x32 the smallest)
+    scratch = torch.empty((2, t * d + 4 * t + tiles), device=input_ids.device,
+                          dtype=torch.float32)
+    z32 = [scratch[p, : t * d].view(t, d) for p in (0, 1)]
+    z_sums = [scratch[p, t * d: t * d + 2 * t].view(t, 2) for p in (0, 1)]
+    y_sums = [scratch[p, t * d + 2 * t: t * d + 4 * t].view(t, 2) for p in (0, 1)]
+    counters = [scratch[p, t * d + 4 * t:].view(torch.int32) for p in (0, 1)]
+    z16 = torch.empty((t, d), device=input_ids.device, dtype=w.dtype)
+    ops.embed_sum(input_ids, token_type_ids, position_ids, w.word_embeddings,
+                  w.position_embeddings, w.token_type_embeddings, z32[1], z16, z_sums[1],
+                  pdl=pdl)
+    ln_g, ln_b = w.emb_ln_weight, w.emb_ln_bias
+    for i, (layer, fold) in enumerate(zip(w.layers, w.folded, strict=True)):
+        p, q = i % 2, (i + 1) % 2  # this layer's scratch, the previous one's
+        qkv = ops.folded_linear(z16, fold.qkv.weight, fold.qkv.colsum, None, z_sums[q], eps,
+                                zero=scratch[p], config=c_qkv, pdl=pdl, prefetch=pf)
+        ctx = ops.attention_varlen(qkv, fold.qkv.bias, cu_seqlens, max_seqlen, n_seqs,
+                                   cfg.num_heads, config=opts.attn_config, pdl=pdl,
+                                   prefetch=pf)
+        y = ops.residual_linear(ctx, layer.attn_out.weight, layer.attn_out.bias, z32[q],
+                                z_sums[q], ln_g, ln_b, eps, y_sums[p], config=c_out, pdl=pdl,
+                                prefetch=pf)
+        h = ops.folded_linear(y, fold.ffn_in.weight, fold.ffn_in.colsum, fold.ffn_in.bias,
+                              y_sums[p], eps, act=act, config=c_ff1, pdl=pdl, prefetch=pf)
+        ops.residual_linear(h, layer.ffn_out.weight, layer.ffn_out.bias, y, y_sums[p],
+                            layer.ln1_weight, layer.ln1_bias, eps, z_sums[p], out=z32[p],
+                            out16=z16, counters=counters[p], splits=s_ff2, config=c_ff2,
+                            pdl=pdl, prefetch=pf)
+        ln_g, ln_b = layer.ln2_weight, layer.ln2_bias
+    return ops.layernorm_qa(z32[(len(w.layers) - 1) % 2], ln_g, ln_b, eps,  # type: ignore[no-any-return]
+                            w.qa_weight, w.qa_bias, pdl=pdl)

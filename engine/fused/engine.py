@@ -29,6 +29,7 @@ import torch
 from engine.base import Float32Array, Int32Array
 from engine.fused.config import BertQAConfig
 from engine.fused.encoder import (
+    DEFERRED_LN_MAX_HIDDEN,
     FFN1_FUSED_MAX_TOKENS,
     FP8_MIN_TOKENS,
     SMALL_BATCH_MAX_TOKENS,
@@ -104,6 +105,7 @@ class FusedEngine:
         pdl: bool = True,
         prefetch: bool = True,
         persistent: bool = False,
+        deferred_ln_max_hidden: int | None = DEFERRED_LN_MAX_HIDDEN,
         attention_tiles: tuple[int, int, int, int] | None = None,
         gemm_plans: dict[str, GemmPlan] | None = None,
     ) -> None:
@@ -113,10 +115,12 @@ class FusedEngine:
         if ``pdl`` and the GPU has it; with ``prefetch`` each GEMM pulls its weight slice
         into L2, and GEMMs and attention their biases into L1, before waiting; see
         ``encoder``); above it, batches of at most ``ffn1_fused_max_tokens`` still run FFN1
-        with bias + GELU fused. ``persistent`` runs small batches as one persistent kernel
-        (``kernels.persistent``). ``attention_tiles`` (BLOCK_M, BLOCK_N, warps, stages) and
-        ``gemm_plans`` (small-batch GEMM name -> (tiles, splits)) override the built-in
-        rules (benchmarks, tests)."""
+        with bias + GELU fused. ``deferred_ln_max_hidden``: models up to that hidden size run
+        the small-batch path without LayerNorm kernels (``kernels.deferred``; None: never).
+        ``persistent`` runs small batches as one persistent kernel (``kernels.persistent``).
+        ``attention_tiles`` (BLOCK_M, BLOCK_N, warps, stages) and ``gemm_plans``
+        (small-batch GEMM name -> (tiles, splits)) override the built-in rules (benchmarks,
+        tests)."""
         self.weights = weights
         self.config = weights.config
         self.device = torch.device(device)
@@ -134,6 +138,7 @@ class FusedEngine:
             pdl=pdl,
             prefetch=prefetch,
             persistent=persistent,
+            deferred_ln_max_hidden=deferred_ln_max_hidden,
             attn_config=attention_tiles,
             gemm_plans=tuple(sorted((gemm_plans or {}).items())),
         )

@@ -128,6 +128,117 @@ def linear(
     return y.to(x.dtype)
 
 
+def _moments(stats: torch.Tensor, d: int, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """[M, 1] mean and 1/std from rows' (sum, sum of squares) over ``d`` values."""
+    mean = stats[:, :1] / d
+    var = (stats[:, 1:] / d - mean * mean).clamp_min(0.0)
+    return mean, torch.rsqrt(var + eps)
+
+
+def _row_sums(v: torch.Tensor) -> torch.Tensor:
+    return torch.stack([v.sum(1), (v * v).sum(1)], 1)
+
+
+def embed_sum(
+    input_ids: torch.Tensor,
+    token_type_ids: torch.Tensor,
+    position_ids: torch.Tensor,
+    word: torch.Tensor,
+    position: torch.Tensor,
+    token_type: torch.Tensor,
+    z: torch.Tensor,
+    z16: torch.Tensor,
+    stats: torch.Tensor,
+    pdl: bool = False,
+) -> None:
+    x = (word[input_ids.long()].float() + position[position_ids.long()].float()
+         + token_type[token_type_ids.long()].float())
+    z.copy_(x)
+    z16.copy_(x)
+    stats.copy_(_row_sums(x))
+
+
+def folded_linear(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    colsum: torch.Tensor,
+    bias: torch.Tensor | None,
+    stats: torch.Tensor,
+    eps: float,
+    act: str | None = None,
+    zero: torch.Tensor | None = None,
+    config: tuple[int, int, int, int, int] | None = None,
+    pdl: bool = False,
+    prefetch: bool = False,
+) -> torch.Tensor:
+    """``r * (x @ w^T - mean * colsum) (+ bias) (then act)`` = ``LN(x) @ W^T ...`` for a
+    folded ``w`` (``engine.fused.folding``), moments from the rows' sums ``stats``;
+    zeroes ``zero`` if given."""
+    mean, rstd = _moments(stats, x.shape[1], eps)
+    y = rstd * (x.float() @ w.float().t() - mean * colsum.float())
+    if bias is not None:
+        y = y + bias.float()
+    if act is not None:
+        y = gelu(y, tanh=act == "gelu_tanh")
+    if zero is not None:
+        zero.zero_()
+    return y.to(x.dtype)
+
+
+def residual_linear(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    bias: torch.Tensor,
+    residual: torch.Tensor,
+    res_stats: torch.Tensor,
+    gamma: torch.Tensor,
+    beta: torch.Tensor,
+    eps: float,
+    stats_out: torch.Tensor,
+    out: torch.Tensor | None = None,
+    out16: torch.Tensor | None = None,
+    counters: torch.Tensor | None = None,
+    splits: int = 1,
+    config: tuple[int, int, int, int, int] | None = None,
+    pdl: bool = False,
+    prefetch: bool = False,
+) -> torch.Tensor:
+    """``x @ w^T + bias + LN(residual)`` (moments from ``res_stats``): stored in ``x``'s
+    dtype, or added into the float32 ``out`` with its copy in ``out16``; the result's
+    row sums go into ``stats_out``."""
+    mean, rstd = _moments(res_stats, residual.shape[1], eps)
+    ln = (residual.float() - mean) * rstd * gamma.float() + beta.float()
+    y = x.float() @ w.float().t() + bias.float() + ln
+    if out is None:
+        stored = y.to(x.dtype)
+        stats_out += _row_sums(stored.float())
+        return stored
+    if out16 is None:
+        raise ValueError("`out` needs an `out16` copy")
+    out += y
+    out16.copy_(out)
+    stats_out += _row_sums(out)
+    return out16
+
+
+def layernorm_qa(
+    z: torch.Tensor,
+    gamma: torch.Tensor,
+    beta: torch.Tensor,
+    eps: float,
+    qa_weight: torch.Tensor,
+    qa_bias: torch.Tensor,
+    pdl: bool = False,
+) -> torch.Tensor:
+    y = _layernorm(z.float(), gamma, beta, eps)
+    return (qa_weight.float() @ y.t() + qa_bias.float()[:, None]).contiguous()
+
+
+def deferred_plan(m: int, n: int, k: int, kind: str) -> tuple[None, int]:
+    """No tiles and no split-K here."""
+    return None, 1
+
+
 def gemm_supported(k: int) -> bool:
     return True
 

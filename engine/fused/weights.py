@@ -21,13 +21,18 @@ at load:
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
 from engine.fused.config import BertQAConfig
 from engine.fused.fp8 import quantize_rows
+
+if TYPE_CHECKING:
+    from engine.fused.folding import FoldedLayer
 
 _PREFIXES = ("bert.",)
 
@@ -118,6 +123,9 @@ class BertQAWeights:
     qa_weight: torch.Tensor  # [2, hidden] float32: row 0 start, row 1 end
     qa_bias: torch.Tensor  # [2] float32
     flat: FlatLayers | None = None  # the layers' storage (None: separate tensors)
+    # QKV and FFN1 with the LayerNorm before them folded in (engine.fused.folding): the
+    # small-batch path's GEMMs when it runs without LayerNorm kernels. fp16/bf16 only.
+    folded: tuple[FoldedLayer, ...] | None = None
 
     @property
     def fp8(self) -> bool:
@@ -228,4 +236,8 @@ def pack_weights(
     h = config.hidden_size
     if weights.word_embeddings.shape != (config.vocab_size, h) or weights.qa_weight.shape != (2, h):
         raise ValueError("checkpoint shapes do not match config.json (or no 2-logit QA head)")
+    if dtype in (torch.float16, torch.bfloat16):
+        from engine.fused.folding import fold_layernorms
+
+        weights = dataclasses.replace(weights, folded=fold_layernorms(weights))
     return weights

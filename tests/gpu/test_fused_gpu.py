@@ -113,12 +113,15 @@ def test_graph_and_eager_agree_across_buckets() -> None:
 
 
 @pytest.mark.parametrize("variant", ["large_path", "no_pdl", "no_prefetch", "ffn1_unfused",
-                                     "attn_64x32", "persistent"])
+                                     "attn_64x32", "persistent", "seven_kernels",
+                                     "seven_kernels_no_pdl"])
 def test_small_batch_paths_agree(variant: str) -> None:
-    """Batches of up to 512 tokens through the small-batch path (all-Triton GEMMs, split-K
-    partials, PDL + L2 prefetch) agree with the large-batch path (cuBLAS + epilogue
-    kernels), with themselves without PDL or prefetching, and with the persistent kernel,
-    to fp16 rounding, over graph replays. Also checks an imposed attention tile."""
+    """Batches of up to 512 tokens through the small-batch path (all-Triton GEMMs, no
+    LayerNorm kernels, FFN2 split-K by atomics, PDL + L2 prefetch) agree with the
+    large-batch path (cuBLAS + epilogue kernels), with themselves without PDL or
+    prefetching, with the seven-kernel small-batch path (LayerNorm kernels summing split-K
+    partials) and with the persistent kernel, to fp16 rounding, over graph replays. Also
+    checks an imposed attention tile."""
     from engine.fused.engine import FusedEngine
 
     default = FusedEngine.from_pretrained(CHECKPOINT, device="cuda", dtype="float16",
@@ -130,6 +133,8 @@ def test_small_batch_paths_agree(variant: str) -> None:
         "ffn1_unfused": {"small_batch_max_tokens": None, "ffn1_fused_max_tokens": None},
         "attn_64x32": {"attention_tiles": (64, 32, 4, 3)},
         "persistent": {"persistent": True},
+        "seven_kernels": {"deferred_ln_max_hidden": None},
+        "seven_kernels_no_pdl": {"deferred_ln_max_hidden": None, "pdl": False},
     }[variant]
     other = FusedEngine(default.weights, "cuda", **{"small_batch_max_tokens": 512, **options})  # type: ignore[arg-type]
     rng = np.random.default_rng(13)

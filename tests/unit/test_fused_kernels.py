@@ -146,6 +146,74 @@ def _check_splitk(dtype_name: str) -> tuple[float, float]:
     return err, 1.0
 
 
+def _sums64(v: object) -> object:
+    import torch
+
+    assert isinstance(v, torch.Tensor)
+    v = v.double()
+    return torch.stack([v.sum(1), (v * v).sum(1)], 1)
+
+
+def _check_deferred(splits: int) -> tuple[float, float]:
+    """The deferred-LayerNorm kernels (``kernels.deferred``) against float64 LayerNorm-then-
+    GEMM references, each error in units of its tolerance: the embeddings' sum with its
+    row sums; the folded GEMM (GELU, and the buffer it zeroes); the residual GEMM stored
+    whole and accumulated over ``splits`` K slices (atomics, tile counters, the copy and
+    the row sums left by each tile's last program); the LayerNorm + QA head."""
+    import torch
+
+    from engine.fused import kernels as k
+    from engine.fused.folding import fold_linear
+    from engine.fused.weights import Linear
+
+    g = torch.Generator().manual_seed(12)
+    m, n, kk, eps = 45, 80, 192, 1e-5  # M, N not tile multiples; K = 3 x 64
+    tile = (32, 32, 64, 4, 2)
+    errs = []
+    ids, tt, pos = (torch.randint(0, 20, (m,), generator=g, dtype=torch.int32) for _ in range(3))
+    tables = [torch.randn(20, kk, generator=g).half() for _ in range(3)]
+    z, z16, zs = torch.empty(m, kk), torch.empty(m, kk).half(), torch.empty(m, 2)
+    k.embed_sum(ids, tt, pos, *tables, z, z16, zs)
+    e = sum(t.double()[i.long()] for t, i in zip(tables, (ids, pos, tt), strict=True))
+    errs += [_rel(z, e) / 1e-6, _rel(z16, e) / _TOL["float16"], _rel(zs, _sums64(e)) / 1e-6]
+
+    x = (torch.randn(m, kk, generator=g) * 2 + 0.5).half()
+    lin = Linear(torch.randn(n, kk, generator=g).half() * 0.1, torch.randn(n, generator=g))
+    gamma, beta = torch.randn(kk, generator=g), torch.randn(kk, generator=g)
+    f = fold_linear(lin, gamma, beta)
+    zero = torch.full((3333,), math.nan)  # not a multiple of the zeroing block
+    h = k.folded_linear(x, f.weight, f.colsum, f.bias, _sums64(x).float(), eps, act="gelu",
+                        zero=zero, config=tile)
+    ln = _ln64(x.double(), gamma, beta, eps)
+    h_ref = _gelu64(ln @ lin.weight.double().t() + lin.bias.double(), False)
+    errs += [_rel(h, h_ref) / _TOL["float16"], 0.0 if bool((zero == 0).all()) else math.inf]
+
+    ctx = torch.randn(m, kk, generator=g).half()
+    wo = torch.randn(n, kk, generator=g).half() * 0.1
+    bo, g2, b2 = (torch.randn(n, generator=g) for _ in range(3))
+    res = (torch.randn(m, n, generator=g) * 3 + 1).half()
+    res_sums = _sums64(res).float()
+    ref = ctx.double() @ wo.double().t() + bo.double() + _ln64(res.double(), g2, b2, eps)
+    start = torch.randn(m, 2)
+    acc = start.clone()
+    y = k.residual_linear(ctx, wo, bo, res, res_sums, g2, b2, eps, acc, config=tile)
+    errs += [_rel(y, ref) / _TOL["float16"], _rel(acc, start.double() + _sums64(y)) / 1e-5]
+    out, out16 = torch.zeros(m, n), torch.empty(m, n).half()
+    counters = torch.zeros(6, dtype=torch.int32)  # 2 x 3 tiles of 32x32
+    acc = start.clone()
+    k.residual_linear(ctx, wo, bo, res, res_sums, g2, b2, eps, acc, out=out, out16=out16,
+                      counters=counters, splits=splits, config=tile)
+    errs += [_rel(out, ref) / 1e-5, _rel(out16, ref) / _TOL["float16"],
+             _rel(acc, start.double() + _sums64(out)) / 1e-5,
+             0.0 if bool((counters == splits).all()) else math.inf]
+
+    qa_w, qa_b = torch.randn(2, n, generator=g), torch.randn(2, generator=g)
+    logits = k.layernorm_qa(out, g2, b2, eps, qa_w, qa_b)
+    errs.append(_rel(logits, qa_w.double() @ _ln64(out.double(), g2, b2, eps).t()
+                     + qa_b.double()[:, None]) / 1e-5)
+    return max(errs), 1.0
+
+
 def _check_residual_ln_qa() -> tuple[float, float]:
     import torch
 
@@ -294,11 +362,12 @@ def _random_batch(seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return ids, mask, tt
 
 
-def _check_tiny_bert(dtype: str, small_batch: bool = True,
-                     splits: int | None = None) -> tuple[float, float]:
+def _check_tiny_bert(dtype: str, small_batch: bool = True, splits: int | None = None,
+                     deferred_ln: bool = True) -> tuple[float, float]:
     """The whole engine vs HF fp32. fp16 batches this small take the small-batch path
-    (all-Triton GEMMs; ``splits`` imposes split-K on the attention-output and FFN2 GEMMs)
-    unless ``small_batch`` is off (cuBLAS-path code: torch.mm + epilogue kernels)."""
+    (all-Triton GEMMs; ``splits`` imposes split-K on the attention-output and FFN2 GEMMs,
+    FFN2 alone when ``deferred_ln``, which runs it without LayerNorm kernels) unless
+    ``small_batch`` is off (cuBLAS-path code: torch.mm + epilogue kernels)."""
     import torch
 
     from engine.fused.engine import PAD_LOGIT, FusedEngine
@@ -312,7 +381,8 @@ def _check_tiny_bert(dtype: str, small_batch: bool = True,
     engine = FusedEngine.from_state_dict(model.state_dict(), cfg, device="cpu",  # type: ignore[attr-defined]
                                          dtype=dtype, backend="triton", fp8_min_tokens=0,
                                          small_batch_max_tokens=512 if small_batch else None,
-                                         gemm_plans=plans)
+                                         gemm_plans=plans,
+                                         deferred_ln_max_hidden=1024 if deferred_ln else None)
     assert engine.backend == "triton"
     ids, mask, tt = _random_batch(7)
     start, end = engine.infer(ids, mask, tt)
@@ -412,9 +482,14 @@ CASES: dict[str, Callable[[], tuple[float, float]]] = {
     "linear_fp32_no_bias": lambda: _check_linear_plain("float32", False),
     "splitk_gemm_fp32": lambda: _check_splitk("float32"),
     "splitk_gemm_fp16": lambda: _check_splitk("float16"),
+    "deferred_ln_kernels": lambda: _check_deferred(1),
+    "deferred_ln_kernels_3_splits": lambda: _check_deferred(3),
     "tiny_bert_fp32": lambda: _check_tiny_bert("float32"),
     "tiny_bert_fp16": lambda: _check_tiny_bert("float16"),
     "tiny_bert_fp16_splitk_2": lambda: _check_tiny_bert("float16", splits=2),
+    "tiny_bert_fp16_seven_kernels": lambda: _check_tiny_bert("float16", deferred_ln=False),
+    "tiny_bert_fp16_seven_kernels_splitk_2": lambda: _check_tiny_bert(
+        "float16", splits=2, deferred_ln=False),
     "tiny_bert_fp16_large_path": lambda: _check_tiny_bert("float16", small_batch=False),
     "tiny_bert_fp8": lambda: _check_tiny_bert("fp8"),
     "packed_entry_points": _check_packed_entry_points,

@@ -12,13 +12,17 @@ Every kernel computes in float32 and reads/writes whatever float dtype its tenso
 ``..._qa``                   the same for the last layer, dotted with the 2-row QA head
 ``linear``                   a GEMM with a bias / GELU epilogue or split-K partials: FFN1 for
                              few tokens, and every GEMM of the small-batch path (``matmul``)
+``embed_sum``                the embeddings' sum without LayerNorm, with row sums (``deferred``)
+``folded_linear``            a GEMM reading un-normalised rows, the LayerNorm before it folded in
+``residual_linear``          a GEMM + bias + LayerNorm'd residual, stored or added atomically
+``layernorm_qa``             LayerNorm + QA head (the deferred path's last step; ``deferred``)
 ``stage_inputs``             a batch into a CUDA graph's input buffer, in one launch
 ``encode_persistent``        the whole encoder of a small batch as one persistent kernel
                              whose phases are the tasks above (``persistent``)
 ==========================  ==================================================================
 
 Modules: ``common`` (shared jit helpers, PDL), ``rows`` (row-wise kernels), ``attention``,
-``matmul``, ``persistent``, ``staging``. Launchers never synchronise with the device and
+``matmul``, ``deferred``, ``persistent``, ``staging``. Launchers never synchronise with the device and
 take every size from the host, so a whole forward pass can be captured in a CUDA graph.
 Each takes ``pdl``: launch with programmatic dependent launch (see ``common``). With
 ``TRITON_INTERPRET=1`` set before this package is imported, the same kernels run on CPU
@@ -33,6 +37,13 @@ from engine.fused.kernels.attention import (
     attention_varlen,
 )
 from engine.fused.kernels.common import pdl_available
+from engine.fused.kernels.deferred import (
+    deferred_plan,
+    embed_sum,
+    folded_linear,
+    layernorm_qa,
+    residual_linear,
+)
 from engine.fused.kernels.matmul import (
     GEMM_LARGE,
     GEMM_SMALL,
@@ -52,8 +63,28 @@ from engine.fused.kernels.rows import (
 from engine.fused.kernels.staging import stage_inputs
 
 __all__ = [
-    "ATTN_LARGE", "ATTN_SMALL", "GEMM_LARGE", "GEMM_SMALL", "GemmConfig", "attention_config",
-    "attention_varlen", "bias_gelu", "bias_residual_layernorm", "bias_residual_layernorm_qa",
-    "embed_layernorm", "encode_persistent", "gemm_config", "gemm_supported", "linear",
-    "pdl_available", "persistent_supported", "small_batch_plan", "stage_inputs",
+    "ATTN_LARGE",
+    "ATTN_SMALL",
+    "GEMM_LARGE",
+    "GEMM_SMALL",
+    "GemmConfig",
+    "attention_config",
+    "attention_varlen",
+    "bias_gelu",
+    "bias_residual_layernorm",
+    "bias_residual_layernorm_qa",
+    "deferred_plan",
+    "embed_layernorm",
+    "embed_sum",
+    "encode_persistent",
+    "folded_linear",
+    "gemm_config",
+    "gemm_supported",
+    "layernorm_qa",
+    "linear",
+    "pdl_available",
+    "persistent_supported",
+    "residual_linear",
+    "small_batch_plan",
+    "stage_inputs",
 ]

@@ -33,6 +33,19 @@ def row_block(rows, n_rows, D, BLOCK_D: tl.constexpr):
 
 
 @triton.jit
+def embed_rows(rows, ids_ptr, tt_ptr, pos_ptr, word_ptr, posemb_ptr, type_ptr, mask, rmask,
+               cols, D):
+    """float32 word + position + token-type embeddings of token rows ``rows``."""
+    tok = tl.load(ids_ptr + rows, mask=rmask, other=0, cache_modifier=".cg").to(tl.int64)
+    typ = tl.load(tt_ptr + rows, mask=rmask, other=0, cache_modifier=".cg").to(tl.int64)
+    pos = tl.load(pos_ptr + rows, mask=rmask, other=0, cache_modifier=".cg").to(tl.int64)
+    x = tl.load(word_ptr + tok[:, None] * D + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    x += tl.load(posemb_ptr + pos[:, None] * D + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    x += tl.load(type_ptr + typ[:, None] * D + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    return x
+
+
+@triton.jit
 def embed_ln_rows(
     rows, ids_ptr, tt_ptr, pos_ptr, word_ptr, posemb_ptr, type_ptr, g_ptr, b_ptr,
     out_ptr, q_ptr, qs_ptr, n_rows, D, eps,
@@ -40,12 +53,8 @@ def embed_ln_rows(
 ):
     """Embeddings + LayerNorm of token rows ``rows`` (a [ROWS] index vector)."""
     rmask, cols, cmask, mask, offs = row_block(rows, n_rows, D, BLOCK_D)
-    tok = tl.load(ids_ptr + rows, mask=rmask, other=0, cache_modifier=".cg").to(tl.int64)
-    typ = tl.load(tt_ptr + rows, mask=rmask, other=0, cache_modifier=".cg").to(tl.int64)
-    pos = tl.load(pos_ptr + rows, mask=rmask, other=0, cache_modifier=".cg").to(tl.int64)
-    x = tl.load(word_ptr + tok[:, None] * D + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    x += tl.load(posemb_ptr + pos[:, None] * D + cols[None, :], mask=mask, other=0.0).to(tl.float32)
-    x += tl.load(type_ptr + typ[:, None] * D + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    x = embed_rows(rows, ids_ptr, tt_ptr, pos_ptr, word_ptr, posemb_ptr, type_ptr, mask, rmask,
+                   cols, D)
     y = layernorm_rows(x, mask, load_vector(g_ptr, cols, cmask), load_vector(b_ptr, cols, cmask),
                        D, eps)
     tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)

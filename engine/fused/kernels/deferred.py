@@ -1,0 +1,404 @@
+# mypy: disable-error-code="no-untyped-def,untyped-decorator,no-untyped-call"
+"""GEMMs that take a LayerNorm's place: the small-batch path with no LayerNorm kernels.
+
+A residual LayerNorm is a kernel of its own because it needs whole rows, and at batch 1
+every kernel costs a dependent-kernel handoff (about 2 us on the H200). Two of a layer's
+seven kernels are LayerNorms; here they are gone, their work split between the GEMMs
+around them (the algebra and the weights are in ``engine.fused.folding``):
+
+* **before the LayerNorm** the GEMM leaves the *un-normalised* rows ``z`` and adds each
+  row's sum and sum of squares into a statistics vector (float32 atomics). The
+  attention-output GEMM stores ``y = ctx @ Wo^T + bo + x`` whole (no split-K) and sums
+  its tile's part of each row. FFN2 splits K and adds its products into a float32 ``z``
+  (zeroed earlier in the layer) with vector atomics; the program that finishes a tile
+  last (a per-tile counter) reads the finished tile back, stores its model-dtype copy and
+  sums it;
+* **the GEMM after it** reads the un-normalised rows as its A operand and applies
+  ``LN(x) @ W^T = r * (x @ W'^T - mean * u) + W beta`` in its epilogue (``W' = W
+  diag(gamma)``, ``u`` its row sums), mean and ``r = 1/std`` from the statistics;
+* **the residual** ``LN(x)``, which the next sum needs, is rebuilt in the epilogue of
+  the GEMM that adds it, from ``x`` and the same statistics.
+
+Per layer: QKV (folded LN2 of the layer before; zeroes this layer's sums), attention,
+out-proj (+ bias + LN2(z_prev) residual), FFN1 (folded LN1, + bias + GELU), FFN2 (split-K
+atomics + bias + LN1(y) residual): five kernels instead of seven. The last layer's LN2
+runs with the QA head (:func:`layernorm_qa`). Launched with PDL like the rest of the
+small-batch path (``common``).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from engine.fused.kernels.common import (
+    gelu,
+    launch_options,
+    layernorm_rows,
+    load_vector,
+    pdl_enter,
+    prefetch_l1,
+    prefetch_rows_l2,
+)
+from engine.fused.kernels.rows import _row_tile, embed_rows, row_block
+
+_ZERO_BLOCK = tl.constexpr(1024)  # float32 elements a program zeroes per step
+
+# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages)
+GemmConfig = tuple[int, int, int, int, int]
+
+
+@triton.jit
+def row_moments(stats_ptr, offs_m, M, D, eps):
+    """(mean, 1/std) of rows ``offs_m`` from their (sum, sum of squares) over ``D``."""
+    rmask = offs_m < M
+    s1 = tl.load(stats_ptr + 2 * offs_m, mask=rmask, other=0.0, cache_modifier=".cg")
+    s2 = tl.load(stats_ptr + 2 * offs_m + 1, mask=rmask, other=0.0, cache_modifier=".cg")
+    mean = s1 / D
+    rstd = 1.0 / tl.sqrt(tl.maximum(s2 / D - mean * mean, 0.0) + eps)
+    return mean, rstd
+
+
+@triton.jit
+def add_row_sums(stats_ptr, v, offs_m, rmask):
+    """Add each row's sum and sum of squares of tile ``v`` (0 where masked) into stats."""
+    tl.atomic_add(stats_ptr + 2 * offs_m, tl.sum(v, axis=1), mask=rmask, sem="relaxed")
+    tl.atomic_add(stats_ptr + 2 * offs_m + 1, tl.sum(v * v, axis=1), mask=rmask, sem="relaxed")
+
+
+@triton.jit
+def ln_rebuild(res_ptr, stats_ptr, g_ptr, b_ptr, offs_m, offs_n, M, N, eps, rows_on):
+    """float32 tile ``LN(res)[offs_m, offs_n]`` from the rows' statistics, 0 in rows from
+    ``rows_on`` (<= M) on."""
+    rmask = offs_m < rows_on
+    nmask = offs_n < N
+    mask = rmask[:, None] & nmask[None, :]
+    x = tl.load(res_ptr + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :], mask=mask,
+                other=0.0, cache_modifier=".cg").to(tl.float32)
+    mean, rstd = row_moments(stats_ptr, offs_m, M, N, eps)
+    g = load_vector(g_ptr, offs_n, nmask)
+    b = load_vector(b_ptr, offs_n, nmask)
+    return tl.where(mask, (x - mean[:, None]) * rstd[:, None] * g[None, :] + b[None, :], 0.0)
+
+
+@triton.jit
+def zero_share(zero_ptr, zero_numel, pid, split):
+    """This program's share of zeroing ``zero_ptr[:zero_numel]`` (float32)."""
+    programs = tl.num_programs(0) * tl.num_programs(1)
+    lin = split * tl.num_programs(0) + pid
+    for start in range(lin * _ZERO_BLOCK, zero_numel, programs * _ZERO_BLOCK):
+        offs = start + tl.arange(0, _ZERO_BLOCK)
+        tl.store(zero_ptr + offs, tl.zeros([_ZERO_BLOCK], tl.float32), mask=offs < zero_numel)
+
+
+@triton.jit
+def epilogue_addend(bias_ptr, res_ptr, stats_ptr, g_ptr, b_ptr, offs_m, offs_n, M, N, eps,
+                    lead, HAS_BIAS: tl.constexpr, RESIDUAL: tl.constexpr,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    """float32 tile of what the epilogue adds: bias and LN(residual), times ``lead``."""
+    add = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    if HAS_BIAS:
+        add += load_vector(bias_ptr, offs_n, offs_n < N)[None, :] * lead
+    if RESIDUAL:
+        add += ln_rebuild(res_ptr, stats_ptr, g_ptr, b_ptr, offs_m, offs_n, M, N, eps, M * lead)
+    return add
+
+
+@triton.jit
+def _deferred_gemm_kernel(
+    x_ptr, w_ptr, u_ptr, bias_ptr, out_ptr, out16_ptr, stats_ptr, stats_out_ptr, cnt_ptr,
+    res_ptr, res_g_ptr, res_b_ptr, zero_ptr,
+    M, N, K, k_split, zero_numel, eps,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, FOLD_LN: tl.constexpr, GELU: tl.constexpr, TANH: tl.constexpr,
+    HAS_BIAS: tl.constexpr, RESIDUAL: tl.constexpr, ATOMIC: tl.constexpr,
+    STATS_OUT: tl.constexpr, ZERO: tl.constexpr, USE_PDL: tl.constexpr,
+    PREFETCH: tl.constexpr, W_BYTES: tl.constexpr,
+):
+    """Output tile of ``x @ w^T`` over K slice ``program_id(1)``, then:
+
+    * ``FOLD_LN``: ``r * (acc - mean * u)``, the rows' moments from ``stats_ptr``;
+    * ``HAS_BIAS`` / ``RESIDUAL`` (+ bias, + LN(res) with the moments of ``stats_ptr``;
+      with ``ATOMIC`` in K slice 0 only), then ``GELU``;
+    * ``ATOMIC``: add into float32 ``out``; with ``STATS_OUT`` the tile's last program
+      (counter ``cnt_ptr[tile]``) then reads the finished tile, stores it in ``out16``'s
+      dtype and adds its row sums into ``stats_out``. Without ``ATOMIC``: store in
+      ``out``'s dtype, and with ``STATS_OUT`` add the stored values' row sums;
+    * ``ZERO``: then the programs zero ``zero_ptr[:zero_numel]`` (float32) between them.
+
+    Everything the epilogue reads is loaded after the K loop. Loading the bias and
+    residual terms before it (to hide their latency) shortened the out-projection's step
+    by 1 us but lengthened FFN1's and FFN2's by 2-3 us each: the whole pass ran 20% slower
+    (H200, 2026-11-30). Zeroing before or after the tile measured the same.
+    """
+    pid = tl.program_id(0)
+    split = tl.program_id(1)
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    per_group = GROUP_M * num_n
+    first_m = (pid // per_group) * GROUP_M
+    group_size = tl.minimum(num_m - first_m, GROUP_M)
+    pid_m = first_m + (pid % per_group) % group_size
+    pid_n = (pid % per_group) // group_size
+    k0 = split * k_split
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = tl.minimum(offs_n, N - 1).to(tl.int64)
+    if PREFETCH:  # weights and vectors never depend on earlier kernels
+        prefetch_rows_l2(w_ptr + cols * K + k0, k_split * W_BYTES, [BLOCK_N])
+        vec_at = tl.minimum(pid_n * BLOCK_N + tl.arange(0, BLOCK_N // 16) * 16, N - 1)
+        if HAS_BIAS:
+            prefetch_l1(bias_ptr + vec_at)
+        if FOLD_LN:
+            prefetch_l1(u_ptr + vec_at)
+        if RESIDUAL:
+            prefetch_l1(res_g_ptr + vec_at)
+            prefetch_l1(res_b_ptr + vec_at)
+    pdl_enter(USE_PDL)
+    rmask = offs_m < M
+    nmask = offs_n < N
+    lead = 1  # 1 where this program adds bias and residual (ATOMIC: K slice 0 only), else 0
+    if ATOMIC:
+        lead = (split == 0).to(tl.int32)
+
+    offs_k = tl.arange(0, BLOCK_K)
+    rows = tl.minimum(offs_m, M - 1).to(tl.int64)
+    x_ptrs = x_ptr + rows[:, None] * K + k0 + offs_k[None, :]
+    w_ptrs = w_ptr + cols[:, None] * K + k0 + offs_k[None, :]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for _ in range(0, k_split, BLOCK_K):
+        a = tl.load(x_ptrs, cache_modifier=".cg")
+        b = tl.load(w_ptrs)
+        acc = tl.dot(a, tl.trans(b), acc)
+        x_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+
+    omask = rmask[:, None] & nmask[None, :]
+    o_offs = offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
+    y = acc
+    if FOLD_LN:
+        mean, rstd = row_moments(stats_ptr, offs_m, M, K, eps)
+        u = load_vector(u_ptr, offs_n, nmask)
+        y = rstd[:, None] * (acc - mean[:, None] * u[None, :])
+    y += epilogue_addend(bias_ptr, res_ptr, stats_ptr, res_g_ptr, res_b_ptr, offs_m, offs_n,
+                         M, N, eps, lead, HAS_BIAS, RESIDUAL, BLOCK_M, BLOCK_N)
+    if ATOMIC:
+        tl.atomic_add(out_ptr + o_offs, y, mask=omask, sem="relaxed")
+        if STATS_OUT:
+            tl.debug_barrier()  # every thread's adds happen before the counter's release
+            done = tl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel", scope="gpu")
+            if done == tl.num_programs(1) - 1:  # the tile is complete: read it back
+                z = tl.load(out_ptr + o_offs, mask=omask, other=0.0, cache_modifier=".cg")
+                tl.store(out16_ptr + o_offs, z.to(out16_ptr.dtype.element_ty), mask=omask)
+                add_row_sums(stats_out_ptr, z, offs_m, rmask)
+    else:
+        if GELU:
+            y = gelu(y, TANH)
+        yo = y.to(out_ptr.dtype.element_ty)
+        tl.store(out_ptr + o_offs, yo, mask=omask)
+        if STATS_OUT:  # of the values as stored, which the next GEMM reads
+            add_row_sums(stats_out_ptr, tl.where(omask, yo.to(tl.float32), 0.0), offs_m, rmask)
+    if ZERO:
+        zero_share(zero_ptr, zero_numel, pid, split)
+
+
+def deferred_plan(m: int, n: int, k: int, kind: str) -> tuple[GemmConfig, int]:
+    """(tiles, K splits) of this path's GEMMs (``kind``: folded, residual, accumulate).
+
+    Folded GEMMs (QKV, FFN1) keep the small-batch path's 64x64x128 tiles. The
+    attention-output GEMM stores whole sums, so it cannot split K: 32x32 tiles give it
+    about as many programs (96 at 128 tokens on BERT-base) as its 4 splits had (BLOCK_K
+    64 with 4 stages measured 2% slower than 128 with 3). FFN2 takes 64x64 tiles and as
+    many splits as fill one wave (4 at 128 tokens): 2% faster than the seven-kernel
+    path's 128-row tiles with 8 splits, whose tiles wait on 8 programs (H200, 2026-11-30).
+    """
+    from engine.fused.kernels.matmul import most_splits, small_batch_plan
+
+    if kind == "folded":
+        return small_batch_plan(m, n, k, False)
+    if kind == "residual":
+        bk = 128 if k % 128 == 0 else 64
+        return (32, 32, bk, 4, 3), 1
+    if kind == "accumulate":
+        return (64, 64, 64, 4, 4), most_splits(k, 64, triton.cdiv(m, 64) * triton.cdiv(n, 64))
+    raise ValueError(f"unknown GEMM kind {kind!r}")
+
+
+def _launch(x, w, out, *, config, pdl, prefetch, u=None, bias=None, out16=None, stats=None,
+            stats_out=None, counters=None, residual=None, res_gamma=None, res_beta=None,
+            zero=None, eps=0.0, act=None, splits=1, fold=False) -> None:
+    m, k = x.shape
+    n = w.shape[0]
+    bm, bn, bk, warps, stages = config
+    if k % (splits * bk):
+        raise ValueError(f"K={k} does not split into {splits} multiples of {bk}")
+    atomic = out.dtype == torch.float32 and out16 is not None
+    tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
+    if atomic and (counters is None or counters.numel() < tiles):
+        raise ValueError(f"split-K accumulation needs {tiles} zeroed tile counters")
+    if m == 0:
+        return
+
+    def arg(t):  # a valid pointer for arguments a variant never reads
+        return w if t is None else t
+
+    _deferred_gemm_kernel[(tiles, splits)](
+        x, w, arg(u), arg(bias), out, arg(out16), arg(stats), arg(stats_out), arg(counters),
+        arg(residual), arg(res_gamma), arg(res_beta), arg(zero),
+        m, n, k, k // splits, zero.numel() if zero is not None else 0, eps,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, FOLD_LN=fold,
+        GELU=act is not None, TANH=act == "gelu_tanh", HAS_BIAS=bias is not None,
+        RESIDUAL=residual is not None, ATOMIC=atomic, STATS_OUT=stats_out is not None,
+        ZERO=zero is not None, USE_PDL=pdl,
+        PREFETCH=pdl and prefetch,
+        W_BYTES=w.element_size(), num_warps=warps, num_stages=stages, **launch_options(pdl),
+    )
+
+
+def folded_linear(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    colsum: torch.Tensor,
+    bias: torch.Tensor | None,
+    stats: torch.Tensor,
+    eps: float,
+    act: str | None = None,
+    zero: torch.Tensor | None = None,
+    config: GemmConfig | None = None,
+    pdl: bool = False,
+    prefetch: bool = False,
+) -> torch.Tensor:
+    """``LN(x) @ W^T (+ bias) (then act)`` in ``x``'s dtype, from un-normalised rows ``x``
+    [M, K], their (sum, sum of squares) ``stats`` [M, 2] float32, and the folded weight
+    ``w = W diag(gamma)`` with ``colsum`` its row sums (``engine.fused.folding``; ``bias``
+    already holds ``W beta``). If given, also zeroes the float32 tensor ``zero`` (what
+    later GEMMs of the layer accumulate into), after its own tile."""
+    if act not in (None, "gelu", "gelu_tanh"):
+        raise ValueError(f"unknown activation {act!r}")
+    m, n = x.shape[0], w.shape[0]
+    out = torch.empty((m, n), device=x.device, dtype=x.dtype)
+    _launch(x, w, out, u=colsum, bias=bias, stats=stats, zero=zero, eps=eps, act=act,
+            config=config or deferred_plan(m, n, x.shape[1], "folded")[0], pdl=pdl,
+            prefetch=prefetch, fold=True)
+    return out
+
+
+def residual_linear(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    bias: torch.Tensor,
+    residual: torch.Tensor,
+    res_stats: torch.Tensor,
+    gamma: torch.Tensor,
+    beta: torch.Tensor,
+    eps: float,
+    stats_out: torch.Tensor,
+    out: torch.Tensor | None = None,
+    out16: torch.Tensor | None = None,
+    counters: torch.Tensor | None = None,
+    splits: int = 1,
+    config: GemmConfig | None = None,
+    pdl: bool = False,
+    prefetch: bool = False,
+) -> torch.Tensor:
+    """``v = x @ w^T + bias + LN(residual)`` (LN's moments from ``res_stats``, the rows'
+    (sum, sum of squares)), whose rows' sums are added into ``stats_out`` [M, 2].
+
+    Without ``out``: ``v`` stored in ``x``'s dtype (one K slice) and returned. With
+    ``out`` (float32 [M, N], zeroed), ``out16`` ([M, N], model dtype) and ``counters``
+    (int32, zeroed, one per output tile): ``v`` added into ``out`` over ``splits`` K
+    slices, its copy left in ``out16``; returns ``out16``.
+    """
+    m, n = x.shape[0], w.shape[0]
+    if out is None:
+        if splits != 1:
+            raise ValueError("split-K needs a float32 `out` to accumulate into")
+        out = torch.empty((m, n), device=x.device, dtype=x.dtype)
+        kind = "residual"
+    elif out.dtype != torch.float32 or out.shape != (m, n) or out16 is None:
+        raise ValueError("`out` must be float32 [M, N], with an `out16` copy")
+    else:
+        kind = "accumulate"
+    _launch(x, w, out, out16=out16, bias=bias, stats=res_stats, stats_out=stats_out,
+            counters=counters, residual=residual, res_gamma=gamma, res_beta=beta, eps=eps,
+            splits=splits, config=config or deferred_plan(m, n, x.shape[1], kind)[0],
+            pdl=pdl, prefetch=prefetch)
+    return out if out16 is None else out16
+
+
+@triton.jit
+def _embed_sum_kernel(
+    ids_ptr, tt_ptr, pos_ptr, word_ptr, posemb_ptr, type_ptr, z_ptr, z16_ptr, stats_ptr,
+    n_rows, D, BLOCK_D: tl.constexpr, ROWS: tl.constexpr, USE_PDL: tl.constexpr,
+):
+    pdl_enter(USE_PDL)
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    rmask, cols, _, mask, offs = row_block(rows, n_rows, D, BLOCK_D)
+    x = embed_rows(rows, ids_ptr, tt_ptr, pos_ptr, word_ptr, posemb_ptr, type_ptr, mask, rmask,
+                   cols, D)
+    tl.store(z_ptr + offs, x, mask=mask)
+    tl.store(z16_ptr + offs, x.to(z16_ptr.dtype.element_ty), mask=mask)
+    tl.store(stats_ptr + 2 * rows, tl.sum(x, axis=1), mask=rmask)
+    tl.store(stats_ptr + 2 * rows + 1, tl.sum(x * x, axis=1), mask=rmask)
+
+
+def embed_sum(
+    input_ids: torch.Tensor,
+    token_type_ids: torch.Tensor,
+    position_ids: torch.Tensor,
+    word: torch.Tensor,
+    position: torch.Tensor,
+    token_type: torch.Tensor,
+    z: torch.Tensor,
+    z16: torch.Tensor,
+    stats: torch.Tensor,
+    pdl: bool = False,
+) -> None:
+    """word[ids] + position[pos] + token_type[tt] (no LayerNorm) into float32 ``z`` and its
+    model-dtype copy ``z16`` [T, D], with each row's (sum, sum of squares) in ``stats``."""
+    n, d = input_ids.shape[0], word.shape[1]
+    block, rows, warps = _row_tile(n, d)
+    _embed_sum_kernel[(triton.cdiv(n, rows),)](
+        input_ids, token_type_ids, position_ids, word, position, token_type, z, z16, stats,
+        n, d, BLOCK_D=block, ROWS=rows, USE_PDL=pdl, num_warps=warps, **launch_options(pdl),
+    )
+
+
+@triton.jit
+def _layernorm_qa_kernel(
+    z_ptr, g_ptr, b_ptr, qa_w_ptr, qa_b_ptr, logits_ptr, n_rows, logits_stride, D, eps,
+    BLOCK_D: tl.constexpr, ROWS: tl.constexpr, USE_PDL: tl.constexpr,
+):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    rmask, cols, cmask, mask, offs = row_block(rows, n_rows, D, BLOCK_D)
+    g, b = load_vector(g_ptr, cols, cmask), load_vector(b_ptr, cols, cmask)
+    w0 = tl.load(qa_w_ptr + cols, mask=cmask, other=0.0)
+    w1 = tl.load(qa_w_ptr + D + cols, mask=cmask, other=0.0)
+    pdl_enter(USE_PDL)
+    z = tl.load(z_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
+    y = layernorm_rows(z, mask, g, b, D, eps)
+    start = tl.sum(y * w0[None, :], axis=1) + tl.load(qa_b_ptr)
+    end = tl.sum(y * w1[None, :], axis=1) + tl.load(qa_b_ptr + 1)
+    tl.store(logits_ptr + rows, start, mask=rmask)
+    tl.store(logits_ptr + logits_stride + rows, end, mask=rmask)
+
+
+def layernorm_qa(
+    z: torch.Tensor,
+    gamma: torch.Tensor,
+    beta: torch.Tensor,
+    eps: float,
+    qa_weight: torch.Tensor,
+    qa_bias: torch.Tensor,
+    pdl: bool = False,
+) -> torch.Tensor:
+    """QA logits float32 [2, T] (row 0 start, row 1 end) of LayerNorm(z)."""
+    n, d = z.shape
+    logits = torch.empty((2, n), device=z.device, dtype=torch.float32)
+    block, rows, warps = _row_tile(n, d)
+    _layernorm_qa_kernel[(triton.cdiv(n, rows),)](
+        z, gamma, beta, qa_weight, qa_bias, logits, n, logits.stride(0), d, eps,
+        BLOCK_D=block, ROWS=rows, USE_PDL=pdl, num_warps=warps, **launch_options(pdl),
+    )
+    return logits
