@@ -41,7 +41,13 @@ from engine.fused.kernels.common import (
     prefetch_l1,
     prefetch_rows_l2,
 )
-from engine.fused.kernels.rows import _row_tile, embed_rows, row_block
+from engine.fused.kernels.matmul import (
+    grouped_tile,
+    most_splits,
+    small_batch_plan,
+    tile_product,
+)
+from engine.fused.kernels.rows import _row_tile, embed_rows, qa_head_rows, row_block
 
 _ZERO_BLOCK = tl.constexpr(1024)  # float32 elements a program zeroes per step
 
@@ -134,13 +140,7 @@ def _deferred_gemm_kernel(
     """
     pid = tl.program_id(0)
     split = tl.program_id(1)
-    num_m = tl.cdiv(M, BLOCK_M)
-    num_n = tl.cdiv(N, BLOCK_N)
-    per_group = GROUP_M * num_n
-    first_m = (pid // per_group) * GROUP_M
-    group_size = tl.minimum(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % per_group) % group_size
-    pid_n = (pid % per_group) // group_size
+    pid_m, pid_n = grouped_tile(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
     k0 = split * k_split
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -161,19 +161,8 @@ def _deferred_gemm_kernel(
     lead = 1  # 1 where this program adds bias and residual (ATOMIC: K slice 0 only), else 0
     if ATOMIC:
         lead = (split == 0).to(tl.int32)
-
-    offs_k = tl.arange(0, BLOCK_K)
-    rows = tl.minimum(offs_m, M - 1).to(tl.int64)
-    x_ptrs = x_ptr + rows[:, None] * K + k0 + offs_k[None, :]
-    w_ptrs = w_ptr + cols[:, None] * K + k0 + offs_k[None, :]
-    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-    for _ in range(0, k_split, BLOCK_K):
-        a = tl.load(x_ptrs, cache_modifier=".cg")
-        b = tl.load(w_ptrs)
-        acc = tl.dot(a, tl.trans(b), acc)
-        x_ptrs += BLOCK_K
-        w_ptrs += BLOCK_K
-
+    acc = tile_product(x_ptr, w_ptr, M, N, K, k0, k_split, offs_m, offs_n, BLOCK_M, BLOCK_N,
+                       BLOCK_K)
     omask = rmask[:, None] & nmask[None, :]
     o_offs = offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
     y = acc
@@ -213,7 +202,6 @@ def deferred_plan(m: int, n: int, k: int, kind: str) -> tuple[GemmConfig, int]:
     many splits as fill one wave (4 at 128 tokens): 2% faster than the seven-kernel
     path's 128-row tiles with 8 splits, whose tiles wait on 8 programs (H200, 2026-11-30).
     """
-    from engine.fused.kernels.matmul import most_splits, small_batch_plan
 
     if kind == "folded":
         return small_batch_plan(m, n, k, False)
@@ -373,15 +361,10 @@ def _layernorm_qa_kernel(
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     rmask, cols, cmask, mask, offs = row_block(rows, n_rows, D, BLOCK_D)
     g, b = load_vector(g_ptr, cols, cmask), load_vector(b_ptr, cols, cmask)
-    w0 = tl.load(qa_w_ptr + cols, mask=cmask, other=0.0)
-    w1 = tl.load(qa_w_ptr + D + cols, mask=cmask, other=0.0)
     pdl_enter(USE_PDL)
     z = tl.load(z_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
-    y = layernorm_rows(z, mask, g, b, D, eps)
-    start = tl.sum(y * w0[None, :], axis=1) + tl.load(qa_b_ptr)
-    end = tl.sum(y * w1[None, :], axis=1) + tl.load(qa_b_ptr + 1)
-    tl.store(logits_ptr + rows, start, mask=rmask)
-    tl.store(logits_ptr + logits_stride + rows, end, mask=rmask)
+    qa_head_rows(layernorm_rows(z, mask, g, b, D, eps), rows, rmask, cols, cmask, qa_w_ptr,
+                 qa_b_ptr, logits_ptr, logits_stride, D)
 
 
 def layernorm_qa(

@@ -48,6 +48,26 @@ _SMS = 132  # H100/H200 multiprocessors: the split-K planner aims at 1-2 waves o
 
 
 @triton.jit
+def tile_product(x_ptr, w_ptr, M, N, K, k0, k_len, offs_m, offs_n, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """float32 ``x[offs_m, k0:k0+k_len] @ w[offs_n, k0:k0+k_len]^T``: rows and columns past
+    the edge are clamped (no masks in the K loop), activations loaded past L1 (``.cg``)."""
+    offs_k = tl.arange(0, BLOCK_K)
+    rows = tl.minimum(offs_m, M - 1).to(tl.int64)
+    cols = tl.minimum(offs_n, N - 1).to(tl.int64)
+    x_ptrs = x_ptr + rows[:, None] * K + k0 + offs_k[None, :]
+    w_ptrs = w_ptr + cols[:, None] * K + k0 + offs_k[None, :]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for _ in range(0, k_len, BLOCK_K):
+        a = tl.load(x_ptrs, cache_modifier=".cg")
+        b = tl.load(w_ptrs)
+        acc = tl.dot(a, tl.trans(b), acc)
+        x_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+    return acc
+
+
+@triton.jit
 def gemm_tile(
     x_ptr, w_ptr, bias_ptr, out_ptr,
     M, N, K, k0, k_len, pid_m, pid_n, split,
@@ -64,18 +84,8 @@ def gemm_tile(
     """
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_k = tl.arange(0, BLOCK_K)
-    rows = tl.minimum(offs_m, M - 1).to(tl.int64)
-    cols = tl.minimum(offs_n, N - 1).to(tl.int64)
-    x_ptrs = x_ptr + rows[:, None] * K + k0 + offs_k[None, :]
-    w_ptrs = w_ptr + cols[:, None] * K + k0 + offs_k[None, :]
-    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-    for _ in range(0, k_len, BLOCK_K):
-        a = tl.load(x_ptrs, cache_modifier=".cg")
-        b = tl.load(w_ptrs)
-        acc = tl.dot(a, tl.trans(b), acc)
-        x_ptrs += BLOCK_K
-        w_ptrs += BLOCK_K
+    acc = tile_product(x_ptr, w_ptr, M, N, K, k0, k_len, offs_m, offs_n, BLOCK_M, BLOCK_N,
+                       BLOCK_K)
     nmask = offs_n < N
     omask = (offs_m < M)[:, None] & nmask[None, :]
     if EPILOGUE == EPI_PARTIAL:
@@ -92,6 +102,19 @@ def gemm_tile(
 
 
 @triton.jit
+def grouped_tile(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+                 GROUP_M: tl.constexpr):
+    """(row tile, column tile) of program ``pid``, tiles ordered in groups of GROUP_M row
+    tiles so that neighbouring programs share weight tiles in L2."""
+    num_m = tl.cdiv(M, BLOCK_M)
+    num_n = tl.cdiv(N, BLOCK_N)
+    per_group = GROUP_M * num_n
+    first_m = (pid // per_group) * GROUP_M
+    group_size = tl.minimum(num_m - first_m, GROUP_M)
+    return first_m + (pid % per_group) % group_size, (pid % per_group) // group_size
+
+
+@triton.jit
 def _gemm_kernel(
     x_ptr, w_ptr, bias_ptr, out_ptr,
     M, N, K, k_split,
@@ -100,17 +123,10 @@ def _gemm_kernel(
     TANH: tl.constexpr, USE_PDL: tl.constexpr, PREFETCH: tl.constexpr,
     W_BYTES: tl.constexpr,
 ):
-    """Program (tile, split) of ``gemm_tile``, tiles ordered in groups of GROUP_M row-tiles
-    so that neighbours share weight tiles in L2."""
+    """Program (tile, split) of ``gemm_tile`` (tiles in :func:`grouped_tile` order)."""
     pid = tl.program_id(0)
     split = tl.program_id(1)
-    num_m = tl.cdiv(M, BLOCK_M)
-    num_n = tl.cdiv(N, BLOCK_N)
-    per_group = GROUP_M * num_n
-    first_m = (pid // per_group) * GROUP_M
-    group_size = tl.minimum(num_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % per_group) % group_size
-    pid_n = (pid % per_group) // group_size
+    pid_m, pid_n = grouped_tile(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
     k0 = split * k_split
     if PREFETCH:  # this program's weight slice, while the previous kernel still runs
         cols = tl.minimum(pid_n * BLOCK_N + tl.arange(0, BLOCK_N), N - 1).to(tl.int64)

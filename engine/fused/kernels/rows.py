@@ -93,6 +93,20 @@ def residual_ln_pre(rows, bias_ptr, res_ptr, g_ptr, b_ptr, n_rows, D, BLOCK_D: t
 
 
 @triton.jit
+def qa_head_rows(y, rows, rmask, cols, cmask, qa_w_ptr, qa_b_ptr, logits_ptr, logits_stride,
+                 D):
+    """Start/end logits of the last layer's LayerNorm rows ``y`` (float32), stored in
+    ``logits`` [2, T]. Those hidden states are only ever read by the 2-logit head: they
+    are dotted here, unrounded, and never stored."""
+    w0 = tl.load(qa_w_ptr + cols, mask=cmask, other=0.0)
+    w1 = tl.load(qa_w_ptr + D + cols, mask=cmask, other=0.0)
+    start = tl.sum(y * w0[None, :], axis=1) + tl.load(qa_b_ptr)
+    end = tl.sum(y * w1[None, :], axis=1) + tl.load(qa_b_ptr + 1)
+    tl.store(logits_ptr + rows, start, mask=rmask)
+    tl.store(logits_ptr + logits_stride + rows, end, mask=rmask)
+
+
+@triton.jit
 def residual_ln_finish(
     rows, a_ptr, c, g, b,
     out_ptr, q_ptr, qs_ptr, qa_w_ptr, qa_b_ptr, logits_ptr,
@@ -107,14 +121,8 @@ def residual_ln_finish(
         x += tl.load(a_ptr + s * split_stride + offs, mask=mask, other=0.0, cache_modifier=".cg")
     y = layernorm_rows(x + c, mask, g, b, D, eps)
     if QA_HEAD:
-        # The last layer's hidden states are only ever read by the 2-logit head: dot them
-        # here (in float32, from the unrounded LayerNorm output) and never store them.
-        w0 = tl.load(qa_w_ptr + cols, mask=cmask, other=0.0)
-        w1 = tl.load(qa_w_ptr + D + cols, mask=cmask, other=0.0)
-        start = tl.sum(y * w0[None, :], axis=1) + tl.load(qa_b_ptr)
-        end = tl.sum(y * w1[None, :], axis=1) + tl.load(qa_b_ptr + 1)
-        tl.store(logits_ptr + rows, start, mask=rmask)
-        tl.store(logits_ptr + logits_stride + rows, end, mask=rmask)
+        qa_head_rows(y, rows, rmask, cols, cmask, qa_w_ptr, qa_b_ptr, logits_ptr,
+                     logits_stride, D)
     else:
         tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
         if FP8_OUT:
