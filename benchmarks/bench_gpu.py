@@ -347,6 +347,7 @@ def section_latency(res: dict[str, Any], name: str, deadline: float) -> None:
         "ours_graph_large_path": {"small_batch_max_tokens": None},  # v3's batch-1 path
         "ours_graph_seven_kernels": {"deferred_ln_max_hidden": None},  # v5's small path
         "ours_graph_deferred_ln": {"deferred_ln_max_hidden": 4096},  # v6, every model
+        "ours_graph_no_pdl": {"pdl": False},  # v6: PDL on the large path too
         "ours_graph_attn_64x128": {"attention_tiles": (64, 128, 4, 2)},
     }
     alt_engines = {key: FusedEngine(ours.weights, "cuda", max_graph_tokens=65536, **kw)  # type: ignore[arg-type]
@@ -447,14 +448,17 @@ def section_mix(res: dict[str, Any], name: str, windows: int) -> None:
     hf_in = [tuple(torch.from_numpy(a).long().cuda() for a in s) for s in sets]
     row: dict[str, Any] = {"model": name, "windows": windows, "mean_tokens_per_window":
                            tokens / windows}
+    from engine.fused.engine import FusedEngine
+
+    no_pdl = {key: FusedEngine(eng.weights, "cuda", max_graph_tokens=65536, pdl=False)
+              for key, eng in (("ours_packed_no_pdl", ours), ("ours_fp8_packed_no_pdl", ours_fp8))}
     variants: dict[str, Any] = {
         "ours_packed": (lambda x: ours._run_device(*x), packed),
         "ours_fp8_packed": (lambda x: ours_fp8._run_device(*x), packed),
+        **{key: (lambda x, e=eng: e._run_device(*x), packed) for key, eng in no_pdl.items()},
     }
     best = OPTS.get("attn_best", {}).get(f"{name}:mix")
     if best is not None:  # the attention sweep's fastest tile on this mix, whole pass
-        from engine.fused.engine import FusedEngine
-
         e16 = FusedEngine(ours.weights, "cuda", max_graph_tokens=65536, attention_tiles=best)
         e8 = FusedEngine(ours_fp8.weights, "cuda", max_graph_tokens=65536, attention_tiles=best)
         row["attn_best"] = list(best)
@@ -801,7 +805,7 @@ def write_markdown(res: dict[str, Any], path: Path) -> str:
     if res.get("latency"):
         cols = ["hf_eager", "hf_graph", "ours_eager", "ours_graph", "ours_replay",
                 "ours_graph_seven_kernels", "ours_replay_seven_kernels",
-                "ours_graph_deferred_ln", "ours_replay_deferred_ln",
+                "ours_graph_deferred_ln", "ours_replay_deferred_ln", "ours_graph_no_pdl",
                 "ours_graph_attn_64x128", "ours_graph_large_path",
                 "ours_fp8_graph", "stage_triton", "stage_torch_ops"]
         lines += ["## Latency, ms per batch (median / p99), random weights, full-length", "",
@@ -821,7 +825,8 @@ def write_markdown(res: dict[str, Any], path: Path) -> str:
                          + f" | {ratio} |")
         lines.append("")
     if res.get("mix"):
-        cols = ["ours_packed", "ours_fp8_packed", "ours_packed_attn_best",
+        cols = ["ours_packed", "ours_fp8_packed", "ours_packed_no_pdl", "ours_fp8_packed_no_pdl",
+                "ours_packed_attn_best",
                 "ours_fp8_packed_attn_best", "ours_padded_384", "hf_graph_padded_384",
                 "hf_eager_padded_384"]
         lines += ["## SQuAD dev length mix, windows/s (ms per batch)", "",
