@@ -347,7 +347,7 @@ def section_latency(res: dict[str, Any], name: str, deadline: float) -> None:
         "ours_graph_large_path": {"small_batch_max_tokens": None},  # v3's batch-1 path
         "ours_graph_seven_kernels": {"deferred_ln_max_hidden": None},  # v5's small path
         "ours_graph_deferred_ln": {"deferred_ln_max_hidden": 4096},  # v6, every model
-        "ours_graph_no_pdl": {"pdl": False},  # v6: PDL on the large path too
+        "ours_graph_no_pdl": {"pdl": False},
         "ours_graph_attn_64x128": {"attention_tiles": (64, 128, 4, 2)},
     }
     alt_engines = {key: FusedEngine(ours.weights, "cuda", max_graph_tokens=65536, **kw)  # type: ignore[arg-type]
