@@ -1,0 +1,79 @@
+"""The LayerNorm folding behind the deferred small-batch path (``engine.fused.folding``) and
+the torch spec of that path (``torch_ops``), on the CPU without Triton."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from engine.fused.folding import fold_linear
+from engine.fused.weights import Linear
+
+
+def test_folded_linear_equals_layernorm_then_linear() -> None:
+    """r * (x @ W'^T - mean * u) + (W beta + b) == LN(x) @ W^T + b, on rows whose mean is
+    large against their spread (where a wrong mean term shows at once). The spec computes
+    in float32: outputs of ~30 agree to float32 rounding of the ~500-sized products."""
+    from engine.fused import torch_ops
+
+    g = torch.Generator().manual_seed(0)
+    k, n, eps = 96, 40, 1e-12
+    lin = Linear(torch.randn(n, k, generator=g, dtype=torch.float64),
+                 torch.randn(n, generator=g, dtype=torch.float64))
+    gamma = torch.randn(k, generator=g, dtype=torch.float64)
+    beta = torch.randn(k, generator=g, dtype=torch.float64)
+    x = torch.randn(7, k, generator=g, dtype=torch.float64) + 5.0
+    f = fold_linear(lin, gamma, beta)
+    ref = torch.nn.functional.layer_norm(x, (k,), gamma, beta, eps) @ lin.weight.t() + lin.bias
+    sums = torch.stack([x.sum(1), (x * x).sum(1)], 1)
+    out = torch_ops.folded_linear(x, f.weight, f.colsum, f.bias, sums, eps)
+    assert torch.allclose(out, ref, rtol=1e-5, atol=1e-3)
+    wrong = torch_ops.folded_linear(x, f.weight, torch.zeros_like(f.colsum), f.bias, sums, eps)
+    assert (wrong - ref).abs().max() > 1.0
+
+
+def test_colsum_is_of_the_rounded_folded_weight() -> None:
+    g = torch.Generator().manual_seed(1)
+    lin = Linear(torch.randn(16, 32, generator=g).half(), torch.zeros(16))
+    f = fold_linear(lin, torch.rand(32, generator=g) * 3, torch.zeros(32))
+    assert f.weight.dtype == torch.float16
+    assert torch.equal(f.colsum, f.weight.float().sum(1))
+
+
+@pytest.mark.parametrize("splits", [False, True])
+def test_deferred_torch_path_matches_seven_kernel_path(splits: bool) -> None:
+    """The whole encoder through the torch spec: the layer without LayerNorm kernels gives
+    the logits of the layer with them (bfloat16 weights, float32 math)."""
+    transformers = pytest.importorskip("transformers")
+    from engine.fused.config import BertQAConfig
+    from engine.fused.engine import FusedEngine
+
+    torch.manual_seed(3)
+    hf = transformers.BertConfig(vocab_size=100, hidden_size=48, num_hidden_layers=2,
+                                 num_attention_heads=4, intermediate_size=96,
+                                 max_position_embeddings=64)
+    model = transformers.BertForQuestionAnswering(hf).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+        model.bert.embeddings.word_embeddings.weight.add_(0.5)  # rows with a large mean
+    cfg = BertQAConfig.from_dict(hf.to_dict())
+    plans = {"ffn2": (None, 2)} if splits else None
+    kw = dict(device="cpu", dtype="bfloat16", backend="torch", small_batch_max_tokens=512,
+              gemm_plans=plans)
+    deferred = FusedEngine.from_state_dict(model.state_dict(), cfg, **kw)  # type: ignore[arg-type]
+    seven = FusedEngine(deferred.weights, "cpu", backend="torch", small_batch_max_tokens=512,
+                        deferred_ln_max_hidden=None)
+    assert deferred.weights.folded is not None
+    rng = np.random.default_rng(4)
+    ids = rng.integers(1, 100, (3, 20)).astype(np.int32)
+    mask = np.ones_like(ids)
+    mask[1, 12:] = 0
+    tt = np.zeros_like(ids)
+    tt[:, 8:] = 1
+    a, b = deferred.infer(ids, mask, tt), seven.infer(ids, mask, tt)
+    keep = mask.astype(bool)
+    for x, y in zip(a, b, strict=True):
+        scale = max(float(np.abs(y[keep]).max()), 1.0)
+        assert np.abs(x[keep] - y[keep]).max() / scale < 2e-2
