@@ -22,11 +22,11 @@ rides in the kernel that reads the GEMM's output anyway. Two paths:
   At around a hundred tokens the pass is bound by kernel boundaries and by weight streaming
   through few multiprocessors, which this path attacks; cuBLAS cannot take part (it does
   not wait on ``griddepcontrol``).
-* **Small batches without LayerNorm kernels** (``deferred_ln_max_hidden``, needs
-  ``w.folded``): the
-  same path with five kernels a layer instead of seven. The GEMM before each residual
-  LayerNorm leaves the un-normalised sum and the GEMM after it applies the LayerNorm
-  algebraically (``kernels.deferred``, ``folding``).
+* **Small batches without LayerNorm kernels** (models up to ``deferred_ln_max_hidden``
+  wide, with ``w.folded``): the same path with five kernels a layer instead of seven. The
+  GEMM before each residual LayerNorm leaves the un-normalised sum (and its row sums) and
+  the GEMMs after it apply the LayerNorm algebraically (``kernels.deferred``,
+  ``folding``).
 * **Persistent (opt-in, ``persistent``):** the small-batch path's kernels as phases of one
   kernel with grid-wide barriers between them (``kernels.persistent``).
 * **Large batches:** cuBLAS GEMMs (FP8 ``_scaled_mm`` from ``fp8_min_tokens`` tokens when
@@ -74,11 +74,10 @@ class EncodeOptions:
     ``gemm_plans`` overrides the small-batch plan of GEMMs by name (``qkv``, ``out``,
     ``ffn1``, ``ffn2``); ``attn_config`` imposes attention tiles. ``deferred_ln_max_hidden``
     runs the small-batch path without LayerNorm kernels for models up to that hidden size
-    (where the weights have folded copies).
-    ``persistent`` runs the
-    batches the small-batch path takes, if at most ``persistent_max_tokens`` tokens, as one
-    persistent kernel (``kernels.persistent``) where the op set and the weights support it
-    (measured slower than the separate kernels; see ``NOTES.md``, v4b).
+    (where the weights have folded copies). ``persistent`` runs the batches the small-batch
+    path takes, if at most ``persistent_max_tokens`` tokens, as one persistent kernel
+    (``kernels.persistent``) where the op set and the weights support it (measured slower
+    than the separate kernels; see ``NOTES.md``, v4b).
     """
 
     fp8_out_dtype: torch.dtype | None = None
