@@ -387,7 +387,8 @@ def section_latency(res: dict[str, Any], name: str, deadline: float) -> None:
                 graphs = eng._graphs
                 assert bucket is not None and graphs is not None
                 variants[key] = (lambda _, g=graphs, bk=bucket: g.replay(bk), packed)
-            buf = graphs.inputs(bucket)  # staging alone: one Triton launch vs 5 torch ops
+            assert ours._graphs is not None  # staging alone: one Triton launch vs 5 torch ops
+            buf = ours._graphs.inputs(bucket)
             for key, stage in (("stage_triton", ours.ops.stage_inputs),
                                ("stage_torch_ops", torch_stage)):
                 variants[key] = (lambda x, st=stage, b=buf, n=bucket.tokens: st(b, n, *x[:4]),

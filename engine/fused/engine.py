@@ -37,6 +37,7 @@ from engine.fused.encoder import (
     GemmPlan,
     encode_packed,
 )
+from engine.fused.folding import with_folded
 from engine.fused.fp8 import rowwise_out_dtype
 from engine.fused.graphs import GraphCache
 from engine.fused.packing import (
@@ -121,7 +122,7 @@ class FusedEngine:
         ``attention_tiles`` (BLOCK_M, BLOCK_N, warps, stages) and ``gemm_plans``
         (small-batch GEMM name -> (tiles, splits)) override the built-in rules (benchmarks,
         tests)."""
-        self.weights = weights
+        self.weights = with_folded(weights, deferred_ln_max_hidden)
         self.config = weights.config
         self.device = torch.device(device)
         self.ops = select_ops(backend, self.device)

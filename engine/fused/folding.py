@@ -18,6 +18,7 @@ beta`` does too).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -59,3 +60,13 @@ def fold_layernorms(w: BertQAWeights) -> tuple[FoldedLayer, ...]:
                                                   layer.ln1_bias)))
         g, b = layer.ln2_weight, layer.ln2_bias
     return tuple(out)
+
+
+def with_folded(w: BertQAWeights, max_hidden: int | None) -> BertQAWeights:
+    """``w`` with folded layers added if the deferred-LayerNorm path will run it: fp16/bf16
+    weights of at most ``max_hidden`` hidden size (None: never). Unchanged otherwise, or
+    if they are already there."""
+    if (w.folded is not None or max_hidden is None or w.config.hidden_size > max_hidden
+            or w.dtype not in (torch.float16, torch.bfloat16)):
+        return w
+    return dataclasses.replace(w, folded=fold_layernorms(w))

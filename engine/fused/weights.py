@@ -21,7 +21,6 @@ at load:
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -124,8 +123,9 @@ class BertQAWeights:
     qa_bias: torch.Tensor  # [2] float32
     flat: FlatLayers | None = None  # the layers' storage (None: separate tensors)
     # QKV and FFN1 with the LayerNorm before them folded in (engine.fused.folding): the
-    # small-batch path's GEMMs when it runs without LayerNorm kernels. fp16/bf16 only; a
-    # second copy of those matrices (fp16: BERT-base 99 MB, BERT-large 352 MB, MiniLM 12 MB).
+    # small-batch path's GEMMs when it runs without LayerNorm kernels. Added by the engine
+    # only for models that path serves (``folding.with_folded``): a second copy of those
+    # matrices (fp16: BERT-base 99 MB, BERT-large 352 MB, MiniLM 12 MB).
     folded: tuple[FoldedLayer, ...] | None = None
 
     @property
@@ -237,8 +237,4 @@ def pack_weights(
     h = config.hidden_size
     if weights.word_embeddings.shape != (config.vocab_size, h) or weights.qa_weight.shape != (2, h):
         raise ValueError("checkpoint shapes do not match config.json (or no 2-logit QA head)")
-    if dtype in (torch.float16, torch.bfloat16):
-        from engine.fused.folding import fold_layernorms
-
-        weights = dataclasses.replace(weights, folded=fold_layernorms(weights))
     return weights

@@ -42,6 +42,7 @@ from engine.fused.kernels.common import (
     prefetch_rows_l2,
 )
 from engine.fused.kernels.matmul import (
+    GemmConfig,
     grouped_tile,
     most_splits,
     small_batch_plan,
@@ -50,9 +51,6 @@ from engine.fused.kernels.matmul import (
 from engine.fused.kernels.rows import _row_tile, embed_rows, qa_head_rows, row_block
 
 _ZERO_BLOCK = tl.constexpr(1024)  # float32 elements a program zeroes per step
-
-# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages)
-GemmConfig = tuple[int, int, int, int, int]
 
 
 @triton.jit
@@ -202,7 +200,6 @@ def deferred_plan(m: int, n: int, k: int, kind: str) -> tuple[GemmConfig, int]:
     many splits as fill one wave (4 at 128 tokens): 2% faster than the seven-kernel
     path's 128-row tiles with 8 splits, whose tiles wait on 8 programs (H200, 2026-11-30).
     """
-
     if kind == "folded":
         return small_batch_plan(m, n, k, False)
     if kind == "residual":
@@ -238,8 +235,7 @@ def _launch(x, w, out, *, config, pdl, prefetch, u=None, bias=None, out16=None, 
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, FOLD_LN=fold,
         GELU=act is not None, TANH=act == "gelu_tanh", HAS_BIAS=bias is not None,
         RESIDUAL=residual is not None, ATOMIC=atomic, STATS_OUT=stats_out is not None,
-        ZERO=zero is not None, USE_PDL=pdl,
-        PREFETCH=pdl and prefetch,
+        ZERO=zero is not None, USE_PDL=pdl, PREFETCH=pdl and prefetch,
         W_BYTES=w.element_size(), num_warps=warps, num_stages=stages, **launch_options(pdl),
     )
 
