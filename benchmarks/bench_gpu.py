@@ -583,7 +583,16 @@ ATTN_SWEEP = [(64, 64, 4, 3), (128, 64, 8, 3), (64, 32, 4, 3), (64, 32, 4, 2), (
               (64, 64, 4, 4), (128, 64, 4, 3), (128, 128, 8, 3), (128, 32, 8, 3), (32, 64, 4, 3),
               (64, 64, 8, 3)]
 # The full sweep ran on 2026-11-29 (v3 in NOTES.md); these are the two tiles in use.
-GEMM_GELU_SWEEP = [(128, 256, 64, 8, 3), (64, 64, 64, 4, 4)]
+GEMM_GELU_SWEEP = [(128, 256, 64, 8, 3), (64, 64, 64, 4, 4),
+                   # TMA loads (sixth entry 1), with warp specialization (2)
+                   (128, 256, 64, 8, 3, 1), (128, 256, 64, 8, 4, 1), (128, 128, 64, 8, 4, 1),
+                   (128, 128, 64, 4, 4, 2), (128, 256, 64, 8, 3, 2), (64, 64, 128, 4, 3, 1)]
+
+
+def gemm_key(config: tuple[int, ...]) -> str:
+    """'BMxBNxBK wW sS' (+ ' tma' / ' tma+ws') of a ``linear`` config."""
+    loads = {1: " tma", 2: " tma+ws"}.get(config[5] if len(config) > 5 else 0, "")
+    return "x".join(map(str, config[:3])) + f" w{config[3]} s{config[4]}{loads}"
 
 
 def _sweep_inputs(name: str, label: str, windows: int, seq: int, mix: bool):  # type: ignore[no-untyped-def]
@@ -688,7 +697,7 @@ def section_ffn1_sweep(res: dict[str, Any]) -> None:
                     ms = graph_time_ms(call, reps=2) / 4
                     row[f"{gname} {api}"] = {"ms": ms, "tflops": fl / ms / 1e9}
             for conf in GEMM_GELU_SWEEP:
-                key = "triton " + "x".join(map(str, conf[:3])) + f" w{conf[3]} s{conf[4]}"
+                key = "triton " + gemm_key(conf)
                 try:
                     o = k.linear(xs[0], ws[0], bs[0], act="gelu", config=conf)
                     err = float((o.float() - ref.float()).abs().max())

@@ -24,6 +24,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from engine.fused.kernels.common import (
     gelu,
@@ -37,8 +38,12 @@ EPI_STORE = tl.constexpr(0)
 EPI_GELU = tl.constexpr(1)
 EPI_PARTIAL = tl.constexpr(2)
 
-# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages)
-GemmConfig = tuple[int, int, int, int, int]
+# (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages[, loads]): ``loads`` (default
+# LOADS_POINTER) picks how ``linear`` feeds the K loop.
+GemmConfig = tuple[int, ...]
+LOADS_POINTER = 0  # per-thread loads (``cp.async``), the only kind the other GEMMs use
+LOADS_TMA = 1  # tensor-memory-accelerator boxes (sm_90+)
+LOADS_TMA_WS = 2  # TMA, with a producer warp group (warp specialization)
 # FFN1 + GELU tiles measured on the H200 (2026-11-29): 64x64x64 best of 7 at 128 and 384
 # tokens; 128x256x64 the best Triton tile at 42,891 tokens (still 17% slower than
 # cuBLAS + bias_gelu there, which is why the engine fuses FFN1 only for few tokens).
@@ -68,24 +73,11 @@ def tile_product(x_ptr, w_ptr, M, N, K, k0, k_len, offs_m, offs_n, BLOCK_M: tl.c
 
 
 @triton.jit
-def gemm_tile(
-    x_ptr, w_ptr, bias_ptr, out_ptr,
-    M, N, K, k0, k_len, pid_m, pid_n, split,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-    EPILOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, TANH: tl.constexpr,
-):
-    """Output tile (pid_m, pid_n) of ``x[:, k0:k0+k_len] @ w[:, k0:k0+k_len]^T``, then the
-    epilogue (``EPI_PARTIAL`` stores split ``split`` of float32 partials [S, M, N]).
-
-    ``x`` [M, K], ``w`` [N, K] row-major, ``k_len`` a multiple of BLOCK_K. Rows/columns
-    past the edge are clamped on load (no masks in the K loop) and masked on store.
-    Activations are loaded past L1 (``.cg``): in the persistent kernel another program
-    may have written them since this multiprocessor last cached the lines.
-    """
-    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    acc = tile_product(x_ptr, w_ptr, M, N, K, k0, k_len, offs_m, offs_n, BLOCK_M, BLOCK_N,
-                       BLOCK_K)
+def gemm_epilogue(acc, bias_ptr, out_ptr, M, N, offs_m, offs_n, split,
+                  EPILOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, TANH: tl.constexpr):
+    """Store a float32 output tile: split ``split`` of float32 partials [S, M, N]
+    (``EPI_PARTIAL``), or + bias (then GELU for ``EPI_GELU``) in ``out``'s dtype; rows and
+    columns past the edge are masked."""
     nmask = offs_n < N
     omask = (offs_m < M)[:, None] & nmask[None, :]
     if EPILOGUE == EPI_PARTIAL:
@@ -99,6 +91,29 @@ def gemm_tile(
             y = gelu(y, TANH)
         o_ptrs = out_ptr + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
         tl.store(o_ptrs, y.to(out_ptr.dtype.element_ty), mask=omask)
+
+
+@triton.jit
+def gemm_tile(
+    x_ptr, w_ptr, bias_ptr, out_ptr,
+    M, N, K, k0, k_len, pid_m, pid_n, split,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    EPILOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, TANH: tl.constexpr,
+):
+    """Output tile (pid_m, pid_n) of ``x[:, k0:k0+k_len] @ w[:, k0:k0+k_len]^T``, then
+    :func:`gemm_epilogue`.
+
+    ``x`` [M, K], ``w`` [N, K] row-major, ``k_len`` a multiple of BLOCK_K. Rows/columns
+    past the edge are clamped on load (no masks in the K loop) and masked on store.
+    Activations are loaded past L1 (``.cg``): in the persistent kernel another program
+    may have written them since this multiprocessor last cached the lines.
+    """
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    acc = tile_product(x_ptr, w_ptr, M, N, K, k0, k_len, offs_m, offs_n, BLOCK_M, BLOCK_N,
+                       BLOCK_K)
+    gemm_epilogue(acc, bias_ptr, out_ptr, M, N, offs_m, offs_n, split, EPILOGUE, HAS_BIAS,
+                  TANH)
 
 
 @triton.jit
@@ -139,6 +154,41 @@ def _gemm_kernel(
               BLOCK_M, BLOCK_N, BLOCK_K, EPILOGUE, HAS_BIAS, TANH)
 
 
+@triton.jit
+def _gemm_tma_kernel(
+    x_desc, w_desc, w_ptr, bias_ptr, out_ptr,
+    M, N, K, k_split,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, EPILOGUE: tl.constexpr, HAS_BIAS: tl.constexpr,
+    TANH: tl.constexpr, USE_PDL: tl.constexpr, PREFETCH: tl.constexpr,
+    W_BYTES: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
+):
+    """:func:`_gemm_kernel` with tiles loaded by the tensor-memory accelerator (TMA, sm_90):
+    ``x_desc``/``w_desc`` describe ``x`` [M, K] and ``w`` [N, K] in [BLOCK_M, BLOCK_K] and
+    [BLOCK_N, BLOCK_K] boxes; the hardware zero-fills past the edges, so no clamping. With
+    ``WARP_SPECIALIZE`` one warp group only issues the loads and the others only multiply."""
+    pid = tl.program_id(0)
+    split = tl.program_id(1)
+    pid_m, pid_n = grouped_tile(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    k0 = split * k_split
+    if PREFETCH:
+        cols = tl.minimum(pid_n * BLOCK_N + tl.arange(0, BLOCK_N), N - 1).to(tl.int64)
+        prefetch_rows_l2(w_ptr + cols * K + k0, k_split * W_BYTES, [BLOCK_N])
+        if HAS_BIAS:
+            prefetch_l1(bias_ptr + tl.minimum(pid_n * BLOCK_N + tl.arange(0, BLOCK_N // 16) * 16,
+                                              N - 1))
+    pdl_enter(USE_PDL)
+    off_m = pid_m * BLOCK_M
+    off_n = pid_n * BLOCK_N
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    for k in tl.range(k0, k0 + k_split, BLOCK_K, warp_specialize=WARP_SPECIALIZE):
+        a = x_desc.load([off_m, k])
+        b = w_desc.load([off_n, k])
+        acc = tl.dot(a, b.T, acc)
+    gemm_epilogue(acc, bias_ptr, out_ptr, M, N, off_m + tl.arange(0, BLOCK_M),
+                  off_n + tl.arange(0, BLOCK_N), split, EPILOGUE, HAS_BIAS, TANH)
+
+
 def gemm_config(m: int) -> GemmConfig:
     """Default tiles: small ones for few tokens (spread the weight stream over more
     multiprocessors), large ones for many."""
@@ -166,11 +216,11 @@ def linear(
     ``x`` [M, K] and ``w`` [N, K] contiguous; K must split into ``splits`` multiples of the
     tile's BLOCK_K. ``pdl`` launches with programmatic dependent launch; ``prefetch`` (with
     ``pdl``) pulls each program's weight slice into L2 before waiting for the previous
-    kernel.
+    kernel. ``config``'s optional sixth entry picks the K loop's loads (``LOADS_*``).
     """
     m, k = x.shape
     n = w.shape[0]
-    bm, bn, bk, warps, stages = config or gemm_config(m)
+    bm, bn, bk, warps, stages, loads = unpack_config(config or gemm_config(m))
     if k % (splits * bk):
         raise ValueError(f"K={k} does not split into {splits} multiples of {bk}")
     if splits > 1 and (bias is not None or act is not None):
@@ -186,14 +236,31 @@ def linear(
     if m == 0:
         return out
     grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn), splits)
-    _gemm_kernel[grid](
-        x, w, bias if bias is not None else w, out, m, n, k, k // splits,
+    meta = dict(
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, EPILOGUE=epilogue,
         HAS_BIAS=bias is not None, TANH=act == "gelu_tanh", USE_PDL=pdl,
-        PREFETCH=pdl and prefetch, W_BYTES=w.element_size(),
+        # triton 3.6's warp specialization pass fails on the prefetch's inline asm
+        PREFETCH=pdl and prefetch and loads != LOADS_TMA_WS, W_BYTES=w.element_size(),
         num_warps=warps, num_stages=stages, **launch_options(pdl),
     )
+    b = bias if bias is not None else w
+    if loads == LOADS_POINTER:
+        _gemm_kernel[grid](x, w, b, out, m, n, k, k // splits, **meta)
+    else:
+        x_desc = TensorDescriptor.from_tensor(x, [bm, bk])
+        w_desc = TensorDescriptor.from_tensor(w, [bn, bk])
+        _gemm_tma_kernel[grid](x_desc, w_desc, w, b, out, m, n, k, k // splits,
+                               WARP_SPECIALIZE=loads == LOADS_TMA_WS, **meta)
     return out
+
+
+def unpack_config(config: GemmConfig) -> tuple[int, int, int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, BLOCK_K, warps, stages, loads) of a 5- or 6-entry config."""
+    if len(config) not in (5, 6) or (len(config) == 6 and config[5] not in (
+            LOADS_POINTER, LOADS_TMA, LOADS_TMA_WS)):
+        raise ValueError(f"bad GEMM config {config!r}")
+    bm, bn, bk, warps, stages = config[:5]
+    return bm, bn, bk, warps, stages, config[5] if len(config) == 6 else LOADS_POINTER
 
 
 def most_splits(k: int, bk: int, tiles: int, programs: int = _SMS) -> int:
