@@ -584,9 +584,9 @@ ATTN_SWEEP = [(64, 64, 4, 3), (128, 64, 8, 3), (64, 32, 4, 3), (64, 32, 4, 2), (
               (64, 64, 8, 3)]
 # The full sweep ran on 2026-11-29 (v3 in NOTES.md); these are the two tiles in use.
 GEMM_GELU_SWEEP = [(128, 256, 64, 8, 3), (64, 64, 64, 4, 4),
-                   # TMA loads (sixth entry 1), with warp specialization (2)
+                   # TMA loads (sixth entry 1)
                    (128, 256, 64, 8, 3, 1), (128, 256, 64, 8, 4, 1), (128, 128, 64, 8, 4, 1),
-                   (128, 128, 64, 4, 4, 2), (128, 256, 64, 8, 3, 2), (64, 64, 128, 4, 3, 1)]
+                   (128, 64, 64, 4, 4, 1), (64, 64, 128, 4, 3, 1)]
 
 
 def gemm_key(config: tuple[int, ...]) -> str:
@@ -705,6 +705,11 @@ def section_ffn1_sweep(res: dict[str, Any]) -> None:
                         xs[i % 2], ws[i], bs[i], act="gelu", config=conf)  # noqa: B023
                         for i in range(4)], reps=2) / 4
                     row[key] = {"ms": ms, "tflops": flops / ms / 1e9, "max_abs_vs_cublas": err}
+                    if len(conf) > 5:  # the same tiles without bias + GELU: the epilogue's cost
+                        ms = graph_time_ms(lambda conf=conf: [k.linear(
+                            xs[i % 2], ws[i], config=conf) for i in range(4)],  # noqa: B023
+                            reps=2) / 4
+                        row[key + " plain"] = {"ms": ms, "tflops": flops / ms / 1e9}
                 except Exception as exc:
                     row[key] = {"error": repr(exc)[:200]}
         out.append(row)
@@ -919,6 +924,8 @@ def main() -> None:
     p.add_argument("--mix-models", default="bert-large,bert-base")
     p.add_argument("--small-shapes", default=None,
                    help="small-section shapes, e.g. bert-base:1x192 (default: bench_small.SHAPES)")
+    p.add_argument("--small-set", default=None, choices=["tma"],
+                   help="small-section tiles: 'tma' tries the TMA-load tiles only")
     args = p.parse_args()
     OPTS["fast"] = args.fast
     OPTS["shapes"] = set(args.shapes.split(",")) if args.shapes else None
@@ -964,9 +971,13 @@ def main() -> None:
     if "small" in wanted:
         from benchmarks.bench_small import section_small_sweep
 
+        def save() -> None:
+            (args.out / "results.json").write_text(json.dumps(res, indent=1))
+
         run("small", lambda: section_small_sweep(res, deadline - 60.0,
                                                  sweep="small_sweep" in wanted,
-                                                 shapes=args.small_shapes))
+                                                 shapes=args.small_shapes,
+                                                 focus=args.small_set, save=save))
     run("attn_sweep", lambda: section_attn_sweep(res))  # before mix: it picks a tile to try
     run("ffn1_sweep", lambda: section_ffn1_sweep(res))
     for name in MODELS:

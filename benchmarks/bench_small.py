@@ -14,6 +14,7 @@ passes compare the engine's default plan, the sweep's best plan, and the large-b
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 L2_DEFEAT_BYTES = 160e6  # > 2x the H200's 60 MB L2
@@ -33,6 +34,13 @@ PARTIAL_CONFIGS = [(64, 64, 64, 4, 4), (128, 64, 64, 4, 4), (128, 32, 64, 4, 4),
                    (128, 128, 64, 4, 4, 1), (128, 128, 64, 8, 4, 1), (128, 64, 64, 4, 4, 2),
                    (128, 128, 64, 4, 4, 2)]
 SPLITS = [1, 2, 3, 4, 6, 8, 12]
+# ``--small-set tma``: the few tiles that test TMA loads against the pointer-load plan
+TMA_STORE_CONFIGS = [(128, 64, 64, 4, 4), (64, 64, 128, 4, 3), (128, 64, 64, 4, 4, 1),
+                     (64, 64, 128, 4, 3, 1), (128, 128, 64, 4, 4, 1), (128, 128, 64, 8, 4, 1),
+                     (64, 128, 64, 4, 4, 1)]
+TMA_PARTIAL_CONFIGS = [(128, 64, 64, 4, 4), (128, 64, 64, 4, 4, 1), (128, 128, 64, 4, 4, 1),
+                       (64, 64, 64, 4, 4, 1)]
+TMA_SPLITS = [1, 2, 4, 8]
 
 
 def _key(config: tuple[int, ...], splits: int) -> str:
@@ -53,7 +61,11 @@ def _shapes(spec: str | None) -> list[tuple[str, int, int]]:
 
 
 def section_small_sweep(res: dict[str, Any], deadline: float, sweep: bool = True,
-                        shapes: str | None = None) -> None:
+                        shapes: str | None = None, focus: str | None = None,
+                        save: Callable[[], None] = lambda: None) -> None:
+    """``focus="tma"``: the TMA tile set, and whole passes of the default path, the large
+    path and the best plans only. ``save`` runs after every GEMM and every shape (so a run
+    cut short by its time limit keeps what it measured)."""
     import time
 
     import numpy as np
@@ -120,9 +132,12 @@ def section_small_sweep(res: dict[str, Any], deadline: float, sweep: bool = True
                 plan = k.small_batch_plan(t, n, kk, partial)
                 timings["default " + _key(*plan) + " no PDL"] = graph_time_ms(
                     lambda plan=plan: chain(*plan, pdl=False), reps=1) / copies * 1e3
-                cands = ([(c, s) for c in PARTIAL_CONFIGS for s in SPLITS
+                pconf, sconf, splits_ = ((TMA_PARTIAL_CONFIGS, TMA_STORE_CONFIGS, TMA_SPLITS)
+                                         if focus == "tma" else
+                                         (PARTIAL_CONFIGS, STORE_CONFIGS, SPLITS))
+                cands = ([(c, s) for c in pconf for s in splits_
                           if kk % (s * c[2]) == 0 and math.ceil(t / c[0]) * math.ceil(n / c[1])
-                          * s <= 4 * 132] if partial else [(c, 1) for c in STORE_CONFIGS])
+                          * s <= 4 * 132] if partial else [(c, 1) for c in sconf])
                 for config, splits in cands:
                     key = _key(config, splits)
                     try:
@@ -148,6 +163,8 @@ def section_small_sweep(res: dict[str, Any], deadline: float, sweep: bool = True
                 print(f"small sweep {name} {batch}x{seq} {gname}: cuBLAS "
                       f"{timings['cuBLAS']:.1f}us, best {row['best'].get(gname)}, default "
                       f"{timings.get(_key(*plan), float('nan')):.1f}us", flush=True)
+                res["small_sweep_partial"] = row
+                save()
             # Whole passes on the same inputs: default plan, best plans, large path.
             model, hcfg = make_hf(name)
             rng = np.random.default_rng(8)
@@ -168,6 +185,8 @@ def section_small_sweep(res: dict[str, Any], deadline: float, sweep: bool = True
                 "persistent": {**small, "persistent": True},
                 "no_pdl": {**small, "pdl": False},
             }
+            if focus == "tma":
+                variants = {k_: variants[k_] for k_ in ("small_path", "large_path")}
             engines = {label: make_ours(model, hcfg, dtype="float16", **kw)
                        for label, kw in variants.items()}
             if best_plans:  # (the deferred layer's GEMMs take pointer-load tiles only)
@@ -190,6 +209,8 @@ def section_small_sweep(res: dict[str, Any], deadline: float, sweep: bool = True
                 flush=True)
             del model, engines
         rows.append(row)
+        res.pop("small_sweep_partial", None)
+        save()
 
 
 def markdown(res: dict[str, Any]) -> list[str]:
