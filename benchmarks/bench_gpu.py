@@ -590,8 +590,8 @@ GEMM_GELU_SWEEP = [(128, 256, 64, 8, 3), (64, 64, 64, 4, 4),
 
 
 def gemm_key(config: tuple[int, ...]) -> str:
-    """'BMxBNxBK wW sS' (+ ' tma' / ' tma+ws') of a ``linear`` config."""
-    loads = {1: " tma", 2: " tma+ws"}.get(config[5] if len(config) > 5 else 0, "")
+    """'BMxBNxBK wW sS' (+ ' tma') of a ``linear`` config."""
+    loads = " tma" if len(config) > 5 and config[5] == 1 else ""
     return "x".join(map(str, config[:3])) + f" w{config[3]} s{config[4]}{loads}"
 
 

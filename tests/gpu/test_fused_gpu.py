@@ -114,14 +114,14 @@ def test_graph_and_eager_agree_across_buckets() -> None:
 
 @pytest.mark.parametrize("variant", ["large_path", "no_pdl", "no_prefetch", "ffn1_unfused",
                                      "attn_64x32", "persistent", "seven_kernels",
-                                     "seven_kernels_no_pdl"])
+                                     "seven_kernels_no_pdl", "seven_kernels_tma"])
 def test_small_batch_paths_agree(variant: str) -> None:
     """Batches of up to 512 tokens through the small-batch path (all-Triton GEMMs, no
     LayerNorm kernels, FFN2 split-K by atomics, PDL + L2 prefetch) agree with the
     large-batch path (cuBLAS + epilogue kernels), with themselves without PDL or
     prefetching, with the seven-kernel small-batch path (LayerNorm kernels summing split-K
-    partials) and with the persistent kernel, to fp16 rounding, over graph replays. Also
-    checks an imposed attention tile."""
+    partials; also with every GEMM loading through TMA) and with the persistent kernel,
+    to fp16 rounding, over graph replays. Also checks an imposed attention tile."""
     from engine.fused.engine import FusedEngine
 
     default = FusedEngine.from_pretrained(CHECKPOINT, device="cuda", dtype="float16",
@@ -135,6 +135,9 @@ def test_small_batch_paths_agree(variant: str) -> None:
         "persistent": {"persistent": True},
         "seven_kernels": {"deferred_ln_max_hidden": None},
         "seven_kernels_no_pdl": {"deferred_ln_max_hidden": None, "pdl": False},
+        "seven_kernels_tma": {"deferred_ln_max_hidden": None, "gemm_plans": {  # TMA loads
+            "qkv": ((64, 64, 128, 4, 3, 1), 1), "out": ((64, 64, 64, 4, 4, 1), 2),
+            "ffn1": ((64, 64, 128, 4, 3, 1), 1), "ffn2": ((128, 64, 64, 4, 4, 1), 8)}},
     }[variant]
     other = FusedEngine(default.weights, "cuda", **{"small_batch_max_tokens": 512, **options})  # type: ignore[arg-type]
     rng = np.random.default_rng(13)

@@ -43,7 +43,8 @@ EPI_PARTIAL = tl.constexpr(2)
 GemmConfig = tuple[int, ...]
 LOADS_POINTER = 0  # per-thread loads (``cp.async``), the only kind the other GEMMs use
 LOADS_TMA = 1  # tensor-memory-accelerator boxes (sm_90+)
-LOADS_TMA_WS = 2  # TMA, with a producer warp group (warp specialization)
+# (No warp-specialised variant: with triton 3.6 on the H200 a ``warp_specialize`` K loop
+# after ``griddepcontrol.wait`` hung the GPU, and its pass rejects the L2 prefetch's asm.)
 # FFN1 + GELU tiles measured on the H200 (2026-11-29): 64x64x64 best of 7 at 128 and 384
 # tokens; 128x256x64 the best Triton tile at 42,891 tokens (still 17% slower than
 # cuBLAS + bias_gelu there, which is why the engine fuses FFN1 only for few tokens).
@@ -161,12 +162,11 @@ def _gemm_tma_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, EPILOGUE: tl.constexpr, HAS_BIAS: tl.constexpr,
     TANH: tl.constexpr, USE_PDL: tl.constexpr, PREFETCH: tl.constexpr,
-    W_BYTES: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
+    W_BYTES: tl.constexpr,
 ):
     """:func:`_gemm_kernel` with tiles loaded by the tensor-memory accelerator (TMA, sm_90):
     ``x_desc``/``w_desc`` describe ``x`` [M, K] and ``w`` [N, K] in [BLOCK_M, BLOCK_K] and
-    [BLOCK_N, BLOCK_K] boxes; the hardware zero-fills past the edges, so no clamping. With
-    ``WARP_SPECIALIZE`` one warp group only issues the loads and the others only multiply."""
+    [BLOCK_N, BLOCK_K] boxes; the hardware zero-fills past the edges, so no clamping."""
     pid = tl.program_id(0)
     split = tl.program_id(1)
     pid_m, pid_n = grouped_tile(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
@@ -181,7 +181,7 @@ def _gemm_tma_kernel(
     off_m = pid_m * BLOCK_M
     off_n = pid_n * BLOCK_N
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-    for k in tl.range(k0, k0 + k_split, BLOCK_K, warp_specialize=WARP_SPECIALIZE):
+    for k in range(k0, k0 + k_split, BLOCK_K):
         a = x_desc.load([off_m, k])
         b = w_desc.load([off_n, k])
         acc = tl.dot(a, b.T, acc)
@@ -239,8 +239,7 @@ def linear(
     meta = dict(
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, EPILOGUE=epilogue,
         HAS_BIAS=bias is not None, TANH=act == "gelu_tanh", USE_PDL=pdl,
-        # triton 3.6's warp specialization pass fails on the prefetch's inline asm
-        PREFETCH=pdl and prefetch and loads != LOADS_TMA_WS, W_BYTES=w.element_size(),
+        PREFETCH=pdl and prefetch, W_BYTES=w.element_size(),
         num_warps=warps, num_stages=stages, **launch_options(pdl),
     )
     b = bias if bias is not None else w
@@ -249,15 +248,14 @@ def linear(
     else:
         x_desc = TensorDescriptor.from_tensor(x, [bm, bk])
         w_desc = TensorDescriptor.from_tensor(w, [bn, bk])
-        _gemm_tma_kernel[grid](x_desc, w_desc, w, b, out, m, n, k, k // splits,
-                               WARP_SPECIALIZE=loads == LOADS_TMA_WS, **meta)
+        _gemm_tma_kernel[grid](x_desc, w_desc, w, b, out, m, n, k, k // splits, **meta)
     return out
 
 
 def unpack_config(config: GemmConfig) -> tuple[int, int, int, int, int, int]:
     """(BLOCK_M, BLOCK_N, BLOCK_K, warps, stages, loads) of a 5- or 6-entry config."""
     if len(config) not in (5, 6) or (len(config) == 6 and config[5] not in (
-            LOADS_POINTER, LOADS_TMA, LOADS_TMA_WS)):
+            LOADS_POINTER, LOADS_TMA)):
         raise ValueError(f"bad GEMM config {config!r}")
     bm, bn, bk, warps, stages = config[:5]
     return bm, bn, bk, warps, stages, config[5] if len(config) == 6 else LOADS_POINTER
