@@ -122,8 +122,9 @@ def _check_residual_ln(dtype_name: str, fp8: bool) -> tuple[float, float]:
     return _rel(out, ref), tol
 
 
-def _check_splitk(dtype_name: str) -> tuple[float, float]:
-    """Split-K partials sum to the product, and both consumers sum them."""
+def _check_splitk(dtype_name: str, loads: int = 0) -> tuple[float, float]:
+    """Split-K partials sum to the product, and both consumers sum them. ``loads`` is the
+    GEMM config's sixth entry (1: TMA boxes)."""
     import torch
 
     from engine.fused import kernels as k
@@ -132,7 +133,7 @@ def _check_splitk(dtype_name: str) -> tuple[float, float]:
     g = torch.Generator().manual_seed(6)
     m, n, kk = 70, 96, 256  # M and N not multiples of the 64 tile
     x, w = torch.randn(m, kk, generator=g).to(dt), torch.randn(n, kk, generator=g).to(dt)
-    parts = k.linear(x, w, splits=4)
+    parts = k.linear(x, w, splits=4, config=(64, 64, 64, 4, 4, loads))
     ref = x.double() @ w.double().t()
     err = _rel(parts.sum(0), ref) / _TOL[dtype_name]
     bias, gamma, beta = (torch.randn(n, generator=g) for _ in range(3))
@@ -247,8 +248,9 @@ def _check_gelu(dtype_name: str, tanh: bool, fp8: bool) -> tuple[float, float]:
     return _rel(out, ref), _TOL[dtype_name]
 
 
-def _check_gemm_gelu(dtype_name: str, tanh: bool) -> tuple[float, float]:
-    """FFN1 GEMM + bias + GELU in one kernel; M and N off the tile grid (clamped loads)."""
+def _check_gemm_gelu(dtype_name: str, tanh: bool, loads: int = 0) -> tuple[float, float]:
+    """FFN1 GEMM + bias + GELU in one kernel; M and N off the tile grid (clamped loads, or
+    the zero fill of TMA boxes with ``loads=1``)."""
     import torch
 
     from engine.fused import kernels as k
@@ -259,13 +261,13 @@ def _check_gemm_gelu(dtype_name: str, tanh: bool) -> tuple[float, float]:
     x, w = torch.randn(m, kk, generator=g).to(dt), (torch.randn(n, kk, generator=g) * 0.2).to(dt)
     bias = torch.randn(n, generator=g).to(dt)
     act = "gelu_tanh" if tanh else "gelu"
-    out = k.linear(x, w, bias, act=act, config=(32, 64, 64, 4, 2))
+    out = k.linear(x, w, bias, act=act, config=(32, 64, 64, 4, 2, loads))
     xb = x.double() @ w.double().t() + bias.double()
     ref = _gelu64(xb, tanh)
     return _rel(out, ref), _TOL[dtype_name]
 
 
-def _check_linear_plain(dtype_name: str, with_bias: bool) -> tuple[float, float]:
+def _check_linear_plain(dtype_name: str, with_bias: bool, loads: int = 0) -> tuple[float, float]:
     """``linear`` with the plain epilogue (the small-batch QKV GEMM), one BLOCK_M=128 tile."""
     import torch
 
@@ -276,7 +278,7 @@ def _check_linear_plain(dtype_name: str, with_bias: bool) -> tuple[float, float]
     m, n, kk = 100, 72, 192
     x, w = torch.randn(m, kk, generator=g).to(dt), (torch.randn(n, kk, generator=g) * 0.2).to(dt)
     bias = torch.randn(n, generator=g).to(dt) if with_bias else None
-    out = k.linear(x, w, bias, config=(128, 64, 64, 4, 3))
+    out = k.linear(x, w, bias, config=(128, 64, 64, 4, 3, loads))
     ref = x.double() @ w.double().t()
     if bias is not None:
         ref = ref + bias.double()
@@ -482,6 +484,9 @@ CASES: dict[str, Callable[[], tuple[float, float]]] = {
     "linear_fp32_no_bias": lambda: _check_linear_plain("float32", False),
     "splitk_gemm_fp32": lambda: _check_splitk("float32"),
     "splitk_gemm_fp16": lambda: _check_splitk("float16"),
+    "gemm_gelu_erf_fp16_tma": lambda: _check_gemm_gelu("float16", False, loads=1),
+    "linear_fp16_bias_tma": lambda: _check_linear_plain("float16", True, loads=1),
+    "splitk_gemm_fp16_tma": lambda: _check_splitk("float16", loads=1),
     "deferred_ln_kernels": lambda: _check_deferred(1),
     "deferred_ln_kernels_3_splits": lambda: _check_deferred(3),
     "tiny_bert_fp32": lambda: _check_tiny_bert("float32"),
@@ -537,6 +542,18 @@ def test_kernel_under_triton_interpreter(
 ) -> None:
     result = interpreter_results[case]
     assert result["ok"], result
+
+
+def test_gemm_config_sixth_entry_picks_the_loads() -> None:
+    """A GEMM config is 5 entries (pointer loads) or 6 (the last one LOADS_*); others fail."""
+    pytest.importorskip("triton")
+    from engine.fused.kernels import matmul as mm
+
+    assert mm.unpack_config((64, 64, 64, 4, 4))[5] == mm.LOADS_POINTER
+    assert mm.unpack_config((64, 64, 64, 4, 4, 1))[5] == mm.LOADS_TMA
+    for bad in [(64, 64, 64, 4), (64, 64, 64, 4, 4, 2), (64, 64, 64, 4, 4, 1, 0)]:
+        with pytest.raises(ValueError, match="bad GEMM config"):
+            mm.unpack_config(bad)
 
 
 @pytest.mark.parametrize(("m", "n", "k", "partial"), [
