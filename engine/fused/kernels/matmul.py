@@ -17,6 +17,11 @@ cannot overlap its start with the kernel before it. Here, small batches get
 
 Epilogues: ``EPI_STORE`` (+ optional bias, output dtype), ``EPI_GELU`` (bias + GELU),
 ``EPI_PARTIAL`` (float32 partial of this program's K slice).
+
+The K loop loads its tiles with per-thread ``cp.async`` (pointer loads, the default) or,
+when a config's sixth entry is ``LOADS_TMA``, through TMA descriptors (sm_90). TMA
+measured 0-1.6 us faster per GEMM at 128-384 tokens on the H200 but no faster over whole
+passes (NOTES.md, v7), so no default plan uses it; the sweeps in ``benchmarks`` try it.
 """
 
 from __future__ import annotations
