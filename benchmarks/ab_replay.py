@@ -1,0 +1,98 @@
+"""A/B of engine options by CUDA-graph replay alone (inputs resident), interleaved rounds.
+
+One random-weight model (``bench_gpu.MODELS``), one batch shape, and engines that share its
+weights but differ in options; each engine's graph for the shape is replayed ``--iters``
+times per round, the engines taking turns for ``--rounds`` rounds so that clock and
+thermal drift hit them alike. Prints a table (median of the rounds' per-replay means,
+min-max over rounds) and writes it as JSON. Also checks that every variant's logits agree
+with the first variant's.
+
+    python3 benchmarks/ab_replay.py --model bert-large --shape 1x384 \\
+        --variant base='{}' --variant no_prefetch='{"prefetch": false}' --out ab.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _variant(text: str) -> tuple[str, dict[str, Any]]:
+    name, _, options = text.partition("=")
+    parsed = json.loads(options or "{}")
+    if not name or not isinstance(parsed, dict):
+        raise argparse.ArgumentTypeError(f"expected NAME=JSON-object, got {text!r}")
+    return name, parsed
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="bert-large")
+    p.add_argument("--shape", default="1x384", help="BATCHxSEQ, full-length windows")
+    p.add_argument("--variant", type=_variant, action="append", required=True,
+                   help="NAME=JSON engine options (the first is the reference)")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--iters", type=int, default=200)
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args()
+    sys.path.insert(0, str(REPO))
+    import numpy as np
+    import torch
+
+    from benchmarks.bench_gpu import device_packed, make_hf, make_ours, random_padded
+    from engine.fused.engine import FusedEngine
+
+    batch, seq = (int(v) for v in args.shape.split("x"))
+    model, cfg = make_hf(args.model)
+    first = make_ours(model, cfg, dtype="float16")
+    del model
+    x = device_packed(*random_padded(np.random.default_rng(5), batch, seq, lengths=[seq] * batch))
+    engines = {name: FusedEngine(first.weights, "cuda", **opts)  # type: ignore[arg-type]
+               for name, opts in args.variant}
+    replays = {}
+    ref = None
+    result: dict[str, Any] = {"model": args.model, "shape": args.shape,
+                              "gpu": torch.cuda.get_device_name(), "variants": {}}
+    with torch.inference_mode():
+        for name, eng in engines.items():
+            out = eng._run_device(*x)
+            ref = out if ref is None else ref
+            bucket = eng._graph_bucket(x[0].shape[0], x[3].shape[0] - 1, x[4])
+            assert bucket is not None and eng._graphs is not None, "no graph for this shape"
+            replays[name] = (eng._graphs, bucket)
+            result["variants"][name] = {
+                "options": dict(args.variant)[name],
+                "max_abs_vs_first": float((out - ref).abs().max()), "round_ms": []}
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        for _ in range(args.rounds):
+            for name, (graphs, bucket) in replays.items():
+                for _ in range(10):
+                    graphs.replay(bucket)
+                start.record()
+                for _ in range(args.iters):
+                    graphs.replay(bucket)
+                end.record()
+                end.synchronize()
+                result["variants"][name]["round_ms"].append(
+                    start.elapsed_time(end) / args.iters)
+    print(f"{args.model} {args.shape}, graph replay ms ({args.rounds} rounds x {args.iters}):")
+    for name, v in result["variants"].items():
+        v["median_ms"] = statistics.median(v["round_ms"])
+        print(f"  {name:24s} {v['median_ms']:.4f}  ({min(v['round_ms']):.4f}-"
+              f"{max(v['round_ms']):.4f})  max|diff| {v['max_abs_vs_first']:.1e}")
+    result["date"] = time.strftime("%Y-%m-%d")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
