@@ -705,11 +705,6 @@ def section_ffn1_sweep(res: dict[str, Any]) -> None:
                         xs[i % 2], ws[i], bs[i], act="gelu", config=conf)  # noqa: B023
                         for i in range(4)], reps=2) / 4
                     row[key] = {"ms": ms, "tflops": flops / ms / 1e9, "max_abs_vs_cublas": err}
-                    # with the bias slice prefetched into L1 before the K loop
-                    ms = graph_time_ms(lambda conf=conf: [k.linear(
-                        xs[i % 2], ws[i], bs[i], act="gelu", config=conf,  # noqa: B023
-                        prefetch=True) for i in range(4)], reps=2) / 4
-                    row[key + " +prefetch"] = {"ms": ms, "tflops": flops / ms / 1e9}
                     if len(conf) > 5:  # the same tiles without bias + GELU: the epilogue's cost
                         ms = graph_time_ms(lambda conf=conf: [k.linear(
                             xs[i % 2], ws[i], config=conf) for i in range(4)],  # noqa: B023

@@ -195,8 +195,7 @@ def encode_packed(
         )
         if fuse_ffn1 and not wants8(layer.ffn_in) and not wants8(layer.ffn_out):
             h, hq = ops.linear(x, layer.ffn_in.weight, layer.ffn_in.bias, act=act,
-                               config=c_ff1 if small else None, pdl=pdl,
-                               prefetch=pf if small else opts.prefetch), None
+                               config=c_ff1 if small else None, pdl=pdl, prefetch=pf), None
         else:
             h = _linear(x, xq, layer.ffn_in, out8)
             h, hq = ops.bias_gelu(h, layer.ffn_in.bias, fp8=wants8(layer.ffn_out),

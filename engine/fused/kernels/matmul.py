@@ -34,7 +34,6 @@ from triton.tools.tensor_descriptor import TensorDescriptor
 from engine.fused.kernels.common import (
     gelu,
     launch_options,
-    pdl_available,
     pdl_enter,
     prefetch_l1,
     prefetch_rows_l2,
@@ -220,11 +219,9 @@ def linear(
     or, with ``splits > 1``, float32 split-K partials ``[splits, M, N]`` (no bias, no act).
 
     ``x`` [M, K] and ``w`` [N, K] contiguous; K must split into ``splits`` multiples of the
-    tile's BLOCK_K. ``pdl`` launches with programmatic dependent launch; ``prefetch`` pulls
-    each program's weight slice into L2 and its bias slice into L1 before its K loop (with
-    ``pdl``, before waiting for the previous kernel, so the fetches overlap it); it needs
-    sm_90 (as PDL does) and is ignored elsewhere, the CPU interpreter included.
-    ``config``'s optional sixth entry picks the K loop's loads (``LOADS_*``).
+    tile's BLOCK_K. ``pdl`` launches with programmatic dependent launch; ``prefetch`` (with
+    ``pdl``) pulls each program's weight slice into L2 before waiting for the previous
+    kernel. ``config``'s optional sixth entry picks the K loop's loads (``LOADS_*``).
     """
     m, k = x.shape
     n = w.shape[0]
@@ -247,7 +244,7 @@ def linear(
     meta = dict(
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, EPILOGUE=epilogue,
         HAS_BIAS=bias is not None, TANH=act == "gelu_tanh", USE_PDL=pdl,
-        PREFETCH=prefetch and pdl_available(x), W_BYTES=w.element_size(),
+        PREFETCH=pdl and prefetch, W_BYTES=w.element_size(),
         num_warps=warps, num_stages=stages, **launch_options(pdl),
     )
     b = bias if bias is not None else w
