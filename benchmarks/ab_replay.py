@@ -24,12 +24,22 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 
 
+def _tuples(value: Any) -> Any:
+    """JSON lists as tuples, at any depth (engine options take tuples: tiles, plans)."""
+    if isinstance(value, list):
+        return tuple(_tuples(v) for v in value)
+    if isinstance(value, dict):
+        return {k: _tuples(v) for k, v in value.items()}
+    return value
+
+
 def _variant(text: str) -> tuple[str, dict[str, Any]]:
+    """``NAME=JSON-object`` -> (NAME, engine options)."""
     name, _, options = text.partition("=")
     parsed = json.loads(options or "{}")
     if not name or not isinstance(parsed, dict):
         raise argparse.ArgumentTypeError(f"expected NAME=JSON-object, got {text!r}")
-    return name, parsed
+    return name, _tuples(parsed)
 
 
 def main() -> None:

@@ -544,6 +544,19 @@ def test_kernel_under_triton_interpreter(
     assert result["ok"], result
 
 
+def test_deferred_gemms_refuse_tma_tiles() -> None:
+    """The deferred-LayerNorm GEMMs have pointer loads only: a TMA config is an error, not
+    a silently different kernel."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    from engine.fused import kernels as k
+
+    x, w = torch.zeros(8, 64, dtype=torch.float16), torch.zeros(64, 64, dtype=torch.float16)
+    u, stats = torch.zeros(64), torch.zeros(8, 2)
+    with pytest.raises(ValueError, match="pointer-load tiles only"):
+        k.folded_linear(x, w, u, None, stats, 1e-12, config=(32, 32, 64, 4, 2, 1))
+
+
 def test_gemm_config_sixth_entry_picks_the_loads() -> None:
     """A GEMM config is 5 entries (pointer loads) or 6 (the last one LOADS_*); others fail."""
     pytest.importorskip("triton")

@@ -42,11 +42,13 @@ from engine.fused.kernels.common import (
     prefetch_rows_l2,
 )
 from engine.fused.kernels.matmul import (
+    LOADS_POINTER,
     GemmConfig,
     grouped_tile,
     most_splits,
     small_batch_plan,
     tile_product,
+    unpack_config,
 )
 from engine.fused.kernels.rows import _row_tile, embed_rows, qa_head_rows, row_block
 
@@ -215,7 +217,9 @@ def _launch(x, w, out, *, config, pdl, prefetch, u=None, bias=None, out16=None, 
             zero=None, eps=0.0, act=None, splits=1, fold=False) -> None:
     m, k = x.shape
     n = w.shape[0]
-    bm, bn, bk, warps, stages = config
+    bm, bn, bk, warps, stages, loads = unpack_config(config)
+    if loads != LOADS_POINTER:
+        raise ValueError("the deferred-LayerNorm GEMMs take pointer-load tiles only")
     if k % (splits * bk):
         raise ValueError(f"K={k} does not split into {splits} multiples of {bk}")
     atomic = out.dtype == torch.float32 and out16 is not None

@@ -20,7 +20,7 @@ Epilogues: ``EPI_STORE`` (+ optional bias, output dtype), ``EPI_GELU`` (bias + G
 
 The K loop loads its tiles with per-thread ``cp.async`` (pointer loads, the default) or,
 when a config's sixth entry is ``LOADS_TMA``, through TMA descriptors (sm_90). TMA
-measured 0-1.6 us faster per GEMM at 128-384 tokens on the H200 but no faster over whole
+measured 0-2.3 us faster per GEMM at 128-384 tokens on the H200 but no faster over whole
 passes (NOTES.md, v7), so no default plan uses it; the sweeps in ``benchmarks`` try it.
 """
 
@@ -136,6 +136,19 @@ def grouped_tile(pid, M, N, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 
 
 @triton.jit
+def prefetch_slices(w_ptr, bias_ptr, N, K, k0, k_len, pid_n, BLOCK_N: tl.constexpr,
+                    HAS_BIAS: tl.constexpr, W_BYTES: tl.constexpr):
+    """Ask L2 for this program's weight slice (rows of column tile ``pid_n``, K range
+    ``k0:k0+k_len``) and L1 for its bias slice: issued before ``pdl_enter``, while the
+    previous kernel still runs."""
+    cols = tl.minimum(pid_n * BLOCK_N + tl.arange(0, BLOCK_N), N - 1).to(tl.int64)
+    prefetch_rows_l2(w_ptr + cols * K + k0, k_len * W_BYTES, [BLOCK_N])
+    if HAS_BIAS:
+        prefetch_l1(bias_ptr + tl.minimum(pid_n * BLOCK_N + tl.arange(0, BLOCK_N // 16) * 16,
+                                          N - 1))
+
+
+@triton.jit
 def _gemm_kernel(
     x_ptr, w_ptr, bias_ptr, out_ptr,
     M, N, K, k_split,
@@ -149,12 +162,8 @@ def _gemm_kernel(
     split = tl.program_id(1)
     pid_m, pid_n = grouped_tile(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
     k0 = split * k_split
-    if PREFETCH:  # this program's weight slice, while the previous kernel still runs
-        cols = tl.minimum(pid_n * BLOCK_N + tl.arange(0, BLOCK_N), N - 1).to(tl.int64)
-        prefetch_rows_l2(w_ptr + cols * K + k0, k_split * W_BYTES, [BLOCK_N])
-        if HAS_BIAS:  # and its bias slice into L1, for the epilogue
-            prefetch_l1(bias_ptr + tl.minimum(pid_n * BLOCK_N + tl.arange(0, BLOCK_N // 16) * 16,
-                                              N - 1))
+    if PREFETCH:
+        prefetch_slices(w_ptr, bias_ptr, N, K, k0, k_split, pid_n, BLOCK_N, HAS_BIAS, W_BYTES)
     pdl_enter(USE_PDL)
     gemm_tile(x_ptr, w_ptr, bias_ptr, out_ptr, M, N, K, k0, k_split, pid_m, pid_n, split,
               BLOCK_M, BLOCK_N, BLOCK_K, EPILOGUE, HAS_BIAS, TANH)
@@ -177,11 +186,7 @@ def _gemm_tma_kernel(
     pid_m, pid_n = grouped_tile(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
     k0 = split * k_split
     if PREFETCH:
-        cols = tl.minimum(pid_n * BLOCK_N + tl.arange(0, BLOCK_N), N - 1).to(tl.int64)
-        prefetch_rows_l2(w_ptr + cols * K + k0, k_split * W_BYTES, [BLOCK_N])
-        if HAS_BIAS:
-            prefetch_l1(bias_ptr + tl.minimum(pid_n * BLOCK_N + tl.arange(0, BLOCK_N // 16) * 16,
-                                              N - 1))
+        prefetch_slices(w_ptr, bias_ptr, N, K, k0, k_split, pid_n, BLOCK_N, HAS_BIAS, W_BYTES)
     pdl_enter(USE_PDL)
     off_m = pid_m * BLOCK_M
     off_n = pid_n * BLOCK_N

@@ -1,0 +1,25 @@
+"""Argument parsing of ``benchmarks/ab_replay.py`` (no GPU needed)."""
+
+from __future__ import annotations
+
+import argparse
+
+import pytest
+
+from benchmarks.ab_replay import _variant
+
+
+def test_variant_is_a_name_and_engine_options() -> None:
+    assert _variant('no_prefetch={"prefetch": false}') == ("no_prefetch", {"prefetch": False})
+    assert _variant("base={}") == ("base", {})
+    assert _variant("base") == ("base", {})  # no options: the engine's defaults
+    opts = _variant('tiles={"attention_tiles": [64, 128, 4, 2], "pdl": true}')[1]
+    assert opts == {"attention_tiles": (64, 128, 4, 2), "pdl": True}  # tuples, as engines take
+    plans = _variant('p={"gemm_plans": {"qkv": [[64, 64, 128, 4, 3, 1], 1]}}')[1]
+    assert plans == {"gemm_plans": {"qkv": ((64, 64, 128, 4, 3, 1), 1)}}
+
+
+@pytest.mark.parametrize("text", ['={"pdl": false}', "x=[1, 2]", 'x={"pdl": fals'])
+def test_bad_variants_are_refused(text: str) -> None:
+    with pytest.raises((argparse.ArgumentTypeError, ValueError)):
+        _variant(text)
