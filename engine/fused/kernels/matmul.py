@@ -149,6 +149,22 @@ def prefetch_slices(w_ptr, bias_ptr, N, K, k0, k_len, pid_n, BLOCK_N: tl.constex
 
 
 @triton.jit
+def gemm_program(w_ptr, bias_ptr, M, N, K, k_split, BLOCK_M: tl.constexpr,
+                 BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr, HAS_BIAS: tl.constexpr,
+                 USE_PDL: tl.constexpr, PREFETCH: tl.constexpr, W_BYTES: tl.constexpr):
+    """(row tile, column tile, split, K start) of this program of a ``linear`` launch, once
+    its prefetches are issued and the previous kernel is done (``pdl_enter``)."""
+    pid = tl.program_id(0)
+    split = tl.program_id(1)
+    pid_m, pid_n = grouped_tile(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    k0 = split * k_split
+    if PREFETCH:
+        prefetch_slices(w_ptr, bias_ptr, N, K, k0, k_split, pid_n, BLOCK_N, HAS_BIAS, W_BYTES)
+    pdl_enter(USE_PDL)
+    return pid_m, pid_n, split, k0
+
+
+@triton.jit
 def _gemm_kernel(
     x_ptr, w_ptr, bias_ptr, out_ptr,
     M, N, K, k_split,
@@ -158,13 +174,8 @@ def _gemm_kernel(
     W_BYTES: tl.constexpr,
 ):
     """Program (tile, split) of ``gemm_tile`` (tiles in :func:`grouped_tile` order)."""
-    pid = tl.program_id(0)
-    split = tl.program_id(1)
-    pid_m, pid_n = grouped_tile(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    k0 = split * k_split
-    if PREFETCH:
-        prefetch_slices(w_ptr, bias_ptr, N, K, k0, k_split, pid_n, BLOCK_N, HAS_BIAS, W_BYTES)
-    pdl_enter(USE_PDL)
+    pid_m, pid_n, split, k0 = gemm_program(w_ptr, bias_ptr, M, N, K, k_split, BLOCK_M, BLOCK_N,
+                                           GROUP_M, HAS_BIAS, USE_PDL, PREFETCH, W_BYTES)
     gemm_tile(x_ptr, w_ptr, bias_ptr, out_ptr, M, N, K, k0, k_split, pid_m, pid_n, split,
               BLOCK_M, BLOCK_N, BLOCK_K, EPILOGUE, HAS_BIAS, TANH)
 
@@ -181,13 +192,8 @@ def _gemm_tma_kernel(
     """:func:`_gemm_kernel` with tiles loaded by the tensor-memory accelerator (TMA, sm_90):
     ``x_desc``/``w_desc`` describe ``x`` [M, K] and ``w`` [N, K] in [BLOCK_M, BLOCK_K] and
     [BLOCK_N, BLOCK_K] boxes; the hardware zero-fills past the edges, so no clamping."""
-    pid = tl.program_id(0)
-    split = tl.program_id(1)
-    pid_m, pid_n = grouped_tile(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
-    k0 = split * k_split
-    if PREFETCH:
-        prefetch_slices(w_ptr, bias_ptr, N, K, k0, k_split, pid_n, BLOCK_N, HAS_BIAS, W_BYTES)
-    pdl_enter(USE_PDL)
+    pid_m, pid_n, split, k0 = gemm_program(w_ptr, bias_ptr, M, N, K, k_split, BLOCK_M, BLOCK_N,
+                                           GROUP_M, HAS_BIAS, USE_PDL, PREFETCH, W_BYTES)
     off_m = pid_m * BLOCK_M
     off_n = pid_n * BLOCK_N
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
