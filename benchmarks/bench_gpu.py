@@ -589,6 +589,16 @@ GEMM_GELU_SWEEP = [(128, 256, 64, 8, 3), (64, 64, 64, 4, 4),
                    (128, 64, 64, 4, 4, 1), (64, 64, 128, 4, 3, 1)]
 
 
+def parse_shapes(spec: str) -> list[tuple[str, int, int]]:
+    """``"bert-base:1x128,bert-large:1x384"`` -> [(model, batch, seq), ...]."""
+    out = []
+    for item in spec.split(","):
+        name, bs = item.split(":")
+        b, s = bs.split("x")
+        out.append((name, int(b), int(s)))
+    return out
+
+
 def gemm_key(config: tuple[int, ...]) -> str:
     """'BMxBNxBK wW sS' (+ ' tma') of a ``linear`` config."""
     loads = " tma" if len(config) > 5 and config[5] == 1 else ""
@@ -946,6 +956,9 @@ def main() -> None:
     res: dict[str, Any] = {"errors": []}
     wanted = set(args.sections.split(","))
 
+    def save() -> None:  # after every section (and within long ones), so a cut run keeps it
+        (args.out / "results.json").write_text(json.dumps(res, indent=1))
+
     def run(label: str, fn: Callable[[], None], min_left_s: float = 20.0) -> None:
         if label.split(":")[0] not in wanted:
             return
@@ -962,7 +975,7 @@ def main() -> None:
         torch.cuda.empty_cache()
         print(f"[{time.time() - started:6.1f}s] {label} done in {time.time() - t0:.1f}s",
               flush=True)
-        (args.out / "results.json").write_text(json.dumps(res, indent=1))
+        save()
         write_markdown(res, args.out / "results.md")
 
     run("env", lambda: section_env(res, args))
@@ -970,9 +983,6 @@ def main() -> None:
     run("parity", lambda: section_parity(res))
     if "small" in wanted:
         from benchmarks.bench_small import section_small_sweep
-
-        def save() -> None:
-            (args.out / "results.json").write_text(json.dumps(res, indent=1))
 
         run("small", lambda: section_small_sweep(res, deadline - 60.0,
                                                  sweep="small_sweep" in wanted,
@@ -997,7 +1007,7 @@ def main() -> None:
         run("compile", lambda: section_compile(res, cap_s=min(left, 240.0)), min_left_s=45)
     else:
         res["errors"].append("compile: skipped, no time left under the deadline")
-    (args.out / "results.json").write_text(json.dumps(res, indent=1))
+    save()
     print(write_markdown(res, args.out / "results.md"))
 
 

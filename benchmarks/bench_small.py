@@ -48,14 +48,9 @@ def _key(config: tuple[int, ...], splits: int) -> str:
 
 
 def _shapes(spec: str | None) -> list[tuple[str, int, int]]:
-    if not spec:
-        return SHAPES
-    out = []
-    for item in spec.split(","):
-        name, bs = item.split(":")
-        b, s = bs.split("x")
-        out.append((name, int(b), int(s)))
-    return out
+    from benchmarks.bench_gpu import parse_shapes
+
+    return parse_shapes(spec) if spec else SHAPES
 
 
 def section_small_sweep(res: dict[str, Any], deadline: float, sweep: bool = True,

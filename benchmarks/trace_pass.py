@@ -35,7 +35,8 @@ REPO = Path(__file__).resolve().parents[1]
 
 _KINDS = [  # (substring of the kernel name, label), first match wins
     ("_deferred_gemm", "deferred-LN GEMM"), ("_layernorm_qa", "LN + QA head"),
-    ("_gemm_kernel", "Triton GEMM"), ("_attn", "attention"), ("_residual_ln", "residual LN"),
+    ("_gemm_kernel", "Triton GEMM"), ("_gemm_tma_kernel", "Triton GEMM"),
+    ("_attn", "attention"), ("_residual_ln", "residual LN"),
     ("_embed_ln", "embed LN"), ("_bias_gelu", "bias GELU"), ("_encoder_kernel", "persistent"),
     ("_stage_kernel", "copy/fill"), ("gemm", "cuBLAS GEMM"), ("sm90", "cuBLAS GEMM"),
     ("cutlass", "cuBLAS GEMM"),
@@ -134,11 +135,10 @@ def main() -> None:
 
     options = {k: _option_value(v) for k, v in (o.split("=", 1) for o in args.option)}
     args.out.mkdir(parents=True, exist_ok=True)
-    results = []
-    for item in args.shapes.split(","):
-        name, bs = item.split(":")
-        b, s = bs.split("x")
-        results.append(trace_shape(name, int(b), int(s), options, args.out))
+    from benchmarks.bench_gpu import parse_shapes
+
+    results = [trace_shape(name, b, s, options, args.out)
+               for name, b, s in parse_shapes(args.shapes)]
     (args.out / "trace.md").write_text(markdown(results))
     print(markdown(results))
 

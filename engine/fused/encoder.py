@@ -63,8 +63,9 @@ SMALL_BATCH_MAX_TOKENS: int | None = 128
 # steps they replace).
 DEFERRED_LN_MAX_HIDDEN: int | None = 768
 
-# Tiles and K splits of one GEMM: (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages), splits.
-GemmPlan = tuple[tuple[int, int, int, int, int], int]
+# Tiles and K splits of one GEMM: (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages[, loads]),
+# splits (``kernels.matmul.GemmConfig``; the optional ``loads`` only for ``linear``).
+GemmPlan = tuple[tuple[int, ...], int]
 
 
 @dataclass(frozen=True)

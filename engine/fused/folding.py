@@ -5,8 +5,9 @@ For a row ``x`` with mean ``mu`` and ``r = 1 / sqrt(var + eps)``::
     LN(x) @ W^T + c = r * (x @ (W diag(gamma))^T - mu * u) + (W beta + c)
 
 where ``u`` holds the row sums of ``W diag(gamma)``. So the GEMM after a LayerNorm can
-take the un-normalised rows, provided it knows each row's ``mu`` and ``r``: the
-small-batch path's GEMMs sum them in their K loop (``kernels.deferred``). ``u`` is summed
+take the un-normalised rows, provided it knows each row's ``mu`` and ``r``: in the
+small-batch path the GEMM that produced the rows adds up each row's sum and sum of
+squares in its epilogue (``kernels.deferred``). ``u`` is summed
 from the *rounded* folded weight, so that ``mu * u`` cancels exactly the part of the
 product that the rounded weight gives the mean.
 

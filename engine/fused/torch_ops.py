@@ -107,7 +107,7 @@ def linear(
     bias: torch.Tensor | None = None,
     act: str | None = None,
     splits: int = 1,
-    config: tuple[int, int, int, int, int] | None = None,  # tile sizes: meaningless here
+    config: tuple[int, ...] | None = None,  # tile sizes: meaningless here
     pdl: bool = False,
     prefetch: bool = False,
 ) -> torch.Tensor:
@@ -167,7 +167,7 @@ def folded_linear(
     eps: float,
     act: str | None = None,
     zero: torch.Tensor | None = None,
-    config: tuple[int, int, int, int, int] | None = None,
+    config: tuple[int, ...] | None = None,
     pdl: bool = False,
     prefetch: bool = False,
 ) -> torch.Tensor:
@@ -199,7 +199,7 @@ def residual_linear(
     out16: torch.Tensor | None = None,
     counters: torch.Tensor | None = None,
     splits: int = 1,
-    config: tuple[int, int, int, int, int] | None = None,
+    config: tuple[int, ...] | None = None,
     pdl: bool = False,
     prefetch: bool = False,
 ) -> torch.Tensor:

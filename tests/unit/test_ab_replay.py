@@ -1,4 +1,4 @@
-"""Argument parsing of ``benchmarks/ab_replay.py`` (no GPU needed)."""
+"""Argument parsing of the GPU benchmark tools (`ab_replay.py`, shape lists; no GPU needed)."""
 
 from __future__ import annotations
 
@@ -23,3 +23,13 @@ def test_variant_is_a_name_and_engine_options() -> None:
 def test_bad_variants_are_refused(text: str) -> None:
     with pytest.raises((argparse.ArgumentTypeError, ValueError)):
         _variant(text)
+
+
+def test_shape_lists_of_the_gpu_benchmarks() -> None:
+    """``--shapes``/``--small-shapes`` of bench_gpu, bench_small and trace_pass."""
+    from benchmarks.bench_gpu import parse_shapes
+
+    assert parse_shapes("bert-base:1x128,bert-large:32x384") == [
+        ("bert-base", 1, 128), ("bert-large", 32, 384)]
+    with pytest.raises(ValueError):
+        parse_shapes("bert-base:1-128")

@@ -9,6 +9,7 @@ from benchmarks.trace_pass import kind, steps
 
 def test_kinds_of_kernel_names() -> None:
     assert kind("_gemm_kernel") == "Triton GEMM"
+    assert kind("_gemm_tma_kernel") == "Triton GEMM"  # not "cuBLAS" for containing "gemm"
     assert kind("nvjet_sm90_hsh_144x64_64x8_1x2_h_bz_TNN") == "cuBLAS GEMM"
     assert kind("_attn_varlen_kernel") == "attention"
     assert kind("_residual_ln_kernel") == "residual LN"

@@ -19,7 +19,7 @@ around them (the algebra and the weights are in ``engine.fused.folding``):
 * **the residual** ``LN(x)``, which the next sum needs, is rebuilt in the epilogue of
   the GEMM that adds it, from ``x`` and the same statistics.
 
-Per layer: QKV (folded LN2 of the layer before; zeroes this layer's sums), attention,
+Per layer: QKV (folded LN2 of the layer before; zeroes this layer's scratch), attention,
 out-proj (+ bias + LN2(z_prev) residual), FFN1 (folded LN1, + bias + GELU), FFN2 (split-K
 atomics + bias + LN1(y) residual): five kernels instead of seven. The last layer's LN2
 runs with the QA head (:func:`layernorm_qa`). Launched with PDL like the rest of the

@@ -78,7 +78,8 @@ def _encoder_kernel(
     word_ptr, posemb_ptr, type_ptr, emb_g_ptr, emb_b_ptr,
     mats_ptr, vecs_ptr, qa_w_ptr, qa_b_ptr,
     x_ptr, qkv_ptr, ctx_ptr, part_ptr, h_ptr, logits_ptr, bar_ptr,
-    T, n_seqs, max_seqlen, n_layers, phase_lo, phase_hi, D, F, eps, qk_scale,
+    T, n_seqs, max_seqlen, n_layers, phase_lo, phase_hi, D, F, mat_stride, vec_stride, eps,
+    qk_scale,
     H: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_DH: tl.constexpr, BLOCK_D: tl.constexpr,
     ROWS: tl.constexpr, ATT_BM: tl.constexpr, ATT_BN: tl.constexpr,
     QKV_BM: tl.constexpr, QKV_BN: tl.constexpr, QKV_BK: tl.constexpr,
@@ -89,8 +90,6 @@ def _encoder_kernel(
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
-    mat_stride = 4 * D * D + 2 * D * F
-    vec_stride = 9 * D + F
     split_stride = T * D
     for p in range(phase_lo, phase_hi):
         if p == 0:
@@ -183,6 +182,7 @@ def encode_persistent(
     cfg = w.config
     assert w.flat is not None
     t, d, f = input_ids.shape[0], cfg.hidden_size, cfg.intermediate_size
+    strides = (w.flat.mats.stride(0), w.flat.vecs.stride(0))  # elements per layer
     dev = input_ids.device
     on_gpu = dev.type == "cuda"
     programs = programs or (_sm_count(dev.index or 0) if on_gpu else 4)
@@ -209,7 +209,7 @@ def encode_persistent(
             w.word_embeddings, w.position_embeddings, w.token_type_embeddings,
             w.emb_ln_weight, w.emb_ln_bias, w.flat.mats, w.flat.vecs, w.qa_weight, w.qa_bias,
             x, qkv, ctx, part, h, logits, bar,
-            t, n_seqs, max_seqlen, cfg.num_layers, lo, hi, d, f, cfg.layer_norm_eps,
+            t, n_seqs, max_seqlen, cfg.num_layers, lo, hi, d, f, *strides, cfg.layer_norm_eps,
             softmax_scale(cfg.head_dim),
             H=cfg.num_heads, HEAD_DIM=cfg.head_dim, BLOCK_DH=head_block(cfg.head_dim),
             BLOCK_D=triton.next_power_of_2(d), ROWS=2, ATT_BM=ATTN_SMALL[0], ATT_BN=ATTN_SMALL[1],
