@@ -68,17 +68,19 @@ def steps(kernels: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def trace_shape(name: str, batch: int, seq: int, options: dict[str, Any],
-                out: Path) -> dict[str, Any]:
+                out: Path, mix: bool = False, dtype: str = "float16") -> dict[str, Any]:
     import numpy as np
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from benchmarks.bench_gpu import device_packed, make_hf, make_ours, random_padded
+    from benchmarks.bench_gpu import device_packed, make_hf, make_ours, random_padded, squad_lengths
 
     model, cfg = make_hf(name)
-    eng = make_ours(model, cfg, dtype="float16", **options)
+    eng = make_ours(model, cfg, dtype=dtype, **options)
     rng = np.random.default_rng(4)
-    x = device_packed(*random_padded(rng, batch, seq))
+    lengths = rng.choice(squad_lengths(), batch) if mix else None
+    x = device_packed(*random_padded(rng, batch, seq, lengths))
+    shape = f"{batch}x{'mix' if mix else seq}" + ("" if dtype == "float16" else f"_{dtype}")
     with torch.inference_mode():
         for _ in range(5):
             eng._run_device(*x)
@@ -89,7 +91,7 @@ def trace_shape(name: str, batch: int, seq: int, options: dict[str, Any],
                 torch.cuda.synchronize()
                 eng._run_device(*x)
                 torch.cuda.synchronize()
-    path = out / f"trace_{name}_{batch}x{seq}.json"
+    path = out / f"trace_{name}_{shape}.json"
     prof.export_chrome_trace(str(path))
     events = [e for e in json.loads(path.read_text())["traceEvents"]
               if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and "dur" in e]
@@ -98,9 +100,9 @@ def trace_shape(name: str, batch: int, seq: int, options: dict[str, Any],
     last = events[marks[-1] + 1:]
     path.write_text(json.dumps([{k: e[k] for k in ("name", "ts", "dur")} for e in last]))
     graph = [e for e in last if kind(e["name"]) != "copy/fill"]
-    res = {"model": name, "shape": f"{batch}x{seq}", "options": options, **steps(last),
+    res = {"model": name, "shape": shape, "options": options, **steps(last),
            "graph_span_us": steps(graph)["span_us"]}
-    print(f"trace {name} {batch}x{seq}: span {res['span_us']:.1f} us (graph "
+    print(f"trace {name} {shape}: span {res['span_us']:.1f} us (graph "
           f"{res['graph_span_us']:.1f}), {res['kernels']} "
           "kernels; " + ", ".join(f"{k} {v['count']}x {v['step_us']:.1f}"
                                   for k, v in res["by_kind"].items()), flush=True)
@@ -126,7 +128,11 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--out", type=Path, default=REPO / "build" / "trace")
-    p.add_argument("--shapes", default="bert-base:1x128,bert-large:1x128,bert-large:1x384")
+    p.add_argument("--shapes", default="bert-base:1x128,bert-large:1x128,bert-large:1x384",
+                   help="MODEL:BxS list of full-length windows ('' for none)")
+    p.add_argument("--mix", action="append", default=[],
+                   help="MODEL:WINDOWS[:DTYPE], a batch of SQuAD-dev-length windows "
+                        "(DTYPE float16 or fp8; repeatable)")
     p.add_argument("--option", action="append", default=[],
                    help="FusedEngine keyword for every shape, KEY=VALUE (repeatable)")
     args = p.parse_args()
@@ -138,7 +144,11 @@ def main() -> None:
     from benchmarks.bench_gpu import parse_shapes
 
     results = [trace_shape(name, b, s, options, args.out)
-               for name, b, s in parse_shapes(args.shapes)]
+               for name, b, s in (parse_shapes(args.shapes) if args.shapes else [])]
+    for item in args.mix:
+        name, windows, *dtype = item.split(":")
+        results.append(trace_shape(name, int(windows), 384, options, args.out, mix=True,
+                                   dtype=dtype[0] if dtype else "float16"))
     (args.out / "trace.md").write_text(markdown(results))
     print(markdown(results))
 

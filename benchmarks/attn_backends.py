@@ -1,0 +1,242 @@
+"""Packed (variable-length) attention: our Triton kernel against the library kernels torch
+ships, on the same inputs, in one run.
+
+    python3 benchmarks/attn_backends.py --out attn.json [--shapes bert-large:mix256,...]
+
+Competitors, all over the same packed QKV GEMM output and ``cu_seqlens``:
+
+* ``triton``: ``kernels.attention_varlen`` (takes the bias-free QKV and the bias);
+* ``flash``: ``aten._flash_attention_forward`` with cumulative lengths (FlashAttention 2);
+* ``cudnn``: ``aten._cudnn_attention_forward`` with cumulative lengths (ragged layout);
+* ``efficient``: ``aten._efficient_attention_forward`` (xFormers' CUTLASS kernel).
+
+The library kernels get Q, K, V as strided views of the QKV output with the bias already
+added (in the engine a GEMM epilogue would add it). Each competitor is timed by replaying a
+CUDA graph of ``--layers`` calls (one per layer, as in a pass), so host launch cost is
+excluded; a competitor that cannot be captured is timed eagerly and says so. Outputs are
+compared with the Triton kernel's. Shapes: ``MODEL:BxS`` (full-length windows) or
+``MODEL:mixN`` (N windows with lengths drawn from the SQuAD dev windows). Random inputs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+BACKENDS = ("triton", "flash", "cudnn", "efficient")
+
+
+def parse_shape(item: str) -> tuple[str, int, int | None]:
+    """``bert-large:1x384`` -> (model, 1, 384); ``bert-large:mix256`` -> (model, 256, None)."""
+    name, spec = item.split(":")
+    if spec.startswith("mix"):
+        return name, int(spec[3:]), None
+    b, s = spec.split("x")
+    return name, int(b), int(s)
+
+
+def attention_flops(lengths: list[int], hidden: int) -> float:
+    """FLOPs of QK^T and PV over packed sequences: 4 * s^2 * hidden per sequence."""
+    return float(sum(4 * s * s * hidden for s in lengths))
+
+
+def _library_call(backend: str, qkv_b: Any, cu: Any, max_len: int, heads: int,
+                  scale: float) -> Callable[[], Any]:
+    import torch
+
+    t, three_d = qkv_b.shape
+    d = three_d // 3
+    v3 = qkv_b.view(t, 3, heads, d // heads)
+    q, k, v = v3[:, 0], v3[:, 1], v3[:, 2]
+    aten = torch.ops.aten
+    if backend == "flash":
+        return lambda: aten._flash_attention_forward(q, k, v, cu, cu, max_len, max_len, 0.0,
+                                                     False, False, scale=scale)[0]
+    if backend == "cudnn":
+        return lambda: aten._cudnn_attention_forward(q, k, v, None, cu, cu, max_len, max_len,
+                                                     False, 0.0, False, False, scale=scale)[0]
+    if backend == "efficient":
+        return lambda: aten._efficient_attention_forward(
+            q[None], k[None], v[None], None, cu, cu, max_len, max_len, 0.0, 0, False,
+            scale=scale)[0][0]
+    raise ValueError(backend)
+
+
+def _time_graph(fn: Callable[[], Any], layers: int, replays: int) -> tuple[float, bool]:
+    """Median µs per call of ``fn`` replayed as a graph of ``layers`` calls (or eagerly)."""
+    import torch
+
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    try:
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            for _ in range(layers):
+                fn()
+        run, graphed = g.replay, True
+    except Exception:
+        torch.cuda.synchronize()
+
+        def run() -> None:
+            for _ in range(layers):
+                fn()
+        graphed = False
+    for _ in range(3):
+        run()
+    times = []
+    for _ in range(replays):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        run()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3 / layers)
+    return statistics.median(times), graphed
+
+
+def run_shape(name: str, batch: int, seq: int | None, layers: int,
+              replays: int) -> dict[str, Any]:
+    import numpy as np
+    import torch
+
+    from benchmarks.bench_gpu import MODELS, squad_lengths
+    from engine.fused.kernels import attention_varlen
+
+    cfg = MODELS[name]
+    d, heads = cfg["hidden_size"], cfg["num_attention_heads"]
+    rng = np.random.default_rng(3)
+    lengths = ([int(v) for v in rng.choice(squad_lengths(), batch)] if seq is None
+               else [seq] * batch)
+    t, max_len = sum(lengths), max(lengths)
+    cu = torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int32,
+                      device="cuda")
+    g = torch.Generator(device="cuda").manual_seed(0)
+    qkv = torch.randn((t, 3 * d), generator=g, device="cuda", dtype=torch.float16)
+    bias = torch.randn((3 * d,), generator=g, device="cuda", dtype=torch.float16) * 0.1
+    qkv_b = qkv + bias
+    scale = (d // heads) ** -0.5
+    label = f"{name} {'mix' if seq is None else 'x'.join(map(str, (batch, seq)))}"
+    row: dict[str, Any] = {"shape": label, "tokens": t, "windows": batch,
+                           "gflop_per_call": attention_flops(lengths, d) / 1e9}
+    ref = attention_varlen(qkv, bias, cu, max_len, batch, heads)
+    for backend in BACKENDS:
+        try:
+            if backend == "triton":
+                def fn() -> Any:
+                    return attention_varlen(qkv, bias, cu, max_len, batch, heads)
+            else:
+                fn = _library_call(backend, qkv_b, cu, max_len, heads, scale)
+            out = fn().reshape(t, d)
+            err = float((out.float() - ref.float()).abs().max())
+            us, graphed = _time_graph(fn, layers, replays)
+            row[backend] = {"us": us, "tflops": row["gflop_per_call"] / us * 1e-3,
+                            "max_abs_vs_triton": err, "graphed": graphed}
+        except Exception as exc:
+            row[backend] = {"error": repr(exc)[:300]}
+        print(f"{label} {backend}: {row[backend]}", flush=True)
+    return row
+
+
+def gemm_bias(name: str, windows: int, replays: int) -> dict[str, Any]:
+    """What a library attention costs upstream: the QKV GEMM adding the bias itself.
+
+    Per SQuAD-mix batch of ``windows``, µs of the QKV GEMM without and with a bias in the
+    GEMM's epilogue, for fp16 (``mm`` vs cuBLASLt ``addmm``) and row-scaled FP8
+    (``_scaled_mm`` with and without ``bias=``)."""
+    import numpy as np
+    import torch
+
+    from benchmarks.bench_gpu import MODELS, squad_lengths
+    from engine.fused.fp8 import quantize_rows
+
+    d = MODELS[name]["hidden_size"]
+    t = int(np.random.default_rng(3).choice(squad_lengths(), windows).sum())
+    g = torch.Generator(device="cuda").manual_seed(1)
+    x = torch.randn((t, d), generator=g, device="cuda", dtype=torch.float16)
+    w = torch.randn((3 * d, d), generator=g, device="cuda", dtype=torch.float16) * 0.03
+    b = torch.randn((3 * d,), generator=g, device="cuda", dtype=torch.float16)
+    xq, wq = quantize_rows(x), quantize_rows(w)
+    sw = wq.scale.t().contiguous()
+    calls = {
+        "mm": lambda: torch.mm(x, w.t()),
+        "addmm_bias": lambda: torch.addmm(b, x, w.t()),
+        "scaled_mm": lambda: torch._scaled_mm(xq.data, wq.data.t(), scale_a=xq.scale,
+                                              scale_b=sw, out_dtype=torch.float16),
+        "scaled_mm_bias": lambda: torch._scaled_mm(xq.data, wq.data.t(), scale_a=xq.scale,
+                                                   scale_b=sw, bias=b,
+                                                   out_dtype=torch.float16),
+    }
+    row: dict[str, Any] = {"shape": f"{name} mix{windows} QKV GEMM", "tokens": t}
+    ref = calls["addmm_bias"]().float()
+    for key, fn in calls.items():
+        try:
+            out = fn().float()
+            err = float(((out if "bias" in key else out + b.float()) - ref).abs().max())
+            us, graphed = _time_graph(fn, 24, replays)
+            row[key] = {"us": us, "max_abs_vs_addmm": err, "graphed": graphed}
+        except Exception as exc:
+            row[key] = {"error": repr(exc)[:300]}
+        print(f"{row['shape']} {key}: {row[key]}", flush=True)
+    return row
+
+
+def table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| shape | tokens | " + " | ".join(f"{b}: µs (TFLOP/s)" for b in BACKENDS) + " |",
+             "|---|---|" + "---|" * len(BACKENDS)]
+    for r in rows:
+        cells = []
+        for b in BACKENDS:
+            v = r[b]
+            cells.append(f"{v['us']:.1f} ({v['tflops']:.0f})" + ("" if v["graphed"] else " eager")
+                         if "us" in v else "n/a")
+        lines.append(f"| {r['shape']} | {r['tokens']} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shapes", default="bert-large:mix256,bert-large:1x384,bert-base:1x128,"
+                                       "bert-base:mix256")
+    p.add_argument("--layers", type=int, default=24, help="calls per captured graph")
+    p.add_argument("--replays", type=int, default=20)
+    p.add_argument("--gemm", default="bert-large:mix256",
+                   help="also time the QKV GEMM with its bias in the epilogue ('' skips)")
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args()
+    sys.path.insert(0, str(REPO))
+    import torch
+
+    rows: list[dict[str, Any]] = []
+    gemms: list[dict[str, Any]] = []
+
+    def save() -> None:  # after every shape: a cut-short run keeps what it measured
+        if args.out:
+            args.out.write_text(json.dumps({"gpu": torch.cuda.get_device_name(),
+                                            "torch": torch.__version__,
+                                            "cudnn": torch.backends.cudnn.version(),
+                                            "rows": rows, "gemm_bias": gemms}, indent=1))
+
+    for item in filter(None, args.shapes.split(",")):
+        rows.append(run_shape(*parse_shape(item), args.layers, args.replays))
+        save()
+    for item in filter(None, args.gemm.split(",")):
+        name, windows, _ = parse_shape(item)
+        gemms.append(gemm_bias(name, windows, args.replays))
+        save()
+    print(table(rows))
+
+
+if __name__ == "__main__":
+    main()
