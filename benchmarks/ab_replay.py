@@ -9,11 +9,19 @@ with the first variant's.
 
     python3 benchmarks/ab_replay.py --model bert-large --shape 1x384 \\
         --variant base='{}' --variant no_prefetch='{"prefetch": false}' --out ab.json
+
+``--shape mixN`` runs N windows with SQuAD dev lengths (``bench_gpu.squad_lengths``);
+``--dtype fp8`` builds the e4m3 engine. ``--set NAME:module.ATTR=VALUE`` sets a module
+constant (a Python literal) while variant NAME's graph is captured, and restores it after:
+launch choices that are not engine options (e.g. the row kernels' tiles,
+``engine.fused.kernels.rows.ROW_TILE_LARGE``) are fixed into the graph at capture.
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
+import importlib
 import json
 import statistics
 import sys
@@ -42,11 +50,25 @@ def _variant(text: str) -> tuple[str, dict[str, Any]]:
     return name, _tuples(parsed)
 
 
+def _setting(text: str) -> tuple[str, str, str, Any]:
+    """``NAME:module.ATTR=VALUE`` -> (NAME, module, ATTR, VALUE as a Python literal)."""
+    name, _, rest = text.partition(":")
+    target, _, value = rest.partition("=")
+    module, _, attr = target.rpartition(".")
+    if not (name and module and attr and value):
+        raise argparse.ArgumentTypeError(f"expected NAME:module.ATTR=VALUE, got {text!r}")
+    return name, module, attr, ast.literal_eval(value)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="bert-large")
-    p.add_argument("--shape", default="1x384", help="BATCHxSEQ, full-length windows")
+    p.add_argument("--shape", default="1x384",
+                   help="BATCHxSEQ (full-length windows) or mixN (SQuAD dev lengths)")
+    p.add_argument("--dtype", default="float16", help="float16, bfloat16 or fp8")
+    p.add_argument("--set", type=_setting, action="append", default=[],
+                   help="NAME:module.ATTR=VALUE while variant NAME is captured")
     p.add_argument("--variant", type=_variant, action="append", required=True,
                    help="NAME=JSON engine options (the first is the reference)")
     p.add_argument("--rounds", type=int, default=5)
@@ -57,29 +79,44 @@ def main() -> None:
     import numpy as np
     import torch
 
-    from benchmarks.bench_gpu import device_packed, make_hf, make_ours, random_padded
+    from benchmarks.bench_gpu import device_packed, make_hf, make_ours, random_padded, squad_lengths
     from engine.fused.engine import FusedEngine
 
-    batch, seq = (int(v) for v in args.shape.split("x"))
+    rng = np.random.default_rng(5)
+    if args.shape.startswith("mix"):
+        batch, seq = int(args.shape[3:]), 384
+        lengths = rng.choice(squad_lengths(), batch)
+    else:
+        batch, seq = (int(v) for v in args.shape.split("x"))
+        lengths = np.full(batch, seq)
     model, cfg = make_hf(args.model)
-    first = make_ours(model, cfg, dtype="float16")
+    first = make_ours(model, cfg, dtype=args.dtype)
     del model
-    x = device_packed(*random_padded(np.random.default_rng(5), batch, seq, lengths=[seq] * batch))
-    engines = {name: FusedEngine(first.weights, "cuda", **opts)  # type: ignore[arg-type]
+    x = device_packed(*random_padded(rng, batch, seq, lengths=lengths))
+    engines = {name: FusedEngine(first.weights, "cuda",  # type: ignore[arg-type]
+                                 **{"max_graph_tokens": 65536, **opts})
                for name, opts in args.variant}
     replays = {}
     ref = None
-    result: dict[str, Any] = {"model": args.model, "shape": args.shape,
+    result: dict[str, Any] = {"model": args.model, "shape": args.shape, "dtype": args.dtype,
                               "gpu": torch.cuda.get_device_name(), "variants": {}}
     with torch.inference_mode():
         for name, eng in engines.items():
-            out = eng._run_device(*x)
+            saved = []
+            for _, module, attr, value in (t for t in args.set if t[0] == name):
+                mod = importlib.import_module(module)
+                saved.append((mod, attr, getattr(mod, attr)))
+                setattr(mod, attr, value)
+            out = eng._run_device(*x)  # captures this shape's graph
+            for mod, attr, old in reversed(saved):
+                setattr(mod, attr, old)
             ref = out if ref is None else ref
             bucket = eng._graph_bucket(x[0].shape[0], x[3].shape[0] - 1, x[4])
             assert bucket is not None and eng._graphs is not None, "no graph for this shape"
             replays[name] = (eng._graphs, bucket)
             result["variants"][name] = {
                 "options": dict(args.variant)[name],
+                "set": [t[1:] for t in args.set if t[0] == name],
                 "max_abs_vs_first": float((out - ref).abs().max()), "round_ms": []}
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         for _ in range(args.rounds):

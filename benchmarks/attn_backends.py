@@ -105,8 +105,9 @@ def _time_graph(fn: Callable[[], Any], layers: int, replays: int) -> tuple[float
     return statistics.median(times), graphed
 
 
-def run_shape(name: str, batch: int, seq: int | None, layers: int,
-              replays: int) -> dict[str, Any]:
+def run_shape(name: str, batch: int, seq: int | None, layers: int, replays: int,
+              tiles: tuple[tuple[int, int, int, int], ...] = (),
+              backends: tuple[str, ...] = BACKENDS) -> dict[str, Any]:
     import numpy as np
     import torch
 
@@ -130,7 +131,7 @@ def run_shape(name: str, batch: int, seq: int | None, layers: int,
     row: dict[str, Any] = {"shape": label, "tokens": t, "windows": batch,
                            "gflop_per_call": attention_flops(lengths, d) / 1e9}
     ref = attention_varlen(qkv, bias, cu, max_len, batch, heads)
-    for backend in BACKENDS:
+    for backend in backends:
         try:
             if backend == "triton":
                 def fn() -> Any:
@@ -140,11 +141,22 @@ def run_shape(name: str, batch: int, seq: int | None, layers: int,
             out = fn().reshape(t, d)
             err = float((out.float() - ref.float()).abs().max())
             us, graphed = _time_graph(fn, layers, replays)
-            row[backend] = {"us": us, "tflops": row["gflop_per_call"] / us * 1e-3,
+            row[backend] = {"us": us, "tflops": row["gflop_per_call"] / us * 1e3,
                             "max_abs_vs_triton": err, "graphed": graphed}
         except Exception as exc:
             row[backend] = {"error": repr(exc)[:300]}
         print(f"{label} {backend}: {row[backend]}", flush=True)
+    for cfg in tiles:  # the Triton kernel with imposed tiles
+        key = "triton " + "x".join(map(str, cfg))
+        try:
+            def tiled(cfg: tuple[int, int, int, int] = cfg) -> Any:
+                return attention_varlen(qkv, bias, cu, max_len, batch, heads, config=cfg)
+            err = float((tiled().float() - ref.float()).abs().max())
+            us, _ = _time_graph(tiled, layers, replays)
+            row.setdefault("tiles", {})[key] = {"us": us, "max_abs_vs_triton": err}
+        except Exception as exc:
+            row.setdefault("tiles", {})[key] = {"error": repr(exc)[:300]}
+        print(f"{label} {key}: {row['tiles'][key]}", flush=True)
     return row
 
 
@@ -197,7 +209,7 @@ def table(rows: list[dict[str, Any]]) -> str:
     for r in rows:
         cells = []
         for b in BACKENDS:
-            v = r[b]
+            v = r.get(b, {})
             cells.append(f"{v['us']:.1f} ({v['tflops']:.0f})" + ("" if v["graphed"] else " eager")
                          if "us" in v else "n/a")
         lines.append(f"| {r['shape']} | {r['tokens']} | " + " | ".join(cells) + " |")
@@ -210,6 +222,9 @@ def main() -> None:
     p.add_argument("--shapes", default="bert-large:mix256,bert-large:1x384,bert-base:1x128,"
                                        "bert-base:mix256")
     p.add_argument("--layers", type=int, default=24, help="calls per captured graph")
+    p.add_argument("--backends", default=",".join(BACKENDS))
+    p.add_argument("--tiles", default="",
+                   help="extra Triton tiles, 'BMxBNxWARPSxSTAGES,...' (e.g. 64x64x4x3)")
     p.add_argument("--replays", type=int, default=20)
     p.add_argument("--gemm", default="bert-large:mix256",
                    help="also time the QKV GEMM with its bias in the epilogue ('' skips)")
@@ -229,7 +244,9 @@ def main() -> None:
                                             "rows": rows, "gemm_bias": gemms}, indent=1))
 
     for item in filter(None, args.shapes.split(",")):
-        rows.append(run_shape(*parse_shape(item), args.layers, args.replays))
+        tiles = [tuple(int(v) for v in c.split("x")) for c in filter(None, args.tiles.split(","))]
+        rows.append(run_shape(*parse_shape(item), args.layers, args.replays,
+                              tuple(tiles), tuple(args.backends.split(","))))  # type: ignore[arg-type]
         save()
     for item in filter(None, args.gemm.split(",")):
         name, windows, _ = parse_shape(item)

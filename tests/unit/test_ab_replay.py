@@ -1,4 +1,4 @@
-"""Argument parsing of the GPU benchmark tools (`ab_replay.py`, shape lists; no GPU needed)."""
+"""Argument parsing and helpers of the GPU benchmark tools (no GPU needed)."""
 
 from __future__ import annotations
 
@@ -33,3 +33,41 @@ def test_shape_lists_of_the_gpu_benchmarks() -> None:
         ("bert-base", 1, 128), ("bert-large", 32, 384)]
     with pytest.raises(ValueError):
         parse_shapes("bert-base:1-128")
+
+
+def test_settings_are_a_variant_a_module_constant_and_a_literal() -> None:
+    from benchmarks.ab_replay import _setting
+
+    assert _setting("v7:engine.fused.kernels.rows.ROW_TILE_LARGE=(4096, 2)") == (
+        "v7", "engine.fused.kernels.rows", "ROW_TILE_LARGE", (4096, 2))
+    for bad in ("engine.rows.X=1", "v7:X=1", "v7:engine.rows.X", "v7:engine.rows.X=open()"):
+        with pytest.raises((argparse.ArgumentTypeError, ValueError)):
+            _setting(bad)
+
+
+def test_attention_benchmark_shapes_and_flops() -> None:
+    from benchmarks.attn_backends import attention_flops, parse_shape
+
+    assert parse_shape("bert-large:mix256") == ("bert-large", 256, None)
+    assert parse_shape("bert-base:1x128") == ("bert-base", 1, 128)
+    # QK^T and PV: 2 * s^2 * hidden multiply-adds each, per sequence
+    assert attention_flops([128, 64], 768) == 4 * 768 * (128**2 + 64**2)
+
+
+def test_block_quantization_of_the_fp8_scaling_benchmark() -> None:
+    """Each 1x128 (or 128x128) block gets its own amax/448 scale; dequantized, the
+    blocks are within e4m3's relative rounding (2**-4) of their block maximum."""
+    import torch
+
+    from benchmarks.fp8_scaling import quantize_blocks
+
+    x = torch.randn(200, 300)
+    x[:, 5] = 200.0  # an outlier channel inflates only its own blocks' scales
+    for rows, cols in ((1, 128), (128, 128), (1, 300)):
+        q, scale = quantize_blocks(x, rows, cols)
+        assert scale.shape == (-(-200 // rows), -(-300 // cols))
+        s = scale.repeat_interleave(rows, 0)[:200].repeat_interleave(cols, 1)[:, :300]
+        err = (q.float() * s - x).abs() / (s * 448)
+        assert float(err.max()) <= 2**-4
+    _, s_blocks = quantize_blocks(x, 1, 128)
+    assert float(s_blocks[:, 1:].max()) < float(s_blocks[:, 0].min())  # outlier kept to block 0

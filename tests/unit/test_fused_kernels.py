@@ -248,6 +248,27 @@ def _check_gelu(dtype_name: str, tanh: bool, fp8: bool) -> tuple[float, float]:
     return _rel(out, ref), _TOL[dtype_name]
 
 
+def _check_gelu_range() -> tuple[float, float]:
+    """The erf GELU's rational-exponential erfc over its whole range, in float32: near 0,
+    through the tails where one side goes to x and the other to 0, out to +-inf (no
+    NaN from 1/inf or exp2(-inf)). Error: max |out - ref| over max(|x| / 2, 1), against
+    A&S 7.1.26's 1.5e-7 in erf plus float32 rounding."""
+    import torch
+
+    from engine.fused import kernels as k
+
+    x = torch.cat([torch.linspace(-12, 12, 4001), torch.tensor([-1e30, 1e30, 1e-30, 0.0])])
+    h = x.view(1, -1).float()
+    out, _ = k.bias_gelu(h.clone(), torch.zeros(h.shape[1]))
+    ref = _gelu64(x.double(), False)
+    inf = torch.tensor([float("inf"), float("-inf")])
+    out_inf, _ = k.bias_gelu(inf.view(1, 2).clone(), torch.zeros(2))
+    if out_inf[0, 0] != float("inf") or not torch.isnan(out_inf[0, 1]):  # as erf's 0.5x(1-1)
+        return math.inf, 1.0
+    err = ((out[0].double() - ref).abs() / (x.double().abs() / 2).clamp(min=1)).max()
+    return float(err), 4e-7
+
+
 def _check_gemm_gelu(dtype_name: str, tanh: bool, loads: int = 0) -> tuple[float, float]:
     """FFN1 GEMM + bias + GELU in one kernel; M and N off the tile grid (clamped loads, or
     the zero fill of TMA boxes with ``loads=1``)."""
@@ -470,6 +491,7 @@ CASES: dict[str, Callable[[], tuple[float, float]]] = {
     "residual_ln_bf16": lambda: _check_residual_ln("bfloat16", False),
     "residual_ln_qa_head": _check_residual_ln_qa,
     "gelu_erf_fp32": lambda: _check_gelu("float32", False, False),
+    "gelu_erf_range": _check_gelu_range,
     "gelu_erf_fp16": lambda: _check_gelu("float16", False, False),
     "gelu_tanh_fp32": lambda: _check_gelu("float32", True, False),
     "gelu_erf_fp8": lambda: _check_gelu("float16", False, True),

@@ -194,18 +194,27 @@ def _bias_gelu_kernel(
 
 # ----------------------------------------------------------------------------- launchers
 
+# Large batches (8192+ rows): (elements per program, at least this many rows) of the row
+# kernels (``_row_tile``), and (column block cap, rows per program) of the fp16 bias + GELU.
+# Module constants so that benchmarks can A/B them (``ab_replay.py --set``). H200,
+# 2026-11-30, BERT-large SQuAD mix: alone (``bench_rows.py``, 47,391 rows) smaller tiles
+# won (residual LN + e4m3 copy 85 us at 2048 elements vs 100; bias + GELU + e4m3 193 vs
+# 213 at one 4096-row; fp16 bias + GELU 188 vs 209 at one 4096-row), but inside the pass
+# (``ab_replay.py --set``, graph replay, 5 interleaved rounds) these tiles were faster:
+# FP8 43.43 vs 43.70 ms, fp16 56.82 vs 57.01.
+ROW_TILE_LARGE = (4096, 2)
+GELU_TILE = (1024, 4)
+
 
 def _row_tile(n_rows: int, width: int) -> tuple[int, int, int]:
     """(BLOCK, ROWS, num_warps) for a row-wise kernel over ``width`` columns.
 
     Small batches get 2 rows per program (more programs for few tokens); large ones
-    about 2048 elements per program, at least a whole row. H200, 2026-11-30, 47,391 rows
-    (`benchmarks/bench_rows.py`): residual LayerNorm at width 1024 85 us with e4m3 copy
-    and 70 without at 2 rows / 4 warps, against 100 and 75 at 4 rows / 8 warps; bias +
-    GELU with e4m3 copy at width 4096 193 us at 1 row / 8 warps, 213 at 2 rows.
+    ``ROW_TILE_LARGE``: about 4096 elements per program, at least 2 rows.
     """
     block = triton.next_power_of_2(width)
-    rows = 2 if n_rows < 8192 else max(1, 2048 // block)
+    elements, min_rows = ROW_TILE_LARGE
+    rows = 2 if n_rows < 8192 else max(min_rows, elements // block)
     warps = 4 if block * rows <= 2048 else 8
     return block, rows, warps
 
@@ -333,10 +342,9 @@ def bias_gelu(
         out = h
     else:
         q = qs = h
-        # Whole rows of up to 4096 per program (H200, 2026-11-30, 47,391 x 4096: 188 us,
-        # against 209 for 4 rows of 1024 columns with 4 warps).
-        block = min(4096, triton.next_power_of_2(f))
-        rows, warps = 1, (8 if block >= 2048 else 4)
+        cap, rows = GELU_TILE
+        block = min(cap, triton.next_power_of_2(f))
+        warps = 8 if block >= 2048 else 4
         grid = (triton.cdiv(n, rows), triton.cdiv(f, block))
         out = h if splits == 1 and out_dtype in (None, h.dtype) else torch.empty(
             (n, f), device=h.device, dtype=out_dtype or h.dtype)
