@@ -11,10 +11,12 @@ with the first variant's.
         --variant base='{}' --variant no_prefetch='{"prefetch": false}' --out ab.json
 
 ``--shape mixN`` runs N windows with SQuAD dev lengths (``bench_gpu.squad_lengths``);
-``--dtype fp8`` builds the e4m3 engine. ``--set NAME:module.ATTR=VALUE`` sets a module
+``--dtype fp8`` builds the e4m3 engine; a variant's ``"fp8_scaling": "blocks"`` packs its
+own block-scaled weights. ``--set NAME:module.ATTR=VALUE`` sets a module
 constant (a Python literal) while variant NAME's graph is captured, and restores it after:
 launch choices that are not engine options (e.g. the row kernels' tiles,
-``engine.fused.kernels.rows.ROW_TILE_LARGE``) are fixed into the graph at capture.
+``engine.fused.kernels.rows.ROW_TILE_LARGE``) are fixed into the graph at capture. Set the
+module that *reads* the constant (a re-export elsewhere changes nothing).
 """
 
 from __future__ import annotations
@@ -75,7 +77,14 @@ def main() -> None:
     p.add_argument("--iters", type=int, default=200)
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
+    names = {name for name, _ in args.variant}
+    for name, *_ in args.set:
+        if name not in names:
+            p.error(f"--set names variant {name!r}, which is not one of {sorted(names)}")
     sys.path.insert(0, str(REPO))
+    for _, module, attr, _ in args.set:  # a typo would silently A/B identical graphs
+        if not hasattr(importlib.import_module(module), attr):
+            p.error(f"--set: {module} has no attribute {attr!r}")
     import numpy as np
     import torch
 
@@ -90,12 +99,18 @@ def main() -> None:
         batch, seq = (int(v) for v in args.shape.split("x"))
         lengths = np.full(batch, seq)
     model, cfg = make_hf(args.model)
-    first = make_ours(model, cfg, dtype=args.dtype)
+    weights: dict[str, Any] = {}  # per fp8_scaling (a packing choice, not an engine option)
+    engines = {}
+    for name, opts in args.variant:
+        opts = dict(opts)
+        scaling = opts.pop("fp8_scaling", "rows")
+        if scaling not in weights:
+            weights[scaling] = make_ours(model, cfg, dtype=args.dtype,
+                                         fp8_scaling=scaling).weights
+        engines[name] = FusedEngine(weights[scaling], "cuda",  # type: ignore[arg-type]
+                                    **{"max_graph_tokens": 65536, **opts})
     del model
     x = device_packed(*random_padded(rng, batch, seq, lengths=lengths))
-    engines = {name: FusedEngine(first.weights, "cuda",  # type: ignore[arg-type]
-                                 **{"max_graph_tokens": 65536, **opts})
-               for name, opts in args.variant}
     replays = {}
     ref = None
     result: dict[str, Any] = {"model": args.model, "shape": args.shape, "dtype": args.dtype,

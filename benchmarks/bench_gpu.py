@@ -743,7 +743,9 @@ def section_f1(res: dict[str, Any]) -> None:
                                        "--batch-windows", "1", "--engine-option",
                                        "small_batch_max_tokens=512", "--engine-option",
                                        "persistent=true"]),
-            ("fused_fp8", ["--engine", "fused", "--dtype", "fp8"])]
+            ("fused_fp8", ["--engine", "fused", "--dtype", "fp8"]),
+            ("fused_fp8_blocks", ["--engine", "fused", "--dtype", "fp8", "--engine-option",
+                                  "fp8_scaling=blocks"])]
     for label, extra in [r for r in runs if OPTS.get("f1") is None or r[0] in OPTS["f1"]]:
         t0 = time.time()
         score = evaluate(base + extra)

@@ -8,9 +8,9 @@ fp16 out, or the per-row e4m3 copy and scales), and bias + residual + LayerNorm 
 fp16 in; fp16 out, plus the e4m3 copy with ``fp8``). Each configuration (rows per program,
 warps) runs as a CUDA graph of ``--layers`` calls; its output is compared with the
 launcher's default configuration's. Bytes are what the kernel must move (inputs read once,
-outputs written once). For scale, the run also times ``torch`` copying 512 MiB (read +
-write bytes per second; on the H200, 2026-11-30, 2.7 TB/s, which the row kernels beat: it
-is a reference, not a ceiling). Random inputs.
+outputs written once). For scale, the run also times ``torch`` copying 512 MiB in a CUDA graph
+(read + write bytes per second; on the H200, 2026-11-30, 2.7 TB/s, well under the 4.1-4.2
+TB/s ``bench_gpu.py`` measures for its device copy: a reference, not a ceiling). Random inputs.
 """
 
 from __future__ import annotations
@@ -95,13 +95,14 @@ def main() -> None:
         return (q8.float() * qs) if fp8 else out16.float()
 
     fb, fr, fw = r._row_tile(t, f)
+    gelu16_default = r._gelu_tile(f)
     _, lr, lw = r._row_tile(t, d)
     cases: list[tuple[str, int, list[tuple[tuple[int, ...], Any]], bool, bool]] = [
         ("bias_gelu fp8", t * f * 3 + t * 4,
          [((fr, fw), gelu(fb, fr, fw, True))]
          + [((rows, w), gelu(fb, rows, w, True)) for rows, w in GELU_TILES], True, False),
         ("bias_gelu fp16", t * f * 4,
-         [((min(4096, f), 1, 8), gelu(min(4096, f), 1, 8, False))]
+         [(gelu16_default, gelu(*gelu16_default, False))]
          + [(c, gelu(c[0], c[1], c[2], False)) for c in GELU16_TILES], False, False),
         ("residual_ln fp8", t * d * 7 + t * 4,
          [((lr, lw), ln(lr, lw, True))] + [((rows, w), ln(rows, w, True))

@@ -9,7 +9,12 @@ Schemes, each ``x @ w.T`` from e4m3 with float32 scales, fp16 output:
   the engine's FP8 path;
 * ``block_1x128_128x128``: one scale per token per 128 input channels, one per 128x128
   block of ``w`` (DeepSeek-V3's recipe);
-* ``block_1x128_1x128``: per token and per output channel, each per 128 input channels.
+* ``block_1x128_1x128``: per token and per output channel, each per 128 input channels;
+* ``cutlass_1x128_128x128``: the first block scheme through the engine's CUTLASS kernel
+  (``engine.fused.cutlass_fp8``), when its library is built.
+
+The block-wise ``_scaled_mm`` calls need the token count to be a multiple of 4 (their
+M-major scales are read in 16-byte rows): pass ``--tokens 47392``.
 
 Each is timed by replaying a CUDA graph of 24 calls. Its error is the max and mean
 absolute difference from the fp16 GEMM of the unquantized operands (float32
@@ -79,6 +84,15 @@ def measure(name: str, n: int, k: int, t: int, g: Any, replays: int) -> dict[str
             for la, sa in (("M-major", sxb.t().contiguous().t()), ("K-major", sxb.contiguous()))
             for lb, sb in (("N-major", swc.t().contiguous()), ("K-major", swc.contiguous().t()))],
     }
+    from engine.fused import cutlass_fp8
+    from engine.fused.fp8 import quantize_blocks as quantize_act_blocks
+    from engine.fused.fp8 import quantize_weight_blocks
+
+    if cutlass_fp8.available():  # the engine's block-wise path, on the same operands
+        xq = quantize_act_blocks(x)
+        w8, ws = quantize_weight_blocks(w)
+        schemes["cutlass_1x128_128x128"] = [("engine layouts", lambda: cutlass_fp8.blockwise_gemm(
+            xq, w8, ws, torch.float16))]
     fp16_us, _ = _time_graph(lambda: torch.mm(x, w.t()), 24, replays)
     row: dict[str, Any] = {"gemm": name, "n": n, "k": k, "fp16_mm_us": fp16_us}
     for scheme, layouts in schemes.items():

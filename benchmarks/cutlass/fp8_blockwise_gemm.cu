@@ -12,7 +12,7 @@
 // Prints one line per epilogue: microseconds per call (median of `iterations` timed with
 // CUDA events), TFLOP/s, and the largest error against a host reference over 4 rows
 // (relative to the mean |D| of those rows). Random data from a hash; the scales are
-// random positive numbers. Built by benchmarks/cutlass/build.sh (nvcc, sm_90a).
+// random positive numbers. Built by `engine/fused/cuda/build.sh bench` (nvcc, sm_90a).
 
 #include <algorithm>
 #include <cmath>

@@ -175,7 +175,7 @@ def encode_packed(
     x, xq = ops.embed_layernorm(
         input_ids, token_type_ids, position_ids, w.word_embeddings, w.position_embeddings,
         w.token_type_embeddings, w.emb_ln_weight, w.emb_ln_bias, eps,
-        fp8=wants8(layers[0].qkv), pdl=pdl,
+        fp8=wants8(layers[0].qkv), pdl=pdl, fp8_blocks=w.fp8_blocks,
     )
     for i, layer in enumerate(layers):
         if small:
@@ -192,7 +192,7 @@ def encode_packed(
             a = _linear(ctx, None, layer.attn_out, out8)
         x, xq = ops.bias_residual_layernorm(
             a, layer.attn_out.bias, x, layer.ln1_weight, layer.ln1_bias, eps,
-            fp8=wants8(layer.ffn_in), pdl=pdl,
+            fp8=wants8(layer.ffn_in), pdl=pdl, fp8_blocks=w.fp8_blocks,
         )
         if fuse_ffn1 and not wants8(layer.ffn_in) and not wants8(layer.ffn_out):
             h, hq = ops.linear(x, layer.ffn_in.weight, layer.ffn_in.bias, act=act,
@@ -200,7 +200,8 @@ def encode_packed(
         else:
             h = _linear(x, xq, layer.ffn_in, out8)
             h, hq = ops.bias_gelu(h, layer.ffn_in.bias, fp8=wants8(layer.ffn_out),
-                                  tanh=act == "gelu_tanh", out_dtype=w.dtype)
+                                  tanh=act == "gelu_tanh", out_dtype=w.dtype,
+                                  fp8_blocks=w.fp8_blocks)
         if small:
             a = ops.linear(h, layer.ffn_out.weight, splits=s_ff2, config=c_ff2, pdl=pdl,
                            prefetch=pf)
@@ -213,7 +214,7 @@ def encode_packed(
             )
         x, xq = ops.bias_residual_layernorm(
             a, layer.ffn_out.bias, x, layer.ln2_weight, layer.ln2_bias, eps,
-            fp8=wants8(layers[i + 1].qkv), pdl=pdl,
+            fp8=wants8(layers[i + 1].qkv), pdl=pdl, fp8_blocks=w.fp8_blocks,
         )
     raise ValueError("a BERT encoder needs at least one layer")
 

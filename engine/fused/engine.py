@@ -128,11 +128,18 @@ class FusedEngine:
         self.ops = select_ops(backend, self.device)
         self.backend = "triton" if self.ops.__name__.endswith("kernels") else "torch"
         self.fp8 = weights.fp8
+        if weights.fp8_blocks and self.device.type == "cuda":
+            from engine.fused.cutlass_fp8 import BUILD_HINT, available, library_path
+
+            if not available():
+                raise RuntimeError(f"block-wise FP8 needs {library_path()}: {BUILD_HINT}")
         self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
         self.max_graph_tokens = max_graph_tokens
         self.max_tokens_per_pass = max_tokens_per_pass
         self.options = EncodeOptions(
-            fp8_out_dtype=rowwise_out_dtype(self.device, weights.dtype) if self.fp8 else None,
+            fp8_out_dtype=(weights.dtype if weights.fp8_blocks  # the CUTLASS kernel: fp16/bf16
+                           else rowwise_out_dtype(self.device, weights.dtype) if self.fp8
+                           else None),
             fp8_min_tokens=fp8_min_tokens,
             ffn1_fused_max_tokens=ffn1_fused_max_tokens,
             small_batch_max_tokens=small_batch_max_tokens,
@@ -156,17 +163,21 @@ class FusedEngine:
         dtype: str = "float16",
         *,
         fp8: bool = False,
+        fp8_scaling: str = "rows",
         **options: object,
     ) -> FusedEngine:
         """Load a HF BERT-family QA checkpoint directory (config.json + model.safetensors).
 
         ``dtype``: float16 | bfloat16 | float32, or ``fp8`` (float16 activations, e4m3 QKV
-        and FFN GEMMs). ``options``: keyword arguments of ``__init__`` (``backend``,
-        ``cuda_graphs``, ``max_graph_tokens``, ``small_batch_max_tokens``, ...).
+        and FFN GEMMs). ``fp8_scaling``: ``rows`` (per token x per output channel,
+        cuBLAS) or ``blocks`` (1x128 x 128x128, the CUTLASS kernel: opt-in, Hopper, needs
+        ``engine/fused/cuda/build.sh``; see ``engine.fused.fp8``). ``options``: keyword
+        arguments of ``__init__`` (``backend``, ``cuda_graphs``, ``max_graph_tokens``,
+        ``small_batch_max_tokens``, ...).
         """
         config = BertQAConfig.from_dir(Path(model_dir))
         return cls.from_state_dict(read_state_dict(Path(model_dir)), config, device, dtype,
-                                   fp8=fp8, **options)
+                                   fp8=fp8, fp8_scaling=fp8_scaling, **options)
 
     @classmethod
     def from_state_dict(
@@ -177,11 +188,15 @@ class FusedEngine:
         dtype: str = "float16",
         *,
         fp8: bool = False,
+        fp8_scaling: str = "rows",
         **options: object,
     ) -> FusedEngine:
         """Build from in-memory tensors (e.g. a live HF model's ``state_dict()``)."""
         torch_dtype, fp8 = parse_dtype(dtype, fp8)
-        weights = pack_weights(state, config, device, torch_dtype, fp8)
+        if fp8_scaling not in ("rows", "blocks"):
+            raise ValueError(f"fp8_scaling must be 'rows' or 'blocks', got {fp8_scaling!r}")
+        weights = pack_weights(state, config, device, torch_dtype, fp8,
+                               fp8_blocks=fp8_scaling == "blocks")
         return cls(weights, device, **options)  # type: ignore[arg-type]
 
     # ------------------------------------------------------------------ forward

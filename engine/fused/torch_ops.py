@@ -11,7 +11,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from engine.fused.fp8 import Quantized, quantize_rows
+from engine.fused.fp8 import Quantized, quantize_blocks, quantize_rows
 
 
 def _sum_splits(a: torch.Tensor) -> torch.Tensor:
@@ -23,6 +23,13 @@ def _layernorm(
     x: torch.Tensor, gamma: torch.Tensor, beta: torch.Tensor, eps: float
 ) -> torch.Tensor:
     return F.layer_norm(x, (x.shape[-1],), gamma.float(), beta.float(), eps)
+
+
+def _quantize(y: torch.Tensor, fp8: bool, blocks: bool) -> Quantized | None:
+    """The e4m3 copy a row kernel writes with ``fp8``: per row, or 1x128 blocks."""
+    if not fp8:
+        return None
+    return quantize_blocks(y) if blocks else quantize_rows(y)
 
 
 def embed_layernorm(
@@ -37,6 +44,7 @@ def embed_layernorm(
     eps: float,
     fp8: bool = False,
     pdl: bool = False,  # launch detail: meaningless here
+    fp8_blocks: bool = False,
 ) -> tuple[torch.Tensor, Quantized | None]:
     x = (
         word[input_ids.long()].float()
@@ -44,7 +52,7 @@ def embed_layernorm(
         + token_type[token_type_ids.long()].float()
     )
     y = _layernorm(x, gamma, beta, eps)
-    return y.to(word.dtype), (quantize_rows(y) if fp8 else None)
+    return y.to(word.dtype), _quantize(y, fp8, fp8_blocks)
 
 
 def _residual_ln(a: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor,
@@ -62,9 +70,10 @@ def bias_residual_layernorm(
     eps: float,
     fp8: bool = False,
     pdl: bool = False,
+    fp8_blocks: bool = False,
 ) -> tuple[torch.Tensor, Quantized | None]:
     y = _residual_ln(a, bias, residual, gamma, beta, eps)
-    return y.to(residual.dtype), (quantize_rows(y) if fp8 else None)
+    return y.to(residual.dtype), _quantize(y, fp8, fp8_blocks)
 
 
 def bias_residual_layernorm_qa(
@@ -94,10 +103,11 @@ def bias_gelu(
     tanh: bool = False,
     out_dtype: torch.dtype | None = None,
     pdl: bool = False,
+    fp8_blocks: bool = False,
 ) -> tuple[torch.Tensor | None, Quantized | None]:
     y = gelu(_sum_splits(h) + bias.float(), tanh)
     if fp8:
-        return None, quantize_rows(y)
+        return None, _quantize(y, fp8, fp8_blocks)
     return y.to(out_dtype or h.dtype), None
 
 

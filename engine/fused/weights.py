@@ -10,7 +10,8 @@ at load:
 - biases, LayerNorm parameters and the QA head are kept in float32: they are tiny and the
   kernels add them in float32 anyway;
 - with ``fp8=True`` the QKV and both FFN weights also get an e4m3 copy with one scale per
-  output row (``w ~= w8 * scale``). The attention-output projection stays in the model
+  output row (``w ~= w8 * scale``), or with ``fp8_blocks=True`` one per 128x128 block
+  (``engine.fused.fp8``). The attention-output projection stays in the model
   dtype: its input comes straight from the attention kernel, which has no whole-row view
   to compute a per-token scale from;
 - every layer's matrices live in one buffer and its vectors in another (``FlatLayers``),
@@ -28,7 +29,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from engine.fused.config import BertQAConfig
-from engine.fused.fp8 import quantize_rows
+from engine.fused.fp8 import quantize_rows, quantize_weight_blocks
 
 if TYPE_CHECKING:
     from engine.fused.folding import FoldedLayer
@@ -43,7 +44,7 @@ class Linear:
     weight: torch.Tensor  # [out, in], model dtype
     bias: torch.Tensor  # [out], float32
     w8: torch.Tensor | None = None  # [out, in], float8_e4m3fn
-    w8_scale: torch.Tensor | None = None  # [1, out], float32
+    w8_scale: torch.Tensor | None = None  # [1, out] float32 (blocks: [out/128, in/128])
 
 
 @dataclass(frozen=True)
@@ -127,6 +128,7 @@ class BertQAWeights:
     # only for models that path serves (``folding.with_folded``): a second copy of those
     # matrices (fp16: BERT-base 99 MB, BERT-large 352 MB, MiniLM 12 MB).
     folded: tuple[FoldedLayer, ...] | None = None
+    fp8_blocks: bool = False  # the e4m3 copies are block-scaled (engine.fused.fp8)
 
     @property
     def fp8(self) -> bool:
@@ -170,6 +172,7 @@ def pack_weights(
     device: torch.device | str,
     dtype: torch.dtype,
     fp8: bool = False,
+    fp8_blocks: bool = False,
 ) -> BertQAWeights:
     """Re-pack a (prefix-free or ``bert.``-prefixed) state dict for the fused encoder."""
     s = normalise_keys(state)
@@ -191,6 +194,8 @@ def pack_weights(
         w = mat(w)
         if not quantize:
             return Linear(w, vec(b))
+        if fp8_blocks:
+            return Linear(w, vec(b), *quantize_weight_blocks(w))
         q = quantize_rows(w)  # one scale per output channel
         return Linear(w, vec(b), q.data, q.scale.t().contiguous())
 
@@ -231,6 +236,7 @@ def pack_weights(
         qa_weight=vec(get("qa_outputs.weight")),
         qa_bias=vec(get("qa_outputs.bias")),
         flat=flat,
+        fp8_blocks=fp8 and fp8_blocks,
     )
     if missing:
         raise KeyError(f"checkpoint lacks {len(missing)} tensors, e.g. {missing[:4]}")

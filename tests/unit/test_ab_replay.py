@@ -50,7 +50,7 @@ def test_attention_benchmark_shapes_and_flops() -> None:
 
     assert parse_shape("bert-large:mix256") == ("bert-large", 256, None)
     assert parse_shape("bert-base:1x128") == ("bert-base", 1, 128)
-    # QK^T and PV: 2 * s^2 * hidden multiply-adds each, per sequence
+    # QK^T and PV: 2 * s^2 * hidden FLOPs each, per sequence
     assert attention_flops([128, 64], 768) == 4 * 768 * (128**2 + 64**2)
 
 
@@ -71,3 +71,18 @@ def test_block_quantization_of_the_fp8_scaling_benchmark() -> None:
         assert float(err.max()) <= 2**-4
     _, s_blocks = quantize_blocks(x, 1, 128)
     assert float(s_blocks[:, 1:].max()) < float(s_blocks[:, 0].min())  # outlier kept to block 0
+
+
+@pytest.mark.parametrize("setting", [
+    "other:engine.fused.kernels.rows.ROW_TILE_LARGE=(4096, 2)",  # no such variant
+    "v7:engine.fused.kernels.rows.ROW_TILE_LRAGE=(4096, 2)",  # a typo: no such constant
+])
+def test_settings_that_would_change_nothing_are_refused(
+        setting: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Refused before any GPU work: otherwise the A/B compares identical graphs."""
+    from benchmarks import ab_replay
+
+    monkeypatch.setattr("sys.argv", ["ab_replay.py", "--variant", "v7={}", "--set", setting])
+    with pytest.raises(SystemExit) as exc:
+        ab_replay.main()
+    assert exc.value.code == 2

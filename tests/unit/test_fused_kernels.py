@@ -94,6 +94,59 @@ def _fp8_err(q: object, ref: object) -> float:
     return float(((deq - ref).abs() / allowed).max())
 
 
+def _fp8_block_err(q: object, ref: object) -> float:
+    """Error of a block-scaled (1x128) e4m3 copy in units of its allowed error (pass: <= 1):
+    scales [cols/128, rows rounded up to 4] M-major, one per row per 128 columns."""
+    import torch
+
+    from engine.fused.fp8 import dequantize, padded_rows
+
+    assert isinstance(ref, torch.Tensor)
+    rows, cols = ref.shape
+    scale = q.scale  # type: ignore[attr-defined]
+    if not q.blocks or scale.shape != (cols // 128, padded_rows(rows)):  # type: ignore[attr-defined]
+        return math.inf
+    expect = ref.view(rows, cols // 128, 128).abs().amax(2) / 448.0  # [rows, blocks]
+    if not torch.allclose(scale[:, :rows].t().double(), expect, rtol=1e-3, atol=1e-12):
+        return math.inf
+    s = expect.repeat_interleave(128, dim=1)
+    allowed = ref.abs() * 2.0**-4 + s * 2.0**-9 + 1e-9
+    return float(((dequantize(q).double() - ref).abs() / allowed).max())
+
+
+def _check_fp8_blocks(kind: str) -> tuple[float, float]:
+    """The row kernels' block-scaled e4m3 copies (``fp8_blocks``): rows not a multiple of
+    4 (padded scale rows), width 384 in a 512-column tile (a masked block)."""
+    import torch
+
+    from engine.fused import kernels as k
+
+    g = torch.Generator().manual_seed(11)
+    t, d = 45, 384
+    if kind == "embed":
+        ids, pos = (torch.randint(0, 40, (t,), generator=g, dtype=torch.int32) for _ in "ip")
+        tt = torch.randint(0, 2, (t,), generator=g, dtype=torch.int32)
+        word, posemb, typ = (torch.randn(n, d, generator=g).half() for n in (40, 40, 2))
+        gamma, beta = torch.randn(d, generator=g), torch.randn(d, generator=g)
+        _, q = k.embed_layernorm(ids, tt, pos, word, posemb, typ, gamma, beta, 1e-12,
+                                 fp8=True, fp8_blocks=True)
+        x = word.double()[ids.long()] + posemb.double()[pos.long()] + typ.double()[tt.long()]
+        ref = _ln64(x, gamma, beta, 1e-12)
+    elif kind == "residual_ln":
+        a, res = (torch.randn(t, d, generator=g).half() for _ in "ar")
+        bias, gamma, beta = (torch.randn(d, generator=g) for _ in range(3))
+        gamma[:128] *= 20  # one block of each row much larger: the scales must differ
+        _, q = k.bias_residual_layernorm(a, bias, res, gamma, beta, 1e-5, fp8=True,
+                                         fp8_blocks=True)
+        ref = _ln64(a.double() + bias.double() + res.double(), gamma, beta, 1e-5)
+    else:
+        h, bias = (torch.randn(t, d, generator=g) * 3).half(), torch.randn(d, generator=g)
+        _, q = k.bias_gelu(h.clone(), bias, fp8=True, fp8_blocks=True)
+        ref = _gelu64(h.double() + bias.double(), False)
+    assert isinstance(ref, torch.Tensor)
+    return _fp8_block_err(q, ref), 1.0
+
+
 def _gelu64(x: object, tanh: bool) -> object:
     """Reference GELU in float64: exact erf form, or the tanh approximation."""
     import torch
@@ -386,23 +439,25 @@ def _random_batch(seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def _check_tiny_bert(dtype: str, small_batch: bool = True, splits: int | None = None,
-                     deferred_ln: bool = True) -> tuple[float, float]:
+                     deferred_ln: bool = True, fp8_scaling: str = "rows") -> tuple[float, float]:
     """The whole engine vs HF fp32. fp16 batches this small take the small-batch path
     (all-Triton GEMMs; ``splits`` imposes split-K on the attention-output and FFN2 GEMMs,
     FFN2 alone when ``deferred_ln``, which runs it without LayerNorm kernels) unless
-    ``small_batch`` is off (cuBLAS-path code: torch.mm + epilogue kernels)."""
+    ``small_batch`` is off (cuBLAS-path code: torch.mm + epilogue kernels).
+    ``fp8_scaling="blocks"`` needs widths in multiples of 128: hidden 128 then."""
     import torch
 
     from engine.fused.engine import PAD_LOGIT, FusedEngine
 
-    model, cfg = _tiny_bert()
+    model, cfg = _tiny_bert(hidden=128 if fp8_scaling == "blocks" else 64)
     plans = None
     if splits is not None:
         tiles = (64, 32, 32, 4, 2)
         plans = {"out": (tiles, splits), "ffn2": (tiles, splits), "qkv": (tiles, 1),
                  "ffn1": (tiles, 1)}
     engine = FusedEngine.from_state_dict(model.state_dict(), cfg, device="cpu",  # type: ignore[attr-defined]
-                                         dtype=dtype, backend="triton", fp8_min_tokens=0,
+                                         dtype=dtype, fp8_scaling=fp8_scaling,
+                                         backend="triton", fp8_min_tokens=0,
                                          small_batch_max_tokens=512 if small_batch else None,
                                          gemm_plans=plans,
                                          deferred_ln_max_hidden=1024 if deferred_ln else None)
@@ -492,6 +547,9 @@ CASES: dict[str, Callable[[], tuple[float, float]]] = {
     "residual_ln_qa_head": _check_residual_ln_qa,
     "gelu_erf_fp32": lambda: _check_gelu("float32", False, False),
     "gelu_erf_range": _check_gelu_range,
+    "embed_ln_fp8_blocks": lambda: _check_fp8_blocks("embed"),
+    "residual_ln_fp8_blocks": lambda: _check_fp8_blocks("residual_ln"),
+    "gelu_erf_fp8_blocks": lambda: _check_fp8_blocks("gelu"),
     "gelu_erf_fp16": lambda: _check_gelu("float16", False, False),
     "gelu_tanh_fp32": lambda: _check_gelu("float32", True, False),
     "gelu_erf_fp8": lambda: _check_gelu("float16", False, True),
@@ -519,6 +577,7 @@ CASES: dict[str, Callable[[], tuple[float, float]]] = {
         "float16", splits=2, deferred_ln=False),
     "tiny_bert_fp16_large_path": lambda: _check_tiny_bert("float16", small_batch=False),
     "tiny_bert_fp8": lambda: _check_tiny_bert("fp8"),
+    "tiny_bert_fp8_blocks": lambda: _check_tiny_bert("fp8", fp8_scaling="blocks"),
     "packed_entry_points": _check_packed_entry_points,
     "stage_inputs": _check_stage_inputs,
     "persistent_fp16_16_programs": lambda: _check_persistent(16),

@@ -16,7 +16,6 @@ flags), which is also what the CPU interpreter runs.
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
@@ -29,9 +28,9 @@ LOG2E = 1.4426950408889634
 _FP8_MAX = tl.constexpr(FP8_MAX)
 _SCALE_MIN = tl.constexpr(SCALE_MIN)
 # Kernels run on triton's CPU interpreter, which has no inline PTX and mis-rounds the
-# e4m3 cast. ``@triton.jit`` reads TRITON_INTERPRET when a kernel is defined, at import,
-# so reading it here matches the kernels this module defines.
-_INTERPRETED = tl.constexpr(os.environ.get("TRITON_INTERPRET", "0") == "1")
+# e4m3 cast. ``@triton.jit`` reads TRITON_INTERPRET (through this knob) when a kernel is
+# defined, at import, so reading it here matches the kernels this module defines.
+_INTERPRETED = tl.constexpr(bool(triton.knobs.runtime.interpret))
 
 
 @functools.cache
@@ -107,14 +106,31 @@ def to_e4m3(x):
 
 
 @triton.jit
-def store_rows_fp8(y, mask, rmask, q_ptrs, scale_ptrs):
-    """Per-row e4m3 quantization of a [ROWS, COLS] float32 tile (masked lanes hold 0)."""
-    amax = tl.max(tl.where(mask, tl.abs(y), 0.0), axis=1)
-    scale = tl.maximum(amax / _FP8_MAX, _SCALE_MIN)
-    # One division per row, a multiply per element (|q| <= 448 up to rounding, which the
-    # saturating cast absorbs).
-    tl.store(q_ptrs, to_e4m3(y * (1.0 / scale)[:, None]), mask=mask)
-    tl.store(scale_ptrs, scale, mask=rmask)
+def store_rows_fp8(y, mask, rmask, q_ptrs, qs_ptr, rows, n_rows, D, BLOCKS: tl.constexpr):
+    """e4m3 copy of a [ROWS, COLS] float32 tile of whole rows (masked lanes hold 0) and its
+    float32 scales (``engine.fused.fp8``): one per row at ``qs_ptr + rows``, or with
+    ``BLOCKS`` one per row per 128 columns at ``qs_ptr + block * M4 + rows`` (M-major, M4 =
+    ``n_rows`` rounded up to 4; COLS a multiple of 128, D too)."""
+    if BLOCKS:
+        R: tl.constexpr = y.shape[0]
+        C: tl.constexpr = y.shape[1]
+        G: tl.constexpr = C // 128
+        yg = tl.reshape(y, [R, G, 128])
+        amax = tl.max(tl.abs(yg), axis=2)  # masked lanes are 0
+        scale = tl.maximum(amax / _FP8_MAX, _SCALE_MIN)
+        q = tl.reshape(yg * (1.0 / scale)[:, :, None], [R, C])
+        tl.store(q_ptrs, to_e4m3(q), mask=mask)
+        g = tl.arange(0, G)
+        m4 = (n_rows + 3) // 4 * 4
+        tl.store(qs_ptr + g[None, :] * m4 + rows[:, None], scale,
+                 mask=rmask[:, None] & (g[None, :] * 128 < D))
+    else:
+        amax = tl.max(tl.where(mask, tl.abs(y), 0.0), axis=1)
+        scale = tl.maximum(amax / _FP8_MAX, _SCALE_MIN)
+        # One division per row, a multiply per element (|q| <= 448 up to rounding, which the
+        # saturating cast absorbs).
+        tl.store(q_ptrs, to_e4m3(y * (1.0 / scale)[:, None]), mask=mask)
+        tl.store(qs_ptr + rows, scale, mask=rmask)
 
 
 @triton.jit
@@ -165,7 +181,7 @@ def gelu(x, TANH: tl.constexpr):
 
     The erf form is ``x * Phi(x)`` with ``1 - Phi(|x|) = erfc(|x| / sqrt 2) / 2`` from a
     branchless rational-exponential fit (A&S 7.1.26, absolute error <= 1.5e-7 in erf,
-    below float32 rounding of GELU's output once scaled by ``|x| / 2``). It costs two
+    so about one float32 ulp of GELU's output, far below its fp16 or e4m3 rounding). It costs two
     special-function instructions (reciprocal, exp2) and ~10 FMAs per element, against
     ~25 instructions for libdevice ``erff``, whose two polynomials are chosen per element:
     the GELU epilogue bounds the fused FFN1 GEMM and the bias + GELU kernel by instruction

@@ -9,7 +9,7 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.fused.fp8 import FP8_DTYPE, Quantized
+from engine.fused.fp8 import BLOCK, FP8_DTYPE, Quantized, padded_rows
 from engine.fused.kernels.common import (
     gelu,
     launch_options,
@@ -59,7 +59,7 @@ def embed_ln_rows(
                        D, eps)
     tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
     if FP8_OUT:
-        store_rows_fp8(y, mask, rmask, q_ptr + offs, qs_ptr + rows)
+        store_rows_fp8(y, mask, rmask, q_ptr + offs, qs_ptr, rows, n_rows, D, FP8_OUT == 2)
 
 
 @triton.jit
@@ -126,7 +126,8 @@ def residual_ln_finish(
     else:
         tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
         if FP8_OUT:
-            store_rows_fp8(y, mask, rmask, q_ptr + offs, qs_ptr + rows)
+            store_rows_fp8(y, mask, rmask, q_ptr + offs, qs_ptr, rows, n_rows, D,
+                           FP8_OUT == 2)
 
 
 @triton.jit
@@ -187,7 +188,7 @@ def _bias_gelu_kernel(
     if FP8_OUT:
         # Only the next GEMM reads this activation: store its e4m3 copy alone
         # (BLOCK_F covers the whole row, so the row's scale is known here).
-        store_rows_fp8(y, mask, rmask, q_ptr + offs, qs_ptr + rows)
+        store_rows_fp8(y, mask, rmask, q_ptr + offs, qs_ptr, rows, n_rows, F, FP8_OUT == 2)
     else:
         tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
@@ -219,11 +220,34 @@ def _row_tile(n_rows: int, width: int) -> tuple[int, int, int]:
     return block, rows, warps
 
 
-def _fp8_buffers(x: torch.Tensor, on: bool) -> tuple[torch.Tensor, torch.Tensor]:
+def _gelu_tile(width: int) -> tuple[int, int, int]:
+    """(BLOCK_F, ROWS, num_warps) of the fp16 bias + GELU over ``width`` columns."""
+    cap, rows = GELU_TILE
+    block = min(cap, triton.next_power_of_2(width))
+    return block, rows, 8 if block >= 2048 else 4
+
+
+def _fp8_buffers(x: torch.Tensor, on: bool,
+                 blocks: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """The e4m3 copy of ``x`` [rows, cols] and its scales: per row [rows, 1]; or with
+    ``blocks`` the first ``rows`` rows of an [M4, cols] buffer and [cols/128, M4] scales
+    (``engine.fused.fp8``)."""
     if not on:
         return x, x  # never touched: the FP8 branch is compiled out
+    n, d = x.shape
+    if blocks:
+        if d % BLOCK:
+            raise ValueError(f"block-wise FP8 needs a width that is a multiple of {BLOCK}")
+        m4 = padded_rows(n)
+        q = torch.empty((m4, d), device=x.device, dtype=FP8_DTYPE)[:n]
+        return q, torch.empty((d // BLOCK, m4), device=x.device, dtype=torch.float32)
     q = torch.empty(x.shape, device=x.device, dtype=FP8_DTYPE)
-    return q, torch.empty((x.shape[0], 1), device=x.device, dtype=torch.float32)
+    return q, torch.empty((n, 1), device=x.device, dtype=torch.float32)
+
+
+def _fp8_mode(fp8: bool, blocks: bool) -> int:
+    """The kernels' FP8_OUT: 0 none, 1 per-row scales, 2 block scales."""
+    return (2 if blocks else 1) if fp8 else 0
 
 
 def _splits(a: torch.Tensor) -> tuple[int, int]:
@@ -245,24 +269,26 @@ def embed_layernorm(
     eps: float,
     fp8: bool = False,
     pdl: bool = False,
+    fp8_blocks: bool = False,
 ) -> tuple[torch.Tensor, Quantized | None]:
-    """LayerNorm(word[ids] + position[pos] + token_type[tt]) for packed int32 [T] inputs."""
+    """LayerNorm(word[ids] + position[pos] + token_type[tt]) for packed int32 [T] inputs
+    (+ e4m3 copy: per-row scales, or 1x128 block scales with ``fp8_blocks``)."""
     n, d = input_ids.shape[0], word.shape[1]
     out = torch.empty((n, d), device=word.device, dtype=word.dtype)
-    q, qs = _fp8_buffers(out, fp8)
+    q, qs = _fp8_buffers(out, fp8, fp8_blocks)
     block, rows, warps = _row_tile(n, d)
     _embed_ln_kernel[(triton.cdiv(n, rows),)](
         input_ids, token_type_ids, position_ids, word, position, token_type, gamma, beta,
         out, q, qs, n, d, eps,
-        BLOCK_D=block, ROWS=rows, FP8_OUT=fp8, USE_PDL=pdl, num_warps=warps,
-        **launch_options(pdl),
+        BLOCK_D=block, ROWS=rows, FP8_OUT=_fp8_mode(fp8, fp8_blocks), USE_PDL=pdl,
+        num_warps=warps, **launch_options(pdl),
     )
-    return out, (Quantized(q, qs) if fp8 else None)
+    return out, (Quantized(q, qs, fp8_blocks) if fp8 else None)
 
 
 def _residual_ln(a: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor,
                  gamma: torch.Tensor, beta: torch.Tensor, eps: float, fp8: bool, pdl: bool,
-                 qa: tuple[torch.Tensor, torch.Tensor] | None,
+                 qa: tuple[torch.Tensor, torch.Tensor] | None, fp8_blocks: bool = False,
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launch ``_residual_ln_kernel``: (LayerNorm output, e4m3 copy, scales), or with ``qa``
     (head weight, bias) the float32 [2, T] logits three times (nothing else is stored)."""
@@ -270,7 +296,7 @@ def _residual_ln(a: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor,
     splits, split_stride = _splits(a)
     if qa is None:
         out = torch.empty((n, d), device=a.device, dtype=residual.dtype)
-        q, qs = _fp8_buffers(out, fp8)
+        q, qs = _fp8_buffers(out, fp8, fp8_blocks)
         qa_w, qa_b, logits = gamma, gamma, out  # never touched: QA_HEAD is off
     else:
         out = logits = torch.empty((2, n), device=a.device, dtype=torch.float32)
@@ -280,7 +306,8 @@ def _residual_ln(a: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor,
     _residual_ln_kernel[(triton.cdiv(n, rows),)](
         a, bias, residual, gamma, beta, out, q, qs, qa_w, qa_b, logits,
         n, logits.stride(0), split_stride, d, eps,
-        BLOCK_D=block, ROWS=rows, SPLITS=splits, FP8_OUT=fp8 and qa is None,
+        BLOCK_D=block, ROWS=rows, SPLITS=splits,
+        FP8_OUT=_fp8_mode(fp8, fp8_blocks) if qa is None else 0,
         QA_HEAD=qa is not None, USE_PDL=pdl, num_warps=warps, **launch_options(pdl),
     )
     return out, q, qs
@@ -295,13 +322,15 @@ def bias_residual_layernorm(
     eps: float,
     fp8: bool = False,
     pdl: bool = False,
+    fp8_blocks: bool = False,
 ) -> tuple[torch.Tensor, Quantized | None]:
-    """LayerNorm(a + bias + residual), in ``residual``'s dtype (+ per-row e4m3 copy).
+    """LayerNorm(a + bias + residual), in ``residual``'s dtype (+ e4m3 copy: per-row
+    scales, or 1x128 block scales with ``fp8_blocks``).
 
     ``a`` is a GEMM output [T, D], or [S, T, D] float32 split-K partials to be summed.
     """
-    out, q, qs = _residual_ln(a, bias, residual, gamma, beta, eps, fp8, pdl, None)
-    return out, (Quantized(q, qs) if fp8 else None)
+    out, q, qs = _residual_ln(a, bias, residual, gamma, beta, eps, fp8, pdl, None, fp8_blocks)
+    return out, (Quantized(q, qs, fp8_blocks) if fp8 else None)
 
 
 def bias_residual_layernorm_qa(
@@ -326,6 +355,7 @@ def bias_gelu(
     tanh: bool = False,
     out_dtype: torch.dtype | None = None,
     pdl: bool = False,
+    fp8_blocks: bool = False,
 ) -> tuple[torch.Tensor | None, Quantized | None]:
     """GELU(h + bias): ``(out, None)``, or ``(None, e4m3 copy)`` when ``fp8``.
 
@@ -336,23 +366,22 @@ def bias_gelu(
     n, f = h.shape[-2:]
     splits, split_stride = _splits(h)
     if fp8:
-        q, qs = _fp8_buffers(h[-1] if splits > 1 else h, True)
+        q, qs = _fp8_buffers(h[-1] if splits > 1 else h, True, fp8_blocks)
         block, rows, warps = _row_tile(n, f)  # whole rows: the scale needs them
         grid = (triton.cdiv(n, rows), 1)
         out = h
     else:
         q = qs = h
-        cap, rows = GELU_TILE
-        block = min(cap, triton.next_power_of_2(f))
-        warps = 8 if block >= 2048 else 4
+        block, rows, warps = _gelu_tile(f)
         grid = (triton.cdiv(n, rows), triton.cdiv(f, block))
         out = h if splits == 1 and out_dtype in (None, h.dtype) else torch.empty(
             (n, f), device=h.device, dtype=out_dtype or h.dtype)
     _bias_gelu_kernel[grid](
         h, bias, out, q, qs, n, f, split_stride,
-        BLOCK_F=block, ROWS=rows, SPLITS=splits, FP8_OUT=fp8, TANH=tanh, USE_PDL=pdl,
+        BLOCK_F=block, ROWS=rows, SPLITS=splits, FP8_OUT=_fp8_mode(fp8, fp8_blocks),
+        TANH=tanh, USE_PDL=pdl,
         num_warps=warps, **launch_options(pdl),
     )
     if fp8:
-        return None, Quantized(q, qs)
+        return None, Quantized(q, qs, fp8_blocks)
     return out, None

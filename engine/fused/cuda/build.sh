@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Build the fused engine's CUDA C++ parts for Hopper (sm_90a) with nvcc, against CUTLASS's
+# headers from the nvidia-cutlass wheel (PyPI):
+#   build/cuda/libqa_fp8_blockwise.so    engine/fused/cuda/fp8_blockwise.cu (ctypes C API)
+#   build/cuda/fp8_blockwise_gemm        benchmarks/cutlass/fp8_blockwise_gemm.cu (with "bench")
+# Needs nvcc from CUDA 12.8+ (NVCC=... to choose one), no GPU; the outputs run on a Hopper
+# GPU. Usage: engine/fused/cuda/build.sh [lib] [bench]   (default: lib)
+set -euo pipefail
+repo="$(cd "$(dirname "$0")/../../.." && pwd)"
+out="$repo/build/cuda"
+version="${CUTLASS_VERSION:-4.2.0.0}"
+nvcc="${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}"
+targets=("${@:-lib}")
+mkdir -p "$out"
+if [ ! -d "$out/cutlass/include/cutlass" ]; then
+  python3 -m pip download --quiet --no-deps "nvidia-cutlass==$version" -d "$out/wheel"
+  python3 - "$out" <<'PY'
+import pathlib, sys, zipfile
+out = pathlib.Path(sys.argv[1])
+wheel = next((out / "wheel").glob("nvidia_cutlass-*.whl"))
+prefixes = ("cutlass_library/source/include/", "cutlass_library/source/tools/util/include/")
+with zipfile.ZipFile(wheel) as z:
+    for name in z.namelist():
+        if name.startswith(prefixes) and not name.endswith("/"):
+            dest = out / "cutlass" / name[len("cutlass_library/source/"):]
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_bytes(z.read(name))
+PY
+fi
+flags=(-std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a --expt-relaxed-constexpr -DNDEBUG
+       -I"$out/cutlass/include" -I"$out/cutlass/tools/util/include")
+for t in "${targets[@]}"; do
+  case "$t" in
+    lib) "$nvcc" "${flags[@]}" -shared -Xcompiler -fPIC -cudart static \
+           -o "$out/libqa_fp8_blockwise.so" "$repo/engine/fused/cuda/fp8_blockwise.cu"
+         echo "built $out/libqa_fp8_blockwise.so" ;;
+    bench) "$nvcc" "${flags[@]}" -o "$out/fp8_blockwise_gemm" \
+             "$repo/benchmarks/cutlass/fp8_blockwise_gemm.cu"
+           echo "built $out/fp8_blockwise_gemm" ;;
+    *) echo "unknown target $t (lib, bench)" >&2; exit 2 ;;
+  esac
+done
