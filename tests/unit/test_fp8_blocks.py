@@ -7,6 +7,7 @@ build.sh``: no GPU needed; the GEMM itself runs in the GPU suite).
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -110,8 +111,8 @@ def built_library() -> Path:
         if not Path(nvcc).is_file():
             pytest.skip("no nvcc here: the block-wise FP8 library cannot be built")
         proc = subprocess.run(["bash", str(REPO / "engine/fused/cuda/build.sh"), "lib"],
-                              capture_output=True, text=True, env={
-                                  **__import__("os").environ, "NVCC": nvcc}, timeout=900)
+                              capture_output=True, text=True, env={**os.environ, "NVCC": nvcc},
+                              timeout=900)
         assert proc.returncode == 0, proc.stderr[-3000:]
     return path
 
