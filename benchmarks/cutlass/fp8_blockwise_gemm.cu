@@ -20,17 +20,11 @@
 #include <cstdlib>
 #include <vector>
 
-#include "cute/tensor.hpp"
-#include "cutlass/cutlass.h"
-#include "cutlass/epilogue/collective/collective_builder.hpp"
-#include "cutlass/epilogue/fusion/operations.hpp"
+#include "../../engine/fused/cuda/fp8_blockwise.cuh"
 #include "cutlass/epilogue/thread/activation.h"
-#include "cutlass/gemm/collective/collective_builder.hpp"
-#include "cutlass/gemm/device/gemm_universal_adapter.h"
-#include "cutlass/gemm/kernel/gemm_universal.hpp"
-#include "cutlass/util/packed_stride.hpp"
 
 using namespace cute;
+using qa_fp8::ScaleConfig;
 
 #define CHECK_CUDA(x)                                                              \
   do {                                                                             \
@@ -49,47 +43,13 @@ using namespace cute;
     }                                                                              \
   } while (0)
 
-using ElementA = cutlass::float_e4m3_t;
-using ElementB = cutlass::float_e4m3_t;
+using ElementA = qa_fp8::ElementAB;
+using ElementB = qa_fp8::ElementAB;
 using ElementD = cutlass::half_t;
 using ElementBias = cutlass::half_t;
-using ElementAcc = float;
-using LayoutA = cutlass::layout::RowMajor;     // [M, K]
-using LayoutB = cutlass::layout::ColumnMajor;  // [K, N] column-major = weights [N, K] row-major
-using LayoutD = cutlass::layout::RowMajor;     // [M, N]
-constexpr int kAlignAB = 16;
-constexpr int kAlignD = 8;
-
-using TileShape = Shape<_128, _128, _128>;
-using ClusterShape = Shape<_1, _2, _1>;
-using ScaleConfig = cutlass::detail::Sm90BlockwiseScaleConfig<1, 128, 128, cute::GMMA::Major::MN,
-                                                             cute::GMMA::Major::K>;
-using LayoutSFA = decltype(ScaleConfig::deduce_layoutSFA());
-using LayoutSFB = decltype(ScaleConfig::deduce_layoutSFB());
-
-template <class Fusion>
-struct Kernel {
-  using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, TileShape, ClusterShape,
-      cutlass::epilogue::collective::EpilogueTileAuto, ElementAcc, float, ElementD, LayoutD,
-      kAlignD, ElementD, LayoutD, kAlignD, cutlass::epilogue::TmaWarpSpecializedCooperative,
-      Fusion>::CollectiveOp;
-  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
-      cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementA,
-      cute::tuple<LayoutA, LayoutSFA>, kAlignAB, ElementB, cute::tuple<LayoutB, LayoutSFB>,
-      kAlignAB, ElementAcc, TileShape, ClusterShape,
-      cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
-          sizeof(typename Epilogue::SharedStorage))>,
-      cutlass::gemm::KernelTmaWarpSpecializedCooperativeFP8Blockwise>::CollectiveOp;
-  using GemmKernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop,
-                                                          Epilogue,
-                                                          cutlass::gemm::PersistentScheduler>;
-  using Gemm = cutlass::gemm::device::GemmUniversalAdapter<GemmKernel>;
-};
-
-using Plain = cutlass::epilogue::fusion::LinearCombination<ElementD, float, ElementD, float>;
-using BiasGelu = cutlass::epilogue::fusion::LinCombPerColBiasEltAct<
-    cutlass::epilogue::thread::GELU, ElementD, float, ElementBias, ElementD, float>;
+using Plain = qa_fp8::Kernel<ElementD>;
+using BiasGelu = qa_fp8::Kernel<ElementD, cutlass::epilogue::fusion::LinCombPerColBiasEltAct<
+    cutlass::epilogue::thread::GELU, ElementD, float, ElementBias, ElementD, float>>;
 
 // ------------------------------------------------------------------------------ data
 
@@ -134,22 +94,10 @@ void run(const char* name, int m, int n, int k, int iters, const ElementA* a,
          const ElementB* b, const float* sfa, const float* sfb, const ElementBias* bias,
          ElementD* d, bool gelu) {
   using Gemm = typename K::Gemm;
-  auto stride_a = cutlass::make_cute_packed_stride(typename Gemm::GemmKernel::StrideA{},
-                                                   make_shape(m, k, 1));
-  auto stride_b = cutlass::make_cute_packed_stride(typename Gemm::GemmKernel::StrideB{},
-                                                   make_shape(n, k, 1));
-  auto stride_d = cutlass::make_cute_packed_stride(typename Gemm::GemmKernel::StrideD{},
-                                                   make_shape(m, n, 1));
   auto layout_sfa = ScaleConfig::tile_atom_to_shape_SFA(make_shape(m, n, k, 1));
   auto layout_sfb = ScaleConfig::tile_atom_to_shape_SFB(make_shape(m, n, k, 1));
-  typename Gemm::Arguments args{
-      cutlass::gemm::GemmUniversalMode::kGemm,
-      {m, n, k, 1},
-      {a, stride_a, b, stride_b, sfa, layout_sfa, sfb, layout_sfb},
-      {{}, d, stride_d, d, stride_d}};  // C = D with beta = 0: the source is not read
-  args.epilogue.thread.alpha = 1.f;
-  args.epilogue.thread.beta = 0.f;
-  if constexpr (std::is_same_v<K, Kernel<BiasGelu>>) args.epilogue.thread.bias_ptr = bias;
+  auto args = K::arguments(a, b, sfa, sfb, d, m, n, k);
+  if constexpr (std::is_same_v<K, BiasGelu>) args.epilogue.thread.bias_ptr = bias;
 
   Gemm gemm;
   size_t ws = Gemm::get_workspace_size(args);
@@ -243,8 +191,8 @@ int main(int argc, char** argv) {
   fill_float<<<256, 256>>>(sfb, n_sfb, 4, 0.015f / 448.f, 0.045f / 448.f);
   fill_half<<<64, 256>>>(bias, n, 5);
   CHECK_CUDA(cudaDeviceSynchronize());
-  run<Kernel<Plain>>("blockwise fp8, plain", m, n, k, iters, a, b, sfa, sfb, bias, d, false);
-  run<Kernel<BiasGelu>>("blockwise fp8, bias+GELU", m, n, k, iters, a, b, sfa, sfb, bias, d,
+  run<Plain>("blockwise fp8, plain", m, n, k, iters, a, b, sfa, sfb, bias, d, false);
+  run<BiasGelu>("blockwise fp8, bias+GELU", m, n, k, iters, a, b, sfa, sfb, bias, d,
                         true);
   return 0;
 }
