@@ -33,23 +33,6 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-FP8_MAX = 448.0
-
-
-def quantize_blocks(x: Any, rows: int, cols: int) -> tuple[Any, Any]:
-    """e4m3 copy of 2-D ``x`` and float32 scales [ceil(R/rows), ceil(C/cols)], one per
-    ``rows x cols`` block (amax / 448)."""
-    import torch
-
-    r, c = x.shape
-    pr, pc = -(-r // rows) * rows, -(-c // cols) * cols
-    xp = torch.zeros((pr, pc), device=x.device, dtype=torch.float32)
-    xp[:r, :c] = x.float()
-    blocks = xp.view(pr // rows, rows, pc // cols, cols)
-    scale = (blocks.abs().amax(dim=(1, 3)) / FP8_MAX).clamp(min=1e-12)
-    q = (blocks / scale[:, None, :, None]).clamp(-FP8_MAX, FP8_MAX)
-    q = q.view(pr, pc)[:r, :c].to(torch.float8_e4m3fn)
-    return q, scale
 
 
 def measure(name: str, n: int, k: int, t: int, g: Any, replays: int) -> dict[str, Any]:
@@ -57,6 +40,7 @@ def measure(name: str, n: int, k: int, t: int, g: Any, replays: int) -> dict[str
     import torch
 
     from benchmarks.attn_backends import _time_graph
+    from engine.fused.fp8 import quantize_tiles
 
     x = torch.randn((t, k), generator=g, device="cuda")
     x[:, torch.randint(0, k, (8,), generator=g, device="cuda")] *= 12  # outlier channels
@@ -64,11 +48,11 @@ def measure(name: str, n: int, k: int, t: int, g: Any, replays: int) -> dict[str
     w = (torch.randn((n, k), generator=g, device="cuda") * 0.03).half()
     ref = torch.mm(x, w.t()).float()
     ref_mean = float(ref.abs().mean())
-    xr, sxr = quantize_blocks(x, 1, k)
-    wr, swr = quantize_blocks(w, 1, k)
-    xb, sxb = quantize_blocks(x, 1, 128)
-    wb, swb = quantize_blocks(w, 128, 128)
-    wc, swc = quantize_blocks(w, 1, 128)
+    xr, sxr = quantize_tiles(x, 1, k)
+    wr, swr = quantize_tiles(w, 1, k)
+    xb, sxb = quantize_tiles(x, 1, 128)
+    wb, swb = quantize_tiles(w, 128, 128)
+    wc, swc = quantize_tiles(w, 1, 128)
     schemes: dict[str, list[tuple[str, Any]]] = {
         "rowwise": [("rows", lambda: torch._scaled_mm(
             xr, wr.t(), scale_a=sxr.contiguous(), scale_b=swr.t().contiguous(),

@@ -48,19 +48,34 @@ def padded_rows(rows: int) -> int:
     return -(-rows // 4) * 4
 
 
+def quantize_tiles(x: torch.Tensor, rows: int, cols: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric e4m3 quantization of 2-D ``x`` with one float32 scale (amax / 448) per
+    ``rows x cols`` tile: (e4m3 copy [R, C], scales [ceil(R/rows), ceil(C/cols)]). Edge
+    tiles are padded with zeros; an all-zero tile gets SCALE_MIN. Every scheme here is one
+    tiling: per row (1 x C), 1x128 activations, 128x128 weights."""
+    r, c = x.shape
+    pr, pc = -(-r // rows) * rows, -(-c // cols) * cols
+    x32 = x.float()
+    if (pr, pc) != (r, c):
+        x32 = torch.zeros((pr, pc), device=x.device, dtype=torch.float32)
+        x32[:r, :c] = x
+    tiles = x32.view(pr // rows, rows, pc // cols, cols)
+    scale = (tiles.abs().amax(dim=(1, 3)) / FP8_MAX).clamp(min=SCALE_MIN)
+    # A multiply by the reciprocal, as the kernels do (one division per tile).
+    data = (tiles * (1.0 / scale)[:, None, :, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+    return data.view(pr, pc)[:r, :c], scale.contiguous()
+
+
 def quantize_blocks(x: torch.Tensor) -> Quantized:
     """Block-wise (1x128) e4m3 quantization of a 2-D tensor whose width is a multiple of
     128, in the layout of the module docstring (padding rows hold zeros, scale SCALE_MIN)."""
     rows, cols = x.shape
     if cols % BLOCK:
         raise ValueError(f"block-wise FP8 needs a width that is a multiple of {BLOCK}, got {cols}")
-    m4 = padded_rows(rows)
-    x32 = torch.zeros((m4, cols), device=x.device, dtype=torch.float32)
-    x32[:rows] = x.float()
-    g = x32.view(m4, cols // BLOCK, BLOCK)
-    scale = (g.abs().amax(dim=2) / FP8_MAX).clamp(min=SCALE_MIN)  # [m4, cols/128]
-    data = (g * (1.0 / scale)[:, :, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
-    return Quantized(data.view(m4, cols)[:rows], scale.t().contiguous(), blocks=True)
+    padded = torch.zeros((padded_rows(rows), cols), device=x.device, dtype=x.dtype)
+    padded[:rows] = x
+    data, scale = quantize_tiles(padded, 1, BLOCK)  # scale [M4, cols/128]
+    return Quantized(data[:rows], scale.t().contiguous(), blocks=True)
 
 
 def quantize_weight_blocks(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -69,19 +84,12 @@ def quantize_weight_blocks(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     n, k = w.shape
     if n % BLOCK or k % BLOCK:
         raise ValueError(f"block-wise FP8 needs weights in multiples of {BLOCK}, got {n}x{k}")
-    b = w.float().view(n // BLOCK, BLOCK, k // BLOCK, BLOCK)
-    scale = (b.abs().amax(dim=(1, 3)) / FP8_MAX).clamp(min=SCALE_MIN)
-    data = (b * (1.0 / scale)[:, None, :, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
-    return data.view(n, k), scale.contiguous()
+    return quantize_tiles(w, BLOCK, BLOCK)
 
 
 def quantize_rows(x: torch.Tensor) -> Quantized:
     """Per-row symmetric e4m3 quantization of a 2-D tensor (round to nearest even)."""
-    x32 = x.float()
-    scale = (x32.abs().amax(dim=1, keepdim=True) / FP8_MAX).clamp(min=SCALE_MIN)
-    # A multiply by the reciprocal, as the kernels do (one division per row).
-    data = (x32 * (1.0 / scale)).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
-    return Quantized(data, scale.contiguous())
+    return Quantized(*quantize_tiles(x, 1, x.shape[1]))
 
 
 def dequantize(q: Quantized) -> torch.Tensor:

@@ -54,22 +54,24 @@ def test_attention_benchmark_shapes_and_flops() -> None:
     assert attention_flops([128, 64], 768) == 4 * 768 * (128**2 + 64**2)
 
 
-def test_block_quantization_of_the_fp8_scaling_benchmark() -> None:
-    """Each 1x128 (or 128x128) block gets its own amax/448 scale; dequantized, the
-    blocks are within e4m3's relative rounding (2**-4) of their block maximum."""
+def test_tile_quantization_has_one_scale_per_tile() -> None:
+    """``fp8.quantize_tiles`` (the FP8 benchmark's schemes, and the engine's): each 1x128,
+    128x128 or whole-row tile gets its own amax/448 scale; dequantized, the tiles are within
+    e4m3's relative rounding (2**-4) of their tile maximum. Edge tiles are padded."""
     import torch
 
-    from benchmarks.fp8_scaling import quantize_blocks
+    from engine.fused.fp8 import quantize_tiles
 
     x = torch.randn(200, 300)
     x[:, 5] = 200.0  # an outlier channel inflates only its own blocks' scales
     for rows, cols in ((1, 128), (128, 128), (1, 300)):
-        q, scale = quantize_blocks(x, rows, cols)
+        q, scale = quantize_tiles(x, rows, cols)
+        assert q.shape == (200, 300)
         assert scale.shape == (-(-200 // rows), -(-300 // cols))
         s = scale.repeat_interleave(rows, 0)[:200].repeat_interleave(cols, 1)[:, :300]
         err = (q.float() * s - x).abs() / (s * 448)
         assert float(err.max()) <= 2**-4
-    _, s_blocks = quantize_blocks(x, 1, 128)
+    _, s_blocks = quantize_tiles(x, 1, 128)
     assert float(s_blocks[:, 1:].max()) < float(s_blocks[:, 0].min())  # outlier kept to block 0
 
 
