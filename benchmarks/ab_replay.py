@@ -12,11 +12,13 @@ with the first variant's.
 
 ``--shape mixN`` runs N windows with SQuAD dev lengths (``bench_gpu.squad_lengths``);
 ``--dtype fp8`` builds the e4m3 engine; a variant's ``"fp8_scaling": "blocks"`` packs its
-own block-scaled weights. ``--set NAME:module.ATTR=VALUE`` sets a module
-constant (a Python literal) while variant NAME's graph is captured, and restores it after:
-launch choices that are not engine options (e.g. the row kernels' tiles,
-``engine.fused.kernels.rows.ROW_TILE_LARGE``) are fixed into the graph at capture. Set the
-module that *reads* the constant (a re-export elsewhere changes nothing).
+own block-scaled weights, and ``"calibrate": true`` calibrates its FFN1 scales
+(``FusedEngine.calibrate``) on 256 other windows of the same lengths first.
+``--set NAME:module.ATTR=VALUE`` sets a module constant (a Python literal) while variant
+NAME's graph is captured, and restores it after: launch choices that are not engine
+options (e.g. the row kernels' tiles, ``engine.fused.kernels.rows.ROW_TILE_LARGE``) are
+fixed into the graph at capture. Set the module that *reads* the constant (a re-export
+elsewhere changes nothing).
 """
 
 from __future__ import annotations
@@ -104,11 +106,17 @@ def main() -> None:
     for name, opts in args.variant:
         opts = dict(opts)
         scaling = opts.pop("fp8_scaling", "rows")
+        calibrate = opts.pop("calibrate", False)
         if scaling not in weights:
             weights[scaling] = make_ours(model, cfg, dtype=args.dtype,
                                          fp8_scaling=scaling).weights
         engines[name] = FusedEngine(weights[scaling], "cuda",  # type: ignore[arg-type]
                                     **{"max_graph_tokens": 65536, **opts})
+        if calibrate:
+            cal_rng = np.random.default_rng(6)
+            cal_lengths = cal_rng.choice(squad_lengths(), 256) if args.shape.startswith(
+                "mix") else np.full(256, seq)
+            engines[name].calibrate(*random_padded(cal_rng, 256, 384, lengths=cal_lengths))
     del model
     x = device_packed(*random_padded(rng, batch, seq, lengths=lengths))
     replays = {}

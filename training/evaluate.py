@@ -44,6 +44,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--engine-option", action="append", default=[], metavar="KEY=VALUE",
                    help="fused engine keyword, e.g. small_batch_max_tokens=512 (repeatable)")
     p.add_argument("--limit", type=int, default=0, help="first N questions only")
+    p.add_argument("--calibrate-with", type=Path, default=None, metavar="SQUAD_JSON",
+                   help="fused FP8: calibrate FFN1 scales on these questions first "
+                        "(FusedEngine.calibrating); use data the scores are not taken on")
+    p.add_argument("--calibrate-questions", type=int, default=512)
     p.add_argument("--out", type=Path, default=None, help="write predictions + scores JSON")
     return p.parse_args(argv)
 
@@ -64,6 +68,14 @@ def main(argv: list[str] | None = None) -> Score:
     spec = WindowSpec(max_seq_len=args.max_seq_len, overlap=args.overlap)
     decode_spec = DecodeSpec(max_answer_len=args.max_answer_len,
                              no_answer_threshold=args.no_answer_threshold)
+    if args.calibrate_with is not None:
+        calibrating = getattr(engine, "calibrating", None)
+        if calibrating is None:
+            raise SystemExit(f"--calibrate-with: the {engine.name} engine has no calibration")
+        cal_examples = load_examples(args.calibrate_with)[: args.calibrate_questions]
+        with calibrating():
+            predict_with_margins(cal_examples, tok, engine.infer, spec, decode_spec,
+                                 args.batch_windows)
     started = time.perf_counter()
     full = predict_with_margins(examples, tok, engine.infer, spec, decode_spec, args.batch_windows)
     seconds = time.perf_counter() - started

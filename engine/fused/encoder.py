@@ -30,7 +30,9 @@ rides in the kernel that reads the GEMM's output anyway. Two paths:
 * **Persistent (opt-in, ``persistent``):** the small-batch path's kernels as phases of one
   kernel with grid-wide barriers between them (``kernels.persistent``).
 * **Large batches:** cuBLAS GEMMs (FP8 ``_scaled_mm`` from ``fp8_min_tokens`` tokens when
-  the weights have e4m3 copies), Triton kernels around them, launched without PDL.
+  the weights have e4m3 copies), Triton kernels around them, launched without PDL. With
+  calibrated FFN scales (``w.calibrated``), FFN1 + bias + GELU + e4m3 is one cuBLASLt GEMM
+  (``fp8.calibrated_ffn1``) and the bias_gelu kernel drops out.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from types import ModuleType
 
 import torch
 
-from engine.fused.fp8 import Quantized, scaled_linear
+from engine.fused.fp8 import Quantized, calibrated_ffn1, scaled_linear
 from engine.fused.weights import BertQAWeights, Linear
 
 # Below ~4k tokens the row-scaled e4m3 GEMMs measured no faster than fp16 ones (H200,
@@ -140,6 +142,7 @@ def encode_packed(
     tokens = input_ids.shape[0]
     layers = w.layers
     use8 = w.fp8 and tokens >= opts.fp8_min_tokens
+    cal = w.calibrated if use8 and not w.fp8_blocks else None
     small = _small_batch(w, ops, tokens, use8, opts)
     # PDL on the small-batch path only: on the large path a Triton kernel that may start
     # early sits on multiprocessors the cuBLAS GEMM before it still needs (H200,
@@ -192,9 +195,13 @@ def encode_packed(
             a = _linear(ctx, None, layer.attn_out, out8)
         x, xq = ops.bias_residual_layernorm(
             a, layer.attn_out.bias, x, layer.ln1_weight, layer.ln1_bias, eps,
-            fp8=wants8(layer.ffn_in), pdl=pdl, fp8_blocks=w.fp8_blocks,
+            fp8=wants8(layer.ffn_in) or cal is not None, pdl=pdl, fp8_blocks=w.fp8_blocks,
+            fp8_scale=None if cal is None else cal[i].x_scale,
         )
-        if fuse_ffn1 and not wants8(layer.ffn_in) and not wants8(layer.ffn_out):
+        if cal is not None:  # one GEMM: FFN1 + bias + GELU + e4m3, calibrated scales
+            assert xq is not None
+            h, hq = None, calibrated_ffn1(xq, cal[i])
+        elif fuse_ffn1 and not wants8(layer.ffn_in) and not wants8(layer.ffn_out):
             h, hq = ops.linear(x, layer.ffn_in.weight, layer.ffn_in.bias, act=act,
                                config=c_ff1 if small else None, pdl=pdl, prefetch=pf), None
         else:

@@ -20,6 +20,9 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import replace
 from pathlib import Path
 from types import ModuleType
 
@@ -27,6 +30,7 @@ import numpy as np
 import torch
 
 from engine.base import Float32Array, Int32Array
+from engine.fused.calibration import CALIBRATION_MARGIN, AmaxRecorder
 from engine.fused.config import BertQAConfig
 from engine.fused.encoder import (
     DEFERRED_LN_MAX_HIDDEN,
@@ -151,6 +155,7 @@ class FusedEngine:
             gemm_plans=tuple(sorted((gemm_plans or {}).items())),
         )
         self._graphs = GraphCache(self._forward, self.device) if self.cuda_graphs else None
+        self._recorder: AmaxRecorder | None = None
         self._lock = threading.Lock()
 
     # ------------------------------------------------------------------ construction
@@ -203,11 +208,46 @@ class FusedEngine:
 
     def _forward(self, ids: torch.Tensor, tt: torch.Tensor, pos: torch.Tensor, cu: torch.Tensor,
                  n_seqs: int, max_seqlen: int) -> torch.Tensor:
+        if self._recorder is not None:  # un-quantized, FFN1 unfused: every activation seen
+            opts = replace(self.options, fp8_min_tokens=1 << 62, small_batch_max_tokens=None,
+                           ffn1_fused_max_tokens=None)
+            return encode_packed(self.weights, self._recorder, ids, tt, pos, cu,  # type: ignore[arg-type]
+                                 n_seqs, max_seqlen, opts)
         return encode_packed(self.weights, self.ops, ids, tt, pos, cu, n_seqs, max_seqlen,
                              self.options)
 
+    @contextmanager
+    def calibrating(self, margin: float = CALIBRATION_MARGIN) -> Iterator[None]:
+        """Calibrate FP8 FFN1 scales on the batches inferred inside the block (any entry
+        point; e.g. a few hundred windows of real text), then use them.
+
+        Inside, passes run un-quantized and without graphs, and record FFN1's input and
+        output magnitudes per layer; on leaving, FFN1 of every FP8 pass becomes one cuBLASLt
+        GEMM with those per-tensor scales (``engine.fused.fp8``, "Calibrated FFN") and the
+        graphs are re-captured. Needs FP8 weights with row-wise scales."""
+        if not self.fp8 or self.weights.fp8_blocks:
+            raise ValueError("calibration needs an FP8 engine with row-wise scales "
+                             "(dtype='fp8', fp8_scaling='rows')")
+        with self._lock:
+            self._recorder = AmaxRecorder(self.ops, replace(self.weights, calibrated=None))
+        try:
+            yield
+            with self._lock:
+                cal = self._recorder.calibrated(self.weights, margin, self.max_tokens_per_pass)
+                self.weights = replace(self.weights, calibrated=cal)
+                if self._graphs is not None:
+                    self._graphs = GraphCache(self._forward, self.device)
+        finally:
+            self._recorder = None
+
+    def calibrate(self, input_ids: Int32Array, attention_mask: Int32Array,
+                  token_type_ids: Int32Array, margin: float = CALIBRATION_MARGIN) -> None:
+        """:meth:`calibrating` over these ``[windows, seq]`` batches."""
+        with self.calibrating(margin):
+            self.infer(input_ids, attention_mask, token_type_ids)
+
     def _graph_bucket(self, tokens: int, seqs: int, max_seqlen: int) -> Bucket | None:
-        if self._graphs is None or tokens > self.max_graph_tokens:
+        if self._graphs is None or tokens > self.max_graph_tokens or self._recorder is not None:
             return None
         bucket = bucket_for(tokens, seqs, max_seqlen)
         return bucket if self._graphs.can_serve(bucket) else None

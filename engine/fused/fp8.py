@@ -16,7 +16,14 @@ blocks vs 44.4 with rows, F1 77.64 vs 77.69 (reference 77.68); cuBLAS's ``_scale
 also takes these scales when ``M4`` rows are passed, and ran QKV and FFN1 faster than this
 CUTLASS build on the same operands (``benchmarks/GPU_RESULTS.md``, v8).
 
-Elsewhere both are computed by dequantizing (the readable spec, used on the CPU).
+**Calibrated FFN** (opt-in, ``FusedEngine.calibrating``): FFN1's input and output each
+take one scale for the tensor, fixed from activations seen on calibration data
+(``engine.fused.calibration``), and W1 one scale too. Then no scale depends on the batch,
+and FFN1 + bias + GELU + e4m3 is one cuBLASLt GEMM whose epilogue writes FFN2's input
+(:func:`calibrated_ffn1`, ``engine.fused.cublaslt``; cuBLASLt offers no e4m3 output with
+per-row scales). FFN2 reads that with W2's per-channel scales.
+
+Elsewhere everything is computed by dequantizing (the readable spec, used on the CPU).
 """
 
 from __future__ import annotations
@@ -92,6 +99,13 @@ def quantize_rows(x: torch.Tensor) -> Quantized:
     return Quantized(*quantize_tiles(x, 1, x.shape[1]))
 
 
+def quantize_static(x: torch.Tensor, scale: torch.Tensor) -> Quantized:
+    """e4m3 copy of ``x`` with one given float32 scale ([1]; a calibrated one): values
+    beyond ``448 * scale`` saturate."""
+    data = (x.float() * (1.0 / scale)).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+    return Quantized(data, scale)
+
+
 def dequantize(q: Quantized) -> torch.Tensor:
     """float32 ``data * scale``."""
     if q.blocks:
@@ -147,3 +161,43 @@ def rowwise_out_dtype(device: torch.device, preferred: torch.dtype) -> torch.dty
         return preferred
     except RuntimeError:
         return torch.bfloat16
+
+
+@dataclass(frozen=True)
+class CalibratedFFN:
+    """One layer's FFN1 with calibrated per-tensor scales (see the module docstring)."""
+
+    x_scale: torch.Tensor  # [1] float32: FFN1's input (the attention block's LayerNorm)
+    w1: torch.Tensor  # [F, D] e4m3, one scale
+    w1_scale: torch.Tensor  # [1] float32
+    b1: torch.Tensor  # [F] bfloat16: the epilogue's bias
+    h_scale: torch.Tensor  # [1] float32: FFN1's output (GELU, e4m3)
+    h_inv: torch.Tensor  # [1] float32: 1 / h_scale, the epilogue's multiplier
+    h_rows: torch.Tensor  # [rows] float32: h_scale repeated (FFN2's row-wise scales)
+
+    def row_scales(self, rows: int) -> torch.Tensor:
+        """FFN2's per-row activation scales [rows, 1]: all ``h_scale``."""
+        if rows <= self.h_rows.shape[0]:
+            return self.h_rows[:rows, None]
+        return self.h_scale.expand(rows, 1).contiguous()
+
+
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    """GELU's tanh form, which cuBLASLt's GELU epilogue computes."""
+    return torch.nn.functional.gelu(x, approximate="tanh")
+
+
+def calibrated_ffn1(xq: Quantized, cal: CalibratedFFN) -> Quantized:
+    """e4m3 ``GELU(x @ W1^T + b1)`` with scale ``cal.h_scale`` from ``xq`` (scaled by
+    ``cal.x_scale``): one cuBLASLt GEMM on the GPU, dequantized math elsewhere. Returned
+    with per-row scales (all ``h_scale``) for FFN2's row-wise GEMM."""
+    rows = xq.data.shape[0]
+    if xq.data.is_cuda:
+        from engine.fused.cublaslt import fp8_linear
+
+        q = fp8_linear(xq.data, cal.x_scale, cal.w1, cal.w1_scale, FP8_DTYPE, bias=cal.b1,
+                       gelu=True, out_scale=cal.h_inv)
+        return Quantized(q, cal.row_scales(rows))
+    w = cal.w1.float() * cal.w1_scale
+    y = gelu_tanh(dequantize(xq) @ w.t() + cal.b1.float())
+    return Quantized(quantize_static(y, cal.h_scale).data, cal.row_scales(rows))

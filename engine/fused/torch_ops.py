@@ -11,7 +11,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from engine.fused.fp8 import Quantized, quantize_blocks, quantize_rows
+from engine.fused.fp8 import Quantized, quantize_blocks, quantize_rows, quantize_static
 
 
 def _sum_splits(a: torch.Tensor) -> torch.Tensor:
@@ -25,10 +25,14 @@ def _layernorm(
     return F.layer_norm(x, (x.shape[-1],), gamma.float(), beta.float(), eps)
 
 
-def _quantize(y: torch.Tensor, fp8: bool, blocks: bool) -> Quantized | None:
-    """The e4m3 copy a row kernel writes with ``fp8``: per row, or 1x128 blocks."""
+def _quantize(y: torch.Tensor, fp8: bool, blocks: bool,
+              scale: torch.Tensor | None = None) -> Quantized | None:
+    """The e4m3 copy a row kernel writes with ``fp8``: per row, 1x128 blocks, or with one
+    given scale."""
     if not fp8:
         return None
+    if scale is not None:
+        return quantize_static(y, scale)
     return quantize_blocks(y) if blocks else quantize_rows(y)
 
 
@@ -71,9 +75,10 @@ def bias_residual_layernorm(
     fp8: bool = False,
     pdl: bool = False,
     fp8_blocks: bool = False,
+    fp8_scale: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, Quantized | None]:
     y = _residual_ln(a, bias, residual, gamma, beta, eps)
-    return y.to(residual.dtype), _quantize(y, fp8, fp8_blocks)
+    return y.to(residual.dtype), _quantize(y, fp8, fp8_blocks, fp8_scale)
 
 
 def bias_residual_layernorm_qa(

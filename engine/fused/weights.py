@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from engine.fused.config import BertQAConfig
-from engine.fused.fp8 import quantize_rows, quantize_weight_blocks
+from engine.fused.fp8 import CalibratedFFN, quantize_rows, quantize_weight_blocks
 
 if TYPE_CHECKING:
     from engine.fused.folding import FoldedLayer
@@ -129,6 +129,9 @@ class BertQAWeights:
     # matrices (fp16: BERT-base 99 MB, BERT-large 352 MB, MiniLM 12 MB).
     folded: tuple[FoldedLayer, ...] | None = None
     fp8_blocks: bool = False  # the e4m3 copies are block-scaled (engine.fused.fp8)
+    # FFN1 with calibrated per-tensor scales (engine.fused.calibration), per layer: added by
+    # ``FusedEngine.calibrating``; used where FP8 runs.
+    calibrated: tuple[CalibratedFFN, ...] | None = None
 
     @property
     def fp8(self) -> bool:

@@ -125,6 +125,77 @@ def test_block_scaled_fp8_parity(graphs: bool) -> None:
         assert errs["blocks"] < 2 * errs["rows"] + 0.02  # not worse than per-row scales
 
 
+def test_cublaslt_fp8_epilogues_match_spec() -> None:
+    """``cublaslt.fp8_linear`` against float32 math on the same e4m3 operands: row-wise
+    scales with fp16 output, and per-tensor scales with bias + GELU + e4m3 output (the
+    calibrated FFN1), whose GELU must be the tanh form the CPU spec uses (checked where
+    the two forms differ by more than fp16 rounding: inputs around -2)."""
+    import torch
+    import torch.nn.functional as F
+
+    from engine.fused import cublaslt
+    from engine.fused.fp8 import FP8_MAX, quantize_rows, quantize_tiles
+
+    g = torch.Generator(device="cuda").manual_seed(3)
+    m, n, k = 1000, 768, 256  # M not a multiple of 16
+    xq = quantize_rows(torch.randn((m, k), generator=g, device="cuda").half())
+    w8, ws = quantize_tiles((torch.randn((n, k), generator=g, device="cuda") * 0.05).half(), 1, k)
+    exact = (xq.data.float() * xq.scale) @ (w8.float() * ws).t()
+    y = cublaslt.fp8_linear(xq.data, xq.scale.reshape(-1), w8, ws.reshape(-1), torch.float16)
+    assert (y.float() - exact).abs().max() < 2e-3 * exact.abs().max()
+    # One scale each, bias + GELU, e4m3 out.
+    xs = torch.tensor([float(xq.scale.max())], device="cuda")
+    xt = (xq.data.float() * xq.scale / xs).to(torch.float8_e4m3fn)
+    w_s = torch.tensor([float(ws.max())], device="cuda")
+    wt = (w8.float() * ws / w_s).to(torch.float8_e4m3fn)
+    bias = torch.randn((n,), generator=g, device="cuda").bfloat16()
+    pre = (xt.float() * xs) @ (wt.float() * w_s).t() + bias.float()
+    ref = F.gelu(pre, approximate="tanh")
+    h_s = torch.tensor([float(ref.abs().max()) / FP8_MAX], device="cuda")
+    q = cublaslt.fp8_linear(xt, xs, wt, w_s, torch.float8_e4m3fn, bias=bias, gelu=True,
+                            out_scale=1.0 / h_s)
+    err = (q.float() * h_s - ref).abs()
+    assert (err <= ref.abs() * 2.0**-4 + float(h_s) * 2.0**-9 + 1e-3 * float(h_s)).all()
+    # Which GELU: zero activations, so the output is GELU(bias) alone.
+    b = torch.linspace(-3.0, -1.0, n, device="cuda").half()
+    zero = torch.zeros((16, k), device="cuda").to(torch.float8_e4m3fn)
+    one = torch.ones(1, device="cuda")
+    out = cublaslt.fp8_linear(zero, one, wt, one, torch.float16, bias=b, gelu=True)[0].float()
+    tanh_err = (out - F.gelu(b.float(), approximate="tanh")).abs().max()
+    erf_err = (out - F.gelu(b.float())).abs().max()
+    print(f"cuBLASLt GELU: |out - tanh form| {tanh_err:.2e}, |out - erf form| {erf_err:.2e}")
+    assert tanh_err < erf_err
+
+
+@pytest.mark.parametrize("graphs", [True, False])
+def test_calibrated_fp8_ffn_parity(graphs: bool) -> None:
+    """FP8 with calibrated per-tensor FFN1 scales (one cuBLASLt GEMM for FFN1 + bias +
+    GELU + e4m3), calibrated on other windows, against HF fp32 and the row-scaled FP8
+    engine, with and without CUDA graphs."""
+    from engine.fused.config import BertQAConfig
+    from engine.fused.engine import FusedEngine
+
+    model, cfg = _random_hf_bert(layers=4, hidden=768, heads=12)
+    qa = BertQAConfig.from_dict(cfg.to_dict())
+    rows = FusedEngine.from_state_dict(model.state_dict(), qa, device="cuda", dtype="fp8",
+                                       cuda_graphs=graphs, fp8_min_tokens=0,
+                                       max_graph_tokens=16384)
+    cal = FusedEngine(rows.weights, "cuda", cuda_graphs=graphs, fp8_min_tokens=0,
+                      max_graph_tokens=16384)
+    rng = np.random.default_rng(13)
+    cal.calibrate(*_random_batch(rng, 64, 384, cfg.vocab_size))
+    assert cal.weights.calibrated is not None and rows.weights.calibrated is None
+    for windows in (7, 40):
+        ids, mask, tt = _random_batch(rng, windows, 384 if windows > 7 else 160,
+                                      cfg.vocab_size)
+        ref = _hf_logits(model, ids, mask, tt)
+        errs = {name: _report(f"bert-base-4L fp8 {name} graphs={graphs} windows={windows}",
+                              e.infer(ids, mask, tt), ref, mask.astype(bool))
+                for name, e in (("rows", rows), ("calibrated", cal))}
+        assert errs["calibrated"] < 0.15
+        assert errs["calibrated"] < 2 * errs["rows"] + 0.02
+
+
 def test_graph_and_eager_agree_across_buckets() -> None:
     from engine.fused.engine import FusedEngine
 

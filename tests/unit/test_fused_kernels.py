@@ -430,13 +430,40 @@ def _random_batch(seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     return ids, mask, tt
 
 
+def _check_fp8_static() -> tuple[float, float]:
+    """The residual LayerNorm's e4m3 copy with one given (calibrated) scale, chosen so
+    that the largest values saturate: it must equal the clamped reference within e4m3
+    rounding, and hand the given scale back."""
+    import torch
+
+    from engine.fused import kernels as k
+    from engine.fused.fp8 import dequantize
+
+    g = torch.Generator().manual_seed(12)
+    t, d = 45, 80
+    a, res = (torch.randn(t, d, generator=g).half() for _ in "ar")
+    bias, gamma, beta = (torch.randn(d, generator=g) for _ in range(3))
+    ref = _ln64(a.double() + bias.double() + res.double(), gamma, beta, 1e-5)
+    assert isinstance(ref, torch.Tensor)
+    scale = torch.tensor([float(ref.abs().max()) * 0.7 / 448.0])  # the top 30% saturate
+    _, q = k.bias_residual_layernorm(a, bias, res, gamma, beta, 1e-5, fp8=True,
+                                     fp8_scale=scale)
+    if q is None or q.scale is not scale or q.blocks:
+        return math.inf, 1.0
+    clamped = ref.clamp(-448.0 * float(scale), 448.0 * float(scale))
+    allowed = clamped.abs() * 2.0**-4 + float(scale) * 2.0**-9 + 1e-9
+    return float(((dequantize(q).double() - clamped).abs() / allowed).max()), 1.0
+
+
 def _check_tiny_bert(dtype: str, small_batch: bool = True, splits: int | None = None,
-                     deferred_ln: bool = True, fp8_scaling: str = "rows") -> tuple[float, float]:
+                     deferred_ln: bool = True, fp8_scaling: str = "rows",
+                     calibrate: bool = False) -> tuple[float, float]:
     """The whole engine vs HF fp32. fp16 batches this small take the small-batch path
     (all-Triton GEMMs; ``splits`` imposes split-K on the attention-output and FFN2 GEMMs,
     FFN2 alone when ``deferred_ln``, which runs it without LayerNorm kernels) unless
     ``small_batch`` is off (cuBLAS-path code: torch.mm + epilogue kernels).
-    ``fp8_scaling="blocks"`` needs widths in multiples of 128: hidden 128 then."""
+    ``fp8_scaling="blocks"`` needs widths in multiples of 128: hidden 128 then.
+    ``calibrate``: FFN1 with calibrated per-tensor scales, from another batch."""
     import torch
 
     from engine.fused.engine import PAD_LOGIT, FusedEngine
@@ -454,6 +481,10 @@ def _check_tiny_bert(dtype: str, small_batch: bool = True, splits: int | None = 
                                          gemm_plans=plans,
                                          deferred_ln_max_hidden=1024 if deferred_ln else None)
     assert engine.backend == "triton"
+    if calibrate:
+        engine.calibrate(*_random_batch(3))
+        if engine.weights.calibrated is None:
+            return math.inf, 0.0
     ids, mask, tt = _random_batch(7)
     start, end = engine.infer(ids, mask, tt)
     with torch.no_grad():
@@ -542,6 +573,7 @@ CASES: dict[str, Callable[[], tuple[float, float]]] = {
     "embed_ln_fp8_blocks": lambda: _check_fp8_blocks("embed"),
     "residual_ln_fp8_blocks": lambda: _check_fp8_blocks("residual_ln"),
     "gelu_erf_fp8_blocks": lambda: _check_fp8_blocks("gelu"),
+    "residual_ln_fp8_static": _check_fp8_static,
     "gelu_erf_fp16": lambda: _check_gelu("float16", False, False),
     "gelu_tanh_fp32": lambda: _check_gelu("float32", True, False),
     "gelu_erf_fp8": lambda: _check_gelu("float16", False, True),
@@ -570,6 +602,7 @@ CASES: dict[str, Callable[[], tuple[float, float]]] = {
     "tiny_bert_fp16_large_path": lambda: _check_tiny_bert("float16", small_batch=False),
     "tiny_bert_fp8": lambda: _check_tiny_bert("fp8"),
     "tiny_bert_fp8_blocks": lambda: _check_tiny_bert("fp8", fp8_scaling="blocks"),
+    "tiny_bert_fp8_calibrated": lambda: _check_tiny_bert("fp8", calibrate=True),
     "packed_entry_points": _check_packed_entry_points,
     "stage_inputs": _check_stage_inputs,
     "persistent_fp16_16_programs": lambda: _check_persistent(16),

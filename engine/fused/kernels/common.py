@@ -106,12 +106,13 @@ def to_e4m3(x):
 
 
 @triton.jit
-def store_rows_fp8(y, mask, rmask, q_ptrs, qs_ptr, rows, n_rows, D, BLOCKS: tl.constexpr):
+def store_rows_fp8(y, mask, rmask, q_ptrs, qs_ptr, rows, n_rows, D, MODE: tl.constexpr):
     """e4m3 copy of a [ROWS, COLS] float32 tile of whole rows (masked lanes hold 0) and its
-    float32 scales (``engine.fused.fp8``): one per row at ``qs_ptr + rows``, or with
-    ``BLOCKS`` one per row per 128 columns at ``qs_ptr + block * M4 + rows`` (M-major, M4 =
-    ``n_rows`` rounded up to 4; COLS a multiple of 128, D too)."""
-    if BLOCKS:
+    float32 scales (``engine.fused.fp8``). ``MODE`` 1: one scale per row, stored at
+    ``qs_ptr + rows``; 2: one per row per 128 columns at ``qs_ptr + block * M4 + rows``
+    (M-major, M4 = ``n_rows`` rounded up to 4; COLS a multiple of 128, D too); 3: the one
+    calibrated scale of the tensor, read from ``qs_ptr`` (values beyond it saturate)."""
+    if MODE == 2:
         R: tl.constexpr = y.shape[0]
         C: tl.constexpr = y.shape[1]
         G: tl.constexpr = C // 128
@@ -124,6 +125,8 @@ def store_rows_fp8(y, mask, rmask, q_ptrs, qs_ptr, rows, n_rows, D, BLOCKS: tl.c
         m4 = (n_rows + 3) // 4 * 4
         tl.store(qs_ptr + g[None, :] * m4 + rows[:, None], scale,
                  mask=rmask[:, None] & (g[None, :] * 128 < D))
+    elif MODE == 3:
+        tl.store(q_ptrs, to_e4m3(y * (1.0 / tl.load(qs_ptr))), mask=mask)
     else:
         amax = tl.max(tl.where(mask, tl.abs(y), 0.0), axis=1)
         scale = tl.maximum(amax / _FP8_MAX, _SCALE_MIN)

@@ -59,7 +59,7 @@ def embed_ln_rows(
                        D, eps)
     tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
     if FP8_OUT:
-        store_rows_fp8(y, mask, rmask, q_ptr + offs, qs_ptr, rows, n_rows, D, FP8_OUT == 2)
+        store_rows_fp8(y, mask, rmask, q_ptr + offs, qs_ptr, rows, n_rows, D, FP8_OUT)
 
 
 @triton.jit
@@ -126,8 +126,7 @@ def residual_ln_finish(
     else:
         tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
         if FP8_OUT:
-            store_rows_fp8(y, mask, rmask, q_ptr + offs, qs_ptr, rows, n_rows, D,
-                           FP8_OUT == 2)
+            store_rows_fp8(y, mask, rmask, q_ptr + offs, qs_ptr, rows, n_rows, D, FP8_OUT)
 
 
 @triton.jit
@@ -188,7 +187,7 @@ def _bias_gelu_kernel(
     if FP8_OUT:
         # Only the next GEMM reads this activation: store its e4m3 copy alone
         # (BLOCK_F covers the whole row, so the row's scale is known here).
-        store_rows_fp8(y, mask, rmask, q_ptr + offs, qs_ptr, rows, n_rows, F, FP8_OUT == 2)
+        store_rows_fp8(y, mask, rmask, q_ptr + offs, qs_ptr, rows, n_rows, F, FP8_OUT)
     else:
         tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
 
@@ -245,9 +244,11 @@ def _fp8_buffers(x: torch.Tensor, on: bool,
     return q, torch.empty((n, 1), device=x.device, dtype=torch.float32)
 
 
-def _fp8_mode(fp8: bool, blocks: bool) -> int:
-    """The kernels' FP8_OUT: 0 none, 1 per-row scales, 2 block scales."""
-    return (2 if blocks else 1) if fp8 else 0
+def _fp8_mode(fp8: bool, blocks: bool, scale: torch.Tensor | None = None) -> int:
+    """The kernels' FP8_OUT: 0 none, 1 per-row scales, 2 block scales, 3 a given scale."""
+    if not fp8:
+        return 0
+    return 3 if scale is not None else 2 if blocks else 1
 
 
 def _splits(a: torch.Tensor) -> tuple[int, int]:
@@ -289,14 +290,18 @@ def embed_layernorm(
 def _residual_ln(a: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor,
                  gamma: torch.Tensor, beta: torch.Tensor, eps: float, fp8: bool, pdl: bool,
                  qa: tuple[torch.Tensor, torch.Tensor] | None, fp8_blocks: bool = False,
+                 fp8_scale: torch.Tensor | None = None,
                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Launch ``_residual_ln_kernel``: (LayerNorm output, e4m3 copy, scales), or with ``qa``
-    (head weight, bias) the float32 [2, T] logits three times (nothing else is stored)."""
+    (head weight, bias) the float32 [2, T] logits three times (nothing else is stored).
+    ``fp8_scale`` (float32 [1]): the e4m3 copy takes this one scale, given, not computed."""
     n, d = a.shape[-2:]
     splits, split_stride = _splits(a)
     if qa is None:
         out = torch.empty((n, d), device=a.device, dtype=residual.dtype)
         q, qs = _fp8_buffers(out, fp8, fp8_blocks)
+        if fp8 and fp8_scale is not None:
+            qs = fp8_scale
         qa_w, qa_b, logits = gamma, gamma, out  # never touched: QA_HEAD is off
     else:
         out = logits = torch.empty((2, n), device=a.device, dtype=torch.float32)
@@ -307,7 +312,7 @@ def _residual_ln(a: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor,
         a, bias, residual, gamma, beta, out, q, qs, qa_w, qa_b, logits,
         n, logits.stride(0), split_stride, d, eps,
         BLOCK_D=block, ROWS=rows, SPLITS=splits,
-        FP8_OUT=_fp8_mode(fp8, fp8_blocks) if qa is None else 0,
+        FP8_OUT=_fp8_mode(fp8, fp8_blocks, fp8_scale) if qa is None else 0,
         QA_HEAD=qa is not None, USE_PDL=pdl, num_warps=warps, **launch_options(pdl),
     )
     return out, q, qs
@@ -323,14 +328,17 @@ def bias_residual_layernorm(
     fp8: bool = False,
     pdl: bool = False,
     fp8_blocks: bool = False,
+    fp8_scale: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, Quantized | None]:
     """LayerNorm(a + bias + residual), in ``residual``'s dtype (+ e4m3 copy: per-row
-    scales, or 1x128 block scales with ``fp8_blocks``).
+    scales, 1x128 block scales with ``fp8_blocks``, or the one calibrated scale
+    ``fp8_scale``, float32 [1], values beyond it saturating).
 
     ``a`` is a GEMM output [T, D], or [S, T, D] float32 split-K partials to be summed.
     """
-    out, q, qs = _residual_ln(a, bias, residual, gamma, beta, eps, fp8, pdl, None, fp8_blocks)
-    return out, (Quantized(q, qs, fp8_blocks) if fp8 else None)
+    out, q, qs = _residual_ln(a, bias, residual, gamma, beta, eps, fp8, pdl, None, fp8_blocks,
+                              fp8_scale)
+    return out, (Quantized(q, qs, fp8_blocks and fp8_scale is None) if fp8 else None)
 
 
 def bias_residual_layernorm_qa(

@@ -1,0 +1,259 @@
+"""cuBLASLt FP8 GEMMs with fused epilogues, called through ctypes (no build step).
+
+``torch._scaled_mm`` runs cuBLASLt's FP8 GEMM but exposes neither its epilogues (bias,
+bias + GELU) nor an e4m3 output with its own scale. This module calls the same library
+directly::
+
+    y = out_scale * act(x_scale * w_scale * (xq @ w8^T) + bias)
+
+with ``xq`` [M, K] and ``w8`` [N, K] e4m3 (row-major, so cuBLASLt's column-major "TN"
+layout with no copy), ``x_scale`` one float32 per row of ``xq`` or one for the tensor,
+``w_scale`` one per row of ``w8`` or one for the tensor, ``act`` nothing or cuBLASLt's
+GELU (its tanh form), and ``y`` fp16/bf16, or e4m3 with ``out_scale`` a float32 scalar.
+With an e4m3 ``y`` a GEMM writes the next GEMM's input directly: FFN1 + bias + GELU +
+quantization in one kernel.
+
+The library is the one torch already loaded (``libcublasLt.so.13``/``.12``), or
+``$QA_CUBLASLT_LIB``. Plans (descriptors and the heuristic's first algorithm) are cached
+per shape and configuration; pointers are set per call, so calls can be captured in CUDA
+graphs (the workspace is allocated once per device, outside any capture).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import glob
+import os
+import sys
+from dataclasses import dataclass
+from functools import cache
+
+import torch
+
+# cudaDataType_t / cublasComputeType_t / cublasLt enums (cublasLt.h, library_types.h).
+_R_32F, _R_16F, _R_16BF, _R_8F_E4M3 = 0, 2, 14, 28
+_COMPUTE_32F = 68
+_OP_N, _OP_T = 0, 1
+_DESC_TRANSA, _DESC_TRANSB, _DESC_EPILOGUE, _DESC_BIAS_POINTER = 3, 4, 7, 8
+_DESC_A_SCALE, _DESC_B_SCALE, _DESC_D_SCALE = 17, 18, 20
+_DESC_FAST_ACCUM, _DESC_BIAS_TYPE = 25, 26
+_DESC_A_SCALE_MODE, _DESC_B_SCALE_MODE = 31, 32
+_SCALE_SCALAR, _SCALE_OUTER_VEC = 0, 3
+_EPI_DEFAULT, _EPI_BIAS, _EPI_GELU, _EPI_GELU_BIAS = 1, 4, 32, 36
+_PREF_MAX_WORKSPACE = 1
+_WORKSPACE_BYTES = 32 << 20  # cuBLAS's recommendation for Hopper
+
+_TYPES = {torch.float16: _R_16F, torch.bfloat16: _R_16BF, torch.float8_e4m3fn: _R_8F_E4M3}
+
+
+class CublasLtError(RuntimeError):
+    """cuBLASLt is missing, refused a configuration, or failed a call."""
+
+
+class _HeuristicResult(ctypes.Structure):
+    _fields_ = [("algo", ctypes.c_uint64 * 8), ("workspaceSize", ctypes.c_size_t),
+                ("state", ctypes.c_int), ("wavesCount", ctypes.c_float),
+                ("reserved", ctypes.c_int * 4)]
+
+
+def _candidates() -> list[str]:
+    env = os.environ.get("QA_CUBLASLT_LIB")
+    if env:
+        return [env]
+    names = ["libcublasLt.so.13", "libcublasLt.so.12"]
+    for base in sys.path:  # the nvidia-cublas wheels torch depends on
+        names += sorted(glob.glob(os.path.join(base, "nvidia", "*", "lib", "libcublasLt.so.*")))
+    found = ctypes.util.find_library("cublasLt")
+    return names + ([found] if found else [])
+
+
+@cache
+def _lib() -> ctypes.CDLL:
+    errors = []
+    for name in _candidates():
+        try:
+            lib = ctypes.CDLL(name)
+        except OSError as exc:
+            errors.append(f"{name}: {exc}")
+            continue
+        for fn in ("cublasLtCreate", "cublasLtMatmulDescCreate", "cublasLtMatrixLayoutCreate",
+                   "cublasLtMatmulPreferenceCreate", "cublasLtMatmulDescSetAttribute",
+                   "cublasLtMatmulPreferenceSetAttribute", "cublasLtMatmulAlgoGetHeuristic",
+                   "cublasLtMatmul"):
+            getattr(lib, fn).restype = ctypes.c_int
+        lib.cublasLtMatrixLayoutCreate.argtypes = [
+            ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_int64]
+        lib.cublasLtMatmul.argtypes = [ctypes.c_void_p] * 14 + [ctypes.c_size_t, ctypes.c_void_p]
+        return lib
+    raise CublasLtError("cuBLASLt not found (set QA_CUBLASLT_LIB): " + "; ".join(errors))
+
+
+def _check(status: int, what: str) -> None:
+    if status != 0:
+        raise CublasLtError(f"{what} failed with cublasStatus_t {status}")
+
+
+@cache
+def _handle() -> ctypes.c_void_p:
+    h = ctypes.c_void_p()
+    _check(_lib().cublasLtCreate(ctypes.byref(h)), "cublasLtCreate")
+    return h
+
+
+@cache
+def _workspace(device: int) -> torch.Tensor:
+    return torch.empty(_WORKSPACE_BYTES, dtype=torch.uint8, device=f"cuda:{device}")
+
+
+def available() -> bool:
+    """Whether a CUDA device with FP8 tensor cores (sm_89+) and cuBLASLt are here."""
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (8, 9):
+        return False
+    try:
+        _lib()
+    except CublasLtError:
+        return False
+    return True
+
+
+@dataclass(frozen=True)
+class _Key:
+    m: int
+    n: int
+    k: int
+    out: torch.dtype
+    bias: torch.dtype | None
+    gelu: bool
+    x_rows: bool
+    w_rows: bool
+    out_scaled: bool
+
+
+@dataclass
+class _Plan:
+    desc: ctypes.c_void_p
+    a: ctypes.c_void_p  # the weight [N, K]: column-major K x N, transposed
+    b: ctypes.c_void_p  # the activation [M, K]: column-major K x M
+    c: ctypes.c_void_p
+    d: ctypes.c_void_p
+    algo: _HeuristicResult
+
+
+def _set(desc: ctypes.c_void_p, attr: int, value: ctypes.c_int32 | ctypes.c_void_p) -> None:
+    _check(_lib().cublasLtMatmulDescSetAttribute(desc, attr, ctypes.byref(value),
+                                                 ctypes.sizeof(value)), f"attribute {attr}")
+
+
+def _layout(dtype: int, rows: int, cols: int, ld: int) -> ctypes.c_void_p:
+    lay = ctypes.c_void_p()
+    _check(_lib().cublasLtMatrixLayoutCreate(ctypes.byref(lay), dtype, rows, cols, ld),
+           "cublasLtMatrixLayoutCreate")
+    return lay
+
+
+@cache
+def _plan(key: _Key) -> _Plan:
+    lib = _lib()
+    desc = ctypes.c_void_p()
+    _check(lib.cublasLtMatmulDescCreate(ctypes.byref(desc), _COMPUTE_32F, _R_32F),
+           "cublasLtMatmulDescCreate")
+    _set(desc, _DESC_TRANSA, ctypes.c_int32(_OP_T))
+    _set(desc, _DESC_TRANSB, ctypes.c_int32(_OP_N))
+    # cuBLAS's A is our weight (scales per its rows = our output channels), B our activation.
+    _set(desc, _DESC_A_SCALE_MODE, ctypes.c_int32(_SCALE_OUTER_VEC if key.w_rows else _SCALE_SCALAR))
+    _set(desc, _DESC_B_SCALE_MODE, ctypes.c_int32(_SCALE_OUTER_VEC if key.x_rows else _SCALE_SCALAR))
+    epi = ((_EPI_GELU_BIAS if key.gelu else _EPI_BIAS) if key.bias is not None
+           else (_EPI_GELU if key.gelu else _EPI_DEFAULT))
+    _set(desc, _DESC_EPILOGUE, ctypes.c_int32(epi))
+    if key.bias is not None:
+        _set(desc, _DESC_BIAS_TYPE, ctypes.c_int32(_TYPES[key.bias]))
+    # Pointers the heuristic looks at for alignment; the real ones are set per call.
+    dummy = ctypes.c_void_p(256)
+    for attr in (_DESC_A_SCALE, _DESC_B_SCALE):
+        _set(desc, attr, dummy)
+    if key.out_scaled:
+        _set(desc, _DESC_D_SCALE, dummy)
+    if key.bias is not None:
+        _set(desc, _DESC_BIAS_POINTER, dummy)
+    out = _TYPES[key.out]
+    c_type = _R_16BF if key.out == torch.float8_e4m3fn else out  # C of an e4m3 D: 16-bit
+    plan = _Plan(desc, _layout(_R_8F_E4M3, key.k, key.n, key.k),
+                 _layout(_R_8F_E4M3, key.k, key.m, key.k), _layout(c_type, key.n, key.m, key.n),
+                 _layout(out, key.n, key.m, key.n), _HeuristicResult())
+    pref = ctypes.c_void_p()
+    _check(lib.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)), "preference")
+    ws = ctypes.c_uint64(_WORKSPACE_BYTES)
+    _check(lib.cublasLtMatmulPreferenceSetAttribute(pref, _PREF_MAX_WORKSPACE, ctypes.byref(ws),
+                                                    ctypes.sizeof(ws)), "preference workspace")
+    found = ctypes.c_int(0)
+    _check(lib.cublasLtMatmulAlgoGetHeuristic(
+        _handle(), desc, plan.a, plan.b, plan.c, plan.d, pref, 1, ctypes.byref(plan.algo),
+        ctypes.byref(found)), f"heuristic for {key}")
+    if found.value < 1 or plan.algo.state != 0:
+        raise CublasLtError(f"cuBLASLt has no FP8 algorithm for {key}")
+    return plan
+
+
+def _scale_rows(scale: torch.Tensor, rows: int, what: str) -> bool:
+    """True for one scale per row, False for one per tensor; checks dtype and size."""
+    if scale.dtype != torch.float32 or not scale.is_contiguous():
+        raise ValueError(f"{what} must be contiguous float32")
+    if scale.numel() not in (1, rows):
+        raise ValueError(f"{what} must hold 1 or {rows} values, got {scale.numel()}")
+    return scale.numel() == rows and rows != 1
+
+
+def fp8_linear(
+    xq: torch.Tensor,
+    x_scale: torch.Tensor,
+    w8: torch.Tensor,
+    w_scale: torch.Tensor,
+    out_dtype: torch.dtype,
+    bias: torch.Tensor | None = None,
+    gelu: bool = False,
+    out_scale: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """``out_scale * act(x_scale * w_scale * (xq @ w8^T) + bias)`` in ``out_dtype`` (see the
+    module docstring). ``out_scale`` is required for, and only for, an e4m3 output."""
+    if xq.dtype != torch.float8_e4m3fn or w8.dtype != torch.float8_e4m3fn:
+        raise ValueError("fp8_linear takes e4m3 operands")
+    if xq.dim() != 2 or w8.dim() != 2 or xq.shape[1] != w8.shape[1]:
+        raise ValueError(f"shapes {tuple(xq.shape)} and {tuple(w8.shape)} do not multiply")
+    if not (xq.is_contiguous() and w8.is_contiguous()):
+        raise ValueError("fp8_linear takes row-major (contiguous) operands")
+    m, k = xq.shape
+    n = w8.shape[0]
+    if out_dtype not in _TYPES:
+        raise ValueError(f"unsupported output dtype {out_dtype}")
+    if (out_dtype == torch.float8_e4m3fn) != (out_scale is not None):
+        raise ValueError("an e4m3 output needs out_scale, and only it takes one")
+    if bias is not None and (bias.shape != (n,) or bias.dtype not in (torch.float16, torch.bfloat16)):
+        raise ValueError(f"bias must be fp16/bf16 of shape ({n},)")
+    key = _Key(m, n, k, out_dtype, None if bias is None else bias.dtype, gelu,
+               _scale_rows(x_scale, m, "x_scale"), _scale_rows(w_scale, n, "w_scale"),
+               out_scale is not None)
+    if out is None:
+        out = torch.empty((m, n), device=xq.device, dtype=out_dtype)
+    elif out.shape != (m, n) or out.dtype != out_dtype or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous {out_dtype} tensor of shape ({m}, {n})")
+    plan = _plan(key)
+    _set(plan.desc, _DESC_A_SCALE, ctypes.c_void_p(w_scale.data_ptr()))
+    _set(plan.desc, _DESC_B_SCALE, ctypes.c_void_p(x_scale.data_ptr()))
+    if out_scale is not None:
+        _set(plan.desc, _DESC_D_SCALE, ctypes.c_void_p(out_scale.data_ptr()))
+    if bias is not None:
+        _set(plan.desc, _DESC_BIAS_POINTER, ctypes.c_void_p(bias.data_ptr()))
+    alpha, beta = ctypes.c_float(1.0), ctypes.c_float(0.0)
+    # beta = 0: C is not read. An e4m3 D has a 16-bit C type, so C cannot alias D.
+    c_ptr = None if out_dtype == torch.float8_e4m3fn else out.data_ptr()
+    ws = _workspace(xq.device.index or 0)
+    stream = torch.cuda.current_stream(xq.device).cuda_stream
+    _check(_lib().cublasLtMatmul(
+        _handle(), plan.desc, ctypes.byref(alpha), ctypes.c_void_p(w8.data_ptr()), plan.a,
+        ctypes.c_void_p(xq.data_ptr()), plan.b, ctypes.byref(beta),
+        ctypes.c_void_p(c_ptr), plan.c, ctypes.c_void_p(out.data_ptr()), plan.d,
+        ctypes.byref(plan.algo.algo), ctypes.c_void_p(ws.data_ptr()), ctypes.c_size_t(ws.numel()),
+        ctypes.c_void_p(stream)), "cublasLtMatmul")
+    return out

@@ -1,0 +1,56 @@
+"""``engine.fused.cublaslt``: argument checks that need no GPU (the GEMMs themselves are
+checked against float32 math in tests/gpu)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.fused import cublaslt
+
+E4M3 = torch.float8_e4m3fn
+
+
+def _operands(m: int = 8, n: int = 16, k: int = 32) -> tuple[torch.Tensor, ...]:
+    x = torch.zeros((m, k)).to(E4M3)
+    w = torch.zeros((n, k)).to(E4M3)
+    return x, torch.ones(m), w, torch.ones(n)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda a: {**a, "xq": a["xq"].float()}, "e4m3 operands"),
+        (lambda a: {**a, "w8": torch.zeros((16, 24)).to(E4M3)}, "do not multiply"),
+        (lambda a: {**a, "xq": torch.zeros((32, 8)).to(E4M3).t()}, "row-major"),
+        (lambda a: {**a, "x_scale": torch.ones(3)}, "x_scale must hold 1 or 8"),
+        (lambda a: {**a, "w_scale": torch.ones(16, dtype=torch.float64)}, "float32"),
+        (lambda a: {**a, "out_dtype": torch.float32}, "unsupported output dtype"),
+        (lambda a: {**a, "out_dtype": E4M3}, "needs out_scale"),
+        (lambda a: {**a, "out_scale": torch.ones(1)}, "needs out_scale"),
+        (lambda a: {**a, "bias": torch.ones(15).half()}, "bias must be"),
+        (lambda a: {**a, "bias": torch.ones(16)}, "bias must be"),
+        (lambda a: {**a, "out": torch.empty((8, 16))}, "out must be"),
+    ],
+)
+def test_bad_arguments_are_refused_before_any_library_call(change, message) -> None:  # type: ignore[no-untyped-def]
+    x, xs, w, ws = _operands()
+    args = {"xq": x, "x_scale": xs, "w8": w, "w_scale": ws, "out_dtype": torch.float16}
+    with pytest.raises(ValueError, match=message):
+        cublaslt.fp8_linear(**change(args))
+
+
+def test_missing_library_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("QA_CUBLASLT_LIB", "/nonexistent/libcublasLt.so")
+    cublaslt._lib.cache_clear()
+    try:
+        with pytest.raises(cublaslt.CublasLtError, match="QA_CUBLASLT_LIB"):
+            cublaslt._lib()
+    finally:
+        cublaslt._lib.cache_clear()
+
+
+def test_scale_kind() -> None:
+    assert cublaslt._scale_rows(torch.ones(8), 8, "s") is True
+    assert cublaslt._scale_rows(torch.ones(1), 8, "s") is False
+    assert cublaslt._scale_rows(torch.ones(1), 1, "s") is False  # one row: a scalar
