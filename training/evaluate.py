@@ -48,6 +48,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="fused FP8: calibrate FFN1 scales on these questions first "
                         "(FusedEngine.calibrating); use data the scores are not taken on")
     p.add_argument("--calibrate-questions", type=int, default=512)
+    p.add_argument("--calibrate-margin", type=float, default=None,
+                   help="scale = margin * amax / 448 (default: the engine's)")
     p.add_argument("--out", type=Path, default=None, help="write predictions + scores JSON")
     return p.parse_args(argv)
 
@@ -73,7 +75,8 @@ def main(argv: list[str] | None = None) -> Score:
         if calibrating is None:
             raise SystemExit(f"--calibrate-with: the {engine.name} engine has no calibration")
         cal_examples = load_examples(args.calibrate_with)[: args.calibrate_questions]
-        with calibrating():
+        margin = {} if args.calibrate_margin is None else {"margin": args.calibrate_margin}
+        with calibrating(**margin):
             predict_with_margins(cal_examples, tok, engine.infer, spec, decode_spec,
                                  args.batch_windows)
     started = time.perf_counter()

@@ -154,8 +154,14 @@ def test_cublaslt_fp8_epilogues_match_spec() -> None:
     h_s = torch.tensor([float(ref.abs().max()) / FP8_MAX], device="cuda")
     q = cublaslt.fp8_linear(xt, xs, wt, w_s, torch.float8_e4m3fn, bias=bias, gelu=True,
                             out_scale=1.0 / h_s)
-    err = (q.float() * h_s - ref).abs()
-    assert (err <= ref.abs() * 2.0**-4 + float(h_s) * 2.0**-9 + 1e-3 * float(h_s)).all()
+    got = q.float() * h_s
+    ratio = (got - ref).abs() / (ref.abs() * 2.0**-4 + float(h_s) * 2.0**-9 + 1e-3 * float(h_s))
+    worst = int(ratio.argmax())
+    print(f"e4m3 epilogue: worst error / allowed {float(ratio.max()):.3f} "
+          f"({int((ratio > 1).sum())} of {ratio.numel()} over) at pre {float(pre.flatten()[worst]):.4f}: "
+          f"ref {float(ref.flatten()[worst]):.5f} got {float(got.flatten()[worst]):.5f}, "
+          f"h_scale {float(h_s):.3e}; smallest nonzero |got| {float(got.abs()[got != 0].min()):.3e}")
+    assert float(ratio.max()) <= 1.0
     # Which GELU: zero activations, so the output is GELU(bias) alone.
     b = torch.linspace(-3.0, -1.0, n, device="cuda").half()
     zero = torch.zeros((16, k), device="cuda").to(torch.float8_e4m3fn)
