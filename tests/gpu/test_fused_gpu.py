@@ -155,7 +155,11 @@ def test_cublaslt_fp8_epilogues_match_spec() -> None:
     q = cublaslt.fp8_linear(xt, xs, wt, w_s, torch.float8_e4m3fn, bias=bias, gelu=True,
                             out_scale=1.0 / h_s)
     got = q.float() * h_s
-    ratio = (got - ref).abs() / (ref.abs() * 2.0**-4 + float(h_s) * 2.0**-9 + 1e-3 * float(h_s))
+    # e4m3 rounding (relative 2**-4, subnormal step 2**-9 of the scale), plus the FP8 tensor
+    # cores' accumulation error (~2**-11 of the products' size; measured 4e-4 here), which
+    # shows near GELU's zero
+    ratio = (got - ref).abs() / (ref.abs() * 2.0**-4 + float(h_s) * 2.0**-9
+                                 + 2e-3 * float(pre.abs().max()))
     worst = int(ratio.argmax())
     print(f"e4m3 epilogue: worst error / allowed {float(ratio.max()):.3f} "
           f"({int((ratio > 1).sum())} of {ratio.numel()} over) at pre {float(pre.flatten()[worst]):.4f}: "
