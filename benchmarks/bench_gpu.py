@@ -861,8 +861,8 @@ def write_markdown(res: dict[str, Any], path: Path) -> str:
                          + f" | {ratio} |")
         lines.append("")
     if res.get("mix"):
-        cols = ["ours_packed", "ours_fp8_packed", "ours_packed_no_pdl", "ours_fp8_packed_no_pdl",
-                "ours_packed_attn_best",
+        cols = ["ours_packed", "ours_fp8_packed", "ours_fp8_calibrated_packed",
+                "ours_packed_no_pdl", "ours_fp8_packed_no_pdl", "ours_packed_attn_best",
                 "ours_fp8_packed_attn_best", "ours_padded_384", "hf_graph_padded_384",
                 "hf_eager_padded_384"]
         lines += ["## SQuAD dev length mix, windows/s (ms per batch)", "",

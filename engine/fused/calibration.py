@@ -5,7 +5,10 @@ encoder runs un-quantized passes over calibration batches, and records per layer
 largest magnitude of FFN1's input (the attention block's LayerNorm output) and of its
 output (bias + GELU). :meth:`AmaxRecorder.calibrated` turns those into per-tensor scales,
 ``margin * amax / 448``: the margin leaves room for activations larger than any seen
-(larger ones saturate at +-448 * scale).
+(larger ones saturate at +-448 * scale). A larger margin costs precision only for values
+below ``margin * amax / 2**15`` (e4m3's subnormals). Measured (H200, 2026-11-30, shipped
+MiniLM, SQuAD v1.1 dev F1, reference 77.68, row-scaled FP8 77.69): margin 1: 77.57 / 77.33
+(cuBLASLt / the same scheme as float32 torch math), 2: 77.37 / 77.48, 4: 77.52 / 77.56.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import torch
 from engine.fused.fp8 import FP8_MAX, SCALE_MIN, CalibratedFFN, quantize_tiles
 from engine.fused.weights import BertQAWeights
 
-CALIBRATION_MARGIN = 2.0
+CALIBRATION_MARGIN = 4.0
 
 
 class AmaxRecorder:
