@@ -94,7 +94,7 @@ def main() -> None:
     assert calw.calibrated is not None
     # Per-channel W1 in the calibrated layers (torch math broadcasts [N, 1] scales).
     w1_rows = replace(calw, calibrated=tuple(
-        replace(c, w1=ly.ffn_in.w8, w1_scale=ly.ffn_in.w8_scale.t().contiguous())  # type: ignore[union-attr]
+        replace(c, w1=ly.ffn_in.w8, w1_scale=ly.ffn_in.w8_scale.t().contiguous())  # type: ignore[union-attr,arg-type]
         for c, ly in zip(calw.calibrated, calw.layers, strict=True)))
 
     def torch_math(gelu: Callable[[Any], Any], h_rows: bool) -> Callable[[Any, Any], Any]:
