@@ -12,9 +12,7 @@ FFN2), each variant on the same operands:
 * ``lt_gelu_fp16``: the same with cuBLASLt's bias + GELU epilogue;
 * ``lt_gelu_e4m3_<bias>``: bias + GELU + e4m3 output with one static scale for the tensor
   (here the exact amax of this output, i.e. a perfectly calibrated scale), bias fp16/bf16;
-* ``lt_walpha_gelu_e4m3``: one activation scale, per-channel weight scales as cuBLASLt's
-  per-row alpha vector (the calibrated FFN1);
-* ``lt_tensor_gelu_e4m3``: per-tensor weight scale too.
+* ``lt_tensor_gelu_e4m3``: per-tensor input scales too.
 
 Then FFN2 (``[T, 4096] x [1024, 4096]^T``) from an e4m3 input with one static scale:
 ``lt_ffn2_tensor_x`` (scalar activation scale, per-channel weight scales) against
@@ -127,9 +125,6 @@ def main() -> None:
             xq.data, xs_vec, w8, ws_vec, torch.bfloat16, bias=b1.bfloat16(), gelu=True), plain),
         ("lt_tensor_gelu_fp16", lambda: cublaslt.fp8_linear(
             xq_t, x_t, w8_t, w_t, torch.float16, bias=b1, gelu=True), plain),
-        ("lt_walpha_gelu_e4m3", lambda: cublaslt.fp8_linear(
-            xq_t, x_t, w8, ws_vec, torch.float8_e4m3fn, bias=b1.bfloat16(), gelu=True,
-            out_scale=out_scale), from_e4m3),
         ("lt_tensor_gelu_e4m3", lambda: cublaslt.fp8_linear(
             xq_t, x_t, w8_t, w_t, torch.float8_e4m3fn, bias=b1.bfloat16(), gelu=True,
             out_scale=out_scale), from_e4m3),

@@ -13,7 +13,7 @@ reference's. Engines (all but the reference through the fused engine):
 * ``fp16``, ``fp8_rows`` (the default FP8), ``calibrated`` (cuBLASLt FFN1);
 * ``cal_torch_math``: the calibrated scheme as float32 torch math (tanh GELU);
 * ``cal_erf``: ... with the exact GELU;
-* ``cal_w1_tensor``: ... with one scale for W1 instead of its per-channel ones;
+* ``cal_w1_rows``: ... with W1's per-channel scales instead of one;
 * ``cal_h_rows``: ... with FFN1's output quantized per row (dynamic) instead of calibrated;
 * ``cal_x_rows``: ... with FFN1's input quantized per row (dynamic) instead of calibrated.
 """
@@ -92,17 +92,14 @@ def main() -> None:
             cal.infer(*b)
     calw = cal.weights
     assert calw.calibrated is not None
-    # One scale for W1 (the first calibrated scheme) instead of its per-channel ones.
-    w1_tensor = replace(calw, calibrated=tuple(
-        replace(c, w1=w1, w1_scale=s.reshape(1))
-        for c, (w1, s) in zip(calw.calibrated, (
-            fp8.quantize_tiles(ly.ffn_in.weight, *ly.ffn_in.weight.shape) for ly in calw.layers),
-            strict=True)))
+    # Per-channel W1 in the calibrated layers (torch math broadcasts [N, 1] scales).
+    w1_rows = replace(calw, calibrated=tuple(
+        replace(c, w1=ly.ffn_in.w8, w1_scale=ly.ffn_in.w8_scale.t().contiguous())  # type: ignore[union-attr,arg-type]
+        for c, ly in zip(calw.calibrated, calw.layers, strict=True)))
 
     def torch_math(gelu: Callable[[Any], Any], h_rows: bool) -> Callable[[Any, Any], Any]:
         def ffn1(xq: Any, c: Any) -> Any:
-            w = c.w1.float() * c.w1_scale.reshape(-1, 1)
-            y = gelu(fp8.dequantize(xq) @ w.t() + c.b1.float())
+            y = gelu(fp8.dequantize(xq) @ (c.w1.float() * c.w1_scale).t() + c.b1.float())
             if h_rows:
                 return fp8.quantize_rows(y)
             return fp8.Quantized(fp8.quantize_static(y, c.h_scale).data, c.row_scales(len(y)))
@@ -131,7 +128,7 @@ def main() -> None:
         ("cal_torch_math", plain, lambda: _patched(encoder, "calibrated_ffn1", tanh_math)),
         ("cal_erf", plain, lambda: _patched(encoder, "calibrated_ffn1",
                                             torch_math(F.gelu, False))),
-        ("cal_w1_tensor", FusedEngine(w1_tensor, "cuda", cuda_graphs=False),
+        ("cal_w1_rows", FusedEngine(w1_rows, "cuda", cuda_graphs=False),
          lambda: _patched(encoder, "calibrated_ffn1", tanh_math)),
         ("cal_h_rows", plain, lambda: _patched(encoder, "calibrated_ffn1",
                                                torch_math(fp8.gelu_tanh, True))),

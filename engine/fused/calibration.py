@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from engine.fused.fp8 import FP8_MAX, SCALE_MIN, CalibratedFFN
+from engine.fused.fp8 import FP8_MAX, SCALE_MIN, CalibratedFFN, quantize_tiles
 from engine.fused.weights import BertQAWeights
 
 CALIBRATION_MARGIN = 4.0
@@ -71,11 +71,11 @@ class AmaxRecorder:
         for i, ly in enumerate(weights.layers):
             x_scale = (self.x_amax[i:i + 1] * margin / FP8_MAX).clamp(min=SCALE_MIN)
             h_scale = (self.h_amax[i:i + 1] * margin / FP8_MAX).clamp(min=SCALE_MIN)
-            if ly.ffn_in.w8 is None or ly.ffn_in.w8_scale is None:
-                raise ValueError("calibration needs W1's row-scaled e4m3 copy (dtype='fp8')")
+            w = ly.ffn_in.weight
+            w1, w1_scale = quantize_tiles(w, w.shape[0], w.shape[1])
             out.append(CalibratedFFN(
-                x_scale=x_scale.contiguous(), w1=ly.ffn_in.w8,
-                w1_scale=ly.ffn_in.w8_scale.reshape(-1).contiguous(),
+                x_scale=x_scale.contiguous(), w1=w1.contiguous(),
+                w1_scale=w1_scale.reshape(1).contiguous(),
                 b1=ly.ffn_in.bias.to(torch.bfloat16), h_scale=h_scale.contiguous(),
                 h_inv=(1.0 / h_scale).contiguous(),
                 h_rows=h_scale.expand(max_rows).contiguous()))

@@ -8,8 +8,7 @@ directly::
 
 with ``xq`` [M, K] and ``w8`` [N, K] e4m3 (row-major, so cuBLASLt's column-major "TN"
 layout with no copy), ``x_scale`` one float32 per row of ``xq`` or one for the tensor,
-``w_scale`` one per row of ``w8`` or one for the tensor (per-row weight scales with one
-activation scale go in as cuBLASLt's per-row alpha vector), ``act`` nothing or cuBLASLt's
+``w_scale`` one per row of ``w8`` or one for the tensor, ``act`` nothing or cuBLASLt's
 GELU (its tanh form), and ``y`` fp16/bf16, or e4m3 with ``out_scale`` a float32 scalar.
 With an e4m3 ``y`` a GEMM writes the next GEMM's input directly: FFN1 + bias + GELU +
 quantization in one kernel.
@@ -36,8 +35,6 @@ import torch
 _R_32F, _R_16F, _R_16BF, _R_8F_E4M3 = 0, 2, 14, 28
 _COMPUTE_32F = 68
 _OP_N, _OP_T = 0, 1
-_DESC_POINTER_MODE = 2
-_POINTER_ALPHA_VECTOR = 3  # CUBLASLT_POINTER_MODE_ALPHA_DEVICE_VECTOR_BETA_ZERO
 _DESC_TRANSA, _DESC_TRANSB, _DESC_EPILOGUE, _DESC_BIAS_POINTER = 3, 4, 7, 8
 _DESC_A_SCALE, _DESC_B_SCALE, _DESC_D_SCALE = 17, 18, 20
 _DESC_FAST_ACCUM, _DESC_BIAS_TYPE = 25, 26
@@ -132,12 +129,6 @@ class _Key:
     w_rows: bool
     out_scaled: bool
 
-    @property
-    def w_alpha(self) -> bool:
-        """Per-channel weight scales with one activation scale: cuBLASLt refuses that mix
-        of scale modes, so the weight scales go in as a per-output-row alpha vector."""
-        return self.w_rows and not self.x_rows
-
 
 @dataclass
 class _Plan:
@@ -170,11 +161,8 @@ def _plan(key: _Key) -> _Plan:
     _set(desc, _DESC_TRANSA, ctypes.c_int32(_OP_T))
     _set(desc, _DESC_TRANSB, ctypes.c_int32(_OP_N))
     # cuBLAS's A is our weight (scales per its rows = our output channels), B our activation.
-    w_vec = key.w_rows and not key.w_alpha
-    _set(desc, _DESC_A_SCALE_MODE, ctypes.c_int32(_SCALE_OUTER_VEC if w_vec else _SCALE_SCALAR))
+    _set(desc, _DESC_A_SCALE_MODE, ctypes.c_int32(_SCALE_OUTER_VEC if key.w_rows else _SCALE_SCALAR))
     _set(desc, _DESC_B_SCALE_MODE, ctypes.c_int32(_SCALE_OUTER_VEC if key.x_rows else _SCALE_SCALAR))
-    if key.w_alpha:
-        _set(desc, _DESC_POINTER_MODE, ctypes.c_int32(_POINTER_ALPHA_VECTOR))
     epi = ((_EPI_GELU_BIAS if key.gelu else _EPI_BIAS) if key.bias is not None
            else (_EPI_GELU if key.gelu else _EPI_DEFAULT))
     _set(desc, _DESC_EPILOGUE, ctypes.c_int32(epi))
@@ -182,7 +170,7 @@ def _plan(key: _Key) -> _Plan:
         _set(desc, _DESC_BIAS_TYPE, ctypes.c_int32(_TYPES[key.bias]))
     # Pointers the heuristic looks at for alignment; the real ones are set per call.
     dummy = ctypes.c_void_p(256)
-    for attr in (_DESC_B_SCALE,) if key.w_alpha else (_DESC_A_SCALE, _DESC_B_SCALE):
+    for attr in (_DESC_A_SCALE, _DESC_B_SCALE):
         _set(desc, attr, dummy)
     if key.out_scaled:
         _set(desc, _DESC_D_SCALE, dummy)
@@ -251,21 +239,19 @@ def fp8_linear(
     elif out.shape != (m, n) or out.dtype != out_dtype or not out.is_contiguous():
         raise ValueError(f"out must be a contiguous {out_dtype} tensor of shape ({m}, {n})")
     plan = _plan(key)
-    if not key.w_alpha:
-        _set(plan.desc, _DESC_A_SCALE, ctypes.c_void_p(w_scale.data_ptr()))
+    _set(plan.desc, _DESC_A_SCALE, ctypes.c_void_p(w_scale.data_ptr()))
     _set(plan.desc, _DESC_B_SCALE, ctypes.c_void_p(x_scale.data_ptr()))
     if out_scale is not None:
         _set(plan.desc, _DESC_D_SCALE, ctypes.c_void_p(out_scale.data_ptr()))
     if bias is not None:
         _set(plan.desc, _DESC_BIAS_POINTER, ctypes.c_void_p(bias.data_ptr()))
-    one, beta = ctypes.c_float(1.0), ctypes.c_float(0.0)
-    alpha = ctypes.c_void_p(w_scale.data_ptr()) if key.w_alpha else ctypes.byref(one)
+    alpha, beta = ctypes.c_float(1.0), ctypes.c_float(0.0)
     # beta = 0: C is not read. An e4m3 D has a 16-bit C type, so C cannot alias D.
     c_ptr = None if out_dtype == torch.float8_e4m3fn else out.data_ptr()
     ws = _workspace(xq.device.index or 0)
     stream = torch.cuda.current_stream(xq.device).cuda_stream
     _check(_lib().cublasLtMatmul(
-        _handle(), plan.desc, alpha, ctypes.c_void_p(w8.data_ptr()), plan.a,
+        _handle(), plan.desc, ctypes.byref(alpha), ctypes.c_void_p(w8.data_ptr()), plan.a,
         ctypes.c_void_p(xq.data_ptr()), plan.b, ctypes.byref(beta),
         ctypes.c_void_p(c_ptr), plan.c, ctypes.c_void_p(out.data_ptr()), plan.d,
         ctypes.byref(plan.algo.algo), ctypes.c_void_p(ws.data_ptr()), ctypes.c_size_t(ws.numel()),

@@ -18,14 +18,12 @@ CUTLASS build on the same operands (``benchmarks/GPU_RESULTS.md``, v8).
 
 **Calibrated FFN** (opt-in, ``FusedEngine.calibrating``): FFN1's input and output each
 take one scale for the tensor, fixed from activations seen on calibration data
-(``engine.fused.calibration``); W1 keeps its per-channel scales (the GEMM's per-row
-alpha). Then no activation scale depends on the batch, and FFN1 + bias + GELU + e4m3 is
-one cuBLASLt GEMM whose epilogue writes FFN2's input (:func:`calibrated_ffn1`,
-``engine.fused.cublaslt``; cuBLASLt offers no e4m3 output with per-row activation
-scales). FFN2 reads that with W2's per-channel scales. Measured (H200, 2026-11-30,
-BERT-large SQuAD mix, with one W1 scale): pass 39.97 vs 44.54 ms row-wise; F1 on the
-shipped MiniLM 77.33-77.57 vs 77.69 row-wise (reference 77.68), so it is opt-in
-(``engine/fused/NOTES.md``, v9).
+(``engine.fused.calibration``), and W1 one scale too. Then no scale depends on the batch,
+and FFN1 + bias + GELU + e4m3 is one cuBLASLt GEMM whose epilogue writes FFN2's input
+(:func:`calibrated_ffn1`, ``engine.fused.cublaslt``; cuBLASLt offers no e4m3 output with
+per-row scales). FFN2 reads that with W2's per-channel scales. Measured (H200, 2026-11-30,
+BERT-large SQuAD mix): pass 39.97 vs 44.54 ms row-wise; F1 on the shipped MiniLM 77.33-77.57
+vs 77.69 row-wise (reference 77.68), so it stays opt-in (``engine/fused/NOTES.md``, v9).
 
 Elsewhere everything is computed by dequantizing (the readable spec, used on the CPU).
 """
@@ -172,8 +170,8 @@ class CalibratedFFN:
     """One layer's FFN1 with calibrated per-tensor scales (see the module docstring)."""
 
     x_scale: torch.Tensor  # [1] float32: FFN1's input (the attention block's LayerNorm)
-    w1: torch.Tensor  # [F, D] e4m3 (the row-scaled copy)
-    w1_scale: torch.Tensor  # [F] float32, per output channel (or [1]: one for the tensor)
+    w1: torch.Tensor  # [F, D] e4m3, one scale
+    w1_scale: torch.Tensor  # [1] float32
     b1: torch.Tensor  # [F] bfloat16: the epilogue's bias
     h_scale: torch.Tensor  # [1] float32: FFN1's output (GELU, e4m3)
     h_inv: torch.Tensor  # [1] float32: 1 / h_scale, the epilogue's multiplier
@@ -207,6 +205,6 @@ def calibrated_ffn1(xq: Quantized, cal: CalibratedFFN) -> Quantized:
         q = fp8_linear(xq.data, cal.x_scale, cal.w1, cal.w1_scale, FP8_DTYPE, bias=cal.b1,
                        gelu=True, out_scale=cal.h_inv)
         return Quantized(q, cal.row_scales(rows))
-    w = cal.w1.float() * cal.w1_scale.reshape(-1, 1)
+    w = cal.w1.float() * cal.w1_scale
     y = gelu_tanh(dequantize(xq) @ w.t() + cal.b1.float())
     return Quantized(quantize_static(y, cal.h_scale).data, cal.row_scales(rows))

@@ -166,16 +166,6 @@ def test_cublaslt_fp8_epilogues_match_spec() -> None:
           f"ref {float(ref.flatten()[worst]):.5f} got {float(got.flatten()[worst]):.5f}, "
           f"h_scale {float(h_s):.3e}; smallest nonzero |got| {float(got.abs()[got != 0].min()):.3e}")
     assert float(ratio.max()) <= 1.0
-    # Per-channel weight scales next to one activation scale: the alpha-vector route.
-    ref_c = F.gelu((xt.float() * xs) @ (w8.float() * ws).t() + bias.float(), approximate="tanh")
-    q_c = cublaslt.fp8_linear(xt, xs, w8, ws.reshape(-1).contiguous(), torch.float8_e4m3fn,
-                              bias=bias, gelu=True, out_scale=1.0 / h_s)
-    got_c = q_c.float() * h_s
-    ratio_c = (got_c - ref_c).abs() / (ref_c.abs() * 2.0**-4 + float(h_s) * 2.0**-9
-                                       + 2e-3 * float(ref_c.abs().max()))
-    print(f"e4m3 epilogue, per-channel weight scales: worst error / allowed "
-          f"{float(ratio_c.max()):.3f}")
-    assert float(ratio_c.max()) <= 1.0
     # Which GELU: zero activations, so the output is GELU(bias) alone.
     b = torch.linspace(-3.0, -1.0, n, device="cuda").half()
     zero = torch.zeros((16, k), device="cuda").to(torch.float8_e4m3fn)
