@@ -15,7 +15,10 @@ reference's. Engines (all but the reference through the fused engine):
 * ``cal_erf``: ... with the exact GELU;
 * ``cal_w1_rows``: ... with W1's per-channel scales instead of one;
 * ``cal_h_rows``: ... with FFN1's output quantized per row (dynamic) instead of calibrated;
-* ``cal_x_rows``: ... with FFN1's input quantized per row (dynamic) instead of calibrated.
+* ``cal_x_rows``: ... with FFN1's input quantized per row (dynamic) instead of calibrated;
+* ``cal_w1_{tensor,rows}_grid_F``: ... with W1 (one scale, or per channel) rounded on a grid
+  F times coarser: the same precision, another rounding, i.e. how far the error moves by
+  chance.
 """
 
 from __future__ import annotations
@@ -97,6 +100,19 @@ def main() -> None:
         replace(c, w1=ly.ffn_in.w8, w1_scale=ly.ffn_in.w8_scale.t().contiguous())  # type: ignore[union-attr,arg-type]
         for c, ly in zip(calw.calibrated, calw.layers, strict=True)))
 
+    def w1_grid(per_channel: bool, factor: float) -> Any:
+        """The calibrated weights with W1 re-rounded on a grid ``factor`` times coarser:
+        the same precision, another rounding (how much the error moves by chance)."""
+        layers = []
+        for c, ly in zip(calw.calibrated, calw.layers, strict=True):  # type: ignore[arg-type]
+            w = ly.ffn_in.weight.float()
+            rows = w.shape[0] if not per_channel else 1
+            _, scale = fp8.quantize_tiles(w, rows, w.shape[1])  # [1, 1] or [N, 1]
+            scale = scale * factor
+            q = (w / scale).clamp(-fp8.FP8_MAX, fp8.FP8_MAX).to(fp8.FP8_DTYPE)
+            layers.append(replace(c, w1=q, w1_scale=scale if per_channel else scale.reshape(1)))
+        return FusedEngine(replace(calw, calibrated=tuple(layers)), "cuda", cuda_graphs=False)
+
     def torch_math(gelu: Callable[[Any], Any], h_rows: bool) -> Callable[[Any, Any], Any]:
         def ffn1(xq: Any, c: Any) -> Any:
             y = gelu(fp8.dequantize(xq) @ (c.w1.float() * c.w1_scale).t() + c.b1.float())
@@ -133,6 +149,9 @@ def main() -> None:
         ("cal_h_rows", plain, lambda: _patched(encoder, "calibrated_ffn1",
                                                torch_math(fp8.gelu_tanh, True))),
         ("cal_x_rows", x_rows, lambda: _patched(encoder, "calibrated_ffn1", tanh_math)),
+        *[(f"cal_w1_{kind}_grid_{f}", w1_grid(kind == "rows", f),
+           lambda: _patched(encoder, "calibrated_ffn1", tanh_math))
+          for kind in ("tensor", "rows") for f in (1.03, 1.07, 1.13)],
     ]
     result: dict[str, Any] = {"gpu": torch.cuda.get_device_name(), "questions": args.questions,
                               "windows": int(sum(len(b[0]) for b in batches)), "engines": {}}
