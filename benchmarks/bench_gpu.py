@@ -456,8 +456,8 @@ def section_mix(res: dict[str, Any], name: str, windows: int) -> None:
               for key, eng in (("ours_packed_no_pdl", ours), ("ours_fp8_packed_no_pdl", ours_fp8))}
     # FFN1 with calibrated scales (one cuBLASLt GEMM), calibrated on other random windows
     ours_cal = FusedEngine(ours_fp8.weights, "cuda", max_graph_tokens=65536)
-    ours_cal.calibrate(*random_padded(np.random.default_rng(4), 256, 384,
-                                      np.random.default_rng(4).choice(all_lengths, 256)))
+    cal_rng = np.random.default_rng(4)
+    ours_cal.calibrate(*random_padded(cal_rng, 256, 384, cal_rng.choice(all_lengths, 256)))
     variants: dict[str, Any] = {
         "ours_packed": (lambda x: ours._run_device(*x), packed),
         "ours_fp8_packed": (lambda x: ours_fp8._run_device(*x), packed),

@@ -44,7 +44,7 @@ class AmaxRecorder:
 
     def _record(self, store: torch.Tensor, i: int | None, y: torch.Tensor | None) -> None:
         if i is not None and y is not None:
-            store[i] = torch.maximum(store[i], y.float().abs().amax())
+            store[i] = torch.maximum(store[i], y.abs().amax().float())
 
     def bias_residual_layernorm(self, a: torch.Tensor, bias: torch.Tensor,
                                 residual: torch.Tensor, gamma: torch.Tensor,
@@ -56,8 +56,8 @@ class AmaxRecorder:
     def bias_gelu(self, h: torch.Tensor, bias: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         out, q = self._ops.bias_gelu(h, bias, *args, **kwargs)
         i = self._b1.get(bias.data_ptr())
-        if i is not None:
-            self.passes += i == 0
+        if i == 0:
+            self.passes += 1
         self._record(self.h_amax, i, out)
         return out, q
 

@@ -37,7 +37,7 @@ _COMPUTE_32F = 68
 _OP_N, _OP_T = 0, 1
 _DESC_TRANSA, _DESC_TRANSB, _DESC_EPILOGUE, _DESC_BIAS_POINTER = 3, 4, 7, 8
 _DESC_A_SCALE, _DESC_B_SCALE, _DESC_D_SCALE = 17, 18, 20
-_DESC_FAST_ACCUM, _DESC_BIAS_TYPE = 25, 26
+_DESC_BIAS_TYPE = 26
 _DESC_A_SCALE_MODE, _DESC_B_SCALE_MODE = 31, 32
 _SCALE_SCALAR, _SCALE_OUTER_VEC = 0, 3
 _EPI_DEFAULT, _EPI_BIAS, _EPI_GELU, _EPI_GELU_BIAS = 1, 4, 32, 36
@@ -80,7 +80,7 @@ def _lib() -> ctypes.CDLL:
         for fn in ("cublasLtCreate", "cublasLtMatmulDescCreate", "cublasLtMatrixLayoutCreate",
                    "cublasLtMatmulPreferenceCreate", "cublasLtMatmulDescSetAttribute",
                    "cublasLtMatmulPreferenceSetAttribute", "cublasLtMatmulAlgoGetHeuristic",
-                   "cublasLtMatmul"):
+                   "cublasLtMatmul", "cublasLtMatmulPreferenceDestroy"):
             getattr(lib, fn).restype = ctypes.c_int
         lib.cublasLtMatrixLayoutCreate.argtypes = [
             ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_int64]
@@ -187,9 +187,12 @@ def _plan(key: _Key) -> _Plan:
     _check(lib.cublasLtMatmulPreferenceSetAttribute(pref, _PREF_MAX_WORKSPACE, ctypes.byref(ws),
                                                     ctypes.sizeof(ws)), "preference workspace")
     found = ctypes.c_int(0)
-    _check(lib.cublasLtMatmulAlgoGetHeuristic(
-        _handle(), desc, plan.a, plan.b, plan.c, plan.d, pref, 1, ctypes.byref(plan.algo),
-        ctypes.byref(found)), f"heuristic for {key}")
+    try:
+        _check(lib.cublasLtMatmulAlgoGetHeuristic(
+            _handle(), desc, plan.a, plan.b, plan.c, plan.d, pref, 1, ctypes.byref(plan.algo),
+            ctypes.byref(found)), f"heuristic for {key}")
+    finally:
+        lib.cublasLtMatmulPreferenceDestroy(pref)
     if found.value < 1 or plan.algo.state != 0:
         raise CublasLtError(f"cuBLASLt has no FP8 algorithm for {key}")
     return plan

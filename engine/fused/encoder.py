@@ -142,7 +142,7 @@ def encode_packed(
     tokens = input_ids.shape[0]
     layers = w.layers
     use8 = w.fp8 and tokens >= opts.fp8_min_tokens
-    cal = w.calibrated if use8 and not w.fp8_blocks else None
+    cal = w.calibrated if use8 else None
     small = _small_batch(w, ops, tokens, use8, opts)
     # PDL on the small-batch path only: on the large path a Triton kernel that may start
     # early sits on multiprocessors the cuBLAS GEMM before it still needs (H200,

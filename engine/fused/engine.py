@@ -228,6 +228,11 @@ class FusedEngine:
         if not self.fp8 or self.weights.fp8_blocks:
             raise ValueError("calibration needs an FP8 engine with row-wise scales "
                              "(dtype='fp8', fp8_scaling='rows')")
+        if self.device.type == "cuda":  # fail before the passes, not after them
+            from engine.fused import cublaslt
+
+            if not cublaslt.available():
+                raise RuntimeError("calibrated FFN1 needs cuBLASLt and an sm_89+ GPU")
         with self._lock:
             self._recorder = AmaxRecorder(self.ops, replace(self.weights, calibrated=None))
         try:

@@ -69,3 +69,16 @@ def test_fused_engine_options_through_the_registry() -> None:
     assert opts.small_batch_max_tokens is None and opts.persistent is True
     with pytest.raises(TypeError):
         load_engine("fused", REPO_ROOT / "models" / "minilm-l6-squad", device="cpu", no_such="1")
+
+
+def test_calibration_needs_a_row_scaled_fp8_engine() -> None:
+    """``FusedEngine.calibrating`` refuses engines it cannot calibrate, before any pass,
+    and leaves them as they were."""
+    pytest.importorskip("torch")
+    from engine.fused.engine import FusedEngine
+
+    model = REPO_ROOT / "models" / "minilm-l6-squad"
+    engine = FusedEngine.from_pretrained(model, device="cpu", dtype="float32", backend="torch")
+    with pytest.raises(ValueError, match="row-wise scales"), engine.calibrating():
+        pass
+    assert engine.weights.calibrated is None and engine._recorder is None

@@ -226,14 +226,16 @@ def _gelu_tile(width: int) -> tuple[int, int, int]:
     return block, rows, 8 if block >= 2048 else 4
 
 
-def _fp8_buffers(x: torch.Tensor, on: bool,
-                 blocks: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """The e4m3 copy of ``x`` [rows, cols] and its scales: per row [rows, 1]; or with
+def _fp8_buffers(x: torch.Tensor, on: bool, blocks: bool = False,
+                 scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The e4m3 copy of ``x`` [rows, cols] and its scales: per row [rows, 1]; with
     ``blocks`` the first ``rows`` rows of an [M4, cols] buffer and [cols/128, M4] scales
-    (``engine.fused.fp8``)."""
+    (``engine.fused.fp8``); or the given one ``scale``."""
     if not on:
         return x, x  # never touched: the FP8 branch is compiled out
     n, d = x.shape
+    if scale is not None:
+        return torch.empty(x.shape, device=x.device, dtype=FP8_DTYPE), scale
     if blocks:
         if d % BLOCK:
             raise ValueError(f"block-wise FP8 needs a width that is a multiple of {BLOCK}")
@@ -299,9 +301,7 @@ def _residual_ln(a: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor,
     splits, split_stride = _splits(a)
     if qa is None:
         out = torch.empty((n, d), device=a.device, dtype=residual.dtype)
-        q, qs = _fp8_buffers(out, fp8, fp8_blocks)
-        if fp8 and fp8_scale is not None:
-            qs = fp8_scale
+        q, qs = _fp8_buffers(out, fp8, fp8_blocks, fp8_scale)
         qa_w, qa_b, logits = gamma, gamma, out  # never touched: QA_HEAD is off
     else:
         out = logits = torch.empty((2, n), device=a.device, dtype=torch.float32)
