@@ -2,7 +2,7 @@
 accuracy signal than F1 (whose run-to-run spread under FP8 is ~0.1), and ablations that
 say which per-tensor scale of the calibrated FFN costs accuracy.
 
-    python3 benchmarks/fp8_logit_error.py --out err.json [--questions 2000]
+    python3 benchmarks/fp8_logit_error.py --out err.json [--questions 2000] [--engines fp16 ...]
 
 Windows: the first ``--questions`` dev v1.1 questions of the shipped checkpoint, in
 batches of 64 (FP8 runs from 4,096 tokens, so every batch takes it). Calibration: 512
@@ -11,6 +11,8 @@ training-subset questions. Per engine: mean and max |logit - reference| over rea
 reference's. Engines (all but the reference through the fused engine):
 
 * ``fp16``, ``fp8_rows`` (the default FP8), ``calibrated`` (cuBLASLt FFN1);
+* ``fp8_rows_fast``, ``calibrated_fast``: the same with ``fp8.FAST_ACCUM`` (cuBLAS's fast
+  accumulation);
 * ``cal_torch_math``: the calibrated scheme as float32 torch math (tanh GELU);
 * ``cal_erf``: ... with the exact GELU;
 * ``cal_w1_rows``: ... with W1's per-channel scales instead of one;
@@ -70,6 +72,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--questions", type=int, default=2000)
+    p.add_argument("--engines", nargs="+", default=None,
+                   help="engines to run, in order (default: all)")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
     sys.path.insert(0, str(REPO))
@@ -137,25 +141,42 @@ def main() -> None:
     x_rows = FusedEngine(calw, "cuda", cuda_graphs=False)
     x_rows.ops = _RowsLN(x_rows.ops)  # type: ignore[assignment]
     kernel = fp8.calibrated_ffn1  # what the encoder calls
-    variants: list[tuple[str, Any, Callable[[], Any]]] = [
-        ("fp16", fp16, lambda: _patched(encoder, "calibrated_ffn1", kernel)),
-        ("fp8_rows", rows, lambda: _patched(encoder, "calibrated_ffn1", kernel)),
-        ("calibrated", cal, lambda: _patched(encoder, "calibrated_ffn1", kernel)),
-        ("cal_torch_math", plain, lambda: _patched(encoder, "calibrated_ffn1", tanh_math)),
-        ("cal_erf", plain, lambda: _patched(encoder, "calibrated_ffn1",
-                                            torch_math(F.gelu, False))),
-        ("cal_w1_rows", FusedEngine(w1_rows, "cuda", cuda_graphs=False),
-         lambda: _patched(encoder, "calibrated_ffn1", tanh_math)),
-        ("cal_h_rows", plain, lambda: _patched(encoder, "calibrated_ffn1",
-                                               torch_math(fp8.gelu_tanh, True))),
-        ("cal_x_rows", x_rows, lambda: _patched(encoder, "calibrated_ffn1", tanh_math)),
-        *[(f"cal_w1_{kind}_grid_{f}", w1_grid(kind == "rows", f),
-           lambda: _patched(encoder, "calibrated_ffn1", tanh_math))
-          for kind in ("tensor", "rows") for f in (1.03, 1.07, 1.13)],
-    ]
+
+    def as_is() -> Any:
+        return _patched(encoder, "calibrated_ffn1", kernel)
+
+    def fast() -> Any:
+        return _patched(fp8, "FAST_ACCUM", True)
+
+    def eager(weights: Any) -> Callable[[], Any]:
+        return lambda: FusedEngine(weights, "cuda", cuda_graphs=False)
+
+    # name -> (engine factory, context the engine runs in); engines are built on demand.
+    variants: dict[str, tuple[Callable[[], Any], Callable[[], Any]]] = {
+        "fp16": (lambda: fp16, as_is),
+        "fp8_rows": (lambda: rows, as_is),
+        "fp8_rows_fast": (eager(rows.weights), fast),
+        "calibrated": (lambda: cal, as_is),
+        "calibrated_fast": (eager(calw), fast),
+        "cal_torch_math": (lambda: plain, lambda: _patched(encoder, "calibrated_ffn1", tanh_math)),
+        "cal_erf": (lambda: plain, lambda: _patched(encoder, "calibrated_ffn1",
+                                                    torch_math(F.gelu, False))),
+        "cal_w1_rows": (eager(w1_rows), lambda: _patched(encoder, "calibrated_ffn1", tanh_math)),
+        "cal_h_rows": (lambda: plain, lambda: _patched(encoder, "calibrated_ffn1",
+                                                       torch_math(fp8.gelu_tanh, True))),
+        "cal_x_rows": (lambda: x_rows, lambda: _patched(encoder, "calibrated_ffn1", tanh_math)),
+        **{f"cal_w1_{kind}_grid_{f}": (lambda kind=kind, f=f: w1_grid(kind == "rows", f),
+                                       lambda: _patched(encoder, "calibrated_ffn1", tanh_math))
+           for kind in ("tensor", "rows") for f in (1.03, 1.07, 1.13)},
+    }
+    unknown = set(args.engines or ()) - set(variants)
+    if unknown:
+        p.error(f"unknown engines {sorted(unknown)}; choose from {sorted(variants)}")
     result: dict[str, Any] = {"gpu": torch.cuda.get_device_name(), "questions": args.questions,
                               "windows": int(sum(len(b[0]) for b in batches)), "engines": {}}
-    for name, eng, patch in variants:
+    for name in args.engines or variants:
+        make, patch = variants[name]
+        eng = make()
         abs_sum, count, worst, agree, windows = 0.0, 0, 0.0, 0, 0
         with patch():
             for b, (rs, re) in zip(batches, refs, strict=True):

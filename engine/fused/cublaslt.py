@@ -14,7 +14,7 @@ With an e4m3 ``y`` a GEMM writes the next GEMM's input directly: FFN1 + bias + G
 quantization in one kernel.
 
 The library is the one torch already loaded (``libcublasLt.so.13``/``.12``), or
-``$QA_CUBLASLT_LIB``. Plans (descriptors and the heuristic's first algorithm) are cached
+``$QA_CUBLASLT_LIB``. Plans (descriptors and the heuristic's algorithms) are cached
 per shape and configuration; pointers are set per call, so calls can be captured in CUDA
 graphs (the workspace is allocated once per device, outside any capture).
 """
@@ -37,12 +37,13 @@ _COMPUTE_32F = 68
 _OP_N, _OP_T = 0, 1
 _DESC_TRANSA, _DESC_TRANSB, _DESC_EPILOGUE, _DESC_BIAS_POINTER = 3, 4, 7, 8
 _DESC_A_SCALE, _DESC_B_SCALE, _DESC_D_SCALE = 17, 18, 20
-_DESC_BIAS_TYPE = 26
+_DESC_FAST_ACCUM, _DESC_BIAS_TYPE = 25, 26
 _DESC_A_SCALE_MODE, _DESC_B_SCALE_MODE = 31, 32
 _SCALE_SCALAR, _SCALE_OUTER_VEC = 0, 3
 _EPI_DEFAULT, _EPI_BIAS, _EPI_GELU, _EPI_GELU_BIAS = 1, 4, 32, 36
 _PREF_MAX_WORKSPACE = 1
 _WORKSPACE_BYTES = 32 << 20  # cuBLAS's recommendation for Hopper
+HEURISTIC_ALGOS = 16  # algorithms asked of the heuristic per plan (``fp8_linear``'s ``algo``)
 
 _TYPES = {torch.float16: _R_16F, torch.bfloat16: _R_16BF, torch.float8_e4m3fn: _R_8F_E4M3}
 
@@ -128,6 +129,7 @@ class _Key:
     x_rows: bool
     w_rows: bool
     out_scaled: bool
+    fast_accum: bool
 
 
 @dataclass
@@ -137,7 +139,7 @@ class _Plan:
     b: ctypes.c_void_p  # the activation [M, K]: column-major K x M
     c: ctypes.c_void_p
     d: ctypes.c_void_p
-    algo: _HeuristicResult
+    algos: list[_HeuristicResult]  # the heuristic's usable algorithms, its first choice first
 
 
 def _set(desc: ctypes.c_void_p, attr: int, value: ctypes.c_int32 | ctypes.c_void_p) -> None:
@@ -166,6 +168,7 @@ def _plan(key: _Key) -> _Plan:
     epi = ((_EPI_GELU_BIAS if key.gelu else _EPI_BIAS) if key.bias is not None
            else (_EPI_GELU if key.gelu else _EPI_DEFAULT))
     _set(desc, _DESC_EPILOGUE, ctypes.c_int32(epi))
+    _set(desc, _DESC_FAST_ACCUM, ctypes.c_int8(key.fast_accum))
     if key.bias is not None:
         _set(desc, _DESC_BIAS_TYPE, ctypes.c_int32(_TYPES[key.bias]))
     # Pointers the heuristic looks at for alignment; the real ones are set per call.
@@ -180,20 +183,22 @@ def _plan(key: _Key) -> _Plan:
     c_type = _R_16BF if key.out == torch.float8_e4m3fn else out  # C of an e4m3 D: 16-bit
     plan = _Plan(desc, _layout(_R_8F_E4M3, key.k, key.n, key.k),
                  _layout(_R_8F_E4M3, key.k, key.m, key.k), _layout(c_type, key.n, key.m, key.n),
-                 _layout(out, key.n, key.m, key.n), _HeuristicResult())
+                 _layout(out, key.n, key.m, key.n), [])
     pref = ctypes.c_void_p()
     _check(lib.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)), "preference")
     ws = ctypes.c_uint64(_WORKSPACE_BYTES)
     _check(lib.cublasLtMatmulPreferenceSetAttribute(pref, _PREF_MAX_WORKSPACE, ctypes.byref(ws),
                                                     ctypes.sizeof(ws)), "preference workspace")
     found = ctypes.c_int(0)
+    results = (_HeuristicResult * HEURISTIC_ALGOS)()
     try:
         _check(lib.cublasLtMatmulAlgoGetHeuristic(
-            _handle(), desc, plan.a, plan.b, plan.c, plan.d, pref, 1, ctypes.byref(plan.algo),
+            _handle(), desc, plan.a, plan.b, plan.c, plan.d, pref, HEURISTIC_ALGOS, results,
             ctypes.byref(found)), f"heuristic for {key}")
     finally:
         lib.cublasLtMatmulPreferenceDestroy(pref)
-    if found.value < 1 or plan.algo.state != 0:
+    plan.algos = [r for r in results[:found.value] if r.state == 0]
+    if not plan.algos:
         raise CublasLtError(f"cuBLASLt has no FP8 algorithm for {key}")
     return plan
 
@@ -217,9 +222,15 @@ def fp8_linear(
     gelu: bool = False,
     out_scale: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
+    fast_accum: bool = False,
+    algo: int = 0,
 ) -> torch.Tensor:
     """``out_scale * act(x_scale * w_scale * (xq @ w8^T) + bias)`` in ``out_dtype`` (see the
-    module docstring). ``out_scale`` is required for, and only for, an e4m3 output."""
+    module docstring). ``out_scale`` is required for, and only for, an e4m3 output.
+
+    ``fast_accum`` accumulates in the tensor cores' own precision throughout (no periodic
+    promotion to float32). ``algo`` picks the heuristic's ``algo``-th algorithm (0: its
+    first choice); an index past the ones it offers raises :class:`CublasLtError`."""
     if xq.dtype != torch.float8_e4m3fn or w8.dtype != torch.float8_e4m3fn:
         raise ValueError("fp8_linear takes e4m3 operands")
     if xq.dim() != 2 or w8.dim() != 2 or xq.shape[1] != w8.shape[1]:
@@ -236,12 +247,17 @@ def fp8_linear(
         raise ValueError(f"bias must be fp16/bf16 of shape ({n},)")
     key = _Key(m, n, k, out_dtype, None if bias is None else bias.dtype, gelu,
                _scale_rows(x_scale, m, "x_scale"), _scale_rows(w_scale, n, "w_scale"),
-               out_scale is not None)
+               out_scale is not None, fast_accum)
+    if algo < 0:
+        raise ValueError(f"algo must be >= 0, got {algo}")
     if out is None:
         out = torch.empty((m, n), device=xq.device, dtype=out_dtype)
     elif out.shape != (m, n) or out.dtype != out_dtype or not out.is_contiguous():
         raise ValueError(f"out must be a contiguous {out_dtype} tensor of shape ({m}, {n})")
     plan = _plan(key)
+    if algo >= len(plan.algos):
+        raise CublasLtError(f"the heuristic offers {len(plan.algos)} algorithms for {key}, "
+                            f"not {algo + 1}")
     _set(plan.desc, _DESC_A_SCALE, ctypes.c_void_p(w_scale.data_ptr()))
     _set(plan.desc, _DESC_B_SCALE, ctypes.c_void_p(x_scale.data_ptr()))
     if out_scale is not None:
@@ -257,6 +273,7 @@ def fp8_linear(
         _handle(), plan.desc, ctypes.byref(alpha), ctypes.c_void_p(w8.data_ptr()), plan.a,
         ctypes.c_void_p(xq.data_ptr()), plan.b, ctypes.byref(beta),
         ctypes.c_void_p(c_ptr), plan.c, ctypes.c_void_p(out.data_ptr()), plan.d,
-        ctypes.byref(plan.algo.algo), ctypes.c_void_p(ws.data_ptr()), ctypes.c_size_t(ws.numel()),
+        ctypes.byref(plan.algos[algo].algo), ctypes.c_void_p(ws.data_ptr()),
+        ctypes.c_size_t(ws.numel()),
         ctypes.c_void_p(stream)), "cublasLtMatmul")
     return out

@@ -122,6 +122,11 @@ def dequantize_weight_blocks(w8: torch.Tensor, scale: torch.Tensor) -> torch.Ten
     return w8.float() * s
 
 
+# True accumulates the FP8 GEMMs in the tensor cores' own precision (no periodic promotion
+# to float32): cuBLAS's ``use_fast_accum``. Read at call time (ab_replay's ``--set``).
+FAST_ACCUM = False
+
+
 def scaled_linear(
     xq: Quantized, w8: torch.Tensor, w8_scale: torch.Tensor, out_dtype: torch.dtype
 ) -> torch.Tensor:
@@ -139,7 +144,8 @@ def scaled_linear(
         return (dequantize(xq) @ w.t()).to(out_dtype)
     if xq.data.is_cuda:
         out: torch.Tensor = torch._scaled_mm(
-            xq.data, w8.t(), scale_a=xq.scale, scale_b=w8_scale, out_dtype=out_dtype
+            xq.data, w8.t(), scale_a=xq.scale, scale_b=w8_scale, out_dtype=out_dtype,
+            use_fast_accum=FAST_ACCUM,
         )
         return out
     w = w8.float() * w8_scale.t()
@@ -203,7 +209,7 @@ def calibrated_ffn1(xq: Quantized, cal: CalibratedFFN) -> Quantized:
         from engine.fused.cublaslt import fp8_linear
 
         q = fp8_linear(xq.data, cal.x_scale, cal.w1, cal.w1_scale, FP8_DTYPE, bias=cal.b1,
-                       gelu=True, out_scale=cal.h_inv)
+                       gelu=True, out_scale=cal.h_inv, fast_accum=FAST_ACCUM)
         return Quantized(q, cal.row_scales(rows))
     w = cal.w1.float() * cal.w1_scale
     y = gelu_tanh(dequantize(xq) @ w.t() + cal.b1.float())

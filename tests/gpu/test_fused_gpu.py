@@ -177,6 +177,39 @@ def test_cublaslt_fp8_epilogues_match_spec() -> None:
     assert tanh_err < erf_err
 
 
+def test_cublaslt_fast_accum_and_every_algorithm_match_spec() -> None:
+    """Every algorithm the heuristic offers, with and without fast accumulation, computes
+    the same row-scaled product (to the FP8 accumulation's error); an index past the
+    offered ones is refused."""
+    import torch
+
+    from engine.fused import cublaslt
+    from engine.fused.fp8 import quantize_rows, quantize_tiles
+
+    g = torch.Generator(device="cuda").manual_seed(4)
+    m, n, k = 1000, 768, 2048  # a long K: where fast accumulation loses the most
+    xq = quantize_rows(torch.randn((m, k), generator=g, device="cuda").half())
+    w8, ws = quantize_tiles((torch.randn((n, k), generator=g, device="cuda") * 0.05).half(), 1, k)
+    exact = (xq.data.float() * xq.scale) @ (w8.float() * ws).t()
+    args = (xq.data, xq.scale.reshape(-1), w8, ws.reshape(-1), torch.float16)
+    for fast in (False, True):
+        offered = 0
+        for algo in range(cublaslt.HEURISTIC_ALGOS):
+            try:
+                y = cublaslt.fp8_linear(*args, fast_accum=fast, algo=algo)
+            except cublaslt.CublasLtError as exc:
+                assert "offers" in str(exc)
+                break
+            offered += 1
+            err = float((y.float() - exact).abs().max() / exact.abs().max())
+            print(f"fast_accum={fast} algo {algo}: max error {err:.2e} of max |y|")
+            assert err < 4e-3
+        assert offered >= 1
+        if offered < cublaslt.HEURISTIC_ALGOS:
+            with pytest.raises(cublaslt.CublasLtError, match="offers"):
+                cublaslt.fp8_linear(*args, fast_accum=fast, algo=offered)
+
+
 @pytest.mark.parametrize("graphs", [True, False])
 def test_calibrated_fp8_ffn_parity(graphs: bool) -> None:
     """FP8 with calibrated per-tensor FFN1 scales (one cuBLASLt GEMM for FFN1 + bias +

@@ -31,6 +31,7 @@ def _operands(m: int = 8, n: int = 16, k: int = 32) -> tuple[torch.Tensor, ...]:
         (lambda a: {**a, "bias": torch.ones(15).half()}, "bias must be"),
         (lambda a: {**a, "bias": torch.ones(16)}, "bias must be"),
         (lambda a: {**a, "out": torch.empty((8, 16))}, "out must be"),
+        (lambda a: {**a, "algo": -1}, "algo must be"),
     ],
 )
 def test_bad_arguments_are_refused_before_any_library_call(change, message) -> None:  # type: ignore[no-untyped-def]
