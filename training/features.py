@@ -35,9 +35,11 @@ def _by_context(examples: Sequence[Example]) -> dict[str, list[Example]]:
     return groups
 
 
-def _encoded_groups(
+def encoded_groups(
     examples: Sequence[Example], tok: QATokenizer, spec: WindowSpec, desc: str
 ) -> Iterator[tuple[list[Example], Windows]]:
+    """Per context (in first-seen order): its questions and their windows, tokenized in
+    two batches (contexts, questions), with a ``desc`` progress bar."""
     groups = _by_context(examples)
     contexts = list(groups)
     ctx_enc = tok.encode_batch(contexts)
@@ -54,7 +56,7 @@ def train_windows(
 ) -> list[TrainWindow]:
     """Every window of every answerable example, labelled with its first gold answer."""
     out = []
-    for group, win in _encoded_groups(examples, tok, spec, "windows"):
+    for group, win in encoded_groups(examples, tok, spec, "windows"):
         for w in range(win.count):
             ex = group[int(win.question_index[w])]
             span = None
@@ -115,7 +117,7 @@ def predict_with_margins(
         pending.clear()
 
     n_pending = 0
-    for group, win in _encoded_groups(examples, tok, spec, "predict"):
+    for group, win in encoded_groups(examples, tok, spec, "predict"):
         pending.append((group, win))
         n_pending += win.count
         if n_pending >= batch_windows:

@@ -142,7 +142,8 @@ class _Plan:
     algos: list[_HeuristicResult]  # the heuristic's usable algorithms, its first choice first
 
 
-def _set(desc: ctypes.c_void_p, attr: int, value: ctypes.c_int32 | ctypes.c_void_p) -> None:
+def _set(desc: ctypes.c_void_p, attr: int,
+         value: ctypes.c_int32 | ctypes.c_int8 | ctypes.c_void_p) -> None:
     _check(_lib().cublasLtMatmulDescSetAttribute(desc, attr, ctypes.byref(value),
                                                  ctypes.sizeof(value)), f"attribute {attr}")
 

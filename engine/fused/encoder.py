@@ -31,8 +31,10 @@ rides in the kernel that reads the GEMM's output anyway. Two paths:
   kernel with grid-wide barriers between them (``kernels.persistent``).
 * **Large batches:** cuBLAS GEMMs (FP8 ``_scaled_mm`` from ``fp8_min_tokens`` tokens when
   the weights have e4m3 copies), Triton kernels around them, launched without PDL. With
-  calibrated FFN scales (``w.calibrated``), FFN1 + bias + GELU + e4m3 is one cuBLASLt GEMM
-  (``fp8.calibrated_ffn1``) and the bias_gelu kernel drops out.
+  calibrated scales (``w.calibrated``, from ``fp8_calibrated_min_tokens`` tokens) QKV and
+  FFN2 are cuBLASLt GEMMs with per-tensor scales (``fp8.static_linear``), the LayerNorms
+  write their e4m3 copies with the calibrated scales, and FFN1 + bias + GELU + e4m3 is one
+  cuBLASLt GEMM (``fp8.calibrated_ffn1``): the bias_gelu kernel drops out.
 """
 
 from __future__ import annotations
@@ -42,12 +44,17 @@ from types import ModuleType
 
 import torch
 
-from engine.fused.fp8 import Quantized, calibrated_ffn1, scaled_linear
+from engine.fused.fp8 import Quantized, calibrated_ffn1, scaled_linear, static_linear
 from engine.fused.weights import BertQAWeights, Linear
 
 # Below ~4k tokens the row-scaled e4m3 GEMMs measured no faster than fp16 ones (H200,
 # 2026-11-29: BERT-base 32x128 1.87 vs 1.81 ms; BERT-large 32x128 4.63 vs 5.44 ms).
 FP8_MIN_TOKENS = 4096
+# With calibrated (per-tensor) scales FP8 pays wherever the large path runs: cuBLASLt's
+# per-tensor FP8 GEMMs beat fp16 ones from a few hundred tokens up (H200, 2026-11-30,
+# BERT-large at 384 tokens, µs: QKV 5.1 vs 7.0, FFN1 5.5 vs 7.1, FFN2 6.2 vs 9.8), while
+# the small-batch path (fp16 only) wins below: BERT-base 1x128 0.293 ms vs 0.501 for FP8.
+FP8_CALIBRATED_MIN_TOKENS = 129
 # Large path: up to this many tokens, FFN1 is one Triton GEMM with bias + GELU in its
 # epilogue instead of cuBLAS + ``bias_gelu`` (H200, 2026-11-29, per layer: 5.9 vs 7.1 us at
 # 128 tokens, 12.3 vs 12.8 at 384; loses from 4096 up). None turns it off.
@@ -85,6 +92,8 @@ class EncodeOptions:
 
     fp8_out_dtype: torch.dtype | None = None
     fp8_min_tokens: int = FP8_MIN_TOKENS
+    fp8_calibrated_min_tokens: int = FP8_CALIBRATED_MIN_TOKENS
+    fp8_fast_accum: bool = True
     ffn1_fused_max_tokens: int | None = FFN1_FUSED_MAX_TOKENS
     small_batch_max_tokens: int | None = SMALL_BATCH_MAX_TOKENS
     pdl: bool = True
@@ -97,11 +106,11 @@ class EncodeOptions:
 
 
 def _linear(x: torch.Tensor | None, xq: Quantized | None, lin: Linear,
-            fp8_out: torch.dtype) -> torch.Tensor:
+            fp8_out: torch.dtype, fast_accum: bool) -> torch.Tensor:
     """``x @ W^T`` without bias: FP8 when the activation comes with an e4m3 copy (and the
     weight has one), else cuBLAS."""
     if xq is not None and lin.w8 is not None and lin.w8_scale is not None:
-        return scaled_linear(xq, lin.w8, lin.w8_scale, fp8_out)
+        return scaled_linear(xq, lin.w8, lin.w8_scale, fp8_out, fast_accum)
     assert x is not None, "activation only exists as FP8 but the weight has no FP8 copy"
     return torch.mm(x, lin.weight.t())
 
@@ -141,8 +150,9 @@ def encode_packed(
     act = "gelu_tanh" if cfg.gelu == "tanh" else "gelu"
     tokens = input_ids.shape[0]
     layers = w.layers
-    use8 = w.fp8 and tokens >= opts.fp8_min_tokens
-    cal = w.calibrated if use8 else None
+    cal = w.calibrated if tokens >= opts.fp8_calibrated_min_tokens else None
+    use8 = w.fp8 and (cal is not None or tokens >= opts.fp8_min_tokens)
+    fast = opts.fp8_fast_accum
     small = _small_batch(w, ops, tokens, use8, opts)
     # PDL on the small-batch path only: on the large path a Triton kernel that may start
     # early sits on multiprocessors the cuBLAS GEMM before it still needs (H200,
@@ -175,16 +185,23 @@ def encode_packed(
     def wants8(lin: Linear) -> bool:  # does this GEMM take an e4m3 activation?
         return use8 and lin.w8 is not None
 
+    def qkv_scale(i: int) -> torch.Tensor | None:  # the calibrated scale of QKV's input
+        return None if cal is None else cal[i].qkv.x_scale
+
     x, xq = ops.embed_layernorm(
         input_ids, token_type_ids, position_ids, w.word_embeddings, w.position_embeddings,
         w.token_type_embeddings, w.emb_ln_weight, w.emb_ln_bias, eps,
-        fp8=wants8(layers[0].qkv), pdl=pdl, fp8_blocks=w.fp8_blocks,
+        fp8=wants8(layers[0].qkv) or cal is not None, pdl=pdl, fp8_blocks=w.fp8_blocks,
+        fp8_scale=qkv_scale(0),
     )
     for i, layer in enumerate(layers):
         if small:
             qkv = ops.linear(x, layer.qkv.weight, config=c_qkv, pdl=pdl, prefetch=pf)
+        elif cal is not None:
+            assert xq is not None
+            qkv = static_linear(xq, cal[i].qkv, out8, fast)
         else:
-            qkv = _linear(x, xq, layer.qkv, out8)
+            qkv = _linear(x, xq, layer.qkv, out8, fast)
         ctx = ops.attention_varlen(qkv, layer.qkv.bias, cu_seqlens, max_seqlen, n_seqs,
                                    cfg.num_heads, config=opts.attn_config, pdl=pdl,
                                    prefetch=pf)
@@ -192,28 +209,31 @@ def encode_packed(
             a = ops.linear(ctx, layer.attn_out.weight, splits=s_out, config=c_out, pdl=pdl,
                            prefetch=pf)
         else:
-            a = _linear(ctx, None, layer.attn_out, out8)
+            a = _linear(ctx, None, layer.attn_out, out8, fast)
         x, xq = ops.bias_residual_layernorm(
             a, layer.attn_out.bias, x, layer.ln1_weight, layer.ln1_bias, eps,
             fp8=wants8(layer.ffn_in) or cal is not None, pdl=pdl, fp8_blocks=w.fp8_blocks,
-            fp8_scale=None if cal is None else cal[i].x_scale,
+            fp8_scale=None if cal is None else cal[i].ffn_in.x_scale,
         )
         if cal is not None:  # one GEMM: FFN1 + bias + GELU + e4m3, calibrated scales
             assert xq is not None
-            h, hq = None, calibrated_ffn1(xq, cal[i])
+            h, hq = None, calibrated_ffn1(xq, cal[i], fast)
         elif fuse_ffn1 and not wants8(layer.ffn_in) and not wants8(layer.ffn_out):
             h, hq = ops.linear(x, layer.ffn_in.weight, layer.ffn_in.bias, act=act,
                                config=c_ff1 if small else None, pdl=pdl, prefetch=pf), None
         else:
-            h = _linear(x, xq, layer.ffn_in, out8)
+            h = _linear(x, xq, layer.ffn_in, out8, fast)
             h, hq = ops.bias_gelu(h, layer.ffn_in.bias, fp8=wants8(layer.ffn_out),
                                   tanh=act == "gelu_tanh", out_dtype=w.dtype,
                                   fp8_blocks=w.fp8_blocks)
         if small:
             a = ops.linear(h, layer.ffn_out.weight, splits=s_ff2, config=c_ff2, pdl=pdl,
                            prefetch=pf)
+        elif cal is not None:
+            assert hq is not None
+            a = static_linear(hq, cal[i].ffn_out, out8, fast)
         else:
-            a = _linear(h, hq, layer.ffn_out, out8)
+            a = _linear(h, hq, layer.ffn_out, out8, fast)
         if i == len(layers) - 1:
             return ops.bias_residual_layernorm_qa(  # type: ignore[no-any-return]
                 a, layer.ffn_out.bias, x, layer.ln2_weight, layer.ln2_bias, eps,
@@ -221,7 +241,8 @@ def encode_packed(
             )
         x, xq = ops.bias_residual_layernorm(
             a, layer.ffn_out.bias, x, layer.ln2_weight, layer.ln2_bias, eps,
-            fp8=wants8(layers[i + 1].qkv), pdl=pdl, fp8_blocks=w.fp8_blocks,
+            fp8=wants8(layers[i + 1].qkv) or cal is not None, pdl=pdl,
+            fp8_blocks=w.fp8_blocks, fp8_scale=qkv_scale(i + 1),
         )
     raise ValueError("a BERT encoder needs at least one layer")
 

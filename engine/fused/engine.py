@@ -35,6 +35,7 @@ from engine.fused.config import BertQAConfig
 from engine.fused.encoder import (
     DEFERRED_LN_MAX_HIDDEN,
     FFN1_FUSED_MAX_TOKENS,
+    FP8_CALIBRATED_MIN_TOKENS,
     FP8_MIN_TOKENS,
     SMALL_BATCH_MAX_TOKENS,
     EncodeOptions,
@@ -105,6 +106,8 @@ class FusedEngine:
         max_graph_tokens: int = 32768,
         max_tokens_per_pass: int = 65536,
         fp8_min_tokens: int = FP8_MIN_TOKENS,
+        fp8_calibrated_min_tokens: int = FP8_CALIBRATED_MIN_TOKENS,
+        fp8_fast_accum: bool = True,
         ffn1_fused_max_tokens: int | None = FFN1_FUSED_MAX_TOKENS,
         small_batch_max_tokens: int | None = SMALL_BATCH_MAX_TOKENS,
         pdl: bool = True,
@@ -115,7 +118,9 @@ class FusedEngine:
         gemm_plans: dict[str, GemmPlan] | None = None,
     ) -> None:
         """FP8 weights (if packed) are used for batches of at least ``fp8_min_tokens``
-        tokens. fp16/bf16 batches of at most ``small_batch_max_tokens`` tokens (None: none)
+        tokens, and once calibrated (:meth:`calibrating`) from ``fp8_calibrated_min_tokens``;
+        ``fp8_fast_accum`` lets their GEMMs accumulate in the tensor cores' own precision
+        (``engine.fused.fp8``). fp16/bf16 batches of at most ``small_batch_max_tokens`` tokens (None: none)
         take the small-batch path (all-Triton GEMMs, split-K, programmatic dependent launch
         if ``pdl`` and the GPU has it; with ``prefetch`` each GEMM pulls its weight slice
         into L2, and GEMMs and attention their biases into L1, before waiting; see
@@ -145,6 +150,8 @@ class FusedEngine:
                            else rowwise_out_dtype(self.device, weights.dtype) if self.fp8
                            else None),
             fp8_min_tokens=fp8_min_tokens,
+            fp8_calibrated_min_tokens=fp8_calibrated_min_tokens,
+            fp8_fast_accum=fp8_fast_accum,
             ffn1_fused_max_tokens=ffn1_fused_max_tokens,
             small_batch_max_tokens=small_batch_max_tokens,
             pdl=pdl,
@@ -218,13 +225,14 @@ class FusedEngine:
 
     @contextmanager
     def calibrating(self, margin: float = CALIBRATION_MARGIN) -> Iterator[None]:
-        """Calibrate FP8 FFN1 scales on the batches inferred inside the block (any entry
+        """Calibrate static FP8 scales on the batches inferred inside the block (any entry
         point; e.g. a few hundred windows of real text), then use them.
 
-        Inside, passes run un-quantized and without graphs, and record FFN1's input and
-        output magnitudes per layer; on leaving, FFN1 of every FP8 pass becomes one cuBLASLt
-        GEMM with those per-tensor scales (``engine.fused.fp8``, "Calibrated FFN") and the
-        graphs are re-captured. Needs FP8 weights with row-wise scales."""
+        Inside, passes run un-quantized and without graphs, and record the magnitudes of
+        QKV's, FFN1's and FFN2's inputs per layer; on leaving, those GEMMs run with
+        per-tensor scales from ``fp8_calibrated_min_tokens`` tokens up, FFN1 + bias + GELU
+        + e4m3 as one cuBLASLt GEMM (``engine.fused.fp8``, "Calibrated"), and the graphs
+        are re-captured. Needs FP8 weights with row-wise scales."""
         if not self.fp8 or self.weights.fp8_blocks:
             raise ValueError("calibration needs an FP8 engine with row-wise scales "
                              "(dtype='fp8', fp8_scaling='rows')")
@@ -232,13 +240,13 @@ class FusedEngine:
             from engine.fused import cublaslt
 
             if not cublaslt.available():
-                raise RuntimeError("calibrated FFN1 needs cuBLASLt and an sm_89+ GPU")
+                raise RuntimeError("calibrated FP8 needs cuBLASLt and an sm_89+ GPU")
         with self._lock:
             self._recorder = AmaxRecorder(self.ops, replace(self.weights, calibrated=None))
         try:
             yield
             with self._lock:
-                cal = self._recorder.calibrated(self.weights, margin, self.max_tokens_per_pass)
+                cal = self._recorder.calibrated(self.weights, margin)
                 self.weights = replace(self.weights, calibrated=cal)
                 if self._graphs is not None:
                     self._graphs = GraphCache(self._forward, self.device)

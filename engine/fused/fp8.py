@@ -16,14 +16,21 @@ blocks vs 44.4 with rows, F1 77.64 vs 77.69 (reference 77.68); cuBLAS's ``_scale
 also takes these scales when ``M4`` rows are passed, and ran QKV and FFN1 faster than this
 CUTLASS build on the same operands (``benchmarks/GPU_RESULTS.md``, v8).
 
-**Calibrated FFN** (opt-in, ``FusedEngine.calibrating``): FFN1's input and output each
-take one scale for the tensor, fixed from activations seen on calibration data
-(``engine.fused.calibration``), and W1 one scale too. Then no scale depends on the batch,
-and FFN1 + bias + GELU + e4m3 is one cuBLASLt GEMM whose epilogue writes FFN2's input
-(:func:`calibrated_ffn1`, ``engine.fused.cublaslt``; cuBLASLt offers no e4m3 output with
-per-row scales). FFN2 reads that with W2's per-channel scales. Measured (H200, 2026-11-30,
-BERT-large SQuAD mix): pass 39.97 vs 44.54 ms row-wise; F1 on the shipped MiniLM 77.33-77.57
-vs 77.69 row-wise (reference 77.68), so it stays opt-in (``engine/fused/NOTES.md``, v9).
+**Calibrated** (opt-in, ``FusedEngine.calibrating``): static scales, as TensorRT's FP8/INT8
+calibration has them. The input of QKV, FFN1 and FFN2 each takes one scale for the tensor,
+fixed from activations seen on calibration data (``engine.fused.calibration``), and their
+weights one scale each. Then no scale depends on the batch: the LayerNorm kernels write
+QKV's and FFN1's inputs with the given scale, FFN1 + bias + GELU + e4m3 is one cuBLASLt
+GEMM whose epilogue writes FFN2's input (:func:`calibrated_ffn1`), and every GEMM runs
+with per-tensor scales (:func:`static_linear`, ``engine.fused.cublaslt``), which cuBLASLt
+runs faster than row-wise ones, most of all at a few hundred tokens (H200, BERT-large
+FFN2 at 384 tokens: 6.2 vs 12.9 µs). Measured results: ``engine/fused/NOTES.md`` (v9, v10).
+
+**Fast accumulation** (``fast_accum``, the engine's ``fp8_fast_accum``, on by default): the
+tensor cores accumulate in their own precision throughout, without cuBLAS's periodic
+promotion to float32. H200, BERT-large SQuAD mix: 8-20% faster GEMMs, whole FP8 pass 44.1
+-> 40.6 ms; GEMM error 1e-3 of the output's size at K = 4096 (FP8 rounding of the
+operands: ~2e-2); logit error against fp32 on the shipped MiniLM 0.0578 vs 0.0583.
 
 Elsewhere everything is computed by dequantizing (the readable spec, used on the CPU).
 """
@@ -122,16 +129,13 @@ def dequantize_weight_blocks(w8: torch.Tensor, scale: torch.Tensor) -> torch.Ten
     return w8.float() * s
 
 
-# True accumulates the FP8 GEMMs in the tensor cores' own precision (no periodic promotion
-# to float32): cuBLAS's ``use_fast_accum``. Read at call time (ab_replay's ``--set``).
-FAST_ACCUM = False
-
-
 def scaled_linear(
-    xq: Quantized, w8: torch.Tensor, w8_scale: torch.Tensor, out_dtype: torch.dtype
+    xq: Quantized, w8: torch.Tensor, w8_scale: torch.Tensor, out_dtype: torch.dtype,
+    fast_accum: bool = False,
 ) -> torch.Tensor:
     """``x @ w.T`` from e4m3: ``xq`` [M, K] per-row scaled, ``w8`` [N, K] with ``w8_scale`` [1, N];
-    or, with ``xq.blocks``, both block-scaled (``w8_scale`` [N/128, K/128]).
+    or, with ``xq.blocks``, both block-scaled (``w8_scale`` [N/128, K/128]). ``fast_accum``:
+    see the module docstring (row-wise GEMMs on the GPU only).
 
     ``w8.t()`` is the column-major [K, N] operand ``_scaled_mm`` wants, at no copy.
     """
@@ -145,7 +149,7 @@ def scaled_linear(
     if xq.data.is_cuda:
         out: torch.Tensor = torch._scaled_mm(
             xq.data, w8.t(), scale_a=xq.scale, scale_b=w8_scale, out_dtype=out_dtype,
-            use_fast_accum=FAST_ACCUM,
+            use_fast_accum=fast_accum,
         )
         return out
     w = w8.float() * w8_scale.t()
@@ -172,27 +176,25 @@ def rowwise_out_dtype(device: torch.device, preferred: torch.dtype) -> torch.dty
 
 
 @dataclass(frozen=True)
-class CalibratedFFN:
-    """One layer's FFN1 with calibrated per-tensor scales (see the module docstring)."""
+class StaticLinear:
+    """A GEMM's calibrated FP8 operands: the one scale its input is quantized with, and its
+    weight in e4m3 with one scale (see the module docstring)."""
 
-    x_scale: torch.Tensor  # [1] float32: FFN1's input (the attention block's LayerNorm)
-    w1: torch.Tensor  # [F, D] e4m3, one scale
-    w1_scale: torch.Tensor  # [1] float32
-    b1: torch.Tensor  # [F] bfloat16: the epilogue's bias
-    h_scale: torch.Tensor  # [1] float32: FFN1's output (GELU, e4m3)
-    h_inv: torch.Tensor  # [1] float32: 1 / h_scale, the epilogue's multiplier
-    h_rows: torch.Tensor  # [rows] float32: h_scale repeated (FFN2's row-wise scales)
-
-    def row_scales(self, rows: int) -> torch.Tensor:
-        """FFN2's per-row activation scales [rows, 1]: all ``h_scale``."""
-        if rows <= self.h_rows.shape[0]:
-            return self.h_rows[:rows, None]
-        return self.h_scale.expand(rows, 1).contiguous()
+    x_scale: torch.Tensor  # [1] float32
+    w8: torch.Tensor  # [N, K] e4m3
+    w_scale: torch.Tensor  # [1] float32
 
 
-# False runs the calibrated FFN1 as dequantized torch math on the GPU too (benchmarks: it
-# separates the scheme's error from the cuBLASLt kernel's).
-CALIBRATED_FFN1_CUBLASLT = True
+@dataclass(frozen=True)
+class CalibratedLayer:
+    """One layer's calibrated GEMMs (the out-projection stays in the model dtype).
+    ``ffn_out.x_scale`` is FFN1's output scale: FFN1's epilogue writes with it."""
+
+    qkv: StaticLinear
+    ffn_in: StaticLinear
+    ffn_out: StaticLinear
+    b1: torch.Tensor  # [F] bfloat16: FFN1's epilogue bias
+    h_inv: torch.Tensor  # [1] float32: 1 / ffn_out.x_scale, the epilogue's multiplier
 
 
 def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
@@ -200,17 +202,34 @@ def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
     return torch.nn.functional.gelu(x, approximate="tanh")
 
 
-def calibrated_ffn1(xq: Quantized, cal: CalibratedFFN) -> Quantized:
-    """e4m3 ``GELU(x @ W1^T + b1)`` with scale ``cal.h_scale`` from ``xq`` (scaled by
-    ``cal.x_scale``): one cuBLASLt GEMM on the GPU, dequantized math elsewhere. Returned
-    with per-row scales (all ``h_scale``) for FFN2's row-wise GEMM."""
-    rows = xq.data.shape[0]
-    if xq.data.is_cuda and CALIBRATED_FFN1_CUBLASLT:
+def _static_math(xq: Quantized, lin: StaticLinear) -> torch.Tensor:
+    """float32 ``x @ w^T`` of calibrated operands, by dequantization (the CPU spec)."""
+    return dequantize(xq) @ (lin.w8.float() * lin.w_scale).t()
+
+
+def static_linear(xq: Quantized, lin: StaticLinear, out_dtype: torch.dtype,
+                  fast_accum: bool = False) -> torch.Tensor:
+    """``x @ w^T`` in ``out_dtype`` from ``xq`` quantized with ``lin.x_scale``: one cuBLASLt
+    GEMM with per-tensor scales on the GPU, dequantized math elsewhere."""
+    if xq.data.is_cuda:
         from engine.fused.cublaslt import fp8_linear
 
-        q = fp8_linear(xq.data, cal.x_scale, cal.w1, cal.w1_scale, FP8_DTYPE, bias=cal.b1,
-                       gelu=True, out_scale=cal.h_inv, fast_accum=FAST_ACCUM)
-        return Quantized(q, cal.row_scales(rows))
-    w = cal.w1.float() * cal.w1_scale
-    y = gelu_tanh(dequantize(xq) @ w.t() + cal.b1.float())
-    return Quantized(quantize_static(y, cal.h_scale).data, cal.row_scales(rows))
+        return fp8_linear(xq.data, lin.x_scale, lin.w8, lin.w_scale, out_dtype,
+                          fast_accum=fast_accum)
+    return _static_math(xq, lin).to(out_dtype)
+
+
+def calibrated_ffn1(xq: Quantized, cal: CalibratedLayer, fast_accum: bool = False) -> Quantized:
+    """FFN2's e4m3 input ``GELU(x @ W1^T + b1)``, scaled by ``cal.ffn_out.x_scale``, from
+    ``xq`` quantized with ``cal.ffn_in.x_scale``: one cuBLASLt GEMM (bias + GELU + e4m3 in
+    its epilogue) on the GPU, dequantized math elsewhere."""
+    h_scale = cal.ffn_out.x_scale
+    lin = cal.ffn_in
+    if xq.data.is_cuda:
+        from engine.fused.cublaslt import fp8_linear
+
+        q = fp8_linear(xq.data, lin.x_scale, lin.w8, lin.w_scale, FP8_DTYPE, bias=cal.b1,
+                       gelu=True, out_scale=cal.h_inv, fast_accum=fast_accum)
+        return Quantized(q, h_scale)
+    y = gelu_tanh(_static_math(xq, lin) + cal.b1.float())
+    return quantize_static(y, h_scale)

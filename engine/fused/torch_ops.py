@@ -49,6 +49,7 @@ def embed_layernorm(
     fp8: bool = False,
     pdl: bool = False,  # launch detail: meaningless here
     fp8_blocks: bool = False,
+    fp8_scale: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, Quantized | None]:
     x = (
         word[input_ids.long()].float()
@@ -56,7 +57,7 @@ def embed_layernorm(
         + token_type[token_type_ids.long()].float()
     )
     y = _layernorm(x, gamma, beta, eps)
-    return y.to(word.dtype), _quantize(y, fp8, fp8_blocks)
+    return y.to(word.dtype), _quantize(y, fp8, fp8_blocks, fp8_scale)
 
 
 def _residual_ln(a: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor,

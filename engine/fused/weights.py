@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from engine.fused.config import BertQAConfig
-from engine.fused.fp8 import CalibratedFFN, quantize_rows, quantize_weight_blocks
+from engine.fused.fp8 import CalibratedLayer, quantize_rows, quantize_weight_blocks
 
 if TYPE_CHECKING:
     from engine.fused.folding import FoldedLayer
@@ -129,9 +129,11 @@ class BertQAWeights:
     # matrices (fp16: BERT-base 99 MB, BERT-large 352 MB, MiniLM 12 MB).
     folded: tuple[FoldedLayer, ...] | None = None
     fp8_blocks: bool = False  # the e4m3 copies are block-scaled (engine.fused.fp8)
-    # FFN1 with calibrated per-tensor scales (engine.fused.calibration), per layer: added by
-    # ``FusedEngine.calibrating``; used where FP8 runs.
-    calibrated: tuple[CalibratedFFN, ...] | None = None
+    # The FP8 GEMMs with calibrated per-tensor scales (engine.fused.calibration), per
+    # layer: added by ``FusedEngine.calibrating``; used by the large path from
+    # ``fp8_calibrated_min_tokens`` tokens. A third copy of QKV, FFN1 and FFN2 (e4m3,
+    # beside the row-scaled one: BERT-large 302 MB).
+    calibrated: tuple[CalibratedLayer, ...] | None = None
 
     @property
     def fp8(self) -> bool:

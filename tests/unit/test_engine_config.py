@@ -82,3 +82,41 @@ def test_calibration_needs_a_row_scaled_fp8_engine() -> None:
     with pytest.raises(ValueError, match="row-wise scales"), engine.calibrating():
         pass
     assert engine.weights.calibrated is None and engine._recorder is None
+
+
+def test_calibration_covers_every_fp8_gemm_and_applies_from_its_threshold() -> None:
+    """After calibration every layer's QKV, FFN1 and FFN2 have positive static scales;
+    batches below ``fp8_calibrated_min_tokens`` run exactly as before calibration, and
+    batches from it run the calibrated GEMMs (different logits, still close to the
+    un-quantized ones). CPU, torch op set: the dequantized spec of the GPU path."""
+    pytest.importorskip("torch")
+    import numpy as np
+
+    from engine.fused.engine import FusedEngine
+
+    model = REPO_ROOT / "models" / "minilm-l6-squad"
+    rng = np.random.default_rng(3)
+
+    def batch(windows: int, seq: int) -> tuple[np.ndarray, ...]:
+        ids = rng.integers(1000, 20000, (windows, seq)).astype(np.int32)
+        ids[:, 0] = 101
+        mask = np.ones((windows, seq), dtype=np.int32)
+        tt = (np.arange(seq)[None, :] >= seq // 3).astype(np.int32).repeat(windows, 0)
+        return ids, mask, tt
+
+    engine = FusedEngine.from_pretrained(model, device="cpu", dtype="fp8", backend="torch")
+    x = batch(3, 64)  # 192 tokens: below the row-scaled FP8 threshold, so un-quantized
+    before = engine.infer(*x)
+    engine.calibrate(*batch(4, 96))
+    cal = engine.weights.calibrated
+    assert cal is not None and len(cal) == len(engine.weights.layers)
+    for layer in cal:
+        for lin in (layer.qkv, layer.ffn_in, layer.ffn_out):
+            assert float(lin.x_scale) > 0 and float(lin.w_scale) > 0
+    above = FusedEngine(engine.weights, "cpu", backend="torch", fp8_calibrated_min_tokens=193)
+    assert all(np.array_equal(a, b) for a, b in zip(above.infer(*x), before, strict=True))
+    after = FusedEngine(engine.weights, "cpu", backend="torch", fp8_calibrated_min_tokens=192)
+    got = after.infer(*x)
+    for a, b in zip(got, before, strict=True):
+        assert not np.array_equal(a, b)
+        assert np.abs(a - b).max() < 0.1 * np.abs(b).max()

@@ -463,7 +463,7 @@ def _check_tiny_bert(dtype: str, small_batch: bool = True, splits: int | None = 
     FFN2 alone when ``deferred_ln``, which runs it without LayerNorm kernels) unless
     ``small_batch`` is off (cuBLAS-path code: torch.mm + epilogue kernels).
     ``fp8_scaling="blocks"`` needs widths in multiples of 128: hidden 128 then.
-    ``calibrate``: FFN1 with calibrated per-tensor scales, from another batch."""
+    ``calibrate``: QKV, FFN1 and FFN2 with calibrated per-tensor scales, from another batch."""
     import torch
 
     from engine.fused.engine import PAD_LOGIT, FusedEngine
@@ -479,7 +479,8 @@ def _check_tiny_bert(dtype: str, small_batch: bool = True, splits: int | None = 
                                          backend="triton", fp8_min_tokens=0,
                                          small_batch_max_tokens=512 if small_batch else None,
                                          gemm_plans=plans,
-                                         deferred_ln_max_hidden=1024 if deferred_ln else None)
+                                         deferred_ln_max_hidden=1024 if deferred_ln else None,
+                                         fp8_calibrated_min_tokens=0)
     assert engine.backend == "triton"
     if calibrate:
         engine.calibrate(*_random_batch(3))

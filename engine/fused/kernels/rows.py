@@ -273,20 +273,22 @@ def embed_layernorm(
     fp8: bool = False,
     pdl: bool = False,
     fp8_blocks: bool = False,
+    fp8_scale: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, Quantized | None]:
     """LayerNorm(word[ids] + position[pos] + token_type[tt]) for packed int32 [T] inputs
-    (+ e4m3 copy: per-row scales, or 1x128 block scales with ``fp8_blocks``)."""
+    (+ e4m3 copy: per-row scales, 1x128 block scales with ``fp8_blocks``, or the one
+    calibrated scale ``fp8_scale``, float32 [1], values beyond it saturating)."""
     n, d = input_ids.shape[0], word.shape[1]
     out = torch.empty((n, d), device=word.device, dtype=word.dtype)
-    q, qs = _fp8_buffers(out, fp8, fp8_blocks)
+    q, qs = _fp8_buffers(out, fp8, fp8_blocks, fp8_scale)
     block, rows, warps = _row_tile(n, d)
     _embed_ln_kernel[(triton.cdiv(n, rows),)](
         input_ids, token_type_ids, position_ids, word, position, token_type, gamma, beta,
         out, q, qs, n, d, eps,
-        BLOCK_D=block, ROWS=rows, FP8_OUT=_fp8_mode(fp8, fp8_blocks), USE_PDL=pdl,
+        BLOCK_D=block, ROWS=rows, FP8_OUT=_fp8_mode(fp8, fp8_blocks, fp8_scale), USE_PDL=pdl,
         num_warps=warps, **launch_options(pdl),
     )
-    return out, (Quantized(q, qs, fp8_blocks) if fp8 else None)
+    return out, (Quantized(q, qs, fp8_blocks and fp8_scale is None) if fp8 else None)
 
 
 def _residual_ln(a: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor,

@@ -1,0 +1,187 @@
+"""Accuracy protocol for the FP8 schemes: F1 and logit error over several weight roundings.
+
+    python3 benchmarks/fp8_accuracy.py --out acc.json [--grids 1,1.03,1.07,1.13]
+        [--schemes fp16,rows,calibrated] [--questions 2000]
+
+One F1 run of an FP8 engine moves by ~0.1-0.2 with rounding details (which way each
+weight happens to round), as much as the differences between schemes. So every FP8
+scheme is measured with its weights rounded on several grids: ``grid`` F re-quantizes
+every FP8 weight with its scales multiplied by F (the same precision, another rounding;
+1 is the engine's own). Per (scheme, grid), on the shipped checkpoint:
+
+* ``f1`` / ``exact``: SQuAD v1.1 dev, every question (``training.evaluate``'s pipeline);
+* ``mean_abs`` / ``max_abs``: |start/end logit - fp32 reference| over the real tokens of the
+  windows of the first ``--questions`` dev questions, in batches of 64 (FP8 runs from 4,096
+  tokens, calibrated FP8 from 129, so every batch takes it), and ``argmax_agree``: the share
+  of those windows whose argmax start and end both match the reference's.
+
+Schemes: ``fp16``; ``rows`` (per-token and per-channel scales, the default FP8);
+``calibrated`` (static per-tensor scales, ``FusedEngine.calibrating`` on the first 512
+training-subset questions, ``--margin``); a ``_exact`` suffix turns fast accumulation off.
+Ends with a table: mean and spread over the grids, against the fp32 reference's F1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+SCHEMES = ("fp16", "rows", "rows_exact", "calibrated", "calibrated_exact")
+
+
+def _windows(path: Path, questions: int, batch: int) -> list[tuple[Any, Any, Any]]:
+    """Padded ``[windows, seq]`` batches of the first ``questions`` questions' windows."""
+    import numpy as np
+
+    from benchmarks.bench_gpu import CHECKPOINT
+    from service.windowing import QATokenizer, WindowSpec
+    from training.features import encoded_groups
+    from training.squad import load_examples
+
+    tok = QATokenizer.from_dir(CHECKPOINT)
+    wins = [w for _, w in encoded_groups(load_examples(path)[:questions], tok,
+                                          WindowSpec(max_seq_len=384, overlap=128), "predict")]
+    out = []
+    for i in range(0, len(wins), batch):
+        group = wins[i:i + batch]
+        seq = max(w.seq_len for w in group)
+        padded = [w.padded_to(seq, tok.pad_id) for w in group]
+        out.append(tuple(np.concatenate([getattr(w, k) for w in padded])
+                         for k in ("input_ids", "attention_mask", "token_type_ids")))
+    return out
+
+
+def _regrid(weights: Any, factor: float) -> Any:
+    """``weights`` with every FP8 weight re-rounded on a grid ``factor`` times coarser than
+    its own scales (row-scaled copies per output channel; calibrated ones per tensor)."""
+    import torch
+
+    from engine.fused import fp8
+
+    if factor == 1.0:
+        return weights
+
+    def rounded(w: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        _, scale = fp8.quantize_tiles(w, rows, w.shape[1])  # [N, 1] or [1, 1]
+        scale = scale * factor
+        return (w.float() / scale).clamp(-fp8.FP8_MAX, fp8.FP8_MAX).to(fp8.FP8_DTYPE), scale
+
+    layers = []
+    for ly in weights.layers:
+        lins = {}
+        for name in ("qkv", "ffn_in", "ffn_out"):
+            lin = getattr(ly, name)
+            w8, scale = rounded(lin.weight, 1)
+            lins[name] = replace(lin, w8=w8, w8_scale=scale.t().contiguous())
+        layers.append(replace(ly, **lins))
+    cal = []
+    for c, ly in zip(weights.calibrated or (), weights.layers, strict=False):
+        lins = {}
+        for name in ("qkv", "ffn_in", "ffn_out"):
+            w = getattr(ly, name).weight
+            w8, scale = rounded(w, w.shape[0])
+            lins[name] = replace(getattr(c, name), w8=w8, w_scale=scale.reshape(1))
+        cal.append(replace(c, **lins))
+    return replace(weights, layers=tuple(layers),
+                   calibrated=tuple(cal) if weights.calibrated is not None else None)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--schemes", default="fp16,rows,calibrated",
+                   help=f"comma-separated, from {', '.join(SCHEMES)}")
+    p.add_argument("--grids", default="1,1.03,1.07,1.13")
+    p.add_argument("--questions", type=int, default=2000, help="for the logit error")
+    p.add_argument("--margin", type=float, default=None, help="calibration margin")
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args()
+    schemes = args.schemes.split(",")
+    if unknown := set(schemes) - set(SCHEMES):
+        p.error(f"unknown schemes {sorted(unknown)}; choose from {', '.join(SCHEMES)}")
+    grids = [float(g) for g in args.grids.split(",")]
+    sys.path.insert(0, str(REPO))
+    import numpy as np
+    import torch
+
+    from benchmarks.bench_gpu import CHECKPOINT, DEV_SET, TRAIN_SET
+    from engine.fused.engine import FusedEngine
+    from engine.registry import load_engine
+    from service.decoding import DecodeSpec
+    from service.windowing import QATokenizer, WindowSpec
+    from training.features import predict_with_margins
+    from training.squad import load_examples, score
+
+    tok = QATokenizer.from_dir(CHECKPOINT)
+    spec, decode = WindowSpec(max_seq_len=384, overlap=128), DecodeSpec()
+    dev = load_examples(DEV_SET)
+    batches = _windows(DEV_SET, args.questions, 64)
+    ref_engine = load_engine("reference", CHECKPOINT, device="cuda", dtype="float32")
+    refs = [ref_engine.infer(*b) for b in batches]
+    ref_f1 = score(dev, {k: t for k, (t, _) in predict_with_margins(
+        dev, tok, ref_engine.infer, spec, decode, 64).items()})
+    del ref_engine
+    result: dict[str, Any] = {
+        "gpu": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"),
+        "questions_for_logits": args.questions, "grids": grids,
+        "windows_for_logits": int(sum(len(b[0]) for b in batches)),
+        "reference": {"f1": ref_f1.f1, "exact": ref_f1.exact}, "runs": []}
+    print(f"fp32 reference: F1 {ref_f1.f1:.2f} EM {ref_f1.exact:.2f}", flush=True)
+
+    def engine(scheme: str, grid: float) -> FusedEngine:
+        dtype = "float16" if scheme == "fp16" else "fp8"
+        base = FusedEngine.from_pretrained(CHECKPOINT, device="cuda", dtype=dtype)
+        if scheme.startswith("calibrated"):
+            margin = {} if args.margin is None else {"margin": args.margin}
+            with base.calibrating(**margin):
+                predict_with_margins(load_examples(TRAIN_SET)[:512], tok, base.infer, spec,
+                                     decode, 64)
+        return FusedEngine(_regrid(base.weights, grid), "cuda",
+                           fp8_fast_accum=not scheme.endswith("_exact"))
+
+    for scheme in schemes:
+        for grid in grids if scheme != "fp16" else [1.0]:
+            eng = engine(scheme, grid)
+            abs_sum, count, worst, agree, windows = 0.0, 0, 0.0, 0, 0
+            for b, (rs, re) in zip(batches, refs, strict=True):
+                s, e = eng.infer(*b)
+                keep = b[1].astype(bool)
+                for ours, ref in ((s, rs), (e, re)):
+                    d = np.abs(ours[keep] - ref[keep])
+                    abs_sum += float(d.sum())
+                    count += d.size
+                    worst = max(worst, float(d.max()))
+                masked = [np.where(keep, a, -1e9) for a in (s, e, rs, re)]
+                agree += int(((masked[0].argmax(1) == masked[2].argmax(1))
+                              & (masked[1].argmax(1) == masked[3].argmax(1))).sum())
+                windows += len(keep)
+            f1 = score(dev, {k: t for k, (t, _) in predict_with_margins(
+                dev, tok, eng.infer, spec, decode, 64).items()})
+            row = {"scheme": scheme, "grid": grid, "f1": f1.f1, "exact": f1.exact,
+                   "mean_abs": abs_sum / count, "max_abs": worst,
+                   "argmax_agree": agree / windows}
+            result["runs"].append(row)
+            print(json.dumps(row), flush=True)
+            if args.out:
+                args.out.write_text(json.dumps(result, indent=1))
+            del eng
+            torch.cuda.empty_cache()
+    print(f"\nF1 loss against fp32 ({ref_f1.f1:.2f}) and logit error, over grids {grids}:")
+    for scheme in schemes:
+        runs = [r for r in result["runs"] if r["scheme"] == scheme]
+        losses = [ref_f1.f1 - r["f1"] for r in runs]
+        errs = [r["mean_abs"] for r in runs]
+        print(f"  {scheme:18s} F1 loss mean {statistics.mean(losses):+.3f} "
+              f"(min {min(losses):+.3f}, max {max(losses):+.3f})  mean|d| "
+              f"{statistics.mean(errs):.4f} ({min(errs):.4f}-{max(errs):.4f})")
+
+
+if __name__ == "__main__":
+    main()
