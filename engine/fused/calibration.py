@@ -3,8 +3,9 @@
 :class:`AmaxRecorder` stands in for an op set (``kernels`` or ``torch_ops``) while the
 encoder runs un-quantized passes over calibration batches, and records per layer the
 largest magnitude of the inputs of its FP8 GEMMs: QKV's (the embeddings' LayerNorm for
-the first layer, the previous layer's second LayerNorm after that), FFN1's (the attention
-block's LayerNorm) and FFN2's (bias + GELU). :meth:`AmaxRecorder.calibrated` turns those
+the first layer, the previous layer's second LayerNorm after that), the attention
+output projection's (attention), FFN1's (the attention block's LayerNorm) and FFN2's
+(bias + GELU). :meth:`AmaxRecorder.calibrated` turns those
 into per-tensor scales, ``margin * amax / 448``: the margin leaves room for activations
 larger than any seen (larger ones saturate at +-448 * scale). A larger margin costs
 precision only for values below ``margin * amax / 2**15`` (e4m3's subnormals). Measured
@@ -38,8 +39,10 @@ class AmaxRecorder:
         self._ln2 = {ly.ln2_weight.data_ptr(): i + 1 for i, ly in enumerate(layers[:-1])}
         self._ln1 = {ly.ln1_weight.data_ptr(): i for i, ly in enumerate(layers)}
         self._b1 = {ly.ffn_in.bias.data_ptr(): i for i, ly in enumerate(layers)}
+        self._bqkv = {ly.qkv.bias.data_ptr(): i for i, ly in enumerate(layers)}
         dev = layers[0].ffn_in.bias.device
         self.qkv_amax = torch.zeros(len(layers), device=dev)
+        self.ctx_amax = torch.zeros(len(layers), device=dev)
         self.x_amax = torch.zeros(len(layers), device=dev)
         self.h_amax = torch.zeros(len(layers), device=dev)
         self.passes = 0
@@ -56,6 +59,12 @@ class AmaxRecorder:
         self.passes += 1
         self._record(self.qkv_amax, 0, out)
         return out, q
+
+    def attention_varlen(self, qkv: torch.Tensor, qkv_bias: torch.Tensor,
+                         *args: Any, **kwargs: Any) -> Any:
+        out = self._ops.attention_varlen(qkv, qkv_bias, *args, **kwargs)
+        self._record(self.ctx_amax, self._bqkv.get(qkv_bias.data_ptr()), out)
+        return out
 
     def bias_residual_layernorm(self, a: torch.Tensor, bias: torch.Tensor,
                                 residual: torch.Tensor, gamma: torch.Tensor,
@@ -88,6 +97,7 @@ class AmaxRecorder:
             h_scale = scale(self.h_amax, i)
             out.append(CalibratedLayer(
                 qkv=static(scale(self.qkv_amax, i), ly.qkv.weight),
+                attn_out=static(scale(self.ctx_amax, i), ly.attn_out.weight),
                 ffn_in=static(scale(self.x_amax, i), ly.ffn_in.weight),
                 ffn_out=static(h_scale, ly.ffn_out.weight),
                 b1=ly.ffn_in.bias.to(torch.bfloat16), h_inv=(1.0 / h_scale).contiguous()))

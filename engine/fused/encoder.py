@@ -31,10 +31,11 @@ rides in the kernel that reads the GEMM's output anyway. Two paths:
   kernel with grid-wide barriers between them (``kernels.persistent``).
 * **Large batches:** cuBLAS GEMMs (FP8 ``_scaled_mm`` from ``fp8_min_tokens`` tokens when
   the weights have e4m3 copies), Triton kernels around them, launched without PDL. With
-  calibrated scales (``w.calibrated``, from ``fp8_calibrated_min_tokens`` tokens) QKV and
-  FFN2 are cuBLASLt GEMMs with per-tensor scales (``fp8.static_linear``), the LayerNorms
-  write their e4m3 copies with the calibrated scales, and FFN1 + bias + GELU + e4m3 is one
-  cuBLASLt GEMM (``fp8.calibrated_ffn1``): the bias_gelu kernel drops out.
+  calibrated scales (``w.calibrated``, from ``fp8_calibrated_min_tokens`` tokens) every
+  GEMM is a cuBLASLt FP8 GEMM with per-tensor scales (``fp8.static_linear``), the
+  LayerNorm and attention kernels write e4m3 with the calibrated scales, and FFN1 + bias +
+  GELU + e4m3 is one cuBLASLt GEMM (``fp8.calibrated_ffn1``): the bias_gelu kernel drops
+  out.
 """
 
 from __future__ import annotations
@@ -202,12 +203,16 @@ def encode_packed(
             qkv = static_linear(xq, cal[i].qkv, out8, fast)
         else:
             qkv = _linear(x, xq, layer.qkv, out8, fast)
+        ctx_scale = None if cal is None else cal[i].attn_out.x_scale
         ctx = ops.attention_varlen(qkv, layer.qkv.bias, cu_seqlens, max_seqlen, n_seqs,
                                    cfg.num_heads, config=opts.attn_config, pdl=pdl,
-                                   prefetch=pf)
+                                   prefetch=pf, fp8_scale=ctx_scale)
         if small:
             a = ops.linear(ctx, layer.attn_out.weight, splits=s_out, config=c_out, pdl=pdl,
                            prefetch=pf)
+        elif cal is not None:
+            assert ctx_scale is not None
+            a = static_linear(Quantized(ctx, ctx_scale), cal[i].attn_out, out8, fast)
         else:
             a = _linear(ctx, None, layer.attn_out, out8, fast)
         x, xq = ops.bias_residual_layernorm(

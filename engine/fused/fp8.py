@@ -17,11 +17,12 @@ also takes these scales when ``M4`` rows are passed, and ran QKV and FFN1 faster
 CUTLASS build on the same operands (``benchmarks/GPU_RESULTS.md``, v8).
 
 **Calibrated** (opt-in, ``FusedEngine.calibrating``): static scales, as TensorRT's FP8/INT8
-calibration has them. The input of QKV, FFN1 and FFN2 each takes one scale for the tensor,
-fixed from activations seen on calibration data (``engine.fused.calibration``), and their
-weights one scale each. Then no scale depends on the batch: the LayerNorm kernels write
-QKV's and FFN1's inputs with the given scale, FFN1 + bias + GELU + e4m3 is one cuBLASLt
-GEMM whose epilogue writes FFN2's input (:func:`calibrated_ffn1`), and every GEMM runs
+calibration has them. The input of every GEMM (QKV, attention output, FFN1, FFN2) takes one scale
+for the tensor, fixed from activations seen on calibration data
+(``engine.fused.calibration``), and every weight one scale. Then no scale depends on the
+batch: the LayerNorm and attention kernels write their e4m3 outputs with the given
+scales, FFN1 + bias + GELU + e4m3 is one cuBLASLt GEMM whose epilogue writes FFN2's input
+(:func:`calibrated_ffn1`), and every GEMM runs
 with per-tensor scales (:func:`static_linear`, ``engine.fused.cublaslt``), which cuBLASLt
 runs faster than row-wise ones, most of all at a few hundred tokens (H200, BERT-large
 FFN2 at 384 tokens: 6.2 vs 12.9 µs). Measured results: ``engine/fused/NOTES.md`` (v9, v10).
@@ -187,10 +188,11 @@ class StaticLinear:
 
 @dataclass(frozen=True)
 class CalibratedLayer:
-    """One layer's calibrated GEMMs (the out-projection stays in the model dtype).
-    ``ffn_out.x_scale`` is FFN1's output scale: FFN1's epilogue writes with it."""
+    """One layer's calibrated GEMMs. ``attn_out.x_scale`` is the scale attention writes
+    its e4m3 output with; ``ffn_out.x_scale`` FFN1's (its epilogue writes with it)."""
 
     qkv: StaticLinear
+    attn_out: StaticLinear
     ffn_in: StaticLinear
     ffn_out: StaticLinear
     b1: torch.Tensor  # [F] bfloat16: FFN1's epilogue bias

@@ -283,12 +283,14 @@ def attention_varlen(
     config: tuple[int, int, int, int] | None = None,  # tile sizes: meaningless here
     pdl: bool = False,
     prefetch: bool = False,
+    fp8_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     n, three_d = qkv.shape
     d = three_d // 3
     hd = d // num_heads
     x = (qkv.float() + qkv_bias.float()).view(n, 3, num_heads, hd)
-    out = torch.zeros((n, d), device=qkv.device, dtype=qkv.dtype)
+    out = torch.zeros((n, d), device=qkv.device,
+                      dtype=qkv.dtype if fp8_scale is None else torch.float32)
     cu = cu_seqlens.tolist()
     for s in range(n_seqs):
         a, b = int(cu[s]), int(cu[s + 1])
@@ -296,8 +298,8 @@ def attention_varlen(
             continue
         q, k, v = (x[a:b, i].transpose(0, 1) for i in range(3))  # [heads, len, hd]
         p = torch.softmax(q @ k.transpose(1, 2) / math.sqrt(hd), dim=-1)
-        out[a:b] = (p @ v).transpose(0, 1).reshape(b - a, d).to(qkv.dtype)
-    return out
+        out[a:b] = (p @ v).transpose(0, 1).reshape(b - a, d).to(out.dtype)
+    return out if fp8_scale is None else quantize_static(out, fp8_scale).data
 
 
 def stage_inputs(buf: torch.Tensor, tokens: int, ids: torch.Tensor, tt: torch.Tensor,

@@ -131,7 +131,7 @@ class BertQAWeights:
     fp8_blocks: bool = False  # the e4m3 copies are block-scaled (engine.fused.fp8)
     # The FP8 GEMMs with calibrated per-tensor scales (engine.fused.calibration), per
     # layer: added by ``FusedEngine.calibrating``; used by the large path from
-    # ``fp8_calibrated_min_tokens`` tokens. A third copy of QKV, FFN1 and FFN2 (e4m3,
+    # ``fp8_calibrated_min_tokens`` tokens. A third copy of every matrix (e4m3,
     # beside the row-scaled one: BERT-large 302 MB).
     calibrated: tuple[CalibratedLayer, ...] | None = None
 

@@ -85,7 +85,7 @@ def test_calibration_needs_a_row_scaled_fp8_engine() -> None:
 
 
 def test_calibration_covers_every_fp8_gemm_and_applies_from_its_threshold() -> None:
-    """After calibration every layer's QKV, FFN1 and FFN2 have positive static scales;
+    """After calibration every layer's four GEMMs have positive static scales;
     batches below ``fp8_calibrated_min_tokens`` run exactly as before calibration, and
     batches from it run the calibrated GEMMs (different logits, still close to the
     un-quantized ones). CPU, torch op set: the dequantized spec of the GPU path."""
@@ -111,7 +111,7 @@ def test_calibration_covers_every_fp8_gemm_and_applies_from_its_threshold() -> N
     cal = engine.weights.calibrated
     assert cal is not None and len(cal) == len(engine.weights.layers)
     for layer in cal:
-        for lin in (layer.qkv, layer.ffn_in, layer.ffn_out):
+        for lin in (layer.qkv, layer.attn_out, layer.ffn_in, layer.ffn_out):
             assert float(lin.x_scale) > 0 and float(lin.w_scale) > 0
     above = FusedEngine(engine.weights, "cpu", backend="torch", fp8_calibrated_min_tokens=193)
     assert all(np.array_equal(a, b) for a, b in zip(above.infer(*x), before, strict=True))

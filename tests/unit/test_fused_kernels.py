@@ -352,10 +352,16 @@ def _check_linear_plain(dtype_name: str, with_bias: bool, loads: int = 0) -> tup
 
 
 def _check_attention(dtype_name: str, heads: int, head_dim: int,
-                     large_tile: bool = False) -> tuple[float, float]:
+                     large_tile: bool = False, fp8: bool = False) -> tuple[float, float]:
+    """Attention against float64 math. ``fp8``: the output in e4m3 with one given
+    (calibrated) scale, chosen so that the largest values saturate: it must equal the
+    clamped reference within e4m3 rounding (relative 2**-4, subnormal step 2**-9 of the
+    scale) plus the fp16 inputs' error, as the torch spec's copy must."""
     import torch
 
     from engine.fused import kernels as k
+    from engine.fused import torch_ops
+    from engine.fused.fp8 import FP8_DTYPE
 
     dt = getattr(torch, dtype_name)
     g = torch.Generator().manual_seed(5)
@@ -367,13 +373,26 @@ def _check_attention(dtype_name: str, heads: int, head_dim: int,
     # Over-stated grid (more sequences, longer max) as CUDA graphs use: extra seqs are empty.
     cu_pad = torch.cat([cu, cu[-1:].repeat(3)])
     config = k.ATTN_LARGE if large_tile else k.ATTN_SMALL
-    out = k.attention_varlen(qkv, bias, cu_pad, 128, len(lengths) + 3, heads, config=config)
     x = (qkv.double() + bias.double()).view(t, 3, heads, head_dim)
     ref = torch.empty(t, d, dtype=torch.float64)
     for a, b in zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True):
         q, kk, v = (x[a:b, i].transpose(0, 1) for i in range(3))
         p = torch.softmax(q @ kk.transpose(1, 2) / math.sqrt(head_dim), -1)
         ref[a:b] = (p @ v).transpose(0, 1).reshape(b - a, d)
+    if fp8:
+        scale = torch.tensor([float(ref.abs().max()) * 0.7 / 448.0])  # the top 30% saturate
+        clamped = ref.clamp(-448.0 * float(scale), 448.0 * float(scale))
+        allowed = clamped.abs() * 2.0**-4 + float(scale) * 2.0**-9 + 5e-3 * float(ref.abs().max())
+        worst = 0.0
+        for ops in (k, torch_ops):
+            q8 = ops.attention_varlen(qkv, bias, cu_pad, 128, len(lengths) + 3, heads,
+                                      config=config, fp8_scale=scale)
+            if q8.dtype != FP8_DTYPE:
+                return math.inf, 1.0
+            worst = max(worst, float(((q8.double() * float(scale) - clamped).abs()
+                                      / allowed).max()))
+        return worst, 1.0
+    out = k.attention_varlen(qkv, bias, cu_pad, 128, len(lengths) + 3, heads, config=config)
     return _rel(out, ref), {"float32": 1e-5, "float16": 5e-3}[dtype_name]
 
 
@@ -582,6 +601,7 @@ CASES: dict[str, Callable[[], tuple[float, float]]] = {
     "attention_fp16_hd64": lambda: _check_attention("float16", 2, 64),
     "attention_fp16_hd24": lambda: _check_attention("float16", 3, 24),  # padded head dim
     "attention_fp16_large_tile": lambda: _check_attention("float16", 2, 64, large_tile=True),
+    "attention_fp16_e4m3_static": lambda: _check_attention("float16", 2, 64, fp8=True),
     "gemm_gelu_erf_fp16": lambda: _check_gemm_gelu("float16", False),
     "gemm_gelu_tanh_fp16": lambda: _check_gemm_gelu("float16", True),
     "gemm_gelu_erf_fp32": lambda: _check_gemm_gelu("float32", False),

@@ -8,7 +8,8 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.fused.kernels.common import LOG2E, launch_options, pdl_enter, prefetch_l1
+from engine.fused.fp8 import FP8_DTYPE
+from engine.fused.kernels.common import LOG2E, launch_options, pdl_enter, prefetch_l1, to_e4m3
 
 # Attention tiles (BLOCK_M queries x BLOCK_N keys, warps, pipeline stages). Few programs
 # (batch 1): 64-query tiles, so short sequences still spread over more multiprocessors.
@@ -27,9 +28,11 @@ def attention_tile(
     qkv_ptr, bias_ptr, out_ptr, cu_ptr, m_block, seq, head,
     qk_scale, stride_qkv, stride_out, D,
     HEAD_DIM: tl.constexpr, BLOCK_DH: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, scale_ptr=None, FP8_OUT: tl.constexpr = False,
 ):
     """One (query block, sequence, head): softmax(Q K^T * scale) V with an online softmax.
+    With ``FP8_OUT`` the output is stored in e4m3 with the one calibrated scale at
+    ``scale_ptr`` (values beyond it saturate).
 
     Q, K, V are column slices of the packed QKV GEMM output (no bias yet). A sequence's
     tokens are rows ``cu[seq]:cu[seq+1]``; programs past a sequence's end write nothing,
@@ -84,16 +87,19 @@ def attention_tile(
     # keeps rows of empty programs finite (they are not stored).
     out = acc / tl.maximum(l_i, 1.0)[:, None] + bv[None, :]
     o_ptrs = out_ptr + q_rows[:, None] * stride_out + col[None, :]
-    tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=io_mask)
+    if FP8_OUT:
+        tl.store(o_ptrs, to_e4m3(out * (1.0 / tl.load(scale_ptr))), mask=io_mask)
+    else:
+        tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=io_mask)
 
 
 @triton.jit
 def _attn_varlen_kernel(
-    qkv_ptr, bias_ptr, out_ptr, cu_ptr,
+    qkv_ptr, bias_ptr, out_ptr, cu_ptr, scale_ptr,
     qk_scale, stride_qkv, stride_out, D,
     HEAD_DIM: tl.constexpr, BLOCK_DH: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_PDL: tl.constexpr,
-    PREFETCH: tl.constexpr,
+    PREFETCH: tl.constexpr, FP8_OUT: tl.constexpr,
 ):
     if PREFETCH:  # this head's Q and V biases into L1 while the QKV GEMM still runs
         v = tl.program_id(2) * HEAD_DIM + tl.minimum(tl.arange(0, BLOCK_DH // 16) * 16,
@@ -103,7 +109,8 @@ def _attn_varlen_kernel(
     pdl_enter(USE_PDL)
     attention_tile(qkv_ptr, bias_ptr, out_ptr, cu_ptr,
                    tl.program_id(0), tl.program_id(1), tl.program_id(2),
-                   qk_scale, stride_qkv, stride_out, D, HEAD_DIM, BLOCK_DH, BLOCK_M, BLOCK_N)
+                   qk_scale, stride_qkv, stride_out, D, HEAD_DIM, BLOCK_DH, BLOCK_M, BLOCK_N,
+                   scale_ptr, FP8_OUT)
 
 
 def softmax_scale(head_dim: int) -> float:
@@ -133,8 +140,11 @@ def attention_varlen(
     config: tuple[int, int, int, int] | None = None,
     pdl: bool = False,
     prefetch: bool = False,
+    fp8_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Bidirectional multi-head attention over packed sequences; returns [T, hidden].
+    """Bidirectional multi-head attention over packed sequences; returns [T, hidden], in
+    ``qkv``'s dtype or, given ``fp8_scale`` (float32 [1], calibrated), in e4m3 with that
+    scale (values beyond ``448 * fp8_scale`` saturate).
 
     ``qkv`` [T, 3*hidden] is the bias-free QKV GEMM output; ``cu_seqlens`` int32
     [n_seqs + 1]. ``max_seqlen`` and ``n_seqs`` only size the grid: they may exceed the
@@ -145,16 +155,18 @@ def attention_varlen(
     n, three_d = qkv.shape
     d = three_d // 3
     head_dim = d // num_heads
-    out = torch.empty((n, d), device=qkv.device, dtype=qkv.dtype)
+    out = torch.empty((n, d), device=qkv.device,
+                      dtype=qkv.dtype if fp8_scale is None else FP8_DTYPE)
     if n_seqs == 0 or max_seqlen == 0:
         return out
     bm, bn, warps, stages = config or attention_config(max_seqlen, n_seqs, num_heads, head_dim)
     grid = (triton.cdiv(max_seqlen, bm), n_seqs, num_heads)
     _attn_varlen_kernel[grid](
-        qkv, qkv_bias, out, cu_seqlens,
+        qkv, qkv_bias, out, cu_seqlens, out if fp8_scale is None else fp8_scale,
         softmax_scale(head_dim), qkv.stride(0), out.stride(0), d,
         HEAD_DIM=head_dim, BLOCK_DH=head_block(head_dim),
         BLOCK_M=bm, BLOCK_N=bn, USE_PDL=pdl, PREFETCH=pdl and prefetch,
+        FP8_OUT=fp8_scale is not None,
         num_warps=warps, num_stages=stages,
         **launch_options(pdl),
     )
