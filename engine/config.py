@@ -3,7 +3,9 @@
 Env vars (override config.pbtxt ``parameters`` of the same lower-case key without prefix):
 ``BERT_QA_ENGINE`` (onnx | fused | reference), ``BERT_QA_MODEL_DIR`` (checkpoint dir),
 ``BERT_QA_ONNX`` (ONNX file for the onnx engine), ``BERT_QA_DEVICE`` (cpu | cuda),
-``BERT_QA_THREADS`` (ORT intra-op threads, 0 = ORT's default), ``BERT_QA_DTYPE``.
+``BERT_QA_THREADS`` (ORT intra-op threads, 0 = ORT's default), ``BERT_QA_DTYPE``,
+``BERT_QA_FP8_CALIBRATION`` (the fused engine's static FP8 scales: a JSON file from
+``python -m training.calibrate``; with ``dtype=fp8`` only).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ class EngineConfig:
     device: str = "cpu"
     threads: int = 0
     dtype: str = "float16"
+    fp8_calibration: Path | None = None
 
     @classmethod
     def resolve(
@@ -45,11 +48,16 @@ class EngineConfig:
     def build(self) -> QAEngine:
         if self.engine == "onnx":
             return load_engine("onnx", self.onnx, threads=str(self.threads))
-        return load_engine(self.engine, self.model_dir, device=self.device, dtype=self.dtype)
+        options = {"dtype": self.dtype}
+        if self.fp8_calibration is not None:
+            if self.engine != "fused":
+                raise ValueError("fp8_calibration applies to the fused engine only")
+            options["fp8_calibration"] = str(self.fp8_calibration)
+        return load_engine(self.engine, self.model_dir, device=self.device, **options)
 
 
 def _convert(name: str, raw: str) -> object:
-    if name in ("model_dir", "onnx"):
+    if name in ("model_dir", "onnx", "fp8_calibration"):
         path = Path(raw)
         return path if path.is_absolute() else REPO_ROOT / path
     if name == "threads":

@@ -5,17 +5,21 @@ encoder runs un-quantized passes over calibration batches, and records per layer
 largest magnitude of the inputs of its FP8 GEMMs: QKV's (the embeddings' LayerNorm for
 the first layer, the previous layer's second LayerNorm after that), the attention
 output projection's (attention), FFN1's (the attention block's LayerNorm) and FFN2's
-(bias + GELU). :meth:`AmaxRecorder.calibrated` turns those
-into per-tensor scales, ``margin * amax / 448``: the margin leaves room for activations
-larger than any seen (larger ones saturate at +-448 * scale). A larger margin costs
-precision only for values below ``margin * amax / 2**15`` (e4m3's subnormals). Measured
-with FFN1 alone calibrated (H200, 2026-11-30, shipped MiniLM, SQuAD v1.1 dev F1,
-reference 77.68, row-scaled FP8 77.69): margin 1: 77.57 / 77.33 (cuBLASLt / float32 torch
-math), 2: 77.37 / 77.48, 4: 77.52 / 77.56.
+(bias + GELU): a :class:`Calibration`, which can be saved and loaded as JSON and turns
+into per-tensor scales, ``margin * amax / 448``. The margin leaves room for activations
+larger than any seen (larger ones saturate at +-448 * scale); a larger one costs precision
+only for values below ``margin * amax / 2**15`` (e4m3's subnormals). Measured (H200,
+2026-11-30, shipped MiniLM, mean |logit - fp32| on 2,023 dev windows, QKV/FFN calibrated):
+margin 1 / 2 / 4 / 8 / 16 give 0.0609 / 0.0608 / 0.0608 / 0.0607 / 0.0606, so neither
+saturation nor subnormals is what static scales cost (``engine/fused/NOTES.md``, v10).
 """
 
 from __future__ import annotations
 
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -79,14 +83,77 @@ class AmaxRecorder:
         self._record(self.h_amax, self._b1.get(bias.data_ptr()), out)
         return out, q
 
-    def calibrated(self, weights: BertQAWeights,
-                   margin: float = CALIBRATION_MARGIN) -> tuple[CalibratedLayer, ...]:
-        """Per-layer calibrated GEMMs from what was recorded."""
+    def calibration(self, margin: float = CALIBRATION_MARGIN) -> Calibration:
+        """What was recorded, as a :class:`Calibration` (``margin`` kept with it)."""
         if self.passes == 0 or not bool((self.h_amax > 0).all()):
             raise RuntimeError("no calibration pass was recorded (did FFN1 run unfused?)")
+        amax = {"qkv": self.qkv_amax, "attn_out": self.ctx_amax, "ffn_in": self.x_amax,
+                "ffn_out": self.h_amax}
+        return Calibration({k: [float(v) for v in t.tolist()] for k, t in amax.items()},
+                           margin, self.passes)
 
-        def scale(amax: torch.Tensor, i: int) -> torch.Tensor:
-            return (amax[i:i + 1] * margin / FP8_MAX).clamp(min=SCALE_MIN).contiguous()
+
+GEMMS = ("qkv", "attn_out", "ffn_in", "ffn_out")
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Per layer, the largest |input| seen by each FP8 GEMM (``GEMMS``) on calibration
+    data, the margin its scales take, and how many passes it saw. Saved as JSON (a
+    calibration cache, as TensorRT keeps one): calibrate once, load at engine start
+    (``FusedEngine(..., fp8_calibration=PATH)``)."""
+
+    amax: dict[str, list[float]]
+    margin: float = CALIBRATION_MARGIN
+    passes: int = 0
+
+    def __post_init__(self) -> None:
+        if set(self.amax) != set(GEMMS):
+            raise ValueError(f"a calibration holds amax for {', '.join(GEMMS)}; "
+                             f"got {', '.join(sorted(self.amax))}")
+        layers = {len(v) for v in self.amax.values()}
+        if len(layers) != 1:
+            raise ValueError("a calibration needs the same number of layers for every GEMM")
+        if not all(math.isfinite(a) and a > 0 for v in self.amax.values() for a in v):
+            raise ValueError("calibration amax values must be finite and positive")
+        if not (math.isfinite(self.margin) and self.margin > 0):
+            raise ValueError(f"calibration margin must be positive, got {self.margin}")
+
+    @property
+    def layers(self) -> int:
+        return len(self.amax["qkv"])
+
+    def save(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"format": _FORMAT, "margin": self.margin,
+                                    "passes": self.passes, "amax": self.amax}, indent=1))
+
+    @classmethod
+    def load(cls, path: Path) -> Calibration:
+        """Read :meth:`save`'s JSON; a file of another format or shape is a ValueError."""
+        try:
+            raw = json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise ValueError(f"cannot read FP8 calibration {path}: {exc}") from exc
+        if not isinstance(raw, dict) or raw.get("format") != _FORMAT:
+            raise ValueError(f"{path} is not an FP8 calibration ({_FORMAT})")
+        try:
+            return cls({k: [float(a) for a in v] for k, v in raw["amax"].items()},
+                       float(raw["margin"]), int(raw.get("passes", 0)))
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise ValueError(f"malformed FP8 calibration {path}: {exc!r}") from exc
+
+    def layers_for(self, weights: BertQAWeights) -> tuple[CalibratedLayer, ...]:
+        """Per-layer calibrated GEMMs of ``weights``: activation scales ``margin * amax /
+        448``, each weight quantized with one scale."""
+        if self.layers != len(weights.layers):
+            raise ValueError(f"calibration is for {self.layers} layers, "
+                             f"the model has {len(weights.layers)}")
+        dev = weights.layers[0].qkv.weight.device
+
+        def scale(gemm: str, i: int) -> torch.Tensor:
+            s = max(self.amax[gemm][i] * self.margin / FP8_MAX, SCALE_MIN)
+            return torch.tensor([s], device=dev, dtype=torch.float32)
 
         def static(x_scale: torch.Tensor, w: torch.Tensor) -> StaticLinear:
             w8, w_scale = quantize_tiles(w, w.shape[0], w.shape[1])
@@ -94,11 +161,14 @@ class AmaxRecorder:
 
         out = []
         for i, ly in enumerate(weights.layers):
-            h_scale = scale(self.h_amax, i)
+            h_scale = scale("ffn_out", i)
             out.append(CalibratedLayer(
-                qkv=static(scale(self.qkv_amax, i), ly.qkv.weight),
-                attn_out=static(scale(self.ctx_amax, i), ly.attn_out.weight),
-                ffn_in=static(scale(self.x_amax, i), ly.ffn_in.weight),
+                qkv=static(scale("qkv", i), ly.qkv.weight),
+                attn_out=static(scale("attn_out", i), ly.attn_out.weight),
+                ffn_in=static(scale("ffn_in", i), ly.ffn_in.weight),
                 ffn_out=static(h_scale, ly.ffn_out.weight),
                 b1=ly.ffn_in.bias.to(torch.bfloat16), h_inv=(1.0 / h_scale).contiguous()))
         return tuple(out)
+
+
+_FORMAT = "qa-fp8-calibration/1"

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from engine.base import Float32Array, Int32Array
-from engine.fused.calibration import CALIBRATION_MARGIN, AmaxRecorder
+from engine.fused.calibration import CALIBRATION_MARGIN, AmaxRecorder, Calibration
 from engine.fused.config import BertQAConfig
 from engine.fused.encoder import (
     DEFERRED_LN_MAX_HIDDEN,
@@ -108,6 +108,7 @@ class FusedEngine:
         fp8_min_tokens: int = FP8_MIN_TOKENS,
         fp8_calibrated_min_tokens: int = FP8_CALIBRATED_MIN_TOKENS,
         fp8_fast_accum: bool = True,
+        fp8_calibration: Calibration | str | Path | None = None,
         ffn1_fused_max_tokens: int | None = FFN1_FUSED_MAX_TOKENS,
         small_batch_max_tokens: int | None = SMALL_BATCH_MAX_TOKENS,
         pdl: bool = True,
@@ -120,7 +121,9 @@ class FusedEngine:
         """FP8 weights (if packed) are used for batches of at least ``fp8_min_tokens``
         tokens, and once calibrated (:meth:`calibrating`) from ``fp8_calibrated_min_tokens``;
         ``fp8_fast_accum`` lets their GEMMs accumulate in the tensor cores' own precision
-        (``engine.fused.fp8``). fp16/bf16 batches of at most ``small_batch_max_tokens`` tokens (None: none)
+        (``engine.fused.fp8``); ``fp8_calibration`` (a :class:`Calibration` or its JSON
+        file, e.g. from ``python -m training.calibrate``) calibrates at construction.
+        fp16/bf16 batches of at most ``small_batch_max_tokens`` tokens (None: none)
         take the small-batch path (all-Triton GEMMs, split-K, programmatic dependent launch
         if ``pdl`` and the GPU has it; with ``prefetch`` each GEMM pulls its weight slice
         into L2, and GEMMs and attention their biases into L1, before waiting; see
@@ -164,6 +167,10 @@ class FusedEngine:
         self._graphs = GraphCache(self._forward, self.device) if self.cuda_graphs else None
         self._recorder: AmaxRecorder | None = None
         self._lock = threading.Lock()
+        self.calibration: Calibration | None = None
+        if fp8_calibration is not None:
+            self.load_calibration(fp8_calibration if isinstance(fp8_calibration, Calibration)
+                                  else Calibration.load(Path(fp8_calibration)))
 
     # ------------------------------------------------------------------ construction
 
@@ -216,12 +223,39 @@ class FusedEngine:
     def _forward(self, ids: torch.Tensor, tt: torch.Tensor, pos: torch.Tensor, cu: torch.Tensor,
                  n_seqs: int, max_seqlen: int) -> torch.Tensor:
         if self._recorder is not None:  # un-quantized, FFN1 unfused: every activation seen
-            opts = replace(self.options, fp8_min_tokens=1 << 62, small_batch_max_tokens=None,
+            opts = replace(self.options, fp8_min_tokens=1 << 62,
+                           fp8_calibrated_min_tokens=1 << 62, small_batch_max_tokens=None,
                            ffn1_fused_max_tokens=None)
             return encode_packed(self.weights, self._recorder, ids, tt, pos, cu,  # type: ignore[arg-type]
                                  n_seqs, max_seqlen, opts)
         return encode_packed(self.weights, self.ops, ids, tt, pos, cu, n_seqs, max_seqlen,
                              self.options)
+
+    def _check_calibratable(self) -> None:
+        if not self.fp8 or self.weights.fp8_blocks:
+            raise ValueError("calibration needs an FP8 engine with row-wise scales "
+                             "(dtype='fp8', fp8_scaling='rows')")
+        if self.device.type == "cuda":
+            from engine.fused import cublaslt
+
+            if not cublaslt.available():
+                raise RuntimeError("calibrated FP8 needs cuBLASLt and an sm_89+ GPU")
+
+    def load_calibration(self, calibration: Calibration) -> None:
+        """Use these static FP8 scales from now on (graphs are re-captured)."""
+        self._check_calibratable()
+        layers = calibration.layers_for(self.weights)
+        with self._lock:
+            self.weights = replace(self.weights, calibrated=layers)
+            self.calibration = calibration
+            if self._graphs is not None:
+                self._graphs = GraphCache(self._forward, self.device)
+
+    def save_calibration(self, path: Path) -> None:
+        """Write the calibration in use as JSON (:meth:`load_calibration`'s input)."""
+        if self.calibration is None:
+            raise ValueError("this engine is not calibrated")
+        self.calibration.save(Path(path))
 
     @contextmanager
     def calibrating(self, margin: float = CALIBRATION_MARGIN) -> Iterator[None]:
@@ -229,29 +263,19 @@ class FusedEngine:
         point; e.g. a few hundred windows of real text), then use them.
 
         Inside, passes run un-quantized and without graphs, and record the magnitudes of
-        QKV's, FFN1's and FFN2's inputs per layer; on leaving, those GEMMs run with
+        every FP8 GEMM's input per layer; on leaving, the large path runs every GEMM with
         per-tensor scales from ``fp8_calibrated_min_tokens`` tokens up, FFN1 + bias + GELU
         + e4m3 as one cuBLASLt GEMM (``engine.fused.fp8``, "Calibrated"), and the graphs
         are re-captured. Needs FP8 weights with row-wise scales."""
-        if not self.fp8 or self.weights.fp8_blocks:
-            raise ValueError("calibration needs an FP8 engine with row-wise scales "
-                             "(dtype='fp8', fp8_scaling='rows')")
-        if self.device.type == "cuda":  # fail before the passes, not after them
-            from engine.fused import cublaslt
-
-            if not cublaslt.available():
-                raise RuntimeError("calibrated FP8 needs cuBLASLt and an sm_89+ GPU")
+        self._check_calibratable()  # before the passes, not after them
         with self._lock:
             self._recorder = AmaxRecorder(self.ops, replace(self.weights, calibrated=None))
         try:
             yield
-            with self._lock:
-                cal = self._recorder.calibrated(self.weights, margin)
-                self.weights = replace(self.weights, calibrated=cal)
-                if self._graphs is not None:
-                    self._graphs = GraphCache(self._forward, self.device)
+            recorded = self._recorder.calibration(margin)
         finally:
             self._recorder = None
+        self.load_calibration(recorded)
 
     def calibrate(self, input_ids: Int32Array, attention_mask: Int32Array,
                   token_type_ids: Int32Array, margin: float = CALIBRATION_MARGIN) -> None:

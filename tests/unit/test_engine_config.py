@@ -120,3 +120,73 @@ def test_calibration_covers_every_fp8_gemm_and_applies_from_its_threshold() -> N
     for a, b in zip(got, before, strict=True):
         assert not np.array_equal(a, b)
         assert np.abs(a - b).max() < 0.1 * np.abs(b).max()
+
+
+def test_calibration_saves_loads_and_serves_through_engine_config(tmp_path: Path) -> None:
+    """``python -m training.calibrate`` writes a calibration that, loaded through
+    ``BERT_QA_FP8_CALIBRATION`` (``EngineConfig``), gives the same logits as the engine
+    calibrated in process; re-calibrating a calibrated engine records the same
+    magnitudes (its passes run un-quantized)."""
+    pytest.importorskip("torch")
+    from engine.fused.calibration import Calibration
+    from training import calibrate
+
+    model = REPO_ROOT / "models" / "minilm-l6-squad"
+    path = tmp_path / "cal.json"
+    cal = calibrate.main(["--model-dir", str(model), "--data",
+                          str(REPO_ROOT / "data" / "train-subset-v1.1.json.xz"),
+                          "--questions", "12", "--device", "cpu", "--out", str(path)])
+    assert Calibration.load(path) == cal
+    config = EngineConfig.resolve({"engine": "fused", "device": "cpu", "dtype": "fp8"},
+                                  env={"BERT_QA_FP8_CALIBRATION": str(path)})
+    served = config.build()
+    assert served.calibration == cal  # type: ignore[attr-defined]
+    rng = np.random.default_rng(5)
+    ids = rng.integers(1000, 20000, (2, 100)).astype(np.int32)
+    mask, tt = np.ones_like(ids), np.zeros_like(ids)
+    from engine.fused.engine import FusedEngine
+
+    fresh = FusedEngine.from_pretrained(model, device="cpu", dtype="fp8")
+    fresh.load_calibration(cal)
+    for a, b in zip(served.infer(ids, mask, tt), fresh.infer(ids, mask, tt), strict=True):
+        assert np.array_equal(a, b)
+    with fresh.calibrating():  # already calibrated: the recording must not quantize
+        fresh.infer(ids, mask, tt)
+    again = fresh.calibration
+    with served.calibrating():  # type: ignore[attr-defined]
+        served.infer(ids, mask, tt)
+    assert again == served.calibration  # type: ignore[attr-defined]
+    plain = FusedEngine.from_pretrained(model, device="cpu", dtype="fp8")
+    with plain.calibrating():
+        plain.infer(ids, mask, tt)
+    assert plain.calibration == again
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("not json", "cannot read"),
+        ('{"format": "other"}', "not an FP8 calibration"),
+        ('{"format": "qa-fp8-calibration/1", "margin": 4}', "malformed"),
+        ('{"format": "qa-fp8-calibration/1", "margin": 4, "amax": {"qkv": [1.0]}}',
+         "holds amax for"),
+        ('{"format": "qa-fp8-calibration/1", "margin": 4, "amax": {"qkv": [1.0], '
+         '"attn_out": [1.0], "ffn_in": [1.0], "ffn_out": [0.0]}}', "finite and positive"),
+        ('{"format": "qa-fp8-calibration/1", "margin": 4, "amax": {"qkv": [1.0], '
+         '"attn_out": [1.0], "ffn_in": [1.0], "ffn_out": [1.0]}}', "for 1 layers"),
+    ],
+)
+def test_bad_calibration_files_are_clear_errors(tmp_path: Path, text: str, message: str) -> None:
+    pytest.importorskip("torch")
+    from engine.fused.engine import FusedEngine
+
+    path = tmp_path / "cal.json"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=message):
+        FusedEngine.from_pretrained(REPO_ROOT / "models" / "minilm-l6-squad", device="cpu",
+                                    dtype="fp8", fp8_calibration=path)
+
+
+def test_fp8_calibration_is_refused_for_other_engines() -> None:
+    with pytest.raises(ValueError, match="fused engine only"):
+        EngineConfig(engine="reference", fp8_calibration=Path("cal.json")).build()
