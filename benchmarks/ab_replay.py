@@ -12,7 +12,7 @@ with the first variant's.
 
 ``--shape mixN`` runs N windows with SQuAD dev lengths (``bench_gpu.squad_lengths``);
 ``--dtype fp8`` builds the e4m3 engine; a variant's ``"fp8_scaling": "blocks"`` packs its
-own block-scaled weights, and ``"calibrate": true`` calibrates its FFN1 scales
+own block-scaled weights, and ``"calibrate": true`` calibrates its static FP8 scales
 (``FusedEngine.calibrate``) on 256 other windows of the same lengths first.
 ``--set NAME:module.ATTR=VALUE`` sets a module constant (a Python literal) while variant
 NAME's graph is captured, and restores it after: launch choices that are not engine

@@ -93,7 +93,7 @@ def _regrid(weights: Any, factor: float, rows_per_tensor: bool = False) -> Any:
     cal = []
     for c, ly in zip(weights.calibrated or (), weights.layers, strict=False):
         lins = {}
-        for name in ("qkv", "ffn_in", "ffn_out"):
+        for name in ("qkv", "attn_out", "ffn_in", "ffn_out"):
             w = getattr(ly, name).weight
             w8, scale = rounded(w, w.shape[0])
             lins[name] = replace(getattr(c, name), w8=w8, w_scale=scale.reshape(1))
@@ -127,6 +127,7 @@ def main() -> None:
     from engine.registry import load_engine
     from service.decoding import DecodeSpec
     from service.windowing import QATokenizer, WindowSpec
+    from training.calibrate import calibrate_on
     from training.features import predict_with_margins
     from training.squad import load_examples, score
 
@@ -150,10 +151,7 @@ def main() -> None:
         dtype = "float16" if scheme == "fp16" else "fp8"
         base = FusedEngine.from_pretrained(CHECKPOINT, device="cuda", dtype=dtype)
         if scheme.startswith("calibrated"):
-            margin = {} if args.margin is None else {"margin": args.margin}
-            with base.calibrating(**margin):
-                predict_with_margins(load_examples(TRAIN_SET)[:512], tok, base.infer, spec,
-                                     decode, 64)
+            calibrate_on(base, load_examples(TRAIN_SET)[:512], tok, spec, args.margin)
         return FusedEngine(_regrid(base.weights, grid, scheme == "rows_wtensor"), "cuda",
                            fp8_fast_accum=not scheme.endswith("_exact"),
                            cuda_graphs=scheme != "calibrated_erf")

@@ -46,12 +46,13 @@ class EngineConfig:
         return cls(**values)  # type: ignore[arg-type]
 
     def build(self) -> QAEngine:
+        if self.fp8_calibration is not None and self.engine != "fused":
+            raise ValueError("fp8_calibration applies to the fused engine only "
+                             f"(BERT_QA_ENGINE is {self.engine!r})")
         if self.engine == "onnx":
             return load_engine("onnx", self.onnx, threads=str(self.threads))
         options = {"dtype": self.dtype}
         if self.fp8_calibration is not None:
-            if self.engine != "fused":
-                raise ValueError("fp8_calibration applies to the fused engine only")
             options["fp8_calibration"] = str(self.fp8_calibration)
         return load_engine(self.engine, self.model_dir, device=self.device, **options)
 

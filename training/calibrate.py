@@ -15,16 +15,20 @@ on (the training subset, not the dev set). Accuracy cost measured on the H200:
 from __future__ import annotations
 
 import argparse
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
 
-from engine.fused.calibration import CALIBRATION_MARGIN, GEMMS, Calibration
 from service.decoding import DecodeSpec
 from service.windowing import QATokenizer, WindowSpec
 from training.features import predict_with_margins
-from training.squad import load_examples
+from training.squad import Example, load_examples
+
+if TYPE_CHECKING:
+    from engine.fused.calibration import Calibration
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -33,8 +37,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--data", type=Path, required=True, help="SQuAD JSON (.json or .json.xz)")
     p.add_argument("--out", type=Path, required=True, help="calibration JSON to write")
     p.add_argument("--questions", type=int, default=512)
-    p.add_argument("--margin", type=float, default=CALIBRATION_MARGIN,
-                   help="scale = margin x amax / 448 (room for larger activations)")
+    p.add_argument("--margin", type=float, default=None,
+                   help="scale = margin x amax / 448, room for larger activations "
+                        "(default: engine.fused.calibration.CALIBRATION_MARGIN, 4)")
     p.add_argument("--device", default="cuda")
     p.add_argument("--batch-windows", type=int, default=64)
     p.add_argument("--max-seq-len", type=int, default=384)
@@ -42,20 +47,33 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.questions < 1:
         p.error("--questions must be at least 1")
+    if args.margin is not None and not args.margin > 0:
+        p.error("--margin must be positive")
     return args
+
+
+def calibrate_on(engine: Any, examples: Sequence[Example], tok: QATokenizer,
+                 spec: WindowSpec, margin: float | None = None, batch_windows: int = 64) -> None:
+    """Calibrate ``engine`` (anything with ``calibrating()``, i.e. the fused engine) on
+    the windows of ``examples``, cut and batched as evaluation cuts them."""
+    calibrating = getattr(engine, "calibrating", None)
+    if calibrating is None:
+        raise ValueError(f"the {engine.name} engine has no FP8 calibration")
+    with calibrating(*(() if margin is None else (margin,))):
+        predict_with_margins(examples, tok, engine.infer, spec, DecodeSpec(), batch_windows)
 
 
 def main(argv: list[str] | None = None) -> Calibration:
     args = parse_args(argv)
+    from engine.fused.calibration import GEMMS
     from engine.fused.engine import FusedEngine
 
     examples = load_examples(args.data)[: args.questions]
     tok = QATokenizer.from_dir(args.model_dir)
     engine = FusedEngine.from_pretrained(args.model_dir, device=args.device, dtype="fp8")
-    with engine.calibrating(args.margin):
-        predict_with_margins(examples, tok, engine.infer,
-                             WindowSpec(max_seq_len=args.max_seq_len, overlap=args.overlap),
-                             DecodeSpec(), args.batch_windows)
+    calibrate_on(engine, examples, tok,
+                 WindowSpec(max_seq_len=args.max_seq_len, overlap=args.overlap), args.margin,
+                 args.batch_windows)
     engine.save_calibration(args.out)
     cal = engine.calibration
     assert cal is not None

@@ -21,6 +21,7 @@ from rich.table import Table
 from engine.registry import ENGINES, load_engine
 from service.decoding import DecodeSpec
 from service.windowing import QATokenizer, WindowSpec
+from training.calibrate import calibrate_on
 from training.features import predict_with_margins
 from training.squad import Score, best_threshold, load_examples, score
 
@@ -45,7 +46,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="fused engine keyword, e.g. small_batch_max_tokens=512 (repeatable)")
     p.add_argument("--limit", type=int, default=0, help="first N questions only")
     p.add_argument("--calibrate-with", type=Path, default=None, metavar="SQUAD_JSON",
-                   help="fused FP8: calibrate FFN1 scales on these questions first "
+                   help="fused FP8: calibrate static FP8 scales on these questions first "
                         "(FusedEngine.calibrating); use data the scores are not taken on")
     p.add_argument("--calibrate-questions", type=int, default=512)
     p.add_argument("--calibrate-margin", type=float, default=None,
@@ -71,14 +72,11 @@ def main(argv: list[str] | None = None) -> Score:
     decode_spec = DecodeSpec(max_answer_len=args.max_answer_len,
                              no_answer_threshold=args.no_answer_threshold)
     if args.calibrate_with is not None:
-        calibrating = getattr(engine, "calibrating", None)
-        if calibrating is None:
-            raise SystemExit(f"--calibrate-with: the {engine.name} engine has no calibration")
-        cal_examples = load_examples(args.calibrate_with)[: args.calibrate_questions]
-        margin = {} if args.calibrate_margin is None else {"margin": args.calibrate_margin}
-        with calibrating(**margin):
-            predict_with_margins(cal_examples, tok, engine.infer, spec, decode_spec,
-                                 args.batch_windows)
+        try:
+            calibrate_on(engine, load_examples(args.calibrate_with)[: args.calibrate_questions],
+                         tok, spec, args.calibrate_margin, args.batch_windows)
+        except ValueError as exc:
+            raise SystemExit(f"--calibrate-with: {exc}") from exc
     started = time.perf_counter()
     full = predict_with_margins(examples, tok, engine.infer, spec, decode_spec, args.batch_windows)
     seconds = time.perf_counter() - started

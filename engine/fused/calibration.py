@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -31,81 +31,90 @@ from engine.fused.weights import BertQAWeights
 CALIBRATION_MARGIN = 4.0
 
 
+GEMMS = ("qkv", "attn_out", "ffn_in", "ffn_out")
+
+
 class AmaxRecorder:
     """An op set that records the FP8 GEMMs' input magnitudes per layer and otherwise
-    forwards every call to ``ops``. Layers are told apart by their parameters' storage
-    (LayerNorm gammas, FFN1's bias), so the recording does not depend on call order."""
+    forwards every call to ``ops``. Each output is told apart by the parameters it was
+    computed with: the embeddings' LayerNorm (a pass's first call) and each LayerNorm's
+    gamma (LN2 of layer i feeds QKV of layer i + 1, LN1 feeds FFN1), the QKV bias
+    (attention feeds the out-projection) and FFN1's bias (its GELU feeds FFN2); so the
+    recording does not depend on call order. Passes must cover whole sequences (no rows
+    outside them: ``FusedEngine`` trims them while calibrating)."""
 
     def __init__(self, ops: ModuleType, weights: BertQAWeights) -> None:
         self._ops = ops
         layers = weights.layers
-        # QKV of layer i + 1 reads layer i's second LayerNorm; layer 0's, the embeddings'.
         self._ln2 = {ly.ln2_weight.data_ptr(): i + 1 for i, ly in enumerate(layers[:-1])}
         self._ln1 = {ly.ln1_weight.data_ptr(): i for i, ly in enumerate(layers)}
         self._b1 = {ly.ffn_in.bias.data_ptr(): i for i, ly in enumerate(layers)}
         self._bqkv = {ly.qkv.bias.data_ptr(): i for i, ly in enumerate(layers)}
         dev = layers[0].ffn_in.bias.device
-        self.qkv_amax = torch.zeros(len(layers), device=dev)
-        self.ctx_amax = torch.zeros(len(layers), device=dev)
-        self.x_amax = torch.zeros(len(layers), device=dev)
-        self.h_amax = torch.zeros(len(layers), device=dev)
+        self.amax = {g: torch.zeros(len(layers), device=dev) for g in GEMMS}
+        self.model = model_shape(weights)
         self.passes = 0
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._ops, name)
 
-    def _record(self, store: torch.Tensor, i: int | None, y: torch.Tensor | None) -> None:
+    def _record(self, gemm: str, i: int | None, y: torch.Tensor | None) -> None:
         if i is not None and y is not None:
+            store = self.amax[gemm]
             store[i] = torch.maximum(store[i], y.abs().amax().float())
 
     def embed_layernorm(self, *args: Any, **kwargs: Any) -> Any:
         out, q = self._ops.embed_layernorm(*args, **kwargs)
         self.passes += 1
-        self._record(self.qkv_amax, 0, out)
+        self._record("qkv", 0, out)
         return out, q
 
     def attention_varlen(self, qkv: torch.Tensor, qkv_bias: torch.Tensor,
                          *args: Any, **kwargs: Any) -> Any:
         out = self._ops.attention_varlen(qkv, qkv_bias, *args, **kwargs)
-        self._record(self.ctx_amax, self._bqkv.get(qkv_bias.data_ptr()), out)
+        self._record("attn_out", self._bqkv.get(qkv_bias.data_ptr()), out)
         return out
 
     def bias_residual_layernorm(self, a: torch.Tensor, bias: torch.Tensor,
                                 residual: torch.Tensor, gamma: torch.Tensor,
                                 *args: Any, **kwargs: Any) -> Any:
         out, q = self._ops.bias_residual_layernorm(a, bias, residual, gamma, *args, **kwargs)
-        self._record(self.x_amax, self._ln1.get(gamma.data_ptr()), out)
-        self._record(self.qkv_amax, self._ln2.get(gamma.data_ptr()), out)
+        self._record("ffn_in", self._ln1.get(gamma.data_ptr()), out)
+        self._record("qkv", self._ln2.get(gamma.data_ptr()), out)
         return out, q
 
     def bias_gelu(self, h: torch.Tensor, bias: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
         out, q = self._ops.bias_gelu(h, bias, *args, **kwargs)
-        self._record(self.h_amax, self._b1.get(bias.data_ptr()), out)
+        self._record("ffn_out", self._b1.get(bias.data_ptr()), out)
         return out, q
 
     def calibration(self, margin: float = CALIBRATION_MARGIN) -> Calibration:
         """What was recorded, as a :class:`Calibration` (``margin`` kept with it)."""
-        if self.passes == 0 or not bool((self.h_amax > 0).all()):
+        if self.passes == 0 or not bool((self.amax["ffn_out"] > 0).all()):
             raise RuntimeError("no calibration pass was recorded (did FFN1 run unfused?)")
-        amax = {"qkv": self.qkv_amax, "attn_out": self.ctx_amax, "ffn_in": self.x_amax,
-                "ffn_out": self.h_amax}
-        return Calibration({k: [float(v) for v in t.tolist()] for k, t in amax.items()},
-                           margin, self.passes)
+        return Calibration({g: [float(v) for v in t.tolist()] for g, t in self.amax.items()},
+                           margin, self.passes, self.model)
 
 
-GEMMS = ("qkv", "attn_out", "ffn_in", "ffn_out")
+def model_shape(weights: BertQAWeights) -> dict[str, int]:
+    """What a calibration must match: layers, hidden and intermediate sizes."""
+    cfg = weights.config
+    return {"num_layers": cfg.num_layers, "hidden_size": cfg.hidden_size,
+            "intermediate_size": cfg.intermediate_size}
 
 
 @dataclass(frozen=True)
 class Calibration:
     """Per layer, the largest |input| seen by each FP8 GEMM (``GEMMS``) on calibration
-    data, the margin its scales take, and how many passes it saw. Saved as JSON (a
-    calibration cache, as TensorRT keeps one): calibrate once, load at engine start
+    data, the margin its scales take, how many passes it saw and the shape of the model it
+    was taken on (:func:`model_shape`; empty: not checked). Saved as JSON (a calibration
+    cache, as TensorRT keeps one): calibrate once, load at engine start
     (``FusedEngine(..., fp8_calibration=PATH)``)."""
 
     amax: dict[str, list[float]]
     margin: float = CALIBRATION_MARGIN
     passes: int = 0
+    model: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if set(self.amax) != set(GEMMS):
@@ -125,8 +134,9 @@ class Calibration:
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"format": _FORMAT, "margin": self.margin,
-                                    "passes": self.passes, "amax": self.amax}, indent=1))
+        path.write_text(json.dumps({"format": _FORMAT, "model": self.model,
+                                    "margin": self.margin, "passes": self.passes,
+                                    "amax": self.amax}, indent=1))
 
     @classmethod
     def load(cls, path: Path) -> Calibration:
@@ -138,10 +148,15 @@ class Calibration:
         if not isinstance(raw, dict) or raw.get("format") != _FORMAT:
             raise ValueError(f"{path} is not an FP8 calibration ({_FORMAT})")
         try:
-            return cls({k: [float(a) for a in v] for k, v in raw["amax"].items()},
-                       float(raw["margin"]), int(raw.get("passes", 0)))
-        except (KeyError, TypeError, AttributeError) as exc:
-            raise ValueError(f"malformed FP8 calibration {path}: {exc!r}") from exc
+            amax, model = raw["amax"], raw.get("model", {})
+            if not (isinstance(amax, dict) and isinstance(model, dict)
+                    and all(isinstance(v, list) for v in amax.values())):
+                raise TypeError("amax must map GEMM names to lists, model names to sizes")
+            return cls({k: [float(a) for a in v] for k, v in amax.items()},
+                       float(raw["margin"]), int(raw.get("passes", 0)),
+                       {k: int(v) for k, v in model.items()})
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"malformed FP8 calibration {path}: {exc}") from exc
 
     def layers_for(self, weights: BertQAWeights) -> tuple[CalibratedLayer, ...]:
         """Per-layer calibrated GEMMs of ``weights``: activation scales ``margin * amax /
@@ -149,6 +164,10 @@ class Calibration:
         if self.layers != len(weights.layers):
             raise ValueError(f"calibration is for {self.layers} layers, "
                              f"the model has {len(weights.layers)}")
+        shape = model_shape(weights)
+        if self.model and self.model != shape:
+            raise ValueError(f"calibration was taken on a model of shape {self.model}, "
+                             f"this one is {shape}")
         dev = weights.layers[0].qkv.weight.device
 
         def scale(gemm: str, i: int) -> torch.Tensor:

@@ -119,7 +119,8 @@ class FusedEngine:
         gemm_plans: dict[str, GemmPlan] | None = None,
     ) -> None:
         """FP8 weights (if packed) are used for batches of at least ``fp8_min_tokens``
-        tokens, and once calibrated (:meth:`calibrating`) from ``fp8_calibrated_min_tokens``;
+        tokens, and once calibrated (:meth:`calibrating`) from ``fp8_calibrated_min_tokens``
+        (static FP8 then takes precedence over the small-batch path);
         ``fp8_fast_accum`` lets their GEMMs accumulate in the tensor cores' own precision
         (``engine.fused.fp8``); ``fp8_calibration`` (a :class:`Calibration` or its JSON
         file, e.g. from ``python -m training.calibrate``) calibrates at construction.
@@ -222,12 +223,17 @@ class FusedEngine:
 
     def _forward(self, ids: torch.Tensor, tt: torch.Tensor, pos: torch.Tensor, cu: torch.Tensor,
                  n_seqs: int, max_seqlen: int) -> torch.Tensor:
-        if self._recorder is not None:  # un-quantized, FFN1 unfused: every activation seen
+        recorder = self._recorder  # the caller holds the lock
+        if recorder is not None:  # un-quantized, FFN1 unfused: every activation seen
             opts = replace(self.options, fp8_min_tokens=1 << 62,
                            fp8_calibrated_min_tokens=1 << 62, small_batch_max_tokens=None,
                            ffn1_fused_max_tokens=None)
-            return encode_packed(self.weights, self._recorder, ids, tt, pos, cu,  # type: ignore[arg-type]
-                                 n_seqs, max_seqlen, opts)
+            real = int(cu[-1])  # rows past the last sequence hold no token: not recorded
+            logits = torch.zeros((2, ids.shape[0]), device=ids.device, dtype=torch.float32)
+            logits[:, :real] = encode_packed(
+                self.weights, recorder, ids[:real], tt[:real], pos[:real], cu,  # type: ignore[arg-type]
+                n_seqs, max_seqlen, opts)
+            return logits
         return encode_packed(self.weights, self.ops, ids, tt, pos, cu, n_seqs, max_seqlen,
                              self.options)
 
@@ -254,7 +260,8 @@ class FusedEngine:
     def save_calibration(self, path: Path) -> None:
         """Write the calibration in use as JSON (:meth:`load_calibration`'s input)."""
         if self.calibration is None:
-            raise ValueError("this engine is not calibrated")
+            raise ValueError("this engine has no calibration to save: calibrate it "
+                             "(calibrating()) or build it with fp8_calibration=")
         self.calibration.save(Path(path))
 
     @contextmanager
@@ -268,14 +275,17 @@ class FusedEngine:
         + e4m3 as one cuBLASLt GEMM (``engine.fused.fp8``, "Calibrated"), and the graphs
         are re-captured. Needs FP8 weights with row-wise scales."""
         self._check_calibratable()  # before the passes, not after them
-        with self._lock:
-            self._recorder = AmaxRecorder(self.ops, replace(self.weights, calibrated=None))
+        with self._lock:  # every pass holds the lock: none sees half a switch
+            if self._recorder is not None:
+                raise RuntimeError("this engine is already calibrating")
+            recorder = self._recorder = AmaxRecorder(self.ops,
+                                                     replace(self.weights, calibrated=None))
         try:
             yield
-            recorded = self._recorder.calibration(margin)
         finally:
-            self._recorder = None
-        self.load_calibration(recorded)
+            with self._lock:
+                self._recorder = None
+        self.load_calibration(recorder.calibration(margin))
 
     def calibrate(self, input_ids: Int32Array, attention_mask: Int32Array,
                   token_type_ids: Int32Array, margin: float = CALIBRATION_MARGIN) -> None:

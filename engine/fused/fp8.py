@@ -53,7 +53,8 @@ BLOCK = 128  # block-wise scaling: columns per activation scale, rows and column
 @dataclass(frozen=True)
 class Quantized:
     """``data * scale ~= x``: ``data`` [rows, cols] e4m3; ``scale`` [rows, 1] float32, or
-    with ``blocks`` [cols/128, rows rounded up to 4] (see the module docstring)."""
+    with ``blocks`` [cols/128, rows rounded up to 4], or [1] (one calibrated scale for the
+    tensor; see the module docstring)."""
 
     data: torch.Tensor
     scale: torch.Tensor

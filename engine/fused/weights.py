@@ -13,7 +13,9 @@ at load:
   output row (``w ~= w8 * scale``), or with ``fp8_blocks=True`` one per 128x128 block
   (``engine.fused.fp8``). The attention-output projection stays in the model
   dtype: its input comes straight from the attention kernel, which has no whole-row view
-  to compute a per-token scale from;
+  to compute a per-token scale from. Calibration (``calibrated``) adds a per-tensor
+  e4m3 copy of all four, the out-projection included (attention then writes e4m3 with a
+  calibrated scale);
 - every layer's matrices live in one buffer and its vectors in another (``FlatLayers``),
   layer after layer at a fixed stride, and the per-layer tensors are views into them: the
   persistent kernel finds any layer's weights from two base pointers, and a layer's
@@ -130,9 +132,10 @@ class BertQAWeights:
     folded: tuple[FoldedLayer, ...] | None = None
     fp8_blocks: bool = False  # the e4m3 copies are block-scaled (engine.fused.fp8)
     # The FP8 GEMMs with calibrated per-tensor scales (engine.fused.calibration), per
-    # layer: added by ``FusedEngine.calibrating``; used by the large path from
-    # ``fp8_calibrated_min_tokens`` tokens. A third copy of every matrix (e4m3,
-    # beside the row-scaled one: BERT-large 302 MB).
+    # layer: added by ``FusedEngine.load_calibration`` (``calibrating()``,
+    # ``fp8_calibration=``); used by the large path from ``fp8_calibrated_min_tokens``
+    # tokens. Another e4m3 copy of every matrix (beside the row-scaled copies of QKV and
+    # the FFN, which calibrated passes do not read: BERT-large 302 MB).
     calibrated: tuple[CalibratedLayer, ...] | None = None
 
     @property

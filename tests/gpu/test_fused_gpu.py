@@ -212,10 +212,12 @@ def test_cublaslt_fast_accum_and_every_algorithm_match_spec() -> None:
 
 @pytest.mark.parametrize("graphs", [True, False])
 def test_calibrated_fp8_ffn_parity(graphs: bool) -> None:
-    """FP8 with calibrated static scales (QKV, FFN1 and FFN2 per-tensor through cuBLASLt,
-    FFN1 + bias + GELU + e4m3 as one GEMM), calibrated on other windows, against HF fp32
-    and the row-scaled FP8 engine, with and without CUDA graphs, at 1x160 tokens (FP8 only
-    once calibrated) and 40 windows of up to 384."""
+    """FP8 with calibrated static scales (every GEMM per-tensor through cuBLASLt, attention
+    writing e4m3, FFN1 + bias + GELU + e4m3 as one GEMM), calibrated on other windows,
+    against HF fp32 and the row-scaled FP8 engine, with and without CUDA graphs, at 1x160
+    tokens (FP8 only once calibrated) and 40 windows of up to 384; the static path must
+    have run (logits differ from the same engine with it switched off), and an engine
+    built from the saved calibration must give the same logits."""
     from engine.fused.config import BertQAConfig
     from engine.fused.engine import FusedEngine
 
@@ -237,6 +239,14 @@ def test_calibrated_fp8_ffn_parity(graphs: bool) -> None:
                 for name, e in (("rows", rows), ("calibrated", cal))}
         assert errs["calibrated"] < 0.15
         assert errs["calibrated"] < 2 * errs["rows"] + 0.02
+        static_off = FusedEngine(cal.weights, "cuda", cuda_graphs=graphs,
+                                 max_graph_tokens=16384, fp8_calibrated_min_tokens=1 << 30)
+        assert not np.array_equal(cal.infer(ids, mask, tt)[0], static_off.infer(ids, mask, tt)[0])
+        assert cal.calibration is not None
+        loaded = FusedEngine(rows.weights, "cuda", cuda_graphs=graphs, max_graph_tokens=16384,
+                             fp8_calibration=cal.calibration)
+        for a, b in zip(loaded.infer(ids, mask, tt), cal.infer(ids, mask, tt), strict=True):
+            assert np.array_equal(a, b)
 
 
 def test_graph_and_eager_agree_across_buckets() -> None:

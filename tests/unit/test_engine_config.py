@@ -187,6 +187,7 @@ def test_bad_calibration_files_are_clear_errors(tmp_path: Path, text: str, messa
                                     dtype="fp8", fp8_calibration=path)
 
 
-def test_fp8_calibration_is_refused_for_other_engines() -> None:
+@pytest.mark.parametrize("engine", ["onnx", "reference"])
+def test_fp8_calibration_is_refused_for_other_engines(engine: str) -> None:
     with pytest.raises(ValueError, match="fused engine only"):
-        EngineConfig(engine="reference", fp8_calibration=Path("cal.json")).build()
+        EngineConfig(engine=engine, fp8_calibration=Path("cal.json")).build()

@@ -482,7 +482,8 @@ def _check_tiny_bert(dtype: str, small_batch: bool = True, splits: int | None = 
     FFN2 alone when ``deferred_ln``, which runs it without LayerNorm kernels) unless
     ``small_batch`` is off (cuBLAS-path code: torch.mm + epilogue kernels).
     ``fp8_scaling="blocks"`` needs widths in multiples of 128: hidden 128 then.
-    ``calibrate``: QKV, FFN1 and FFN2 with calibrated per-tensor scales, from another batch."""
+    ``calibrate``: every GEMM with calibrated per-tensor scales (attention writing e4m3),
+    from another batch."""
     import torch
 
     from engine.fused.engine import PAD_LOGIT, FusedEngine
