@@ -174,6 +174,11 @@ def test_calibration_saves_loads_and_serves_through_engine_config(tmp_path: Path
          '"attn_out": [1.0], "ffn_in": [1.0], "ffn_out": [0.0]}}', "finite and positive"),
         ('{"format": "qa-fp8-calibration/1", "margin": 4, "amax": {"qkv": [1.0], '
          '"attn_out": [1.0], "ffn_in": [1.0], "ffn_out": [1.0]}}', "for 1 layers"),
+        ('{"format": "qa-fp8-calibration/1", "margin": 4, "amax": {"qkv": "12", '
+         '"attn_out": "12", "ffn_in": "12", "ffn_out": "12"}}', "lists"),
+        ('{"format": "qa-fp8-calibration/1", "margin": 4, "model": {"hidden_size": 1024}, '
+         '"amax": {"qkv": [1, 1, 1, 1, 1, 1], "attn_out": [1, 1, 1, 1, 1, 1], '
+         '"ffn_in": [1, 1, 1, 1, 1, 1], "ffn_out": [1, 1, 1, 1, 1, 1]}}', "shape"),
     ],
 )
 def test_bad_calibration_files_are_clear_errors(tmp_path: Path, text: str, message: str) -> None:
@@ -191,3 +196,20 @@ def test_bad_calibration_files_are_clear_errors(tmp_path: Path, text: str, messa
 def test_fp8_calibration_is_refused_for_other_engines(engine: str) -> None:
     with pytest.raises(ValueError, match="fused engine only"):
         EngineConfig(engine=engine, fp8_calibration=Path("cal.json")).build()
+
+
+def test_calibrating_cannot_nest_and_leaves_the_engine_usable() -> None:
+    pytest.importorskip("torch")
+    from engine.fused.engine import FusedEngine
+
+    engine = FusedEngine.from_pretrained(REPO_ROOT / "models" / "minilm-l6-squad",
+                                         device="cpu", dtype="fp8", backend="torch")
+    ids = np.full((1, 40), 2000, dtype=np.int32)
+    mask, tt = np.ones_like(ids), np.zeros_like(ids)
+    before = engine.infer(ids, mask, tt)
+    with (pytest.raises(RuntimeError, match="already calibrating"), engine.calibrating(),
+          engine.calibrating()):
+        pass
+    assert engine._recorder is None and engine.calibration is None
+    assert all(np.array_equal(a, b) for a, b in zip(engine.infer(ids, mask, tt), before,
+                                                     strict=True))
