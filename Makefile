@@ -12,7 +12,10 @@ ONNX := $(ONNX_DIR)/model-fused.onnx
 TEST_TOOLS := build/.test-tools
 PYTEST := $(BIN)/python -m pytest
 
-.PHONY: run gateway test test-all test-gpu accuracy lint venv model loadtest bench-cpu clean
+FP8_CALIBRATION := build/fp8-calibration/minilm-l6-squad.json
+
+.PHONY: run gateway test test-all test-gpu accuracy lint venv model loadtest bench-cpu clean \
+	fp8-calibration
 
 run: $(STAMP) $(ONNX)  ## Triton (CPU engine) + gateway on :8080
 	$(BIN)/python -m service.launcher
@@ -58,6 +61,12 @@ loadtest: $(STAMP) $(ONNX)  ## capacity at SLO against a locally started service
 
 bench-cpu: $(STAMP) $(ONNX)
 	$(BIN)/python -m benchmarks.bench_cpu
+
+fp8-calibration: $(FP8_CALIBRATION)  ## static FP8 scales of the shipped model (BERT_QA_FP8_CALIBRATION)
+
+$(FP8_CALIBRATION): $(STAMP) $(MODEL)/model.safetensors
+	$(BIN)/python -m training.calibrate --model-dir $(MODEL) \
+		--data data/train-subset-v1.1.json.xz --out $@
 
 clean:
 	rm -rf build

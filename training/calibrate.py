@@ -40,7 +40,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--margin", type=float, default=None,
                    help="scale = margin x amax / 448, room for larger activations "
                         "(default: engine.fused.calibration.CALIBRATION_MARGIN, 4)")
-    p.add_argument("--device", default="cuda")
+    p.add_argument("--device", default=None,
+                   help="cuda or cpu (default: cuda where there is one; either gives the same "
+                        "scales to rounding: calibration passes are un-quantized)")
     p.add_argument("--batch-windows", type=int, default=64)
     p.add_argument("--max-seq-len", type=int, default=384)
     p.add_argument("--overlap", type=int, default=128)
@@ -70,7 +72,10 @@ def main(argv: list[str] | None = None) -> Calibration:
 
     examples = load_examples(args.data)[: args.questions]
     tok = QATokenizer.from_dir(args.model_dir)
-    engine = FusedEngine.from_pretrained(args.model_dir, device=args.device, dtype="fp8")
+    import torch
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    engine = FusedEngine.from_pretrained(args.model_dir, device=device, dtype="fp8")
     calibrate_on(engine, examples, tok,
                  WindowSpec(max_seq_len=args.max_seq_len, overlap=args.overlap), args.margin,
                  args.batch_windows)
