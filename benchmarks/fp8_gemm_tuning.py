@@ -32,21 +32,14 @@ GEMMS = {"qkv": (3072, 1024), "out": (1024, 1024), "ffn1": (4096, 1024), "ffn2":
 
 
 def _row(name: str, fast: bool | None, fn: Any, ref: Any, replays: int) -> dict[str, Any] | None:
-    """Time and check one variant; ``None`` where cuBLASLt offers no such algorithm."""
-    from benchmarks.attn_backends import _time_graph
-    from engine.fused.cublaslt import CublasLtError
+    """``cublaslt_fp8._variant`` (time, error, or the refusal) tagged with the accumulation
+    mode; ``None`` where cuBLASLt offers no algorithm of that index."""
+    from benchmarks.cublaslt_fp8 import _variant
 
-    try:
-        y = fn()
-    except Exception as exc:  # a refused variant is a result
-        if isinstance(exc, CublasLtError) and "offers" in str(exc):
-            return None
-        return {"variant": name, "fast_accum": fast, "error": f"{type(exc).__name__}: {exc}"}
-    d = (y.float() - ref).abs()
-    mean = float(ref.abs().mean())
-    us, graphed = _time_graph(fn, 24, replays)
-    return {"variant": name, "fast_accum": fast, "us": us, "graphed": graphed,
-            "mean_rel": float(d.mean()) / mean, "max_rel": float(d.max()) / mean}
+    row = _variant(f"{name}{'_fast' if fast else ''}", fn, lambda y: y, ref, replays)
+    if "offers" in row.get("error", ""):
+        return None
+    return {**row, "variant": name, "fast_accum": fast}
 
 
 def _gemm(x: Any, w: Any, replays: int) -> list[dict[str, Any]]:
@@ -105,10 +98,8 @@ def main() -> None:
     for gemm, (n, k) in GEMMS.items():
         x = torch.randn((t, k), generator=g, device="cuda").half()
         w = (torch.randn((n, k), generator=g, device="cuda") * 0.03).half()
-        rows = _gemm(x, w, args.replays)
-        result["gemms"][gemm] = rows
-        for row in rows:
-            print(gemm, json.dumps(row), flush=True)
+        print(f"{gemm}:", flush=True)
+        result["gemms"][gemm] = _gemm(x, w, args.replays)
         if args.out:
             args.out.write_text(json.dumps(result, indent=1))
     print(f"\nBERT-large GEMMs at {t} tokens, µs (first choice / best [algo]), slow | fast accum:")

@@ -184,7 +184,7 @@ def encode_packed(
     out8 = opts.fp8_out_dtype or w.dtype
 
     def wants8(lin: Linear) -> bool:  # does this GEMM take an e4m3 activation?
-        return use8 and lin.w8 is not None
+        return cal is not None or (use8 and lin.w8 is not None)
 
     def qkv_scale(i: int) -> torch.Tensor | None:  # the calibrated scale of QKV's input
         return None if cal is None else cal[i].qkv.x_scale
@@ -192,7 +192,7 @@ def encode_packed(
     x, xq = ops.embed_layernorm(
         input_ids, token_type_ids, position_ids, w.word_embeddings, w.position_embeddings,
         w.token_type_embeddings, w.emb_ln_weight, w.emb_ln_bias, eps,
-        fp8=wants8(layers[0].qkv) or cal is not None, pdl=pdl, fp8_blocks=w.fp8_blocks,
+        fp8=wants8(layers[0].qkv), pdl=pdl, fp8_blocks=w.fp8_blocks,
         fp8_scale=qkv_scale(0),
     )
     for i, layer in enumerate(layers):
@@ -217,7 +217,7 @@ def encode_packed(
             a = _linear(ctx, None, layer.attn_out, out8, fast)
         x, xq = ops.bias_residual_layernorm(
             a, layer.attn_out.bias, x, layer.ln1_weight, layer.ln1_bias, eps,
-            fp8=wants8(layer.ffn_in) or cal is not None, pdl=pdl, fp8_blocks=w.fp8_blocks,
+            fp8=wants8(layer.ffn_in), pdl=pdl, fp8_blocks=w.fp8_blocks,
             fp8_scale=None if cal is None else cal[i].ffn_in.x_scale,
         )
         if cal is not None:  # one GEMM: FFN1 + bias + GELU + e4m3, calibrated scales
@@ -246,7 +246,7 @@ def encode_packed(
             )
         x, xq = ops.bias_residual_layernorm(
             a, layer.ffn_out.bias, x, layer.ln2_weight, layer.ln2_bias, eps,
-            fp8=wants8(layers[i + 1].qkv) or cal is not None, pdl=pdl,
+            fp8=wants8(layers[i + 1].qkv), pdl=pdl,
             fp8_blocks=w.fp8_blocks, fp8_scale=qkv_scale(i + 1),
         )
     raise ValueError("a BERT encoder needs at least one layer")

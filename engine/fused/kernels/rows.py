@@ -5,6 +5,8 @@ and writes one activation, optionally with its per-row e4m3 copy."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -226,31 +228,38 @@ def _gelu_tile(width: int) -> tuple[int, int, int]:
     return block, rows, 8 if block >= 2048 else 4
 
 
-def _fp8_buffers(x: torch.Tensor, on: bool, blocks: bool = False,
-                 scale: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The e4m3 copy of ``x`` [rows, cols] and its scales: per row [rows, 1]; with
-    ``blocks`` the first ``rows`` rows of an [M4, cols] buffer and [cols/128, M4] scales
-    (``engine.fused.fp8``); or the given one ``scale``."""
-    if not on:
-        return x, x  # never touched: the FP8 branch is compiled out
+@dataclass(frozen=True)
+class _Fp8Out:
+    """Where a row kernel writes its e4m3 copy: buffers ``q``/``qs`` and the kernels'
+    ``FP8_OUT`` mode (0 none, 1 per-row scales, 2 1x128 block scales, 3 a given scale)."""
+
+    q: torch.Tensor
+    qs: torch.Tensor
+    mode: int
+
+    def result(self) -> Quantized | None:
+        return Quantized(self.q, self.qs, self.mode == 2) if self.mode else None
+
+
+def _fp8_out(x: torch.Tensor, fp8: bool, blocks: bool = False,
+             scale: torch.Tensor | None = None) -> _Fp8Out:
+    """The e4m3 copy of ``x`` [rows, cols] the caller asked for: per-row scales [rows, 1];
+    with ``blocks`` the first ``rows`` rows of an [M4, cols] buffer and [cols/128, M4]
+    scales (``engine.fused.fp8``); with ``scale`` (float32 [1], calibrated) that scale."""
+    if not fp8:
+        return _Fp8Out(x, x, 0)  # never touched: the FP8 branch is compiled out
     n, d = x.shape
     if scale is not None:
-        return torch.empty(x.shape, device=x.device, dtype=FP8_DTYPE), scale
+        return _Fp8Out(torch.empty(x.shape, device=x.device, dtype=FP8_DTYPE), scale, 3)
     if blocks:
         if d % BLOCK:
             raise ValueError(f"block-wise FP8 needs a width that is a multiple of {BLOCK}")
         m4 = padded_rows(n)
         q = torch.empty((m4, d), device=x.device, dtype=FP8_DTYPE)[:n]
-        return q, torch.empty((d // BLOCK, m4), device=x.device, dtype=torch.float32)
-    q = torch.empty(x.shape, device=x.device, dtype=FP8_DTYPE)
-    return q, torch.empty((n, 1), device=x.device, dtype=torch.float32)
-
-
-def _fp8_mode(fp8: bool, blocks: bool, scale: torch.Tensor | None = None) -> int:
-    """The kernels' FP8_OUT: 0 none, 1 per-row scales, 2 block scales, 3 a given scale."""
-    if not fp8:
-        return 0
-    return 3 if scale is not None else 2 if blocks else 1
+        return _Fp8Out(q, torch.empty((d // BLOCK, m4), device=x.device, dtype=torch.float32),
+                       2)
+    return _Fp8Out(torch.empty(x.shape, device=x.device, dtype=FP8_DTYPE),
+                   torch.empty((n, 1), device=x.device, dtype=torch.float32), 1)
 
 
 def _splits(a: torch.Tensor) -> tuple[int, int]:
@@ -280,44 +289,43 @@ def embed_layernorm(
     calibrated scale ``fp8_scale``, float32 [1], values beyond it saturating)."""
     n, d = input_ids.shape[0], word.shape[1]
     out = torch.empty((n, d), device=word.device, dtype=word.dtype)
-    q, qs = _fp8_buffers(out, fp8, fp8_blocks, fp8_scale)
+    f8 = _fp8_out(out, fp8, fp8_blocks, fp8_scale)
     block, rows, warps = _row_tile(n, d)
     _embed_ln_kernel[(triton.cdiv(n, rows),)](
         input_ids, token_type_ids, position_ids, word, position, token_type, gamma, beta,
-        out, q, qs, n, d, eps,
-        BLOCK_D=block, ROWS=rows, FP8_OUT=_fp8_mode(fp8, fp8_blocks, fp8_scale), USE_PDL=pdl,
+        out, f8.q, f8.qs, n, d, eps,
+        BLOCK_D=block, ROWS=rows, FP8_OUT=f8.mode, USE_PDL=pdl,
         num_warps=warps, **launch_options(pdl),
     )
-    return out, (Quantized(q, qs, fp8_blocks and fp8_scale is None) if fp8 else None)
+    return out, f8.result()
 
 
 def _residual_ln(a: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor,
                  gamma: torch.Tensor, beta: torch.Tensor, eps: float, fp8: bool, pdl: bool,
                  qa: tuple[torch.Tensor, torch.Tensor] | None, fp8_blocks: bool = False,
                  fp8_scale: torch.Tensor | None = None,
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Launch ``_residual_ln_kernel``: (LayerNorm output, e4m3 copy, scales), or with ``qa``
-    (head weight, bias) the float32 [2, T] logits three times (nothing else is stored).
+                 ) -> tuple[torch.Tensor, _Fp8Out]:
+    """Launch ``_residual_ln_kernel``: (LayerNorm output, its e4m3 copy), or with ``qa``
+    (head weight, bias) the float32 [2, T] logits (nothing else is stored).
     ``fp8_scale`` (float32 [1]): the e4m3 copy takes this one scale, given, not computed."""
     n, d = a.shape[-2:]
     splits, split_stride = _splits(a)
     if qa is None:
         out = torch.empty((n, d), device=a.device, dtype=residual.dtype)
-        q, qs = _fp8_buffers(out, fp8, fp8_blocks, fp8_scale)
+        f8 = _fp8_out(out, fp8, fp8_blocks, fp8_scale)
         qa_w, qa_b, logits = gamma, gamma, out  # never touched: QA_HEAD is off
     else:
         out = logits = torch.empty((2, n), device=a.device, dtype=torch.float32)
-        q = qs = out
+        f8 = _fp8_out(out, False)
         qa_w, qa_b = qa
     block, rows, warps = _row_tile(n, d)
     _residual_ln_kernel[(triton.cdiv(n, rows),)](
-        a, bias, residual, gamma, beta, out, q, qs, qa_w, qa_b, logits,
+        a, bias, residual, gamma, beta, out, f8.q, f8.qs, qa_w, qa_b, logits,
         n, logits.stride(0), split_stride, d, eps,
-        BLOCK_D=block, ROWS=rows, SPLITS=splits,
-        FP8_OUT=_fp8_mode(fp8, fp8_blocks, fp8_scale) if qa is None else 0,
+        BLOCK_D=block, ROWS=rows, SPLITS=splits, FP8_OUT=f8.mode,
         QA_HEAD=qa is not None, USE_PDL=pdl, num_warps=warps, **launch_options(pdl),
     )
-    return out, q, qs
+    return out, f8
 
 
 def bias_residual_layernorm(
@@ -338,9 +346,9 @@ def bias_residual_layernorm(
 
     ``a`` is a GEMM output [T, D], or [S, T, D] float32 split-K partials to be summed.
     """
-    out, q, qs = _residual_ln(a, bias, residual, gamma, beta, eps, fp8, pdl, None, fp8_blocks,
-                              fp8_scale)
-    return out, (Quantized(q, qs, fp8_blocks and fp8_scale is None) if fp8 else None)
+    out, f8 = _residual_ln(a, bias, residual, gamma, beta, eps, fp8, pdl, None, fp8_blocks,
+                           fp8_scale)
+    return out, f8.result()
 
 
 def bias_residual_layernorm_qa(
@@ -375,23 +383,20 @@ def bias_gelu(
     """
     n, f = h.shape[-2:]
     splits, split_stride = _splits(h)
+    f8 = _fp8_out(h[-1] if splits > 1 else h, fp8, fp8_blocks)
     if fp8:
-        q, qs = _fp8_buffers(h[-1] if splits > 1 else h, True, fp8_blocks)
         block, rows, warps = _row_tile(n, f)  # whole rows: the scale needs them
         grid = (triton.cdiv(n, rows), 1)
         out = h
     else:
-        q = qs = h
         block, rows, warps = _gelu_tile(f)
         grid = (triton.cdiv(n, rows), triton.cdiv(f, block))
         out = h if splits == 1 and out_dtype in (None, h.dtype) else torch.empty(
             (n, f), device=h.device, dtype=out_dtype or h.dtype)
     _bias_gelu_kernel[grid](
-        h, bias, out, q, qs, n, f, split_stride,
-        BLOCK_F=block, ROWS=rows, SPLITS=splits, FP8_OUT=_fp8_mode(fp8, fp8_blocks),
+        h, bias, out, f8.q, f8.qs, n, f, split_stride,
+        BLOCK_F=block, ROWS=rows, SPLITS=splits, FP8_OUT=f8.mode,
         TANH=tanh, USE_PDL=pdl,
         num_warps=warps, **launch_options(pdl),
     )
-    if fp8:
-        return None, Quantized(q, qs, fp8_blocks)
-    return out, None
+    return (None, f8.result()) if fp8 else (out, None)
