@@ -22,7 +22,10 @@ Ablations: ``rows_wtensor`` is ``rows`` with one scale per weight tensor (repeat
 channel), activations still per token; ``calibrated_erf`` is ``calibrated`` with FFN1 as
 float32 torch math with the exact GELU and a float32 bias (cuBLASLt's epilogue has the
 tanh form and a bf16 bias). Together they split the calibrated scheme's extra error into
-weights, FFN1's epilogue and static activation scales.
+weights, FFN1's epilogue and static activation scales. ``static:G1+G2`` is ``calibrated``
+with only the named GEMMs' inputs (of ``qkv``, ``attn_out``, ``ffn_in``, ``ffn_out``) on
+their static scales and the others per token (``fp8_static_inputs``), to split the static
+activations' cost GEMM by GEMM.
 Ends with a table: mean and spread over the grids, against the fp32 reference's F1.
 """
 
@@ -102,6 +105,17 @@ def _regrid(weights: Any, factor: float, rows_per_tensor: bool = False) -> Any:
                    calibrated=tuple(cal) if weights.calibrated is not None else None)
 
 
+def _static_inputs(scheme: str) -> tuple[str, ...] | None:
+    """The GEMMs of a ``static:G1+G2`` scheme (None for another or a malformed one)."""
+    from engine.fused.calibration import GEMMS
+
+    kind, sep, names = scheme.partition(":")
+    gemms = tuple(g for g in names.split("+") if g)
+    if kind != "static" or not sep or not set(gemms) <= set(GEMMS):
+        return None
+    return gemms
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -112,11 +126,14 @@ def main() -> None:
     p.add_argument("--margin", type=float, default=None, help="calibration margin")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
-    schemes = args.schemes.split(",")
-    if unknown := set(schemes) - set(SCHEMES):
-        p.error(f"unknown schemes {sorted(unknown)}; choose from {', '.join(SCHEMES)}")
-    grids = [float(g) for g in args.grids.split(",")]
     sys.path.insert(0, str(REPO))
+    from engine.fused.calibration import GEMMS
+
+    schemes = args.schemes.split(",")
+    if unknown := {s for s in schemes if _static_inputs(s) is None} - set(SCHEMES):
+        p.error(f"unknown schemes {sorted(unknown)}; choose from {', '.join(SCHEMES)} "
+                f"or static:G1+G2 (GEMMs {', '.join(GEMMS)})")
+    grids = [float(g) for g in args.grids.split(",")]
     import numpy as np
     import torch
     import torch.nn.functional as F
@@ -150,11 +167,13 @@ def main() -> None:
     def engine(scheme: str, grid: float) -> FusedEngine:
         dtype = "float16" if scheme == "fp16" else "fp8"
         base = FusedEngine.from_pretrained(CHECKPOINT, device="cuda", dtype=dtype)
-        if scheme.startswith("calibrated"):
+        static = _static_inputs(scheme)
+        if scheme.startswith("calibrated") or static is not None:
             calibrate_on(base, load_examples(TRAIN_SET)[:512], tok, spec, args.margin)
         return FusedEngine(_regrid(base.weights, grid, scheme == "rows_wtensor"), "cuda",
                            fp8_fast_accum=not scheme.endswith("_exact"),
-                           cuda_graphs=scheme != "calibrated_erf")
+                           cuda_graphs=scheme != "calibrated_erf",
+                           fp8_static_inputs=GEMMS if static is None else static)
 
     def ffn1_erf(model: FusedEngine) -> Callable[[Any, Any, bool], Any]:
         """``calibrated_ffn1`` as float32 math: exact GELU, float32 bias (ablation)."""

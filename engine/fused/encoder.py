@@ -45,6 +45,7 @@ from types import ModuleType
 
 import torch
 
+from engine.fused.calibration import GEMMS
 from engine.fused.fp8 import Quantized, calibrated_ffn1, scaled_linear, static_linear
 from engine.fused.weights import BertQAWeights, Linear
 
@@ -88,13 +89,17 @@ class EncodeOptions:
     (where the weights have folded copies). ``persistent`` runs the batches the small-batch
     path takes, if at most ``persistent_max_tokens`` tokens, as one persistent kernel
     (``kernels.persistent``) where the op set and the weights support it (measured slower
-    than the separate kernels; see ``NOTES.md``, v4b).
+    than the separate kernels; see ``NOTES.md``, v4b). ``fp8_static_inputs`` names the
+    GEMMs (of ``calibration.GEMMS``) whose input a calibrated pass quantizes with its
+    calibrated per-tensor scale; the others keep a scale per token, as uncalibrated FP8
+    has them (QKV and FFN row-scaled, the attention output in the model dtype).
     """
 
     fp8_out_dtype: torch.dtype | None = None
     fp8_min_tokens: int = FP8_MIN_TOKENS
     fp8_calibrated_min_tokens: int = FP8_CALIBRATED_MIN_TOKENS
     fp8_fast_accum: bool = True
+    fp8_static_inputs: tuple[str, ...] = GEMMS
     ffn1_fused_max_tokens: int | None = FFN1_FUSED_MAX_TOKENS
     small_batch_max_tokens: int | None = SMALL_BATCH_MAX_TOKENS
     pdl: bool = True
@@ -183,62 +188,64 @@ def encode_packed(
                           and ops.gemm_supported(d))
     out8 = opts.fp8_out_dtype or w.dtype
 
+    static = frozenset(opts.fp8_static_inputs) if cal is not None else frozenset()
+
     def wants8(lin: Linear) -> bool:  # does this GEMM take an e4m3 activation?
         return cal is not None or (use8 and lin.w8 is not None)
 
-    def qkv_scale(i: int) -> torch.Tensor | None:  # the calibrated scale of QKV's input
-        return None if cal is None else cal[i].qkv.x_scale
+    def x_scale(i: int, gemm: str) -> torch.Tensor | None:  # a static input's scale
+        return getattr(cal[i], gemm).x_scale if gemm in static and cal is not None else None
+
+    def large(i: int, gemm: str, x: torch.Tensor | None, xq: Quantized | None,
+              lin: Linear) -> torch.Tensor:  # a large-path GEMM, static or per token
+        if gemm in static and cal is not None:
+            assert xq is not None
+            return static_linear(xq, getattr(cal[i], gemm), out8, fast)
+        return _linear(x, xq, lin, out8, fast)
 
     x, xq = ops.embed_layernorm(
         input_ids, token_type_ids, position_ids, w.word_embeddings, w.position_embeddings,
         w.token_type_embeddings, w.emb_ln_weight, w.emb_ln_bias, eps,
         fp8=wants8(layers[0].qkv), pdl=pdl, fp8_blocks=w.fp8_blocks,
-        fp8_scale=qkv_scale(0),
+        fp8_scale=x_scale(0, "qkv"),
     )
     for i, layer in enumerate(layers):
         if small:
             qkv = ops.linear(x, layer.qkv.weight, config=c_qkv, pdl=pdl, prefetch=pf)
-        elif cal is not None:
-            assert xq is not None
-            qkv = static_linear(xq, cal[i].qkv, out8, fast)
         else:
-            qkv = _linear(x, xq, layer.qkv, out8, fast)
-        ctx_scale = None if cal is None else cal[i].attn_out.x_scale
+            qkv = large(i, "qkv", x, xq, layer.qkv)
+        ctx_scale = x_scale(i, "attn_out")
         ctx = ops.attention_varlen(qkv, layer.qkv.bias, cu_seqlens, max_seqlen, n_seqs,
                                    cfg.num_heads, config=opts.attn_config, pdl=pdl,
                                    prefetch=pf, fp8_scale=ctx_scale)
         if small:
             a = ops.linear(ctx, layer.attn_out.weight, splits=s_out, config=c_out, pdl=pdl,
                            prefetch=pf)
-        elif cal is not None:
-            assert ctx_scale is not None
-            a = static_linear(Quantized(ctx, ctx_scale), cal[i].attn_out, out8, fast)
         else:
-            a = _linear(ctx, None, layer.attn_out, out8, fast)
+            a = large(i, "attn_out", ctx, None if ctx_scale is None
+                      else Quantized(ctx, ctx_scale), layer.attn_out)
         x, xq = ops.bias_residual_layernorm(
             a, layer.attn_out.bias, x, layer.ln1_weight, layer.ln1_bias, eps,
             fp8=wants8(layer.ffn_in), pdl=pdl, fp8_blocks=w.fp8_blocks,
-            fp8_scale=None if cal is None else cal[i].ffn_in.x_scale,
+            fp8_scale=x_scale(i, "ffn_in"),
         )
-        if cal is not None:  # one GEMM: FFN1 + bias + GELU + e4m3, calibrated scales
+        if cal is not None and {"ffn_in", "ffn_out"} <= static:
+            # One GEMM: FFN1 + bias + GELU + e4m3, calibrated scales.
             assert xq is not None
             h, hq = None, calibrated_ffn1(xq, cal[i], fast)
         elif fuse_ffn1 and not wants8(layer.ffn_in) and not wants8(layer.ffn_out):
             h, hq = ops.linear(x, layer.ffn_in.weight, layer.ffn_in.bias, act=act,
                                config=c_ff1 if small else None, pdl=pdl, prefetch=pf), None
         else:
-            h = _linear(x, xq, layer.ffn_in, out8, fast)
+            h = large(i, "ffn_in", x, xq, layer.ffn_in)
             h, hq = ops.bias_gelu(h, layer.ffn_in.bias, fp8=wants8(layer.ffn_out),
                                   tanh=act == "gelu_tanh", out_dtype=w.dtype,
-                                  fp8_blocks=w.fp8_blocks)
+                                  fp8_blocks=w.fp8_blocks, fp8_scale=x_scale(i, "ffn_out"))
         if small:
             a = ops.linear(h, layer.ffn_out.weight, splits=s_ff2, config=c_ff2, pdl=pdl,
                            prefetch=pf)
-        elif cal is not None:
-            assert hq is not None
-            a = static_linear(hq, cal[i].ffn_out, out8, fast)
         else:
-            a = _linear(h, hq, layer.ffn_out, out8, fast)
+            a = large(i, "ffn_out", h, hq, layer.ffn_out)
         if i == len(layers) - 1:
             return ops.bias_residual_layernorm_qa(  # type: ignore[no-any-return]
                 a, layer.ffn_out.bias, x, layer.ln2_weight, layer.ln2_bias, eps,
@@ -247,7 +254,7 @@ def encode_packed(
         x, xq = ops.bias_residual_layernorm(
             a, layer.ffn_out.bias, x, layer.ln2_weight, layer.ln2_bias, eps,
             fp8=wants8(layers[i + 1].qkv), pdl=pdl,
-            fp8_blocks=w.fp8_blocks, fp8_scale=qkv_scale(i + 1),
+            fp8_blocks=w.fp8_blocks, fp8_scale=x_scale(i + 1, "qkv"),
         )
     raise ValueError("a BERT encoder needs at least one layer")
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import os
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -30,7 +30,7 @@ import numpy as np
 import torch
 
 from engine.base import Float32Array, Int32Array
-from engine.fused.calibration import CALIBRATION_MARGIN, AmaxRecorder, Calibration
+from engine.fused.calibration import CALIBRATION_MARGIN, GEMMS, AmaxRecorder, Calibration
 from engine.fused.config import BertQAConfig
 from engine.fused.encoder import (
     DEFERRED_LN_MAX_HIDDEN,
@@ -109,6 +109,7 @@ class FusedEngine:
         fp8_calibrated_min_tokens: int = FP8_CALIBRATED_MIN_TOKENS,
         fp8_fast_accum: bool = True,
         fp8_calibration: Calibration | str | Path | None = None,
+        fp8_static_inputs: Sequence[str] = GEMMS,
         ffn1_fused_max_tokens: int | None = FFN1_FUSED_MAX_TOKENS,
         small_batch_max_tokens: int | None = SMALL_BATCH_MAX_TOKENS,
         pdl: bool = True,
@@ -120,7 +121,9 @@ class FusedEngine:
     ) -> None:
         """FP8 weights (if packed) are used for batches of at least ``fp8_min_tokens``
         tokens, and once calibrated (:meth:`calibrating`) from ``fp8_calibrated_min_tokens``
-        (static FP8 then takes precedence over the small-batch path);
+        (static FP8 then takes precedence over the small-batch path; ``fp8_static_inputs``
+        names the GEMMs whose input takes its calibrated scale, the others keeping scales
+        per token: see ``encoder.EncodeOptions``);
         ``fp8_fast_accum`` lets their GEMMs accumulate in the tensor cores' own precision
         (``engine.fused.fp8``); ``fp8_calibration`` (a :class:`Calibration` or its JSON
         file, e.g. from ``python -m training.calibrate``) calibrates at construction.
@@ -149,6 +152,9 @@ class FusedEngine:
         self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
         self.max_graph_tokens = max_graph_tokens
         self.max_tokens_per_pass = max_tokens_per_pass
+        if unknown := set(fp8_static_inputs) - set(GEMMS):
+            raise ValueError(f"fp8_static_inputs: unknown GEMMs {sorted(unknown)}; "
+                             f"choose from {', '.join(GEMMS)}")
         self.options = EncodeOptions(
             fp8_out_dtype=(weights.dtype if weights.fp8_blocks  # the CUTLASS kernel: fp16/bf16
                            else rowwise_out_dtype(self.device, weights.dtype) if self.fp8
@@ -156,6 +162,7 @@ class FusedEngine:
             fp8_min_tokens=fp8_min_tokens,
             fp8_calibrated_min_tokens=fp8_calibrated_min_tokens,
             fp8_fast_accum=fp8_fast_accum,
+            fp8_static_inputs=tuple(g for g in GEMMS if g in fp8_static_inputs),
             ffn1_fused_max_tokens=ffn1_fused_max_tokens,
             small_batch_max_tokens=small_batch_max_tokens,
             pdl=pdl,

@@ -110,10 +110,11 @@ def bias_gelu(
     out_dtype: torch.dtype | None = None,
     pdl: bool = False,
     fp8_blocks: bool = False,
+    fp8_scale: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor | None, Quantized | None]:
     y = gelu(_sum_splits(h) + bias.float(), tanh)
     if fp8:
-        return None, _quantize(y, fp8, fp8_blocks)
+        return None, _quantize(y, fp8, fp8_blocks, fp8_scale)
     return y.to(out_dtype or h.dtype), None
 
 

@@ -122,6 +122,72 @@ def test_calibration_covers_every_fp8_gemm_and_applies_from_its_threshold() -> N
         assert np.abs(a - b).max() < 0.1 * np.abs(b).max()
 
 
+def test_static_inputs_choose_static_or_per_token_scales_per_gemm(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``fp8_static_inputs`` picks, GEMM by GEMM, the calibrated scale or a scale per token:
+    none static is exactly uncalibrated FP8, all static exactly the default calibrated
+    pass, and each GEMM's choice changes the logits both ways (so every name reaches its
+    GEMM), staying close to the un-quantized pass (mean error: FP8's worst logit is noisy,
+    0.8 of ~7 for row scales alone on these random tokens). Every static GEMM's input
+    arrives quantized with that GEMM's own calibrated scale. Unknown names are refused."""
+    pytest.importorskip("torch")
+    from engine.fused import encoder
+    from engine.fused.calibration import GEMMS
+    from engine.fused.engine import FusedEngine
+    from engine.fused.fp8 import CalibratedLayer, Quantized, StaticLinear
+
+    seen: list[str] = []  # the static GEMMs run, by name, if their input had their scale
+
+    def name_of(lin: StaticLinear) -> str:
+        cal = base.weights.calibrated or ()
+        return next(g for layer in cal for g in GEMMS if getattr(layer, g) is lin)
+
+    def static_linear(xq: Quantized, lin: StaticLinear, *args: object) -> object:
+        seen.append(name_of(lin) if xq.scale is lin.x_scale else "wrong scale")
+        return real_linear(xq, lin, *args)
+
+    def calibrated_ffn1(xq: Quantized, cal: CalibratedLayer, *args: object) -> Quantized:
+        seen.append("ffn_in" if xq.scale is cal.ffn_in.x_scale else "wrong scale")
+        return real_ffn1(xq, cal, *args)  # FFN2's static_linear checks its output
+
+    real_linear, real_ffn1 = encoder.static_linear, encoder.calibrated_ffn1
+    monkeypatch.setattr(encoder, "static_linear", static_linear)
+    monkeypatch.setattr(encoder, "calibrated_ffn1", calibrated_ffn1)
+
+    model = REPO_ROOT / "models" / "minilm-l6-squad"
+    ids, mask, tt = request(3, 64, 5)
+    base = FusedEngine.from_pretrained(model, device="cpu", dtype="fp8", backend="torch",
+                                       fp8_min_tokens=0)
+    rows = base.infer(ids, mask, tt)
+    plain = FusedEngine(base.weights, "cpu", backend="torch", fp8_min_tokens=10**9).infer(
+        ids, mask, tt)
+    base.calibrate(*request(4, 96, 6))
+
+    def run(static: tuple[str, ...]) -> tuple[np.ndarray, np.ndarray]:
+        engine = FusedEngine(base.weights, "cpu", backend="torch", fp8_min_tokens=0,
+                             fp8_static_inputs=static)
+        seen.clear()
+        out = engine.infer(ids, mask, tt)
+        assert sorted(seen) == sorted(static * len(base.weights.layers)), static
+        return out
+
+    def same(a: tuple[np.ndarray, ...], b: tuple[np.ndarray, ...]) -> bool:
+        return all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+
+    everything = run(GEMMS)
+    assert same(run(()), rows)
+    assert same(everything, base.infer(ids, mask, tt))
+    assert not same(everything, rows)
+    for gemm in GEMMS:
+        alone, all_but = run((gemm,)), run(tuple(g for g in GEMMS if g != gemm))
+        assert not same(alone, rows) and not same(all_but, everything), gemm
+        for got in (alone, all_but):
+            for a, b in zip(got, plain, strict=True):
+                assert np.abs(a - b).mean() < 0.02 * np.abs(b).max(), gemm
+    with pytest.raises(ValueError, match="unknown GEMMs"):
+        FusedEngine(base.weights, "cpu", backend="torch", fp8_static_inputs=("qkv", "ffn"))
+
+
 def test_calibration_saves_loads_and_serves_through_engine_config(tmp_path: Path) -> None:
     """``python -m training.calibrate`` writes a calibration that, loaded through
     ``BERT_QA_FP8_CALIBRATION`` (``EngineConfig``), gives the same logits as the engine

@@ -476,14 +476,15 @@ def _check_fp8_static() -> tuple[float, float]:
 
 def _check_tiny_bert(dtype: str, small_batch: bool = True, splits: int | None = None,
                      deferred_ln: bool = True, fp8_scaling: str = "rows",
-                     calibrate: bool = False) -> tuple[float, float]:
+                     calibrate: bool = False,
+                     static: tuple[str, ...] | None = None) -> tuple[float, float]:
     """The whole engine vs HF fp32. fp16 batches this small take the small-batch path
     (all-Triton GEMMs; ``splits`` imposes split-K on the attention-output and FFN2 GEMMs,
     FFN2 alone when ``deferred_ln``, which runs it without LayerNorm kernels) unless
     ``small_batch`` is off (cuBLAS-path code: torch.mm + epilogue kernels).
     ``fp8_scaling="blocks"`` needs widths in multiples of 128: hidden 128 then.
     ``calibrate``: every GEMM with calibrated per-tensor scales (attention writing e4m3),
-    from another batch."""
+    from another batch; or only the GEMMs named in ``static``, the others per token."""
     import torch
 
     from engine.fused.engine import PAD_LOGIT, FusedEngine
@@ -500,7 +501,9 @@ def _check_tiny_bert(dtype: str, small_batch: bool = True, splits: int | None = 
                                          small_batch_max_tokens=512 if small_batch else None,
                                          gemm_plans=plans,
                                          deferred_ln_max_hidden=1024 if deferred_ln else None,
-                                         fp8_calibrated_min_tokens=0)
+                                         fp8_calibrated_min_tokens=0,
+                                         **({} if static is None
+                                            else {"fp8_static_inputs": static}))
     assert engine.backend == "triton"
     if calibrate:
         engine.calibrate(*_random_batch(3))
@@ -625,6 +628,12 @@ CASES: dict[str, Callable[[], tuple[float, float]]] = {
     "tiny_bert_fp8": lambda: _check_tiny_bert("fp8"),
     "tiny_bert_fp8_blocks": lambda: _check_tiny_bert("fp8", fp8_scaling="blocks"),
     "tiny_bert_fp8_calibrated": lambda: _check_tiny_bert("fp8", calibrate=True),
+    # FFN1 static without its epilogue, then bias + GELU with per-row scales; and the
+    # other way round: bias + GELU writing e4m3 with FFN2's calibrated scale.
+    "tiny_bert_fp8_calibrated_ffn_in": lambda: _check_tiny_bert(
+        "fp8", calibrate=True, static=("qkv", "attn_out", "ffn_in")),
+    "tiny_bert_fp8_calibrated_ffn_out": lambda: _check_tiny_bert(
+        "fp8", calibrate=True, static=("ffn_out",)),
     "packed_entry_points": _check_packed_entry_points,
     "stage_inputs": _check_stage_inputs,
     "persistent_fp16_16_programs": lambda: _check_persistent(16),

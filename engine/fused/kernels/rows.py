@@ -374,8 +374,11 @@ def bias_gelu(
     out_dtype: torch.dtype | None = None,
     pdl: bool = False,
     fp8_blocks: bool = False,
+    fp8_scale: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor | None, Quantized | None]:
-    """GELU(h + bias): ``(out, None)``, or ``(None, e4m3 copy)`` when ``fp8``.
+    """GELU(h + bias): ``(out, None)``, or ``(None, e4m3 copy)`` when ``fp8`` (per-row
+    scales, 1x128 block scales with ``fp8_blocks``, or the one calibrated scale
+    ``fp8_scale``, float32 [1]).
 
     ``h`` is a GEMM output [T, F], or [S, T, F] float32 split-K partials to be summed.
     A 2-D ``h`` is overwritten in place (elementwise, so safe; it saves an allocation of the
@@ -383,7 +386,7 @@ def bias_gelu(
     """
     n, f = h.shape[-2:]
     splits, split_stride = _splits(h)
-    f8 = _fp8_out(h[-1] if splits > 1 else h, fp8, fp8_blocks)
+    f8 = _fp8_out(h[-1] if splits > 1 else h, fp8, fp8_blocks, fp8_scale)
     if fp8:
         block, rows, warps = _row_tile(n, f)  # whole rows: the scale needs them
         grid = (triton.cdiv(n, rows), 1)
