@@ -4,14 +4,12 @@
 bias + GELU) nor an e4m3 output with its own scale. This module calls the same library
 directly::
 
-    y = out_scale * act(x_scale * w_scale * (xq @ w8^T) + bias) [+ residual]
+    y = out_scale * act(x_scale * w_scale * (xq @ w8^T) + bias)
 
 with ``xq`` [M, K] and ``w8`` [N, K] e4m3 (row-major, so cuBLASLt's column-major "TN"
 layout with no copy), ``x_scale`` one float32 per row of ``xq`` or one for the tensor,
 ``w_scale`` one per row of ``w8`` or one for the tensor, ``act`` nothing or cuBLASLt's
 GELU (its tanh form), and ``y`` fp16/bf16, or e4m3 with ``out_scale`` a float32 scalar.
-A ``residual`` [M, N] in ``y``'s dtype (fp16/bf16 only) is added by the epilogue (cuBLASLt's
-``C`` with beta = 1), so the kernel after it reads one tensor instead of two.
 With an e4m3 ``y`` a GEMM writes the next GEMM's input directly: FFN1 + bias + GELU +
 quantization in one kernel.
 
@@ -227,11 +225,9 @@ def fp8_linear(
     out: torch.Tensor | None = None,
     fast_accum: bool = False,
     algo: int = 0,
-    residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """``out_scale * act(x_scale * w_scale * (xq @ w8^T) + bias) + residual`` in
-    ``out_dtype`` (see the module docstring). ``out_scale`` is required for, and only for,
-    an e4m3 output; ``residual`` (optional) is an [M, N] tensor of a 16-bit ``out_dtype``.
+    """``out_scale * act(x_scale * w_scale * (xq @ w8^T) + bias)`` in ``out_dtype`` (see the
+    module docstring). ``out_scale`` is required for, and only for, an e4m3 output.
 
     ``fast_accum`` accumulates in the tensor cores' own precision throughout (no periodic
     promotion to float32). ``algo`` picks the heuristic's ``algo``-th algorithm (0: its
@@ -255,11 +251,6 @@ def fp8_linear(
                out_scale is not None, fast_accum)
     if algo < 0:
         raise ValueError(f"algo must be >= 0, got {algo}")
-    if residual is not None and (residual.shape != (m, n) or residual.dtype != out_dtype
-                                 or out_dtype == torch.float8_e4m3fn
-                                 or not residual.is_contiguous()):
-        raise ValueError(f"residual must be a contiguous 16-bit {out_dtype} tensor of shape "
-                         f"({m}, {n})")
     if out is None:
         out = torch.empty((m, n), device=xq.device, dtype=out_dtype)
     elif out.shape != (m, n) or out.dtype != out_dtype or not out.is_contiguous():
@@ -274,10 +265,9 @@ def fp8_linear(
         _set(plan.desc, _DESC_D_SCALE, ctypes.c_void_p(out_scale.data_ptr()))
     if bias is not None:
         _set(plan.desc, _DESC_BIAS_POINTER, ctypes.c_void_p(bias.data_ptr()))
-    alpha, beta = ctypes.c_float(1.0), ctypes.c_float(0.0 if residual is None else 1.0)
+    alpha, beta = ctypes.c_float(1.0), ctypes.c_float(0.0)
     # beta = 0: C is not read. An e4m3 D has a 16-bit C type, so C cannot alias D.
-    c_ptr = (residual.data_ptr() if residual is not None
-             else None if out_dtype == torch.float8_e4m3fn else out.data_ptr())
+    c_ptr = None if out_dtype == torch.float8_e4m3fn else out.data_ptr()
     ws = _workspace(xq.device.index or 0)
     stream = torch.cuda.current_stream(xq.device).cuda_stream
     _check(_lib().cublasLtMatmul(

@@ -93,9 +93,6 @@ class EncodeOptions:
     GEMMs (of ``calibration.GEMMS``) whose input a calibrated pass quantizes with its
     calibrated per-tensor scale; the others keep a scale per token, as uncalibrated FP8
     has them (QKV and FFN row-scaled, the attention output in the model dtype).
-    ``gemm_residual``: on the large path the attention-output and FFN2 GEMMs add the
-    residual in their epilogue where they can (cuBLAS, cuBLASLt per-tensor FP8; not
-    row-scaled ``_scaled_mm``), and the LayerNorm after them reads one tensor, not two.
     """
 
     fp8_out_dtype: torch.dtype | None = None
@@ -103,7 +100,6 @@ class EncodeOptions:
     fp8_calibrated_min_tokens: int = FP8_CALIBRATED_MIN_TOKENS
     fp8_fast_accum: bool = True
     fp8_static_inputs: tuple[str, ...] = GEMMS
-    gemm_residual: bool = True
     ffn1_fused_max_tokens: int | None = FFN1_FUSED_MAX_TOKENS
     small_batch_max_tokens: int | None = SMALL_BATCH_MAX_TOKENS
     pdl: bool = True
@@ -116,17 +112,13 @@ class EncodeOptions:
 
 
 def _linear(x: torch.Tensor | None, xq: Quantized | None, lin: Linear,
-            fp8_out: torch.dtype, fast_accum: bool,
-            residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+            fp8_out: torch.dtype, fast_accum: bool) -> torch.Tensor:
     """``x @ W^T`` without bias: FP8 when the activation comes with an e4m3 copy (and the
-    weight has one), else cuBLAS, which adds ``residual`` (if given) in its epilogue
-    (``torch.addmm``). Returns (the output, the residual still to be added)."""
+    weight has one), else cuBLAS."""
     if xq is not None and lin.w8 is not None and lin.w8_scale is not None:
-        return scaled_linear(xq, lin.w8, lin.w8_scale, fp8_out, fast_accum), residual
+        return scaled_linear(xq, lin.w8, lin.w8_scale, fp8_out, fast_accum)
     assert x is not None, "activation only exists as FP8 but the weight has no FP8 copy"
-    if residual is not None and residual.dtype == x.dtype:
-        return torch.addmm(residual, x, lin.weight.t()), None
-    return torch.mm(x, lin.weight.t()), residual
+    return torch.mm(x, lin.weight.t())
 
 
 def _small_batch(w: BertQAWeights, ops: ModuleType, tokens: int, use8: bool,
@@ -204,18 +196,12 @@ def encode_packed(
     def x_scale(i: int, gemm: str) -> torch.Tensor | None:  # a static input's scale
         return getattr(cal[i], gemm).x_scale if gemm in static and cal is not None else None
 
-    def large(i: int, gemm: str, x: torch.Tensor | None, xq: Quantized | None, lin: Linear,
-              residual: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """A large-path GEMM, static or per token: (output, the residual still to add)."""
-        add = residual if opts.gemm_residual else None
+    def large(i: int, gemm: str, x: torch.Tensor | None, xq: Quantized | None,
+              lin: Linear) -> torch.Tensor:  # a large-path GEMM, static or per token
         if gemm in static and cal is not None:
             assert xq is not None
-            fused = add is not None and add.dtype == out8
-            return (static_linear(xq, getattr(cal[i], gemm), out8, fast,
-                                  residual=add if fused else None),
-                    None if fused else residual)
-        a, rest = _linear(x, xq, lin, out8, fast, add)
-        return a, residual if add is None else rest
+            return static_linear(xq, getattr(cal[i], gemm), out8, fast)
+        return _linear(x, xq, lin, out8, fast)
 
     x, xq = ops.embed_layernorm(
         input_ids, token_type_ids, position_ids, w.word_embeddings, w.position_embeddings,
@@ -227,19 +213,19 @@ def encode_packed(
         if small:
             qkv = ops.linear(x, layer.qkv.weight, config=c_qkv, pdl=pdl, prefetch=pf)
         else:
-            qkv = large(i, "qkv", x, xq, layer.qkv)[0]
+            qkv = large(i, "qkv", x, xq, layer.qkv)
         ctx_scale = x_scale(i, "attn_out")
         ctx = ops.attention_varlen(qkv, layer.qkv.bias, cu_seqlens, max_seqlen, n_seqs,
                                    cfg.num_heads, config=opts.attn_config, pdl=pdl,
                                    prefetch=pf, fp8_scale=ctx_scale)
         if small:
-            a, res = ops.linear(ctx, layer.attn_out.weight, splits=s_out, config=c_out,
-                                pdl=pdl, prefetch=pf), x
+            a = ops.linear(ctx, layer.attn_out.weight, splits=s_out, config=c_out, pdl=pdl,
+                           prefetch=pf)
         else:
-            a, res = large(i, "attn_out", ctx, None if ctx_scale is None
-                           else Quantized(ctx, ctx_scale), layer.attn_out, x)
+            a = large(i, "attn_out", ctx, None if ctx_scale is None
+                      else Quantized(ctx, ctx_scale), layer.attn_out)
         x, xq = ops.bias_residual_layernorm(
-            a, layer.attn_out.bias, res, layer.ln1_weight, layer.ln1_bias, eps,
+            a, layer.attn_out.bias, x, layer.ln1_weight, layer.ln1_bias, eps,
             fp8=wants8(layer.ffn_in), pdl=pdl, fp8_blocks=w.fp8_blocks,
             fp8_scale=x_scale(i, "ffn_in"),
         )
@@ -251,22 +237,22 @@ def encode_packed(
             h, hq = ops.linear(x, layer.ffn_in.weight, layer.ffn_in.bias, act=act,
                                config=c_ff1 if small else None, pdl=pdl, prefetch=pf), None
         else:
-            h = large(i, "ffn_in", x, xq, layer.ffn_in)[0]
+            h = large(i, "ffn_in", x, xq, layer.ffn_in)
             h, hq = ops.bias_gelu(h, layer.ffn_in.bias, fp8=wants8(layer.ffn_out),
                                   tanh=act == "gelu_tanh", out_dtype=w.dtype,
                                   fp8_blocks=w.fp8_blocks, fp8_scale=x_scale(i, "ffn_out"))
         if small:
-            a, res = ops.linear(h, layer.ffn_out.weight, splits=s_ff2, config=c_ff2, pdl=pdl,
-                                prefetch=pf), x
+            a = ops.linear(h, layer.ffn_out.weight, splits=s_ff2, config=c_ff2, pdl=pdl,
+                           prefetch=pf)
         else:
-            a, res = large(i, "ffn_out", h, hq, layer.ffn_out, x)
+            a = large(i, "ffn_out", h, hq, layer.ffn_out)
         if i == len(layers) - 1:
             return ops.bias_residual_layernorm_qa(  # type: ignore[no-any-return]
-                a, layer.ffn_out.bias, res, layer.ln2_weight, layer.ln2_bias, eps,
+                a, layer.ffn_out.bias, x, layer.ln2_weight, layer.ln2_bias, eps,
                 w.qa_weight, w.qa_bias, pdl=pdl,
             )
         x, xq = ops.bias_residual_layernorm(
-            a, layer.ffn_out.bias, res, layer.ln2_weight, layer.ln2_bias, eps,
+            a, layer.ffn_out.bias, x, layer.ln2_weight, layer.ln2_bias, eps,
             fp8=wants8(layers[i + 1].qkv), pdl=pdl,
             fp8_blocks=w.fp8_blocks, fp8_scale=x_scale(i + 1, "qkv"),
         )

@@ -110,7 +110,6 @@ class FusedEngine:
         fp8_fast_accum: bool = True,
         fp8_calibration: Calibration | str | Path | None = None,
         fp8_static_inputs: Sequence[str] = GEMMS,
-        gemm_residual: bool = True,
         ffn1_fused_max_tokens: int | None = FFN1_FUSED_MAX_TOKENS,
         small_batch_max_tokens: int | None = SMALL_BATCH_MAX_TOKENS,
         pdl: bool = True,
@@ -124,8 +123,7 @@ class FusedEngine:
         tokens, and once calibrated (:meth:`calibrating`) from ``fp8_calibrated_min_tokens``
         (static FP8 then takes precedence over the small-batch path; ``fp8_static_inputs``
         names the GEMMs whose input takes its calibrated scale, the others keeping scales
-        per token: see ``encoder.EncodeOptions``); with ``gemm_residual`` the large path's
-        attention-output and FFN2 GEMMs add the residual in their epilogues where they can;
+        per token: see ``encoder.EncodeOptions``);
         ``fp8_fast_accum`` lets their GEMMs accumulate in the tensor cores' own precision
         (``engine.fused.fp8``); ``fp8_calibration`` (a :class:`Calibration` or its JSON
         file, e.g. from ``python -m training.calibrate``) calibrates at construction.
@@ -165,7 +163,6 @@ class FusedEngine:
             fp8_calibrated_min_tokens=fp8_calibrated_min_tokens,
             fp8_fast_accum=fp8_fast_accum,
             fp8_static_inputs=tuple(g for g in GEMMS if g in fp8_static_inputs),
-            gemm_residual=gemm_residual,
             ffn1_fused_max_tokens=ffn1_fused_max_tokens,
             small_batch_max_tokens=small_batch_max_tokens,
             pdl=pdl,

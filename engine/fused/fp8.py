@@ -211,18 +211,15 @@ def _static_math(xq: Quantized, lin: StaticLinear) -> torch.Tensor:
 
 
 def static_linear(xq: Quantized, lin: StaticLinear, out_dtype: torch.dtype,
-                  fast_accum: bool = False, residual: torch.Tensor | None = None,
-                  ) -> torch.Tensor:
-    """``x @ w^T`` (+ ``residual``, in ``out_dtype``, added before the one rounding) in
-    ``out_dtype`` from ``xq`` quantized with ``lin.x_scale``: one cuBLASLt GEMM with
-    per-tensor scales on the GPU, dequantized math elsewhere."""
+                  fast_accum: bool = False) -> torch.Tensor:
+    """``x @ w^T`` in ``out_dtype`` from ``xq`` quantized with ``lin.x_scale``: one cuBLASLt
+    GEMM with per-tensor scales on the GPU, dequantized math elsewhere."""
     if xq.data.is_cuda:
         from engine.fused.cublaslt import fp8_linear
 
         return fp8_linear(xq.data, lin.x_scale, lin.w8, lin.w_scale, out_dtype,
-                          fast_accum=fast_accum, residual=residual)
-    y = _static_math(xq, lin)
-    return (y if residual is None else y + residual.float()).to(out_dtype)
+                          fast_accum=fast_accum)
+    return _static_math(xq, lin).to(out_dtype)
 
 
 def calibrated_ffn1(xq: Quantized, cal: CalibratedLayer, fast_accum: bool = False) -> Quantized:

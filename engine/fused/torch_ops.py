@@ -60,18 +60,16 @@ def embed_layernorm(
     return y.to(word.dtype), _quantize(y, fp8, fp8_blocks, fp8_scale)
 
 
-def _residual_ln(a: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor | None,
+def _residual_ln(a: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor,
                  gamma: torch.Tensor, beta: torch.Tensor, eps: float) -> torch.Tensor:
-    """float32 LayerNorm(a (summing split-K partials) + bias + residual); ``residual``
-    None: ``a`` holds it already."""
-    x = _sum_splits(a) + bias.float()
-    return _layernorm(x if residual is None else x + residual.float(), gamma, beta, eps)
+    """float32 LayerNorm(a (summing split-K partials) + bias + residual)."""
+    return _layernorm(_sum_splits(a) + bias.float() + residual.float(), gamma, beta, eps)
 
 
 def bias_residual_layernorm(
     a: torch.Tensor,
     bias: torch.Tensor,
-    residual: torch.Tensor | None,
+    residual: torch.Tensor,
     gamma: torch.Tensor,
     beta: torch.Tensor,
     eps: float,
@@ -81,14 +79,13 @@ def bias_residual_layernorm(
     fp8_scale: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, Quantized | None]:
     y = _residual_ln(a, bias, residual, gamma, beta, eps)
-    return y.to(a.dtype if residual is None else residual.dtype), _quantize(
-        y, fp8, fp8_blocks, fp8_scale)
+    return y.to(residual.dtype), _quantize(y, fp8, fp8_blocks, fp8_scale)
 
 
 def bias_residual_layernorm_qa(
     a: torch.Tensor,
     bias: torch.Tensor,
-    residual: torch.Tensor | None,
+    residual: torch.Tensor,
     gamma: torch.Tensor,
     beta: torch.Tensor,
     eps: float,

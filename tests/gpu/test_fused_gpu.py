@@ -177,39 +177,6 @@ def test_cublaslt_fp8_epilogues_match_spec() -> None:
     assert tanh_err < erf_err
 
 
-@pytest.mark.parametrize("out_dtype", ["float16", "bfloat16"])
-def test_cublaslt_residual_epilogue(out_dtype: str) -> None:
-    """``fp8_linear(residual=)`` (cuBLASLt's C, beta = 1) adds the residual before its one
-    rounding, per-tensor and row-wise scales, with and without fast accumulation; a residual
-    of another dtype or shape is refused."""
-    import torch
-
-    from engine.fused import cublaslt
-    from engine.fused.fp8 import quantize_rows, quantize_tiles
-
-    dt = getattr(torch, out_dtype)
-    g = torch.Generator(device="cuda").manual_seed(5)
-    m, n, k = 1000, 1024, 1024
-    xq = quantize_rows(torch.randn((m, k), generator=g, device="cuda").half())
-    w8, ws = quantize_tiles((torch.randn((n, k), generator=g, device="cuda") * 0.05).half(), 1, k)
-    res = (torch.randn((m, n), generator=g, device="cuda") * 4).to(dt)
-    eps = 2.0**-8 if dt == torch.bfloat16 else 2.0**-11
-    for fast in (False, True):
-        # Row-wise scales, then one scale each (the same e4m3 operands, scaled otherwise).
-        for x_s, w_s in ((xq.scale.reshape(-1), ws.reshape(-1)),
-                         (xq.scale.mean().reshape(1), ws.mean().reshape(1))):
-            y = cublaslt.fp8_linear(xq.data, x_s, w8, w_s, dt, fast_accum=fast, residual=res)
-            ref = ((xq.data.float() * x_s.reshape(-1, 1)) @ (w8.float() * w_s.reshape(-1, 1)).t()
-                   + res.float())
-            err = (y.float() - ref).abs() / (ref.abs() * eps + 2e-3 * float(ref.abs().mean()))
-            print(f"residual epilogue {out_dtype} fast={fast} per-row={x_s.numel() > 1}: "
-                  f"worst error / allowed {float(err.max()):.3f}")
-            assert float(err.max()) <= 1.0
-    with pytest.raises(ValueError, match="residual"):
-        cublaslt.fp8_linear(xq.data, xq.scale.reshape(-1), w8, ws.reshape(-1), dt,
-                            residual=res[:, :-1].contiguous())
-
-
 def test_cublaslt_fast_accum_and_every_algorithm_match_spec() -> None:
     """Every algorithm the heuristic offers, with and without fast accumulation, computes
     the same row-scaled product (to the FP8 accumulation's error); an index past the

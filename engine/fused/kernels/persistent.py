@@ -120,7 +120,7 @@ def _encoder_kernel(
                     residual_ln_rows(r0 + tl.arange(0, ROWS), part_ptr, vw + 3 * D, x_ptr,
                                      vw + 4 * D, vw + 5 * D, x_ptr, x_ptr, x_ptr, qa_w_ptr,
                                      qa_b_ptr, logits_ptr, T, T, split_stride, D, eps,
-                                     BLOCK_D, OUT_S, False, False, False, True)
+                                     BLOCK_D, OUT_S, False, False, False)
             elif j == 4:  # h = GELU(x W1^T + b1)
                 _gemm_phase(x_ptr, mw + 4 * D * D, vw + 6 * D, h_ptr, T, F, D, pid, nprog,
                             FF1_BM, FF1_BN, FF1_BK, 1, EPI_GELU, True, TANH)
@@ -135,12 +135,12 @@ def _encoder_kernel(
                         residual_ln_rows(rows, part_ptr, vw + 6 * D + F, x_ptr, vw + 7 * D + F,
                                          vw + 8 * D + F, x_ptr, x_ptr, x_ptr, qa_w_ptr, qa_b_ptr,
                                          logits_ptr, T, T, split_stride, D, eps,
-                                         BLOCK_D, FF2_S, False, True, False, True)
+                                         BLOCK_D, FF2_S, False, True, False)
                     else:
                         residual_ln_rows(rows, part_ptr, vw + 6 * D + F, x_ptr, vw + 7 * D + F,
                                          vw + 8 * D + F, x_ptr, x_ptr, x_ptr, qa_w_ptr, qa_b_ptr,
                                          logits_ptr, T, T, split_stride, D, eps,
-                                         BLOCK_D, FF2_S, False, False, False, True)
+                                         BLOCK_D, FF2_S, False, False, False)
         if USE_BARRIER:  # noqa: SIM102 (constexpr test, then a run-time one)
             if p + 1 < phase_hi:
                 _grid_barrier(bar_ptr, (p + 1 - phase_lo) * nprog)

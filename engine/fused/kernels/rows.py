@@ -78,11 +78,9 @@ def _embed_ln_kernel(
 
 
 @triton.jit
-def residual_ln_pre(rows, bias_ptr, res_ptr, g_ptr, b_ptr, n_rows, D, BLOCK_D: tl.constexpr,
-                    RESIDUAL: tl.constexpr):
+def residual_ln_pre(rows, bias_ptr, res_ptr, g_ptr, b_ptr, n_rows, D, BLOCK_D: tl.constexpr):
     """What the residual LayerNorm of rows ``rows`` reads that the GEMM ahead of it does
-    not write: ``(residual + bias, gamma, beta)`` in float32 (without ``RESIDUAL``, the
-    GEMM added the residual: ``bias`` alone).
+    not write: ``(residual + bias, gamma, beta)`` in float32.
 
     With PDL the kernel loads these *before* it waits for that GEMM. The residual rows were
     written at least three kernels earlier, and a kernel only starts once its predecessor
@@ -91,9 +89,8 @@ def residual_ln_pre(rows, bias_ptr, res_ptr, g_ptr, b_ptr, n_rows, D, BLOCK_D: t
     HBM round trip taken off the critical path.
     """
     _, cols, cmask, mask, offs = row_block(rows, n_rows, D, BLOCK_D)
-    c = load_vector(bias_ptr, cols, cmask)[None, :]
-    if RESIDUAL:
-        c += tl.load(res_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
+    c = tl.load(res_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
+    c += load_vector(bias_ptr, cols, cmask)[None, :]
     return c, load_vector(g_ptr, cols, cmask), load_vector(b_ptr, cols, cmask)
 
 
@@ -140,17 +137,15 @@ def residual_ln_rows(
     out_ptr, q_ptr, qs_ptr, qa_w_ptr, qa_b_ptr, logits_ptr,
     n_rows, logits_stride, split_stride, D, eps,
     BLOCK_D: tl.constexpr, SPLITS: tl.constexpr, FP8_OUT: tl.constexpr, QA_HEAD: tl.constexpr,
-    USE_PDL: tl.constexpr, RESIDUAL: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
-    """LayerNorm(sum of SPLITS partials of ``a`` + bias + residual) of rows ``rows``
-    (without ``RESIDUAL``, ``a`` holds the residual already); with ``USE_PDL`` it waits for
-    the previous kernel between the two halves.
+    """LayerNorm(sum of SPLITS partials of ``a`` + bias + residual) of rows ``rows``;
+    with ``USE_PDL`` it waits for the previous kernel between the two halves.
 
     ``out_ptr`` may be ``res_ptr`` (in place): each row is read before it is written,
     by the same program.
     """
-    c, g, b = residual_ln_pre(rows, bias_ptr, res_ptr, g_ptr, b_ptr, n_rows, D, BLOCK_D,
-                              RESIDUAL)
+    c, g, b = residual_ln_pre(rows, bias_ptr, res_ptr, g_ptr, b_ptr, n_rows, D, BLOCK_D)
     pdl_enter(USE_PDL)  # only the GEMM's output is read after this
     residual_ln_finish(rows, a_ptr, c, g, b, out_ptr, q_ptr, qs_ptr, qa_w_ptr, qa_b_ptr,
                        logits_ptr, n_rows, logits_stride, split_stride, D, eps,
@@ -165,12 +160,11 @@ def _residual_ln_kernel(
     n_rows, logits_stride, split_stride, D, eps,
     BLOCK_D: tl.constexpr, ROWS: tl.constexpr, SPLITS: tl.constexpr,
     FP8_OUT: tl.constexpr, QA_HEAD: tl.constexpr, USE_PDL: tl.constexpr,
-    RESIDUAL: tl.constexpr,
 ):
     residual_ln_rows(tl.program_id(0) * ROWS + tl.arange(0, ROWS), a_ptr, bias_ptr, res_ptr,
                      g_ptr, b_ptr, out_ptr, q_ptr, qs_ptr, qa_w_ptr, qa_b_ptr, logits_ptr,
                      n_rows, logits_stride, split_stride, D, eps,
-                     BLOCK_D, SPLITS, FP8_OUT, QA_HEAD, USE_PDL, RESIDUAL)
+                     BLOCK_D, SPLITS, FP8_OUT, QA_HEAD, USE_PDL)
 
 
 @triton.jit
@@ -306,22 +300,18 @@ def embed_layernorm(
     return out, f8.result()
 
 
-def _residual_ln(a: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor | None,
+def _residual_ln(a: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor,
                  gamma: torch.Tensor, beta: torch.Tensor, eps: float, fp8: bool, pdl: bool,
                  qa: tuple[torch.Tensor, torch.Tensor] | None, fp8_blocks: bool = False,
                  fp8_scale: torch.Tensor | None = None,
                  ) -> tuple[torch.Tensor, _Fp8Out]:
     """Launch ``_residual_ln_kernel``: (LayerNorm output, its e4m3 copy), or with ``qa``
     (head weight, bias) the float32 [2, T] logits (nothing else is stored).
-    ``fp8_scale`` (float32 [1]): the e4m3 copy takes this one scale, given, not computed.
-    ``residual`` None: ``a`` (one GEMM output, not partials) holds the residual already."""
+    ``fp8_scale`` (float32 [1]): the e4m3 copy takes this one scale, given, not computed."""
     n, d = a.shape[-2:]
     splits, split_stride = _splits(a)
-    if residual is None and splits > 1:
-        raise ValueError("split-K partials need the residual given")
     if qa is None:
-        out = torch.empty((n, d), device=a.device,
-                          dtype=a.dtype if residual is None else residual.dtype)
+        out = torch.empty((n, d), device=a.device, dtype=residual.dtype)
         f8 = _fp8_out(out, fp8, fp8_blocks, fp8_scale)
         qa_w, qa_b, logits = gamma, gamma, out  # never touched: QA_HEAD is off
     else:
@@ -330,11 +320,10 @@ def _residual_ln(a: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor | N
         qa_w, qa_b = qa
     block, rows, warps = _row_tile(n, d)
     _residual_ln_kernel[(triton.cdiv(n, rows),)](
-        a, bias, a if residual is None else residual, gamma, beta, out, f8.q, f8.qs, qa_w,
-        qa_b, logits, n, logits.stride(0), split_stride, d, eps,
+        a, bias, residual, gamma, beta, out, f8.q, f8.qs, qa_w, qa_b, logits,
+        n, logits.stride(0), split_stride, d, eps,
         BLOCK_D=block, ROWS=rows, SPLITS=splits, FP8_OUT=f8.mode,
-        QA_HEAD=qa is not None, USE_PDL=pdl, RESIDUAL=residual is not None, num_warps=warps,
-        **launch_options(pdl),
+        QA_HEAD=qa is not None, USE_PDL=pdl, num_warps=warps, **launch_options(pdl),
     )
     return out, f8
 
@@ -342,7 +331,7 @@ def _residual_ln(a: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor | N
 def bias_residual_layernorm(
     a: torch.Tensor,
     bias: torch.Tensor,
-    residual: torch.Tensor | None,
+    residual: torch.Tensor,
     gamma: torch.Tensor,
     beta: torch.Tensor,
     eps: float,
@@ -356,7 +345,6 @@ def bias_residual_layernorm(
     ``fp8_scale``, float32 [1], values beyond it saturating).
 
     ``a`` is a GEMM output [T, D], or [S, T, D] float32 split-K partials to be summed.
-    ``residual`` None: the GEMM added it already (``a`` [T, D]; its dtype is the output's).
     """
     out, f8 = _residual_ln(a, bias, residual, gamma, beta, eps, fp8, pdl, None, fp8_blocks,
                            fp8_scale)
@@ -366,7 +354,7 @@ def bias_residual_layernorm(
 def bias_residual_layernorm_qa(
     a: torch.Tensor,
     bias: torch.Tensor,
-    residual: torch.Tensor | None,
+    residual: torch.Tensor,
     gamma: torch.Tensor,
     beta: torch.Tensor,
     eps: float,
@@ -374,8 +362,7 @@ def bias_residual_layernorm_qa(
     qa_bias: torch.Tensor,
     pdl: bool = False,
 ) -> torch.Tensor:
-    """QA logits float32 [2, T] (row 0 start, row 1 end) of LayerNorm(a + bias + residual)
-    (``residual`` None: ``a`` holds it already)."""
+    """QA logits float32 [2, T] (row 0 start, row 1 end) of LayerNorm(a + bias + residual)."""
     return _residual_ln(a, bias, residual, gamma, beta, eps, False, pdl, (qa_weight, qa_bias))[0]
 
 
