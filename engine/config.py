@@ -5,7 +5,9 @@ Env vars (override config.pbtxt ``parameters`` of the same lower-case key withou
 ``BERT_QA_ONNX`` (ONNX file for the onnx engine), ``BERT_QA_DEVICE`` (cpu | cuda),
 ``BERT_QA_THREADS`` (ORT intra-op threads, 0 = ORT's default), ``BERT_QA_DTYPE``,
 ``BERT_QA_FP8_CALIBRATION`` (the fused engine's static FP8 scales: a JSON file from
-``python -m training.calibrate``; with ``dtype=fp8`` only).
+``python -m training.calibrate``; with ``dtype=fp8`` only), ``BERT_QA_FP8_STATIC_INPUTS``
+(which GEMMs' inputs take those static scales, comma-separated from ``qkv``, ``attn_out``,
+``ffn_in``, ``ffn_out``; unset: the engine's default, all but ``attn_out``).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ class EngineConfig:
     threads: int = 0
     dtype: str = "float16"
     fp8_calibration: Path | None = None
+    fp8_static_inputs: str | None = None
 
     @classmethod
     def resolve(
@@ -46,14 +49,17 @@ class EngineConfig:
         return cls(**values)  # type: ignore[arg-type]
 
     def build(self) -> QAEngine:
-        if self.fp8_calibration is not None and self.engine != "fused":
-            raise ValueError("fp8_calibration applies to the fused engine only "
-                             f"(BERT_QA_ENGINE is {self.engine!r})")
+        for name in ("fp8_calibration", "fp8_static_inputs"):
+            if getattr(self, name) is not None and self.engine != "fused":
+                raise ValueError(f"{name} applies to the fused engine only "
+                                 f"(BERT_QA_ENGINE is {self.engine!r})")
         if self.engine == "onnx":
             return load_engine("onnx", self.onnx, threads=str(self.threads))
         options = {"dtype": self.dtype}
         if self.fp8_calibration is not None:
             options["fp8_calibration"] = str(self.fp8_calibration)
+        if self.fp8_static_inputs is not None:
+            options["fp8_static_inputs"] = self.fp8_static_inputs
         return load_engine(self.engine, self.model_dir, device=self.device, **options)
 
 

@@ -37,6 +37,7 @@ from engine.fused.encoder import (
     FFN1_FUSED_MAX_TOKENS,
     FP8_CALIBRATED_MIN_TOKENS,
     FP8_MIN_TOKENS,
+    FP8_STATIC_INPUTS,
     SMALL_BATCH_MAX_TOKENS,
     EncodeOptions,
     GemmPlan,
@@ -109,7 +110,7 @@ class FusedEngine:
         fp8_calibrated_min_tokens: int = FP8_CALIBRATED_MIN_TOKENS,
         fp8_fast_accum: bool = True,
         fp8_calibration: Calibration | str | Path | None = None,
-        fp8_static_inputs: Sequence[str] = GEMMS,
+        fp8_static_inputs: Sequence[str] | str = FP8_STATIC_INPUTS,
         ffn1_fused_max_tokens: int | None = FFN1_FUSED_MAX_TOKENS,
         small_batch_max_tokens: int | None = SMALL_BATCH_MAX_TOKENS,
         pdl: bool = True,
@@ -122,8 +123,9 @@ class FusedEngine:
         """FP8 weights (if packed) are used for batches of at least ``fp8_min_tokens``
         tokens, and once calibrated (:meth:`calibrating`) from ``fp8_calibrated_min_tokens``
         (static FP8 then takes precedence over the small-batch path; ``fp8_static_inputs``
-        names the GEMMs whose input takes its calibrated scale, the others keeping scales
-        per token: see ``encoder.EncodeOptions``);
+        names the GEMMs whose input takes its calibrated scale (or as text,
+        ``"qkv,ffn_in"``), the others keeping scales per token: see
+        ``encoder.EncodeOptions``);
         ``fp8_fast_accum`` lets their GEMMs accumulate in the tensor cores' own precision
         (``engine.fused.fp8``); ``fp8_calibration`` (a :class:`Calibration` or its JSON
         file, e.g. from ``python -m training.calibrate``) calibrates at construction.
@@ -152,6 +154,8 @@ class FusedEngine:
         self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
         self.max_graph_tokens = max_graph_tokens
         self.max_tokens_per_pass = max_tokens_per_pass
+        if isinstance(fp8_static_inputs, str):
+            fp8_static_inputs = [g.strip() for g in fp8_static_inputs.split(",") if g.strip()]
         if unknown := set(fp8_static_inputs) - set(GEMMS):
             raise ValueError(f"fp8_static_inputs: unknown GEMMs {sorted(unknown)}; "
                              f"choose from {', '.join(GEMMS)}")

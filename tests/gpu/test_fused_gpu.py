@@ -212,8 +212,8 @@ def test_cublaslt_fast_accum_and_every_algorithm_match_spec() -> None:
 
 @pytest.mark.parametrize("graphs", [True, False])
 def test_calibrated_fp8_ffn_parity(graphs: bool) -> None:
-    """FP8 with calibrated static scales (every GEMM per-tensor through cuBLASLt, attention
-    writing e4m3, FFN1 + bias + GELU + e4m3 as one GEMM), calibrated on other windows,
+    """FP8 with calibrated static scales (the default GEMMs per-tensor through cuBLASLt,
+    FFN1 + bias + GELU + e4m3 as one GEMM), calibrated on other windows,
     against HF fp32 and the row-scaled FP8 engine, with and without CUDA graphs, at 1x160
     tokens (FP8 only once calibrated) and 40 windows of up to 384; the static path must
     have run (logits differ from the same engine with it switched off), and an engine
@@ -251,7 +251,8 @@ def test_calibrated_fp8_ffn_parity(graphs: bool) -> None:
 
 def test_static_inputs_per_gemm_on_the_gpu() -> None:
     """Calibrated engines with only some GEMM inputs static (``fp8_static_inputs``; the
-    others per token): every single GEMM and every three-GEMM combination against HF fp32
+    others per token): every single GEMM, every three-GEMM combination (the default is
+    one) and all four (attention writing e4m3) against HF fp32
     on 40 windows of up to 384 (the kernels' e4m3 stores with a given scale from bias +
     GELU, cuBLASLt per-tensor FFN1 without its epilogue, row-scaled QKV next to static
     attention); none static is exactly the row-scaled engine."""
@@ -270,7 +271,8 @@ def test_static_inputs_per_gemm_on_the_gpu() -> None:
     plain = FusedEngine(rows.weights, "cuda", fp8_min_tokens=0, max_graph_tokens=16384,
                         fp8_calibrated_min_tokens=1 << 30).infer(ids, mask, tt)
     err_rows = _report("bert-base-4L fp8 rows", plain, ref, keep)
-    subsets = [(g,) for g in GEMMS] + [tuple(x for x in GEMMS if x != g) for g in GEMMS]
+    subsets = ([(g,) for g in GEMMS] + [tuple(x for x in GEMMS if x != g) for g in GEMMS]
+               + [GEMMS])
     for static in [(), *subsets]:
         engine = FusedEngine(rows.weights, "cuda", fp8_min_tokens=0, max_graph_tokens=16384,
                              fp8_static_inputs=static)

@@ -133,6 +133,7 @@ def test_static_inputs_choose_static_or_per_token_scales_per_gemm(
     pytest.importorskip("torch")
     from engine.fused import encoder
     from engine.fused.calibration import GEMMS
+    from engine.fused.encoder import FP8_STATIC_INPUTS
     from engine.fused.engine import FusedEngine
     from engine.fused.fp8 import CalibratedLayer, Quantized, StaticLinear
 
@@ -176,8 +177,8 @@ def test_static_inputs_choose_static_or_per_token_scales_per_gemm(
 
     everything = run(GEMMS)
     assert same(run(()), rows)
-    assert same(everything, base.infer(ids, mask, tt))
-    assert not same(everything, rows)
+    assert same(run(FP8_STATIC_INPUTS), base.infer(ids, mask, tt))  # the default
+    assert not same(everything, rows) and not same(everything, base.infer(ids, mask, tt))
     for gemm in GEMMS:
         alone, all_but = run((gemm,)), run(tuple(g for g in GEMMS if g != gemm))
         assert not same(alone, rows) and not same(all_but, everything), gemm
@@ -186,6 +187,9 @@ def test_static_inputs_choose_static_or_per_token_scales_per_gemm(
                 assert np.abs(a - b).mean() < 0.02 * np.abs(b).max(), gemm
     with pytest.raises(ValueError, match="unknown GEMMs"):
         FusedEngine(base.weights, "cpu", backend="torch", fp8_static_inputs=("qkv", "ffn"))
+    # As text (BERT_QA_FP8_STATIC_INPUTS, engine options): comma-separated names.
+    text = FusedEngine(base.weights, "cpu", backend="torch", fp8_static_inputs=" ffn_out,qkv")
+    assert text.options.fp8_static_inputs == ("qkv", "ffn_out")
 
 
 def test_calibration_saves_loads_and_serves_through_engine_config(tmp_path: Path) -> None:
@@ -207,6 +211,11 @@ def test_calibration_saves_loads_and_serves_through_engine_config(tmp_path: Path
                                   env={"BERT_QA_FP8_CALIBRATION": str(path)})
     served = config.build()
     assert served.calibration == cal  # type: ignore[attr-defined]
+    every = EngineConfig.resolve(
+        {"engine": "fused", "device": "cpu", "dtype": "fp8"},
+        env={"BERT_QA_FP8_CALIBRATION": str(path),
+             "BERT_QA_FP8_STATIC_INPUTS": "qkv,attn_out,ffn_in,ffn_out"}).build()
+    assert every.options.fp8_static_inputs == ("qkv", "attn_out", "ffn_in", "ffn_out")  # type: ignore[attr-defined]
     rng = np.random.default_rng(5)
     ids = rng.integers(1000, 20000, (2, 100)).astype(np.int32)
     mask, tt = np.ones_like(ids), np.zeros_like(ids)
@@ -260,8 +269,10 @@ def test_bad_calibration_files_are_clear_errors(tmp_path: Path, text: str, messa
 
 @pytest.mark.parametrize("engine", ["onnx", "reference"])
 def test_fp8_calibration_is_refused_for_other_engines(engine: str) -> None:
-    with pytest.raises(ValueError, match="fused engine only"):
+    with pytest.raises(ValueError, match="fp8_calibration applies to the fused engine only"):
         EngineConfig(engine=engine, fp8_calibration=Path("cal.json")).build()
+    with pytest.raises(ValueError, match="fp8_static_inputs applies to the fused engine only"):
+        EngineConfig(engine=engine, fp8_static_inputs="qkv").build()
 
 
 def test_calibrating_cannot_nest_and_leaves_the_engine_usable() -> None:

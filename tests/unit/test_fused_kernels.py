@@ -483,8 +483,8 @@ def _check_tiny_bert(dtype: str, small_batch: bool = True, splits: int | None = 
     FFN2 alone when ``deferred_ln``, which runs it without LayerNorm kernels) unless
     ``small_batch`` is off (cuBLAS-path code: torch.mm + epilogue kernels).
     ``fp8_scaling="blocks"`` needs widths in multiples of 128: hidden 128 then.
-    ``calibrate``: every GEMM with calibrated per-tensor scales (attention writing e4m3),
-    from another batch; or only the GEMMs named in ``static``, the others per token."""
+    ``calibrate``: calibrated per-tensor scales, from another batch, for the engine's
+    default GEMMs or those named in ``static`` (all four: attention writing e4m3)."""
     import torch
 
     from engine.fused.engine import PAD_LOGIT, FusedEngine
@@ -627,7 +627,9 @@ CASES: dict[str, Callable[[], tuple[float, float]]] = {
     "tiny_bert_fp16_large_path": lambda: _check_tiny_bert("float16", small_batch=False),
     "tiny_bert_fp8": lambda: _check_tiny_bert("fp8"),
     "tiny_bert_fp8_blocks": lambda: _check_tiny_bert("fp8", fp8_scaling="blocks"),
-    "tiny_bert_fp8_calibrated": lambda: _check_tiny_bert("fp8", calibrate=True),
+    "tiny_bert_fp8_calibrated": lambda: _check_tiny_bert("fp8", calibrate=True),  # default
+    "tiny_bert_fp8_calibrated_all": lambda: _check_tiny_bert(
+        "fp8", calibrate=True, static=("qkv", "attn_out", "ffn_in", "ffn_out")),
     # FFN1 static without its epilogue, then bias + GELU with per-row scales; and the
     # other way round: bias + GELU writing e4m3 with FFN2's calibrated scale.
     "tiny_bert_fp8_calibrated_ffn_in": lambda: _check_tiny_bert(
