@@ -13,7 +13,9 @@ Three entry points, all returning float32 start/end logits:
 Calls are serialised by a lock (static graph buffers are shared). With ``cuda_graphs``
 on, a batch replays the graph of its bucket (``packing.bucket_for``), captured the first
 time that bucket is seen; batches above ``max_graph_tokens`` tokens run eagerly, where
-launch overhead no longer matters.
+launch overhead no longer matters. With ``graph_staging`` (and the Triton op set) a call on
+device tensors is one graph launch: the graph reads where the inputs are and where the
+logits go from a pinned call table (``engine.fused.call_table``).
 """
 
 from __future__ import annotations
@@ -104,6 +106,7 @@ class FusedEngine:
         *,
         backend: str = "auto",
         cuda_graphs: bool = True,
+        graph_staging: bool = True,
         max_graph_tokens: int = 32768,
         max_tokens_per_pass: int = 65536,
         fp8_min_tokens: int = FP8_MIN_TOKENS,
@@ -139,7 +142,8 @@ class FusedEngine:
         ``persistent`` runs small batches as one persistent kernel (``kernels.persistent``).
         ``attention_tiles`` (BLOCK_M, BLOCK_N, warps, stages) and ``gemm_plans``
         (small-batch GEMM name -> (tiles, splits)) override the built-in rules (benchmarks,
-        tests)."""
+        tests). ``graph_staging``: graphs stage their own inputs and write the caller's
+        output (``call_table``), so a call on device tensors is one launch."""
         self.weights = with_folded(weights, deferred_ln_max_hidden)
         self.config = weights.config
         self.device = torch.device(device)
@@ -176,13 +180,20 @@ class FusedEngine:
             attn_config=attention_tiles,
             gemm_plans=tuple(sorted((gemm_plans or {}).items())),
         )
-        self._graphs = GraphCache(self._forward, self.device) if self.cuda_graphs else None
+        self.graph_staging = graph_staging
+        self._graphs = self._new_graphs()
         self._recorder: AmaxRecorder | None = None
         self._lock = threading.Lock()
         self.calibration: Calibration | None = None
         if fp8_calibration is not None:
             self.load_calibration(fp8_calibration if isinstance(fp8_calibration, Calibration)
                                   else Calibration.load(Path(fp8_calibration)))
+
+    def _new_graphs(self) -> GraphCache | None:
+        if not self.cuda_graphs:
+            return None
+        table = self.graph_staging and hasattr(self.ops, "stage_from_table")
+        return GraphCache(self._forward, self.device, table_ops=self.ops if table else None)
 
     # ------------------------------------------------------------------ construction
 
@@ -266,7 +277,7 @@ class FusedEngine:
             self.weights = replace(self.weights, calibrated=layers)
             self.calibration = calibration
             if self._graphs is not None:
-                self._graphs = GraphCache(self._forward, self.device)
+                self._graphs = self._new_graphs()
 
     def save_calibration(self, path: Path) -> None:
         """Write the calibration in use as JSON (:meth:`load_calibration`'s input)."""
@@ -340,6 +351,9 @@ class FusedEngine:
             bucket = self._graph_bucket(t, b, max_seqlen)
             if bucket is None or self._graphs is None:
                 return self._forward(ids, tt, pos, cu, b, max_seqlen)
+            if self._graphs.stages_itself:  # one launch: the graph stages and copies out
+                out = torch.empty((2, t), device=self.device, dtype=torch.float32)
+                return self._graphs.replay_into(bucket, ids, tt, pos, cu, out)
             # Rows past t keep earlier batches' (valid) tokens: they belong to no sequence.
             self.ops.stage_inputs(self._graphs.inputs(bucket), bucket.tokens, ids, tt, pos, cu)
             return self._graphs.replay(bucket)[:, :t].clone()

@@ -3,7 +3,11 @@
 A graph owns static buffers: one int32 input buffer in the ``packing.bucket_layout``
 layout, and the float32 [2, bucket.tokens] logits its captured forward wrote. A call
 copies a batch into the input buffer, replays, and reads the logits before the next
-call (the caller copies out what it keeps). Not thread-safe: the engine serialises calls.
+call (the caller copies out what it keeps). With ``table_ops`` (an op set with
+``stage_from_table`` / ``logits_to_table``) every graph also stages its own inputs and
+writes the caller's output tensor, named in a pinned call table
+(``engine.fused.call_table``): :meth:`GraphCache.replay_into` is then one launch.
+Not thread-safe: the engine serialises calls.
 All graphs share one memory pool: they are
 replayed one at a time and none reads another's intermediates, so the pool's blocks can
 serve every graph's activations.
@@ -13,9 +17,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from types import ModuleType
 
 import torch
 
+from engine.fused.call_table import CallTable
 from engine.fused.packing import Bucket
 
 # forward(ids, token_types, positions, cu_seqlens, n_seqs, max_seqlen) -> logits [2, T]
@@ -38,12 +44,20 @@ class _Captured:
 class GraphCache:
     """Capture-once, replay-many forward passes keyed by :class:`Bucket`."""
 
-    def __init__(self, forward: Forward, device: torch.device, max_graphs: int = 128) -> None:
+    def __init__(self, forward: Forward, device: torch.device, max_graphs: int = 128,
+                 table_ops: ModuleType | None = None) -> None:
         self._forward = forward
         self._device = device
         self._max_graphs = max_graphs
         self._graphs: dict[Bucket, _Captured] = {}
         self._pool = torch.cuda.graph_pool_handle()
+        self._ops = table_ops
+        self._table = CallTable() if table_ops is not None else None
+
+    @property
+    def stages_itself(self) -> bool:
+        """Whether :meth:`replay_into` is available (graphs read the call table)."""
+        return self._table is not None
 
     def __len__(self) -> int:
         return len(self._graphs)
@@ -60,16 +74,42 @@ class GraphCache:
     def replay(self, bucket: Bucket) -> torch.Tensor:
         """Run the bucket's graph on what its input buffer holds; returns the static logits."""
         entry = self._graphs[bucket]
+        if self._table is not None:
+            self._table.write()  # nothing to stage, nothing to copy out
         entry.graph.replay()
         return entry.logits
+
+    def replay_into(self, bucket: Bucket, ids: torch.Tensor, tt: torch.Tensor,
+                    pos: torch.Tensor, cu: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        """One launch: the bucket's graph stages contiguous int32 ``ids``/``tt``/``pos``
+        [T] and ``cu`` [B + 1] (rows past T keep earlier batches' tokens, in no sequence)
+        and writes the logits into ``out`` (float32 [2, T], contiguous), returned."""
+        assert self._table is not None, "replay_into needs a GraphCache with table_ops"
+        entry = self._graphs.get(bucket) or self._capture(bucket)
+        if ids.shape[0] > bucket.tokens or cu.shape[0] - 1 > bucket.seqs:
+            raise ValueError(f"batch ({ids.shape[0]} tokens, {cu.shape[0] - 1} sequences) "
+                             f"does not fit {bucket}")
+        self._table.write(ids, tt, pos, cu, out)
+        entry.graph.replay()
+        return out
 
     def _capture(self, bucket: Bucket) -> _Captured:
         inputs = torch.zeros(bucket.buffer_len, dtype=torch.int32, device=self._device)
         ids, tt, pos, cu = split_inputs(inputs, bucket)
         cu.fill_(0)  # all sequences empty: the warm-up touches no uninitialised rows
 
+        ops, table = self._ops, self._table
+
         def run() -> torch.Tensor:
-            return self._forward(ids, tt, pos, cu, bucket.seqs, bucket.max_seqlen)
+            if ops is not None and table is not None:
+                ops.stage_from_table(inputs, bucket.tokens, table.tensor)
+            logits = self._forward(ids, tt, pos, cu, bucket.seqs, bucket.max_seqlen)
+            if ops is not None and table is not None:
+                ops.logits_to_table(logits, table.tensor)
+            return logits
+
+        if table is not None:
+            table.write()  # the warm-up passes stage nothing and copy nothing out
 
         # Warm up on a side stream: Triton compiles and cuBLAS picks its kernels and
         # workspaces here, outside the capture (neither may happen inside one).

@@ -39,3 +39,71 @@ def stage_inputs(buf: torch.Tensor, tokens: int, ids: torch.Tensor, tt: torch.Te
         raise ValueError(f"batch ({t} tokens, {b} sequences) does not fit the buffer")
     grid = (triton.cdiv(max(t, seqs + 1), _BLOCK),)
     _stage_kernel[grid](ids, tt, pos, cu, buf, t, tokens, b, seqs, BLOCK=_BLOCK)
+
+
+# ----------------------------------------------------------------- staging inside the graph
+#
+# A graph can also stage its own inputs: its first kernel reads where the caller's tensors
+# are from a *call table* (``engine.fused.call_table``: int64 slots in pinned host memory,
+# which kernels reach under unified addressing) and its last kernel copies the logits to
+# the caller's tensor named there, then acknowledges. A call is then one graph launch:
+# no staging launch in front, no copy launch behind. Slot indices: see ``call_table``.
+
+_STAGE_BLOCK = 1024
+
+
+@triton.jit
+def _stage_table_kernel(table_addr, buf_ptr, n, seqs, BLOCK: tl.constexpr):
+    """One program: the table's batch (``t`` tokens, ``b`` sequences) into ``buf``, as
+    ``_stage_kernel`` writes it; nothing when ``t`` is 0 (the host filled ``buf``)."""
+    table = table_addr.to(tl.pointer_type(tl.int64))
+    t = tl.load(table + 4).to(tl.int32)
+    if t > 0:
+        b = tl.load(table + 5).to(tl.int32)
+        ids = tl.load(table + 0).to(tl.pointer_type(tl.int32))
+        tt = tl.load(table + 1).to(tl.pointer_type(tl.int32))
+        pos = tl.load(table + 2).to(tl.pointer_type(tl.int32))
+        cu = tl.load(table + 3).to(tl.pointer_type(tl.int32))
+        for start in range(0, t, BLOCK):
+            i = start + tl.arange(0, BLOCK)
+            tok = i < t
+            tl.store(buf_ptr + i, tl.load(ids + i, mask=tok), mask=tok)
+            tl.store(buf_ptr + n + i, tl.load(tt + i, mask=tok), mask=tok)
+            tl.store(buf_ptr + 2 * n + i, tl.load(pos + i, mask=tok), mask=tok)
+        for start in range(0, seqs + 1, BLOCK):
+            i = start + tl.arange(0, BLOCK)
+            seq = i <= seqs
+            tl.store(buf_ptr + 3 * n + i, tl.load(cu + tl.minimum(i, b), mask=seq), mask=seq)
+
+
+@triton.jit
+def _logits_table_kernel(table_addr, logits_ptr, n, BLOCK: tl.constexpr):
+    """One program: the first ``t`` columns of ``logits`` [2, n] into the table's output
+    tensor [2, t] (if it names one), then the table's sequence number into its
+    acknowledgement slot, computed from that load so that it cannot be stored first."""
+    table = table_addr.to(tl.pointer_type(tl.int64))
+    t = tl.load(table + 4).to(tl.int32)
+    out_addr = tl.load(table + 6)
+    if out_addr != 0:
+        out = out_addr.to(tl.pointer_type(tl.float32))
+        for start in range(0, t, BLOCK):
+            i = start + tl.arange(0, BLOCK)
+            m = i < t
+            tl.store(out + i, tl.load(logits_ptr + i, mask=m), mask=m)
+            tl.store(out + t + i, tl.load(logits_ptr + n + i, mask=m), mask=m)
+    tl.debug_barrier()  # every lane's loads of this program are done before the ack
+    tl.store(table + 8, tl.load(table + 7) + 0 * t)
+
+
+def stage_from_table(buf: torch.Tensor, tokens: int, table: torch.Tensor) -> None:
+    """Launch the staging kernel on a bucket buffer whose token sections are ``tokens``
+    long; ``table`` is the pinned call table (its address is baked into a captured graph)."""
+    seqs = buf.shape[0] - 3 * tokens - 1
+    _stage_table_kernel[(1,)](table.data_ptr(), buf, tokens, seqs, BLOCK=_STAGE_BLOCK,
+                              num_warps=4)
+
+
+def logits_to_table(logits: torch.Tensor, table: torch.Tensor) -> None:
+    """Launch the output kernel on a graph's static float32 logits [2, tokens]."""
+    _logits_table_kernel[(1,)](table.data_ptr(), logits, logits.shape[1], BLOCK=_STAGE_BLOCK,
+                               num_warps=4)

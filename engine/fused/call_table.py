@@ -1,0 +1,64 @@
+"""The call table: how one CUDA-graph launch serves a call on device tensors.
+
+Without it a call on device tensors costs three launches: a staging kernel that copies the
+caller's tensors into the graph's input buffer, the graph, and a copy of the logits out
+of the graph's static buffer (H200, 2026-11-30: ~25-30 µs per call beyond the graph, most
+of it the staging launch's host-side cost). With it the graph's first kernel
+(``kernels.stage_from_table``) reads the caller's tensor addresses and sizes from this
+table, and its last kernel (``kernels.logits_to_table``) writes the logits into the
+caller's output tensor and acknowledges: one launch per call.
+
+The table is int64 slots in pinned host memory, which kernels read and write through
+unified virtual addressing; its address is baked into every graph at capture. A call
+writes the table only once the previous call's graph has acknowledged (its last kernel
+copies the table's sequence number into ``ACK``): a graph still queued behind other work
+never reads the next call's values. Calls that hold their inputs in the graph's buffer
+already (the host path) write a table with no tokens and no output.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+IDS, TOKEN_TYPES, POSITIONS, CU_SEQLENS, TOKENS, SEQS, OUT, SEQ, ACK = range(9)
+SLOTS = 16  # 9 used; 128 bytes
+
+
+class CallTable:
+    """The pinned table and its write protocol (callers serialise calls)."""
+
+    def __init__(self, timeout_s: float = 60.0, pin_memory: bool = True) -> None:
+        self.tensor = torch.zeros(SLOTS, dtype=torch.int64, pin_memory=pin_memory)
+        self._slots = self.tensor.numpy()  # the same pinned memory
+        self._timeout_s = timeout_s
+
+    def _wait_ack(self) -> None:
+        """Until the last graph that read the table has acknowledged it."""
+        if self._slots[ACK] == self._slots[SEQ]:
+            return
+        deadline = time.monotonic() + self._timeout_s
+        while self._slots[ACK] != self._slots[SEQ]:
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"the previous CUDA-graph call did not finish within {self._timeout_s:.0f} s")
+            time.sleep(0)
+
+    def write(self, ids: torch.Tensor | None = None, token_types: torch.Tensor | None = None,
+              positions: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None,
+              out: torch.Tensor | None = None) -> None:
+        """Name the next graph launch's inputs (int32 [T] x 3, [B + 1]) and output (float32
+        [2, T], contiguous); without inputs the graph stages nothing, without ``out`` it
+        copies nothing (its static logits are still written)."""
+        self._wait_ack()
+        s = self._slots
+        if ids is None:
+            s[TOKENS] = 0
+        else:
+            assert token_types is not None and positions is not None and cu_seqlens is not None
+            s[IDS], s[TOKEN_TYPES] = ids.data_ptr(), token_types.data_ptr()
+            s[POSITIONS], s[CU_SEQLENS] = positions.data_ptr(), cu_seqlens.data_ptr()
+            s[TOKENS], s[SEQS] = ids.shape[0], cu_seqlens.shape[0] - 1
+        s[OUT] = 0 if out is None else out.data_ptr()
+        s[SEQ] += 1
