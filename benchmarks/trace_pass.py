@@ -1,7 +1,7 @@
 """Where one batch-1 forward pass spends its time: a CUPTI kernel trace of real passes.
 
     python benchmarks/trace_pass.py --out DIR [--shapes bert-base:1x128,bert-large:1x384]
-        [--option KEY=VALUE ...]
+        [--dtype fp8 [--calibrate]] [--option KEY=VALUE ...]
 
 Each shape runs ``FusedEngine._run_device`` (static-input copies, CUDA-graph replay, logits
 clone: what the service pays per batch) on a random-weight model, under
@@ -17,7 +17,9 @@ kernels (graph kernels are traced one by one) it reports:
 * the copies before the graph and the logits clone after it ("copy/fill"), whose steps
   include the host's launch gaps between them.
 
-Writes ``DIR/trace_<model>_<shape>.json`` (the raw kernel list of the last pass) and
+``--calibrate`` gives the engine static FP8 scales first (``FusedEngine.calibrate`` on
+256 windows of SQuAD dev lengths, not the traced ones). Writes
+``DIR/trace_<model>_<shape>.json`` (the raw kernel list of the last pass) and
 ``DIR/trace.md`` (one table per shape). Random weights; timings of a traced pass run a
 little slower than untraced ones.
 """
@@ -38,6 +40,7 @@ _KINDS = [  # (substring of the kernel name, label), first match wins
     ("_gemm_kernel", "Triton GEMM"), ("_gemm_tma_kernel", "Triton GEMM"),
     ("_attn", "attention"), ("_residual_ln", "residual LN"),
     ("_embed_ln", "embed LN"), ("_bias_gelu", "bias GELU"), ("_encoder_kernel", "persistent"),
+    ("_stage_table", "call table"), ("_logits_table", "call table"),
     ("_stage_kernel", "copy/fill"), ("gemm", "cuBLAS GEMM"), ("sm90", "cuBLAS GEMM"),
     ("cutlass", "cuBLAS GEMM"),
     ("elementwise", "copy/fill"), ("Memcpy", "copy/fill"), ("Memset", "copy/fill"),
@@ -68,7 +71,8 @@ def steps(kernels: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def trace_shape(name: str, batch: int, seq: int, options: dict[str, Any],
-                out: Path, mix: bool = False, dtype: str = "float16") -> dict[str, Any]:
+                out: Path, mix: bool = False, dtype: str = "float16",
+                calibrate: bool = False) -> dict[str, Any]:
     import numpy as np
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -78,9 +82,12 @@ def trace_shape(name: str, batch: int, seq: int, options: dict[str, Any],
     model, cfg = make_hf(name)
     eng = make_ours(model, cfg, dtype=dtype, **options)
     rng = np.random.default_rng(4)
+    if calibrate:
+        eng.calibrate(*random_padded(rng, 256, 384, rng.choice(squad_lengths(), 256)))
     lengths = rng.choice(squad_lengths(), batch) if mix else None
     x = device_packed(*random_padded(rng, batch, seq, lengths))
-    shape = f"{batch}x{'mix' if mix else seq}" + ("" if dtype == "float16" else f"_{dtype}")
+    shape = (f"{batch}x{'mix' if mix else seq}" + ("" if dtype == "float16" else f"_{dtype}")
+             + ("_calibrated" if calibrate else ""))
     with torch.inference_mode():
         for _ in range(5):
             eng._run_device(*x)
@@ -133,6 +140,9 @@ def main() -> None:
     p.add_argument("--mix", action="append", default=[],
                    help="MODEL:WINDOWS[:DTYPE], a batch of SQuAD-dev-length windows "
                         "(DTYPE float16 or fp8; repeatable)")
+    p.add_argument("--dtype", default="float16", help="of --shapes: float16 or fp8")
+    p.add_argument("--calibrate", action="store_true",
+                   help="static FP8 scales first (fp8 engines; see the docstring)")
     p.add_argument("--option", action="append", default=[],
                    help="FusedEngine keyword for every shape, KEY=VALUE (repeatable)")
     args = p.parse_args()
@@ -143,12 +153,14 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     from benchmarks.bench_gpu import parse_shapes
 
-    results = [trace_shape(name, b, s, options, args.out)
+    results = [trace_shape(name, b, s, options, args.out, dtype=args.dtype,
+                           calibrate=args.calibrate)
                for name, b, s in (parse_shapes(args.shapes) if args.shapes else [])]
     for item in args.mix:
         name, windows, *dtype = item.split(":")
         results.append(trace_shape(name, int(windows), 384, options, args.out, mix=True,
-                                   dtype=dtype[0] if dtype else "float16"))
+                                   dtype=dtype[0] if dtype else "float16",
+                                   calibrate=args.calibrate))
     (args.out / "trace.md").write_text(markdown(results))
     print(markdown(results))
 

@@ -53,12 +53,11 @@ class CallTable:
         copies nothing (its static logits are still written)."""
         self._wait_ack()
         s = self._slots
+        seq = int(s[SEQ]) + 1
+        dst = 0 if out is None else out.data_ptr()
         if ids is None:
-            s[TOKENS] = 0
-        else:
-            assert token_types is not None and positions is not None and cu_seqlens is not None
-            s[IDS], s[TOKEN_TYPES] = ids.data_ptr(), token_types.data_ptr()
-            s[POSITIONS], s[CU_SEQLENS] = positions.data_ptr(), cu_seqlens.data_ptr()
-            s[TOKENS], s[SEQS] = ids.shape[0], cu_seqlens.shape[0] - 1
-        s[OUT] = 0 if out is None else out.data_ptr()
-        s[SEQ] += 1
+            s[TOKENS:SEQ + 1] = (0, 0, dst, seq)
+            return
+        assert token_types is not None and positions is not None and cu_seqlens is not None
+        s[:SEQ + 1] = (ids.data_ptr(), token_types.data_ptr(), positions.data_ptr(),
+                       cu_seqlens.data_ptr(), ids.shape[0], cu_seqlens.shape[0] - 1, dst, seq)

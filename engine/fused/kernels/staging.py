@@ -57,13 +57,14 @@ def _stage_table_kernel(table_addr, buf_ptr, n, seqs, BLOCK: tl.constexpr):
     """One program: the table's batch (``t`` tokens, ``b`` sequences) into ``buf``, as
     ``_stage_kernel`` writes it; nothing when ``t`` is 0 (the host filled ``buf``)."""
     table = table_addr.to(tl.pointer_type(tl.int64))
+    # Every slot in one round trip over the bus (the table is in host memory).
+    ids = tl.load(table + 0).to(tl.pointer_type(tl.int32))
+    tt = tl.load(table + 1).to(tl.pointer_type(tl.int32))
+    pos = tl.load(table + 2).to(tl.pointer_type(tl.int32))
+    cu = tl.load(table + 3).to(tl.pointer_type(tl.int32))
     t = tl.load(table + 4).to(tl.int32)
+    b = tl.load(table + 5).to(tl.int32)
     if t > 0:
-        b = tl.load(table + 5).to(tl.int32)
-        ids = tl.load(table + 0).to(tl.pointer_type(tl.int32))
-        tt = tl.load(table + 1).to(tl.pointer_type(tl.int32))
-        pos = tl.load(table + 2).to(tl.pointer_type(tl.int32))
-        cu = tl.load(table + 3).to(tl.pointer_type(tl.int32))
         for start in range(0, t, BLOCK):
             i = start + tl.arange(0, BLOCK)
             tok = i < t
@@ -80,10 +81,12 @@ def _stage_table_kernel(table_addr, buf_ptr, n, seqs, BLOCK: tl.constexpr):
 def _logits_table_kernel(table_addr, logits_ptr, n, BLOCK: tl.constexpr):
     """One program: the first ``t`` columns of ``logits`` [2, n] into the table's output
     tensor [2, t] (if it names one), then the table's sequence number into its
-    acknowledgement slot, computed from that load so that it cannot be stored first."""
+    acknowledgement slot (the stored value depends on the loads, so it cannot be stored
+    before them)."""
     table = table_addr.to(tl.pointer_type(tl.int64))
-    t = tl.load(table + 4).to(tl.int32)
+    t = tl.load(table + 4).to(tl.int32)  # the three slots in one round trip over the bus
     out_addr = tl.load(table + 6)
+    seq = tl.load(table + 7)
     if out_addr != 0:
         out = out_addr.to(tl.pointer_type(tl.float32))
         for start in range(0, t, BLOCK):
@@ -92,7 +95,7 @@ def _logits_table_kernel(table_addr, logits_ptr, n, BLOCK: tl.constexpr):
             tl.store(out + i, tl.load(logits_ptr + i, mask=m), mask=m)
             tl.store(out + t + i, tl.load(logits_ptr + n + i, mask=m), mask=m)
     tl.debug_barrier()  # every lane's loads of this program are done before the ack
-    tl.store(table + 8, tl.load(table + 7) + 0 * t)
+    tl.store(table + 8, seq + 0 * t)
 
 
 def stage_from_table(buf: torch.Tensor, tokens: int, table: torch.Tensor) -> None:
