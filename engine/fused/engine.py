@@ -351,7 +351,7 @@ class FusedEngine:
             bucket = self._graph_bucket(t, b, max_seqlen)
             if bucket is None or self._graphs is None:
                 return self._forward(ids, tt, pos, cu, b, max_seqlen)
-            if self._graphs.stages_itself:  # one launch: the graph stages and copies out
+            if self._graphs.stages_itself(bucket):  # one launch: stages, runs, copies out
                 out = torch.empty((2, t), device=self.device, dtype=torch.float32)
                 return self._graphs.replay_into(bucket, ids, tt, pos, cu, out)
             # Rows past t keep earlier batches' (valid) tokens: they belong to no sequence.

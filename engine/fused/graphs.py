@@ -4,9 +4,10 @@ A graph owns static buffers: one int32 input buffer in the ``packing.bucket_layo
 layout, and the float32 [2, bucket.tokens] logits its captured forward wrote. A call
 copies a batch into the input buffer, replays, and reads the logits before the next
 call (the caller copies out what it keeps). With ``table_ops`` (an op set with
-``stage_from_table`` / ``logits_to_table``) every graph also stages its own inputs and
-writes the caller's output tensor, named in a pinned call table
-(``engine.fused.call_table``): :meth:`GraphCache.replay_into` is then one launch.
+``stage_from_table`` / ``logits_to_table``) the graphs of buckets up to
+``TABLE_MAX_TOKENS`` tokens also stage their own inputs and write the caller's output
+tensor, named in a pinned call table (``engine.fused.call_table``):
+:meth:`GraphCache.replay_into` is then one launch.
 Not thread-safe: the engine serialises calls.
 All graphs share one memory pool: they are
 replayed one at a time and none reads another's intermediates, so the pool's blocks can
@@ -24,6 +25,13 @@ import torch
 from engine.fused.call_table import CallTable
 from engine.fused.packing import Bucket
 
+# Buckets up to this many tokens stage through the call table. Its kernels copy with one
+# program (one bus round trip for the table each), which is what a call of a few hundred
+# tokens wants; H200, 2026-11-30, BERT-large SQuAD mix of 256 windows (45k tokens): the
+# two took 122 µs of a 35 ms pass, more than the launches they save, which matter less
+# the larger the batch.
+TABLE_MAX_TOKENS = 2048
+
 # forward(ids, token_types, positions, cu_seqlens, n_seqs, max_seqlen) -> logits [2, T]
 Forward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, int], torch.Tensor]
 
@@ -39,6 +47,7 @@ class _Captured:
     inputs: torch.Tensor  # int32 [bucket.buffer_len]
     logits: torch.Tensor  # float32 [2, bucket.tokens], written by each replay
     graph: torch.cuda.CUDAGraph
+    staged: bool  # reads the call table (stages itself, copies out, acknowledges)
 
 
 class GraphCache:
@@ -54,10 +63,9 @@ class GraphCache:
         self._ops = table_ops
         self._table = CallTable() if table_ops is not None else None
 
-    @property
-    def stages_itself(self) -> bool:
-        """Whether :meth:`replay_into` is available (graphs read the call table)."""
-        return self._table is not None
+    def stages_itself(self, bucket: Bucket) -> bool:
+        """Whether the bucket's graph reads the call table (:meth:`replay_into`)."""
+        return self._table is not None and bucket.tokens <= TABLE_MAX_TOKENS
 
     def __len__(self) -> int:
         return len(self._graphs)
@@ -74,7 +82,8 @@ class GraphCache:
     def replay(self, bucket: Bucket) -> torch.Tensor:
         """Run the bucket's graph on what its input buffer holds; returns the static logits."""
         entry = self._graphs[bucket]
-        if self._table is not None:
+        if entry.staged:
+            assert self._table is not None
             self._table.write()  # nothing to stage, nothing to copy out
         entry.graph.replay()
         return entry.logits
@@ -84,7 +93,8 @@ class GraphCache:
         """One launch: the bucket's graph stages contiguous int32 ``ids``/``tt``/``pos``
         [T] and ``cu`` [B + 1] (rows past T keep earlier batches' tokens, in no sequence)
         and writes the logits into ``out`` (float32 [2, T], contiguous), returned."""
-        assert self._table is not None, "replay_into needs a GraphCache with table_ops"
+        assert self._table is not None and self.stages_itself(bucket), \
+            "replay_into needs a GraphCache with table_ops, and a bucket that stages itself"
         entry = self._graphs.get(bucket) or self._capture(bucket)
         if ids.shape[0] > bucket.tokens or cu.shape[0] - 1 > bucket.seqs:
             raise ValueError(f"batch ({ids.shape[0]} tokens, {cu.shape[0] - 1} sequences) "
@@ -98,7 +108,7 @@ class GraphCache:
         ids, tt, pos, cu = split_inputs(inputs, bucket)
         cu.fill_(0)  # all sequences empty: the warm-up touches no uninitialised rows
 
-        ops, table = self._ops, self._table
+        ops, table = self._ops, self._table if self.stages_itself(bucket) else None
 
         def run() -> torch.Tensor:
             if ops is not None and table is not None:
@@ -122,6 +132,6 @@ class GraphCache:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
             logits = run()
-        entry = _Captured(inputs, logits, graph)
+        entry = _Captured(inputs, logits, graph, table is not None)
         self._graphs[bucket] = entry
         return entry

@@ -396,8 +396,12 @@ def test_graph_staging_one_launch_calls() -> None:
 
     one = FusedEngine.from_pretrained(CHECKPOINT, device="cuda", dtype="float16")
     three = FusedEngine(one.weights, "cuda", graph_staging=False)
-    assert one._graphs is not None and one._graphs.stages_itself
-    assert three._graphs is not None and not three._graphs.stages_itself
+    from engine.fused.packing import bucket_for
+
+    small, large = bucket_for(384, 1, 384), bucket_for(8192, 16, 384)
+    assert one._graphs is not None and one._graphs.stages_itself(small)
+    assert not one._graphs.stages_itself(large)  # a large batch: three launches
+    assert three._graphs is not None and not three._graphs.stages_itself(small)
     rng = np.random.default_rng(21)
 
     def packed(windows: int, seq: int) -> tuple[tuple[Any, ...], Any, Any]:
@@ -412,7 +416,8 @@ def test_graph_staging_one_launch_calls() -> None:
     def close(a: Any, b: Any) -> bool:
         return a.shape == b.shape and float((a - b).abs().max()) < 1e-2
 
-    batches = [packed(w, s) for w, s in [(1, 128), (3, 200), (1, 384), (8, 64), (1, 128)]]
+    batches = [packed(w, s) for w, s in [(1, 128), (3, 200), (1, 384), (8, 64), (1, 128),
+                                         (12, 384)]]  # the last beyond TABLE_MAX_TOKENS
     with torch.inference_mode():
         for x, keep, host in batches:
             a, b = one._run_device(*x), three._run_device(*x)
