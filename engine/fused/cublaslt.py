@@ -54,7 +54,6 @@ _WORKSPACE_BYTES = 32 << 20  # cuBLAS's recommendation for Hopper
 HEURISTIC_ALGOS = 16  # algorithms asked of the heuristic per plan (``fp8_linear``'s ``algo``)
 TUNE_ALGOS = 4  # of them, the first ones timed per plan (see the module docstring)
 TUNE_REPS = 20  # launches per timed replay
-TUNE = True  # False: the heuristic's first choice (benchmarks A/B it with ab_replay --set)
 
 _ONE, _ZERO = ctypes.c_float(1.0), ctypes.c_float(0.0)  # alpha, beta (C is never read)
 _TYPES = {torch.float16: _R_16F, torch.bfloat16: _R_16BF, torch.float8_e4m3fn: _R_8F_E4M3}
@@ -294,9 +293,9 @@ def fp8_linear(
             ctypes.c_size_t(ws.numel()), ctypes.c_void_p(stream)))
 
     if algo is None:
-        if TUNE and plan.tuned is None and not torch.cuda.is_current_stream_capturing():
+        if plan.tuned is None and not torch.cuda.is_current_stream_capturing():
             plan.tuned = _fastest(plan, launch)
-        algo = (plan.tuned or 0) if TUNE else 0
+        algo = plan.tuned or 0
     _check(launch(algo), "cublasLtMatmul")
     return out
 
