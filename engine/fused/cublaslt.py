@@ -17,13 +17,6 @@ The library is the one torch already loaded (``libcublasLt.so.13``/``.12``), or
 ``$QA_CUBLASLT_LIB``. Plans (descriptors and the heuristic's algorithms) are cached
 per shape and configuration; pointers are set per call, so calls can be captured in CUDA
 graphs (the workspace is allocated once per device, outside any capture).
-
-**Algorithm choice** (as TensorRT times its tactics): the first call of a plan outside a
-graph capture times the heuristic's first ``TUNE_ALGOS`` algorithms on that call's own
-operands (each as CUDA-graph replays of ``TUNE_REPS`` launches: Python's launch cost is
-larger than these GEMMs) and keeps the fastest for the plan. H200, 2026-11-30: the
-heuristic's first choice was within 3% of the best in 7 of 8 BERT-large GEMMs at 47k
-tokens, but not for the out-projection (93 vs 74 µs) nor FFN2 at 384 tokens (6.6 vs 6.2).
 """
 
 from __future__ import annotations
@@ -33,7 +26,6 @@ import ctypes.util
 import glob
 import os
 import sys
-from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 
@@ -52,10 +44,7 @@ _EPI_DEFAULT, _EPI_BIAS, _EPI_GELU, _EPI_GELU_BIAS = 1, 4, 32, 36
 _PREF_MAX_WORKSPACE = 1
 _WORKSPACE_BYTES = 32 << 20  # cuBLAS's recommendation for Hopper
 HEURISTIC_ALGOS = 16  # algorithms asked of the heuristic per plan (``fp8_linear``'s ``algo``)
-TUNE_ALGOS = 4  # of them, the first ones timed per plan (see the module docstring)
-TUNE_REPS = 20  # launches per timed replay
 
-_ONE, _ZERO = ctypes.c_float(1.0), ctypes.c_float(0.0)  # alpha, beta (C is never read)
 _TYPES = {torch.float16: _R_16F, torch.bfloat16: _R_16BF, torch.float8_e4m3fn: _R_8F_E4M3}
 
 
@@ -151,7 +140,6 @@ class _Plan:
     c: ctypes.c_void_p
     d: ctypes.c_void_p
     algos: list[_HeuristicResult]  # the heuristic's usable algorithms, its first choice first
-    tuned: int | None = None  # index of the fastest timed one, once timed
 
 
 def _set(desc: ctypes.c_void_p, attr: int,
@@ -236,16 +224,14 @@ def fp8_linear(
     out_scale: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     fast_accum: bool = False,
-    algo: int | None = None,
+    algo: int = 0,
 ) -> torch.Tensor:
     """``out_scale * act(x_scale * w_scale * (xq @ w8^T) + bias)`` in ``out_dtype`` (see the
     module docstring). ``out_scale`` is required for, and only for, an e4m3 output.
 
     ``fast_accum`` accumulates in the tensor cores' own precision throughout (no periodic
     promotion to float32). ``algo`` picks the heuristic's ``algo``-th algorithm (0: its
-    first choice); an index past the ones it offers raises :class:`CublasLtError`. None
-    (the default): the plan's timed choice (see the module docstring), timed now if this
-    is its first call outside a graph capture, else the heuristic's first choice."""
+    first choice); an index past the ones it offers raises :class:`CublasLtError`."""
     if xq.dtype != torch.float8_e4m3fn or w8.dtype != torch.float8_e4m3fn:
         raise ValueError("fp8_linear takes e4m3 operands")
     if xq.dim() != 2 or w8.dim() != 2 or xq.shape[1] != w8.shape[1]:
@@ -263,14 +249,14 @@ def fp8_linear(
     key = _Key(m, n, k, out_dtype, None if bias is None else bias.dtype, gelu,
                _scale_rows(x_scale, m, "x_scale"), _scale_rows(w_scale, n, "w_scale"),
                out_scale is not None, fast_accum)
-    if algo is not None and algo < 0:
+    if algo < 0:
         raise ValueError(f"algo must be >= 0, got {algo}")
     if out is None:
         out = torch.empty((m, n), device=xq.device, dtype=out_dtype)
     elif out.shape != (m, n) or out.dtype != out_dtype or not out.is_contiguous():
         raise ValueError(f"out must be a contiguous {out_dtype} tensor of shape ({m}, {n})")
     plan = _plan(key)
-    if algo is not None and algo >= len(plan.algos):
+    if algo >= len(plan.algos):
         raise CublasLtError(f"the heuristic offers {len(plan.algos)} algorithms for {key}, "
                             f"not {algo + 1}")
     _set(plan.desc, _DESC_A_SCALE, ctypes.c_void_p(w_scale.data_ptr()))
@@ -279,53 +265,16 @@ def fp8_linear(
         _set(plan.desc, _DESC_D_SCALE, ctypes.c_void_p(out_scale.data_ptr()))
     if bias is not None:
         _set(plan.desc, _DESC_BIAS_POINTER, ctypes.c_void_p(bias.data_ptr()))
+    alpha, beta = ctypes.c_float(1.0), ctypes.c_float(0.0)
     # beta = 0: C is not read. An e4m3 D has a 16-bit C type, so C cannot alias D.
     c_ptr = None if out_dtype == torch.float8_e4m3fn else out.data_ptr()
     ws = _workspace(xq.device.index or 0)
-
-    def launch(i: int) -> int:  # the GEMM with the plan's i-th algorithm, on the current stream
-        stream = torch.cuda.current_stream(xq.device).cuda_stream
-        return int(_lib().cublasLtMatmul(
-            _handle(), plan.desc, ctypes.byref(_ONE), ctypes.c_void_p(w8.data_ptr()), plan.a,
-            ctypes.c_void_p(xq.data_ptr()), plan.b, ctypes.byref(_ZERO),
-            ctypes.c_void_p(c_ptr), plan.c, ctypes.c_void_p(out.data_ptr()), plan.d,
-            ctypes.byref(plan.algos[i].algo), ctypes.c_void_p(ws.data_ptr()),
-            ctypes.c_size_t(ws.numel()), ctypes.c_void_p(stream)))
-
-    if algo is None:
-        if plan.tuned is None and not torch.cuda.is_current_stream_capturing():
-            plan.tuned = _fastest(plan, launch)
-        algo = plan.tuned or 0
-    _check(launch(algo), "cublasLtMatmul")
+    stream = torch.cuda.current_stream(xq.device).cuda_stream
+    _check(_lib().cublasLtMatmul(
+        _handle(), plan.desc, ctypes.byref(alpha), ctypes.c_void_p(w8.data_ptr()), plan.a,
+        ctypes.c_void_p(xq.data_ptr()), plan.b, ctypes.byref(beta),
+        ctypes.c_void_p(c_ptr), plan.c, ctypes.c_void_p(out.data_ptr()), plan.d,
+        ctypes.byref(plan.algos[algo].algo), ctypes.c_void_p(ws.data_ptr()),
+        ctypes.c_size_t(ws.numel()),
+        ctypes.c_void_p(stream)), "cublasLtMatmul")
     return out
-
-
-
-def _fastest(plan: _Plan, launch: Callable[[int], int]) -> int:
-    """Index of the fastest of the plan's first ``TUNE_ALGOS`` algorithms: each captured
-    as ``TUNE_REPS`` launches in a CUDA graph, replayed twice, the second replay timed.
-    An algorithm that fails to launch is skipped; the heuristic's first choice wins ties
-    and stands if none other runs."""
-    best, best_ms = 0, float("inf")
-    side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for i in range(min(TUNE_ALGOS, len(plan.algos))):
-            if launch(i) != 0:  # once outside a capture: it must run at all
-                continue
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, stream=side):
-                for _ in range(TUNE_REPS):
-                    launch(i)
-            graph.replay()
-            start = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-            end = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-            start.record()
-            graph.replay()
-            end.record()
-            end.synchronize()
-            ms = start.elapsed_time(end)
-            if ms < best_ms * 0.98:  # a clear win only
-                best, best_ms = i, ms
-    torch.cuda.current_stream().wait_stream(side)
-    return best
