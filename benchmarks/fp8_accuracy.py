@@ -25,7 +25,10 @@ tanh form and a bf16 bias). Together they split the calibrated scheme's extra er
 weights, FFN1's epilogue and static activation scales. ``static:G1+G2`` is ``calibrated``
 with only the named GEMMs' inputs (of ``qkv``, ``attn_out``, ``ffn_in``, ``ffn_out``) on
 their static scales and the others per token (``fp8_static_inputs``), to split the static
-activations' cost GEMM by GEMM.
+activations' cost GEMM by GEMM. ``calibrated_attn_rows`` is the calibrated default
+(attention output per token) with the out-projection in FP8 as well, its input scaled per
+token and its weight per output channel (quantized by torch ops: an accuracy ablation, not
+a fast path): whether FP8 itself, rather than a static scale, costs at that GEMM.
 Ends with a table: mean and spread over the grids, against the fp32 reference's F1.
 """
 
@@ -43,7 +46,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMES = ("fp16", "rows", "rows_exact", "rows_wtensor", "calibrated", "calibrated_exact",
-           "calibrated_erf")
+           "calibrated_erf", "calibrated_attn_rows")
 
 
 def _windows(path: Path, questions: int, batch: int) -> list[tuple[Any, Any, Any]]:
@@ -68,21 +71,26 @@ def _windows(path: Path, questions: int, batch: int) -> list[tuple[Any, Any, Any
     return out
 
 
+def _rounded(w: Any, rows: int, factor: float) -> tuple[Any, Any]:
+    """e4m3 copy of weight ``w`` [N, K] with one scale per ``rows`` rows ([N/rows, 1]), on
+    a grid ``factor`` times coarser than amax / 448."""
+    from engine.fused import fp8
+
+    _, scale = fp8.quantize_tiles(w, rows, w.shape[1])  # [N, 1] or [1, 1]
+    scale = scale * factor
+    return (w.float() / scale.repeat_interleave(rows, 0)[: w.shape[0]]).clamp(
+        -fp8.FP8_MAX, fp8.FP8_MAX).to(fp8.FP8_DTYPE), scale
+
+
 def _regrid(weights: Any, factor: float, rows_per_tensor: bool = False) -> Any:
     """``weights`` with every FP8 weight re-rounded on a grid ``factor`` times coarser than
     its own scales (row-scaled copies per output channel, or with ``rows_per_tensor`` one
     scale for the tensor repeated per channel; calibrated copies per tensor)."""
-    import torch
-
-    from engine.fused import fp8
-
     if factor == 1.0 and not rows_per_tensor:
         return weights
 
-    def rounded(w: torch.Tensor, rows: int) -> tuple[torch.Tensor, torch.Tensor]:
-        _, scale = fp8.quantize_tiles(w, rows, w.shape[1])  # [N, 1] or [1, 1]
-        scale = scale * factor
-        return (w.float() / scale).clamp(-fp8.FP8_MAX, fp8.FP8_MAX).to(fp8.FP8_DTYPE), scale
+    def rounded(w: Any, rows: int) -> tuple[Any, Any]:
+        return _rounded(w, rows, factor)
 
     layers = []
     for ly in weights.layers:
@@ -140,6 +148,7 @@ def main() -> None:
 
     from benchmarks.bench_gpu import CHECKPOINT, DEV_SET, TRAIN_SET
     from engine.fused import encoder, fp8
+    from engine.fused.encoder import FP8_STATIC_INPUTS
     from engine.fused.engine import FusedEngine
     from engine.registry import load_engine
     from service.decoding import DecodeSpec
@@ -170,10 +179,12 @@ def main() -> None:
         static = _static_inputs(scheme)
         if scheme.startswith("calibrated") or static is not None:
             calibrate_on(base, load_examples(TRAIN_SET)[:512], tok, spec, args.margin)
+        default = scheme == "calibrated_attn_rows"  # the engine's static inputs
         return FusedEngine(_regrid(base.weights, grid, scheme == "rows_wtensor"), "cuda",
                            fp8_fast_accum=not scheme.endswith("_exact"),
                            cuda_graphs=scheme != "calibrated_erf",
-                           fp8_static_inputs=GEMMS if static is None else static)
+                           fp8_static_inputs=(FP8_STATIC_INPUTS if default
+                                              else GEMMS if static is None else static))
 
     def ffn1_erf(model: FusedEngine) -> Callable[[Any, Any, bool], Any]:
         """``calibrated_ffn1`` as float32 math: exact GELU, float32 bias (ablation)."""
@@ -185,12 +196,31 @@ def main() -> None:
             return fp8.quantize_static(y, cal.ffn_out.x_scale)
         return ffn1
 
+    def attn_rows(model: FusedEngine, grid: float) -> Callable[..., Any]:
+        """``encoder._linear`` with the attention output in FP8: a scale per token (torch
+        ops quantize it) and per output channel of its weight, rounded on ``grid``."""
+        copies = {}
+        for ly in model.weights.layers:
+            q, scale = _rounded(ly.attn_out.weight, 1, grid)
+            copies[id(ly.attn_out)] = (q, scale.reshape(1, -1).contiguous())
+        real = encoder._linear
+
+        def linear(x: Any, xq: Any, lin: Any, out: Any, fast: bool) -> Any:
+            if xq is None and id(lin) in copies:
+                q, scale = copies[id(lin)]
+                return fp8.scaled_linear(fp8.quantize_rows(x), q, scale, out, fast)
+            return real(x, xq, lin, out, fast)
+        return linear
+
     for scheme in schemes:
         for grid in grids if scheme != "fp16" else [1.0]:
             eng = engine(scheme, grid)
-            patch = (ffn1_erf(eng) if scheme == "calibrated_erf"
-                     else encoder.calibrated_ffn1)
-            saved, encoder.calibrated_ffn1 = encoder.calibrated_ffn1, patch
+            name, patch = (("calibrated_ffn1", ffn1_erf(eng)) if scheme == "calibrated_erf"
+                           else ("_linear", attn_rows(eng, grid))
+                           if scheme == "calibrated_attn_rows"
+                           else ("calibrated_ffn1", encoder.calibrated_ffn1))
+            saved = getattr(encoder, name)
+            setattr(encoder, name, patch)
             abs_sum, count, worst, agree, windows = 0.0, 0, 0.0, 0, 0
             for b, (rs, re) in zip(batches, refs, strict=True):
                 s, e = eng.infer(*b)
@@ -206,7 +236,7 @@ def main() -> None:
                 windows += len(keep)
             f1 = score(dev, {k: t for k, (t, _) in predict_with_margins(
                 dev, tok, eng.infer, spec, decode, 64).items()})
-            encoder.calibrated_ffn1 = saved
+            setattr(encoder, name, saved)
             row = {"scheme": scheme, "grid": grid, "f1": f1.f1, "exact": f1.exact,
                    "mean_abs": abs_sum / count, "max_abs": worst,
                    "argmax_agree": agree / windows}
