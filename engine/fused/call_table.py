@@ -45,6 +45,11 @@ class CallTable:
                     f"the previous CUDA-graph call did not finish within {self._timeout_s:.0f} s")
             time.sleep(0)
 
+    def abandon(self) -> None:
+        """The graph launch that was to read the last write failed: acknowledge it here, so
+        that the next write does not wait for an acknowledgement that will never come."""
+        self._slots[ACK] = self._slots[SEQ]
+
     def write(self, ids: torch.Tensor | None = None, token_types: torch.Tensor | None = None,
               positions: torch.Tensor | None = None, cu_seqlens: torch.Tensor | None = None,
               out: torch.Tensor | None = None) -> None:

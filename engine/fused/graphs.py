@@ -85,7 +85,7 @@ class GraphCache:
         if entry.staged:
             assert self._table is not None
             self._table.write()  # nothing to stage, nothing to copy out
-        entry.graph.replay()
+        self._launch(entry.graph)
         return entry.logits
 
     def replay_into(self, bucket: Bucket, ids: torch.Tensor, tt: torch.Tensor,
@@ -100,8 +100,16 @@ class GraphCache:
             raise ValueError(f"batch ({ids.shape[0]} tokens, {cu.shape[0] - 1} sequences) "
                              f"does not fit {bucket}")
         self._table.write(ids, tt, pos, cu, out)
-        entry.graph.replay()
+        self._launch(entry.graph)
         return out
+
+    def _launch(self, graph: torch.cuda.CUDAGraph) -> None:
+        try:
+            graph.replay()
+        except BaseException:
+            if self._table is not None:
+                self._table.abandon()  # nothing will acknowledge what was just written
+            raise
 
     def _capture(self, bucket: Bucket) -> _Captured:
         inputs = torch.zeros(bucket.buffer_len, dtype=torch.int32, device=self._device)
@@ -125,9 +133,14 @@ class GraphCache:
         # workspaces here, outside the capture (neither may happen inside one).
         side = torch.cuda.Stream(self._device)  # type: ignore[no-untyped-call]
         side.wait_stream(torch.cuda.current_stream(self._device))
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                run()
+        try:
+            with torch.cuda.stream(side):
+                for _ in range(2):
+                    run()
+        except BaseException:
+            if table is not None:
+                table.abandon()
+            raise
         torch.cuda.current_stream(self._device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):

@@ -7,6 +7,8 @@ import pytest
 
 
 def test_writes_wait_for_the_previous_graphs_acknowledgement() -> None:
+    """A write waits for the graph that read the previous one (and times out, not hangs,
+    when none comes); a failed launch is abandoned, so the next write does not wait."""
     torch = pytest.importorskip("torch")
     from engine.fused import call_table as ct
 
@@ -24,3 +26,8 @@ def test_writes_wait_for_the_previous_graphs_acknowledgement() -> None:
     s[ct.ACK] = 1  # what the graph's last kernel writes
     table.write()
     assert [int(v) for v in s[[ct.TOKENS, ct.OUT, ct.SEQ]]] == [0, 0, 2]
+    s[ct.ACK] = 2
+    table.write()  # call 3: say its graph failed to launch
+    table.abandon()
+    table.write()  # no wait for the call that never ran
+    assert int(s[ct.SEQ]) == 4
