@@ -16,8 +16,9 @@ every FP8 weight with its scales multiplied by F (the same precision, another ro
   of those windows whose argmax start and end both match the reference's.
 
 Schemes: ``fp16``; ``rows`` (per-token and per-channel scales, the default FP8);
-``calibrated`` (static per-tensor scales, ``FusedEngine.calibrating`` on the first 512
-training-subset questions, ``--margin``); a ``_exact`` suffix turns fast accumulation off.
+``calibrated`` (static per-tensor scales for all four GEMM inputs, not the engine's
+default three; ``FusedEngine.calibrating`` on the first 512 training-subset questions,
+``--margin``); a ``_exact`` suffix turns fast accumulation off.
 Ablations: ``rows_wtensor`` is ``rows`` with one scale per weight tensor (repeated per
 channel), activations still per token; ``calibrated_erf`` is ``calibrated`` with FFN1 as
 float32 torch math with the exact GELU and a float32 bias (cuBLASLt's epilogue has the
@@ -212,6 +213,26 @@ def main() -> None:
             return real(x, xq, lin, out, fast)
         return linear
 
+    def measure(eng: FusedEngine) -> dict[str, float]:
+        """F1 over the dev set and logit error against the fp32 reference's."""
+        abs_sum, count, worst, agree, windows = 0.0, 0, 0.0, 0, 0
+        for b, (rs, re) in zip(batches, refs, strict=True):
+            s, e = eng.infer(*b)
+            keep = b[1].astype(bool)
+            for ours, ref in ((s, rs), (e, re)):
+                d = np.abs(ours[keep] - ref[keep])
+                abs_sum += float(d.sum())
+                count += d.size
+                worst = max(worst, float(d.max()))
+            masked = [np.where(keep, a, -1e9) for a in (s, e, rs, re)]
+            agree += int(((masked[0].argmax(1) == masked[2].argmax(1))
+                          & (masked[1].argmax(1) == masked[3].argmax(1))).sum())
+            windows += len(keep)
+        f1 = score(dev, {k: t for k, (t, _) in predict_with_margins(
+            dev, tok, eng.infer, spec, decode, 64).items()})
+        return {"f1": f1.f1, "exact": f1.exact, "mean_abs": abs_sum / count,
+                "max_abs": worst, "argmax_agree": agree / windows}
+
     for scheme in schemes:
         for grid in grids if scheme != "fp16" else [1.0]:
             eng = engine(scheme, grid)
@@ -221,25 +242,10 @@ def main() -> None:
                            else ("calibrated_ffn1", encoder.calibrated_ffn1))
             saved = getattr(encoder, name)
             setattr(encoder, name, patch)
-            abs_sum, count, worst, agree, windows = 0.0, 0, 0.0, 0, 0
-            for b, (rs, re) in zip(batches, refs, strict=True):
-                s, e = eng.infer(*b)
-                keep = b[1].astype(bool)
-                for ours, ref in ((s, rs), (e, re)):
-                    d = np.abs(ours[keep] - ref[keep])
-                    abs_sum += float(d.sum())
-                    count += d.size
-                    worst = max(worst, float(d.max()))
-                masked = [np.where(keep, a, -1e9) for a in (s, e, rs, re)]
-                agree += int(((masked[0].argmax(1) == masked[2].argmax(1))
-                              & (masked[1].argmax(1) == masked[3].argmax(1))).sum())
-                windows += len(keep)
-            f1 = score(dev, {k: t for k, (t, _) in predict_with_margins(
-                dev, tok, eng.infer, spec, decode, 64).items()})
-            setattr(encoder, name, saved)
-            row = {"scheme": scheme, "grid": grid, "f1": f1.f1, "exact": f1.exact,
-                   "mean_abs": abs_sum / count, "max_abs": worst,
-                   "argmax_agree": agree / windows}
+            try:
+                row = {"scheme": scheme, "grid": grid, **measure(eng)}
+            finally:
+                setattr(encoder, name, saved)
             result["runs"].append(row)
             print(json.dumps(row), flush=True)
             if args.out:

@@ -3,19 +3,22 @@
     python benchmarks/trace_pass.py --out DIR [--shapes bert-base:1x128,bert-large:1x384]
         [--dtype fp8 [--calibrate]] [--option KEY=VALUE ...]
 
-Each shape runs ``FusedEngine._run_device`` (static-input copies, CUDA-graph replay, logits
-clone: what the service pays per batch) on a random-weight model, under
+Each shape runs ``FusedEngine._run_device`` (what a call on device tensors pays per batch:
+one CUDA-graph launch whose first and last kernels stage the inputs and copy the logits
+out through the call table, or above 2,048 tokens the staging kernel, the replay and the
+logits copy) on a random-weight model, under
 ``torch.profiler``, several times with a synchronize between passes. From the last pass's
 kernels (graph kernels are traced one by one) it reports:
 
-* the span, from the first copy's start to the last kernel's end, and the graph's span
-  (its first to its last kernel);
+* the span, from the first kernel's (or copy's) start to the last kernel's end, and the
+  graph's span (its first to its last kernel, copies outside it excluded);
 * per kernel kind, its count and its *step* time: with programmatic dependent launch a
   kernel starts early and waits, so its own duration overstates it; a kernel's step is
   the time from the previous kernel's end to its own end, and the steps add up to the
   span (gaps before a kernel are charged to it);
 * the copies before the graph and the logits clone after it ("copy/fill"), whose steps
-  include the host's launch gaps between them.
+  include the host's launch gaps between them, or the call table's two kernels ("call
+  table") inside it.
 
 ``--calibrate`` gives the engine static FP8 scales first (``FusedEngine.calibrate`` on
 256 windows of SQuAD dev lengths, not the traced ones). Writes
@@ -79,6 +82,8 @@ def trace_shape(name: str, batch: int, seq: int, options: dict[str, Any],
 
     from benchmarks.bench_gpu import device_packed, make_hf, make_ours, random_padded, squad_lengths
 
+    if calibrate and dtype != "fp8":
+        raise SystemExit(f"--calibrate needs fp8 (the {name} {batch}x{seq} item is {dtype})")
     model, cfg = make_hf(name)
     eng = make_ours(model, cfg, dtype=dtype, **options)
     rng = np.random.default_rng(4)

@@ -7,7 +7,8 @@ Env vars (override config.pbtxt ``parameters`` of the same lower-case key withou
 ``BERT_QA_FP8_CALIBRATION`` (the fused engine's static FP8 scales: a JSON file from
 ``python -m training.calibrate``; with ``dtype=fp8`` only), ``BERT_QA_FP8_STATIC_INPUTS``
 (which GEMMs' inputs take those static scales, comma-separated from ``qkv``, ``attn_out``,
-``ffn_in``, ``ffn_out``; unset: the engine's default, all but ``attn_out``).
+``ffn_in``, ``ffn_out``, or ``none``; unset: the engine's default, all but ``attn_out``;
+with ``BERT_QA_FP8_CALIBRATION`` only).
 """
 
 from __future__ import annotations
@@ -53,6 +54,9 @@ class EngineConfig:
             if getattr(self, name) is not None and self.engine != "fused":
                 raise ValueError(f"{name} applies to the fused engine only "
                                  f"(BERT_QA_ENGINE is {self.engine!r})")
+        if self.fp8_static_inputs is not None and self.fp8_calibration is None:
+            raise ValueError("fp8_static_inputs chooses among calibrated scales: "
+                             "set fp8_calibration (BERT_QA_FP8_CALIBRATION) too")
         if self.engine == "onnx":
             return load_engine("onnx", self.onnx, threads=str(self.threads))
         options = {"dtype": self.dtype}
@@ -69,4 +73,6 @@ def _convert(name: str, raw: str) -> object:
         return path if path.is_absolute() else REPO_ROOT / path
     if name == "threads":
         return int(raw)
+    if name == "fp8_static_inputs" and raw.strip().lower() == "none":
+        return ""  # no input static: every GEMM keeps scales per token
     return raw

@@ -38,12 +38,13 @@ class CallTable:
         """Until the last graph that read the table has acknowledged it."""
         if self._slots[ACK] == self._slots[SEQ]:
             return
-        deadline = time.monotonic() + self._timeout_s
+        start = time.monotonic()
         while self._slots[ACK] != self._slots[SEQ]:
-            if time.monotonic() > deadline:
+            waited = time.monotonic() - start
+            if waited > self._timeout_s:
                 raise RuntimeError(
                     f"the previous CUDA-graph call did not finish within {self._timeout_s:.0f} s")
-            time.sleep(0)
+            time.sleep(0 if waited < 1e-3 else 1e-4)  # spin briefly, then yield the core
 
     def abandon(self) -> None:
         """The graph launch that was to read the last write failed: acknowledge it here, so

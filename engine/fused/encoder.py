@@ -62,7 +62,7 @@ FP8_CALIBRATED_MIN_TOKENS = 129
 # fp8_accuracy.py): mean |logit error| 0.0653 with all four static, 0.0611 with these
 # three (F1 loss +0.07, as row scales' +0.07), 0.0656 / 0.0648 / 0.0644 with QKV's / FFN1's
 # / FFN2's input per token instead; speed, graph replay, BERT-large SQuAD mix: 35.35 ms all
-# four, 36.98 these three (one run); row scales 41.88.
+# four, 36.98 these three (one run); row scales 41.88 (the next run).
 FP8_STATIC_INPUTS = ("qkv", "ffn_in", "ffn_out")
 # Large path: up to this many tokens, FFN1 is one Triton GEMM with bias + GELU in its
 # epilogue instead of cuBLAS + ``bias_gelu`` (H200, 2026-11-29, per layer: 5.9 vs 7.1 us at

@@ -113,7 +113,7 @@ class FusedEngine:
         fp8_calibrated_min_tokens: int = FP8_CALIBRATED_MIN_TOKENS,
         fp8_fast_accum: bool = True,
         fp8_calibration: Calibration | str | Path | None = None,
-        fp8_static_inputs: Sequence[str] | str = FP8_STATIC_INPUTS,
+        fp8_static_inputs: Sequence[str] | str | None = FP8_STATIC_INPUTS,
         ffn1_fused_max_tokens: int | None = FFN1_FUSED_MAX_TOKENS,
         small_batch_max_tokens: int | None = SMALL_BATCH_MAX_TOKENS,
         pdl: bool = True,
@@ -127,7 +127,7 @@ class FusedEngine:
         tokens, and once calibrated (:meth:`calibrating`) from ``fp8_calibrated_min_tokens``
         (static FP8 then takes precedence over the small-batch path; ``fp8_static_inputs``
         names the GEMMs whose input takes its calibrated scale (or as text,
-        ``"qkv,ffn_in"``), the others keeping scales per token: see
+        ``"qkv,ffn_in"``; None or ``""``: none), the others keeping scales per token: see
         ``encoder.EncodeOptions``);
         ``fp8_fast_accum`` lets their GEMMs accumulate in the tensor cores' own precision
         (``engine.fused.fp8``); ``fp8_calibration`` (a :class:`Calibration` or its JSON
@@ -158,7 +158,9 @@ class FusedEngine:
         self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
         self.max_graph_tokens = max_graph_tokens
         self.max_tokens_per_pass = max_tokens_per_pass
-        if isinstance(fp8_static_inputs, str):
+        if fp8_static_inputs is None:
+            fp8_static_inputs = ()
+        elif isinstance(fp8_static_inputs, str):
             fp8_static_inputs = [g.strip() for g in fp8_static_inputs.split(",") if g.strip()]
         if unknown := set(fp8_static_inputs) - set(GEMMS):
             raise ValueError(f"fp8_static_inputs: unknown GEMMs {sorted(unknown)}; "
@@ -277,6 +279,9 @@ class FusedEngine:
             self.weights = replace(self.weights, calibrated=layers)
             self.calibration = calibration
             if self._graphs is not None:
+                # A call may have left a graph running (no sync): it must not outlive
+                # the graphs, their memory and the call table it reads.
+                torch.cuda.synchronize(self.device)
                 self._graphs = self._new_graphs()
 
     def save_calibration(self, path: Path) -> None:
@@ -292,10 +297,11 @@ class FusedEngine:
         point; e.g. a few hundred windows of real text), then use them.
 
         Inside, passes run un-quantized and without graphs, and record the magnitudes of
-        every FP8 GEMM's input per layer; on leaving, the large path runs every GEMM with
-        per-tensor scales from ``fp8_calibrated_min_tokens`` tokens up, FFN1 + bias + GELU
-        + e4m3 as one cuBLASLt GEMM (``engine.fused.fp8``, "Calibrated"), and the graphs
-        are re-captured. Needs FP8 weights with row-wise scales."""
+        every FP8 GEMM's input per layer; on leaving, the large path quantizes the inputs
+        named in ``fp8_static_inputs`` with per-tensor scales from
+        ``fp8_calibrated_min_tokens`` tokens up (with FFN1's and FFN2's both static, FFN1 +
+        bias + GELU + e4m3 is one cuBLASLt GEMM; ``engine.fused.fp8``, "Calibrated"), and
+        the graphs are re-captured. Needs FP8 weights with row-wise scales."""
         self._check_calibratable()  # before the passes, not after them
         with self._lock:  # every pass holds the lock: none sees half a switch
             if self._recorder is not None:
@@ -410,9 +416,10 @@ class FusedEngine:
         device sync): ids must be < vocab size and sequences <= max positions.
         """
         dev = self.device
-        ids = input_ids_flat.to(device=dev, dtype=torch.int32)
-        tt = token_type_ids_flat.to(device=dev, dtype=torch.int32)
-        cu = cu_seqlens.to(device=dev, dtype=torch.int32)
+        # Contiguous: the staging kernels read them as flat arrays.
+        ids = input_ids_flat.to(device=dev, dtype=torch.int32).contiguous()
+        tt = token_type_ids_flat.to(device=dev, dtype=torch.int32).contiguous()
+        cu = cu_seqlens.to(device=dev, dtype=torch.int32).contiguous()
         t, b = ids.shape[0], cu.shape[0] - 1
         with torch.inference_mode():
             seq_of_token = torch.repeat_interleave(

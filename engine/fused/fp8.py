@@ -17,15 +17,16 @@ also takes these scales when ``M4`` rows are passed, and ran QKV and FFN1 faster
 CUTLASS build on the same operands (``benchmarks/GPU_RESULTS.md``, v8).
 
 **Calibrated** (opt-in, ``FusedEngine.calibrating``): static scales, as TensorRT's FP8/INT8
-calibration has them. The input of every GEMM (QKV, attention output, FFN1, FFN2) takes one scale
-for the tensor, fixed from activations seen on calibration data
-(``engine.fused.calibration``), and every weight one scale. Then no scale depends on the
-batch: the LayerNorm and attention kernels write their e4m3 outputs with the given
-scales, FFN1 + bias + GELU + e4m3 is one cuBLASLt GEMM whose epilogue writes FFN2's input
-(:func:`calibrated_ffn1`), and every GEMM runs
-with per-tensor scales (:func:`static_linear`, ``engine.fused.cublaslt``), which cuBLASLt
-runs faster than row-wise ones, most of all at a few hundred tokens (H200, BERT-large
-FFN2 at 384 tokens: 6.2 vs 12.9 µs). Measured results: ``engine/fused/NOTES.md`` (v9, v10).
+calibration has them. The inputs of the GEMMs named in ``fp8_static_inputs`` (by default
+QKV, FFN1 and FFN2; the attention output too on request) take one scale for the tensor,
+fixed from activations seen on calibration data (``engine.fused.calibration``), and their
+weights one scale. Then no scale depends on the batch: the LayerNorm (and, for a static
+attention output, the attention) kernels write their e4m3 outputs with the given scales,
+FFN1 + bias + GELU + e4m3 is one cuBLASLt GEMM whose epilogue writes FFN2's input
+(:func:`calibrated_ffn1`), and those GEMMs run with per-tensor scales
+(:func:`static_linear`, ``engine.fused.cublaslt``), which cuBLASLt runs faster than
+row-wise ones, most of all at a few hundred tokens (H200, BERT-large FFN2 at 384 tokens:
+6.2 vs 12.9 µs). Measured results: ``engine/fused/NOTES.md`` (v9-v11).
 
 **Fast accumulation** (``fast_accum``, the engine's ``fp8_fast_accum``, on by default): the
 tensor cores accumulate in their own precision throughout, without cuBLAS's periodic

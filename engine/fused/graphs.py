@@ -47,7 +47,6 @@ class _Captured:
     inputs: torch.Tensor  # int32 [bucket.buffer_len]
     logits: torch.Tensor  # float32 [2, bucket.tokens], written by each replay
     graph: torch.cuda.CUDAGraph
-    staged: bool  # reads the call table (stages itself, copies out, acknowledges)
 
 
 class GraphCache:
@@ -82,8 +81,7 @@ class GraphCache:
     def replay(self, bucket: Bucket) -> torch.Tensor:
         """Run the bucket's graph on what its input buffer holds; returns the static logits."""
         entry = self._graphs[bucket]
-        if entry.staged:
-            assert self._table is not None
+        if self._table is not None and self.stages_itself(bucket):
             self._table.write()  # nothing to stage, nothing to copy out
         self._launch(entry.graph)
         return entry.logits
@@ -116,18 +114,25 @@ class GraphCache:
         ids, tt, pos, cu = split_inputs(inputs, bucket)
         cu.fill_(0)  # all sequences empty: the warm-up touches no uninitialised rows
 
-        ops, table = self._ops, self._table if self.stages_itself(bucket) else None
+        staged = self._ops is not None and self._table is not None and self.stages_itself(bucket)
+        ops, table = self._ops, self._table
 
         def run() -> torch.Tensor:
-            if ops is not None and table is not None:
+            if staged:
+                assert ops is not None and table is not None
                 ops.stage_from_table(inputs, bucket.tokens, table.tensor)
             logits = self._forward(ids, tt, pos, cu, bucket.seqs, bucket.max_seqlen)
-            if ops is not None and table is not None:
+            if staged:
+                assert ops is not None and table is not None
                 ops.logits_to_table(logits, table.tensor)
             return logits
 
-        if table is not None:
-            table.write()  # the warm-up passes stage nothing and copy nothing out
+        if staged:
+            assert table is not None
+            # Both warm-up passes read this write (nothing to stage, nothing to copy out)
+            # and acknowledge it; they are waited for below, so neither is still queued
+            # when a call writes the table next.
+            table.write()
 
         # Warm up on a side stream: Triton compiles and cuBLAS picks its kernels and
         # workspaces here, outside the capture (neither may happen inside one).
@@ -138,13 +143,16 @@ class GraphCache:
                 for _ in range(2):
                     run()
         except BaseException:
-            if table is not None:
+            if staged:
+                assert table is not None
+                side.synchronize()  # what was queued has read the table before it is free
                 table.abandon()
             raise
+        side.synchronize()
         torch.cuda.current_stream(self._device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
             logits = run()
-        entry = _Captured(inputs, logits, graph, table is not None)
+        entry = _Captured(inputs, logits, graph)
         self._graphs[bucket] = entry
         return entry

@@ -14,8 +14,9 @@ at load:
   (``engine.fused.fp8``). The attention-output projection stays in the model
   dtype: its input comes straight from the attention kernel, which has no whole-row view
   to compute a per-token scale from. Calibration (``calibrated``) adds a per-tensor
-  e4m3 copy of all four, the out-projection included (attention then writes e4m3 with a
-  calibrated scale);
+  e4m3 copy of all four, the out-projection included (used when the attention output is
+  one of the engine's ``fp8_static_inputs``: attention then writes e4m3 with a calibrated
+  scale);
 - every layer's matrices live in one buffer and its vectors in another (``FlatLayers``),
   layer after layer at a fixed stride, and the per-layer tensors are views into them: the
   persistent kernel finds any layer's weights from two base pointers, and a layer's

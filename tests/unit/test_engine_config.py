@@ -187,9 +187,13 @@ def test_static_inputs_choose_static_or_per_token_scales_per_gemm(
                 assert np.abs(a - b).mean() < 0.02 * np.abs(b).max(), gemm
     with pytest.raises(ValueError, match="unknown GEMMs"):
         FusedEngine(base.weights, "cpu", backend="torch", fp8_static_inputs=("qkv", "ffn"))
-    # As text (BERT_QA_FP8_STATIC_INPUTS, engine options): comma-separated names.
+    # As text (BERT_QA_FP8_STATIC_INPUTS, engine options): comma-separated names; None
+    # (an engine option "none") or "" for none.
     text = FusedEngine(base.weights, "cpu", backend="torch", fp8_static_inputs=" ffn_out,qkv")
     assert text.options.fp8_static_inputs == ("qkv", "ffn_out")
+    for empty in (None, ""):
+        engine = FusedEngine(base.weights, "cpu", backend="torch", fp8_static_inputs=empty)
+        assert engine.options.fp8_static_inputs == ()
 
 
 def test_calibration_saves_loads_and_serves_through_engine_config(tmp_path: Path) -> None:
@@ -216,6 +220,16 @@ def test_calibration_saves_loads_and_serves_through_engine_config(tmp_path: Path
         env={"BERT_QA_FP8_CALIBRATION": str(path),
              "BERT_QA_FP8_STATIC_INPUTS": "qkv,attn_out,ffn_in,ffn_out"}).build()
     assert every.options.fp8_static_inputs == ("qkv", "attn_out", "ffn_in", "ffn_out")  # type: ignore[attr-defined]
+    none = EngineConfig.resolve(
+        {"engine": "fused", "device": "cpu", "dtype": "fp8"},
+        env={"BERT_QA_FP8_CALIBRATION": str(path), "BERT_QA_FP8_STATIC_INPUTS": "none"})
+    assert none.build().options.fp8_static_inputs == ()  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match="set fp8_calibration"):
+        EngineConfig(engine="fused", device="cpu", dtype="fp8", fp8_static_inputs="qkv").build()
+    with pytest.raises(ValueError, match="unknown GEMMs"):
+        EngineConfig.resolve({"engine": "fused", "device": "cpu", "dtype": "fp8"},
+                             env={"BERT_QA_FP8_CALIBRATION": str(path),
+                                  "BERT_QA_FP8_STATIC_INPUTS": "qkv,attn"}).build()
     rng = np.random.default_rng(5)
     ids = rng.integers(1000, 20000, (2, 100)).astype(np.int32)
     mask, tt = np.ones_like(ids), np.zeros_like(ids)

@@ -81,8 +81,8 @@ def _stage_table_kernel(table_addr, buf_ptr, n, seqs, BLOCK: tl.constexpr):
 def _logits_table_kernel(table_addr, logits_ptr, n, BLOCK: tl.constexpr):
     """One program: the first ``t`` columns of ``logits`` [2, n] into the table's output
     tensor [2, t] (if it names one), then the table's sequence number into its
-    acknowledgement slot (the stored value depends on the loads, so it cannot be stored
-    before them)."""
+    acknowledgement slot: the stored value is the loaded one, so the store waits for that
+    load, and the barrier orders it after every lane's copy."""
     table = table_addr.to(tl.pointer_type(tl.int64))
     t = tl.load(table + 4).to(tl.int32)  # the three slots in one round trip over the bus
     out_addr = tl.load(table + 6)
@@ -94,8 +94,8 @@ def _logits_table_kernel(table_addr, logits_ptr, n, BLOCK: tl.constexpr):
             m = i < t
             tl.store(out + i, tl.load(logits_ptr + i, mask=m), mask=m)
             tl.store(out + t + i, tl.load(logits_ptr + n + i, mask=m), mask=m)
-    tl.debug_barrier()  # every lane's loads of this program are done before the ack
-    tl.store(table + 8, seq + 0 * t)
+    tl.debug_barrier()  # every lane's copy is done before the ack
+    tl.store(table + 8, seq)
 
 
 def stage_from_table(buf: torch.Tensor, tokens: int, table: torch.Tensor) -> None:
