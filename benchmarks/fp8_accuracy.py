@@ -30,6 +30,8 @@ activations' cost GEMM by GEMM. ``calibrated_attn_rows`` is the calibrated defau
 (attention output per token) with the out-projection in FP8 as well, its input scaled per
 token and its weight per output channel (quantized by torch ops: an accuracy ablation, not
 a fast path): whether FP8 itself, rather than a static scale, costs at that GEMM.
+``calibrated_attn_w8`` / ``_x8`` round only the out-projection's weight / only its input
+to e4m3 that way and multiply in float32: which operand's rounding costs there.
 Ends with a table: mean and spread over the grids, against the fp32 reference's F1.
 """
 
@@ -47,7 +49,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMES = ("fp16", "rows", "rows_exact", "rows_wtensor", "calibrated", "calibrated_exact",
-           "calibrated_erf", "calibrated_attn_rows")
+           "calibrated_erf", "calibrated_attn_rows", "calibrated_attn_w8", "calibrated_attn_x8")
 
 
 def _windows(path: Path, questions: int, batch: int) -> list[tuple[Any, Any, Any]]:
@@ -180,7 +182,7 @@ def main() -> None:
         static = _static_inputs(scheme)
         if scheme.startswith("calibrated") or static is not None:
             calibrate_on(base, load_examples(TRAIN_SET)[:512], tok, spec, args.margin)
-        default = scheme == "calibrated_attn_rows"  # the engine's static inputs
+        default = scheme.startswith("calibrated_attn_")  # the engine's static inputs
         return FusedEngine(_regrid(base.weights, grid, scheme == "rows_wtensor"), "cuda",
                            fp8_fast_accum=not scheme.endswith("_exact"),
                            cuda_graphs=scheme != "calibrated_erf",
@@ -197,20 +199,26 @@ def main() -> None:
             return fp8.quantize_static(y, cal.ffn_out.x_scale)
         return ffn1
 
-    def attn_rows(model: FusedEngine, grid: float) -> Callable[..., Any]:
-        """``encoder._linear`` with the attention output in FP8: a scale per token (torch
-        ops quantize it) and per output channel of its weight, rounded on ``grid``."""
+    def attn_rows(model: FusedEngine, grid: float, operands: str) -> Callable[..., Any]:
+        """``encoder._linear`` with the attention output's GEMM in FP8: its input with a
+        scale per token (torch ops quantize it) and its weight per output channel, rounded
+        on ``grid``; ``operands`` "xw" both through ``_scaled_mm``, "w" or "x" only that
+        one rounded, the product in float32."""
         copies = {}
         for ly in model.weights.layers:
             q, scale = _rounded(ly.attn_out.weight, 1, grid)
-            copies[id(ly.attn_out)] = (q, scale.reshape(1, -1).contiguous())
+            copies[id(ly.attn_out)] = (q, scale.reshape(1, -1).contiguous(), ly.attn_out.weight)
         real = encoder._linear
 
         def linear(x: Any, xq: Any, lin: Any, out: Any, fast: bool) -> Any:
-            if xq is None and id(lin) in copies:
-                q, scale = copies[id(lin)]
+            if xq is not None or id(lin) not in copies:
+                return real(x, xq, lin, out, fast)
+            q, scale, w = copies[id(lin)]
+            if operands == "xw":
                 return fp8.scaled_linear(fp8.quantize_rows(x), q, scale, out, fast)
-            return real(x, xq, lin, out, fast)
+            a = fp8.dequantize(fp8.quantize_rows(x)) if "x" in operands else x.float()
+            b = q.float() * scale.t() if "w" in operands else w.float()
+            return (a @ b.t()).to(out)
         return linear
 
     def measure(eng: FusedEngine) -> dict[str, float]:
@@ -237,8 +245,10 @@ def main() -> None:
         for grid in grids if scheme != "fp16" else [1.0]:
             eng = engine(scheme, grid)
             name, patch = (("calibrated_ffn1", ffn1_erf(eng)) if scheme == "calibrated_erf"
-                           else ("_linear", attn_rows(eng, grid))
-                           if scheme == "calibrated_attn_rows"
+                           else ("_linear", attn_rows(eng, grid, {
+                               "calibrated_attn_rows": "xw", "calibrated_attn_w8": "w",
+                               "calibrated_attn_x8": "x"}[scheme]))
+                           if scheme.startswith("calibrated_attn_")
                            else ("calibrated_ffn1", encoder.calibrated_ffn1))
             saved = getattr(encoder, name)
             setattr(encoder, name, patch)
