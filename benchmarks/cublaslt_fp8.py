@@ -26,7 +26,6 @@ recorded with its error.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 import traceback
@@ -60,13 +59,10 @@ def _variant(name: str, fn: Callable[[], Any], deq: Callable[[Any], Any], ref: A
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--tokens", type=int, default=47392)
-    p.add_argument("--replays", type=int, default=10)
-    p.add_argument("--out", type=Path, default=None)
-    args = p.parse_args()
     sys.path.insert(0, str(REPO))
+    from benchmarks import gemm_cli
+
+    args = gemm_cli.parse_args(__doc__, 47392)
     import torch
     import torch.nn.functional as F
 
@@ -88,8 +84,7 @@ def main() -> None:
     ref = F.gelu(pre)
     amax = float(ref.abs().max())
     out_scale = torch.tensor([FP8_MAX / amax], device="cuda")
-    result: dict[str, Any] = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-                              "tokens": t, "ffn1": [], "ffn2": []}
+    result: dict[str, Any] = {**gemm_cli.header(t), "ffn1": [], "ffn2": []}
 
     def save() -> None:
         if args.out:

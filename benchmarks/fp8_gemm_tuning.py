@@ -20,10 +20,8 @@ GEMM: each family's first-choice and best time.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -82,19 +80,15 @@ def _gemm(x: Any, w: Any, replays: int) -> list[dict[str, Any]]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--tokens", type=int, default=47392)
-    p.add_argument("--replays", type=int, default=10)
-    p.add_argument("--out", type=Path, default=None)
-    args = p.parse_args()
     sys.path.insert(0, str(REPO))
+    from benchmarks import gemm_cli
+
+    args = gemm_cli.parse_args(__doc__, 47392)
     import torch
 
     t = args.tokens
     g = torch.Generator(device="cuda").manual_seed(0)
-    result: dict[str, Any] = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-                              "tokens": t, "date": time.strftime("%Y-%m-%d"), "gemms": {}}
+    result: dict[str, Any] = {**gemm_cli.header(t), "gemms": {}}
     for gemm, (n, k) in GEMMS.items():
         x = torch.randn((t, k), generator=g, device="cuda").half()
         w = (torch.randn((n, k), generator=g, device="cuda") * 0.03).half()

@@ -26,7 +26,6 @@ recorded.
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
@@ -97,20 +96,16 @@ def measure(name: str, n: int, k: int, t: int, g: Any, replays: int) -> dict[str
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--tokens", type=int, default=47391)
-    p.add_argument("--replays", type=int, default=10)
-    p.add_argument("--out", type=Path, default=None)
-    args = p.parse_args()
     sys.path.insert(0, str(REPO))
+    from benchmarks import gemm_cli
+
+    args = gemm_cli.parse_args(__doc__, 47391)
     import torch
 
     t = args.tokens
     g = torch.Generator(device="cuda").manual_seed(0)
     shapes = {"qkv": (3072, 1024), "ffn1": (4096, 1024), "ffn2": (1024, 4096)}
-    result: dict[str, Any] = {"gpu": torch.cuda.get_device_name(), "torch": torch.__version__,
-                              "tokens": t, "gemms": []}
+    result: dict[str, Any] = {**gemm_cli.header(t), "gemms": []}
     for name, (n, k) in shapes.items():
         result["gemms"].append(measure(name, n, k, t, g, args.replays))
         if args.out:

@@ -88,3 +88,16 @@ def test_settings_that_would_change_nothing_are_refused(
     with pytest.raises(SystemExit) as exc:
         ab_replay.main()
     assert exc.value.code == 2
+
+
+def test_gemm_benchmarks_share_one_command_line() -> None:
+    """``cublaslt_fp8``, ``fp8_gemm_tuning`` and ``fp8_scaling`` parse through ``gemm_cli``."""
+    from pathlib import Path
+
+    from benchmarks import gemm_cli
+
+    args = gemm_cli.parse_args("doc", 47392, ["--replays", "3", "--out", "r.json"])
+    assert (args.tokens, args.replays, args.out) == (47392, 3, Path("r.json"))
+    bench = Path(gemm_cli.__file__).parent
+    for name in ("cublaslt_fp8.py", "fp8_gemm_tuning.py", "fp8_scaling.py"):
+        assert "gemm_cli.parse_args(__doc__" in (bench / name).read_text(), name
