@@ -64,7 +64,7 @@ class GraphCache:
 
     def stages_itself(self, bucket: Bucket) -> bool:
         """Whether the bucket's graph reads the call table (:meth:`replay_into`)."""
-        return self._table is not None and bucket.tokens <= TABLE_MAX_TOKENS
+        return self._ops is not None and bucket.tokens <= TABLE_MAX_TOKENS
 
     def __len__(self) -> int:
         return len(self._graphs)
@@ -114,21 +114,18 @@ class GraphCache:
         ids, tt, pos, cu = split_inputs(inputs, bucket)
         cu.fill_(0)  # all sequences empty: the warm-up touches no uninitialised rows
 
-        staged = self._ops is not None and self._table is not None and self.stages_itself(bucket)
-        ops, table = self._ops, self._table
+        # The op set and table when this bucket's graph reads the call table, else None.
+        ops, table = (self._ops, self._table) if self.stages_itself(bucket) else (None, None)
 
         def run() -> torch.Tensor:
-            if staged:
-                assert ops is not None and table is not None
+            if ops is not None and table is not None:
                 ops.stage_from_table(inputs, bucket.tokens, table.tensor)
             logits = self._forward(ids, tt, pos, cu, bucket.seqs, bucket.max_seqlen)
-            if staged:
-                assert ops is not None and table is not None
+            if ops is not None and table is not None:
                 ops.logits_to_table(logits, table.tensor)
             return logits
 
-        if staged:
-            assert table is not None
+        if table is not None:
             # Both warm-up passes read this write (nothing to stage, nothing to copy out)
             # and acknowledge it; they are waited for below, so neither is still queued
             # when a call writes the table next.
@@ -143,8 +140,7 @@ class GraphCache:
                 for _ in range(2):
                     run()
         except BaseException:
-            if staged:
-                assert table is not None
+            if table is not None:
                 side.synchronize()  # what was queued has read the table before it is free
                 table.abandon()
             raise
