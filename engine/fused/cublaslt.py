@@ -26,10 +26,13 @@ import ctypes.util
 import glob
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import astuple, dataclass, field, fields
 from functools import cache
 
 import torch
+
+from engine.fused import cublaslt_algos
+from engine.fused.cublaslt_algos import AlgoConfig
 
 # cudaDataType_t / cublasComputeType_t / cublasLt enums (cublasLt.h, library_types.h).
 _R_32F, _R_16F, _R_16BF, _R_8F_E4M3 = 0, 2, 14, 28
@@ -44,6 +47,10 @@ _EPI_DEFAULT, _EPI_BIAS, _EPI_GELU, _EPI_GELU_BIAS = 1, 4, 32, 36
 _PREF_MAX_WORKSPACE = 1
 _WORKSPACE_BYTES = 32 << 20  # cuBLAS's recommendation for Hopper
 HEURISTIC_ALGOS = 16  # algorithms asked of the heuristic per plan (``fp8_linear``'s ``algo``)
+# Whether plans run a measured configuration from ``cublaslt_algos.TABLE_PATH`` where it has
+# one for the shape (else the heuristic's first choice). Read per call, and part of a plan's
+# key, so a pass can be A/B'd with it off (``ab_replay.py --set``).
+TUNED = True
 
 _TYPES = {torch.float16: _R_16F, torch.bfloat16: _R_16BF, torch.float8_e4m3fn: _R_8F_E4M3}
 
@@ -83,6 +90,7 @@ def _lib() -> ctypes.CDLL:
                    "cublasLtMatmulPreferenceSetAttribute", "cublasLtMatmulAlgoGetHeuristic",
                    "cublasLtMatmul", "cublasLtMatmulPreferenceDestroy"):
             getattr(lib, fn).restype = ctypes.c_int
+        lib.cublasLtGetVersion.restype = ctypes.c_size_t
         lib.cublasLtMatrixLayoutCreate.argtypes = [
             ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_int64]
         lib.cublasLtMatmul.argtypes = [ctypes.c_void_p] * 14 + [ctypes.c_size_t, ctypes.c_void_p]
@@ -130,6 +138,13 @@ class _Key:
     w_rows: bool
     out_scaled: bool
     fast_accum: bool
+    tuned: bool = False
+
+    def name(self) -> str:
+        """The GEMM's fields (all but ``tuned``) as a string: the tuned table's key."""
+        return ",".join(f"{f.name}={str(v).replace('torch.', '')}"
+                        for f, v in zip(fields(self), astuple(self), strict=True)
+                        if f.name != "tuned")
 
 
 @dataclass
@@ -139,7 +154,17 @@ class _Plan:
     b: ctypes.c_void_p  # the activation [M, K]: column-major K x M
     c: ctypes.c_void_p
     d: ctypes.c_void_p
-    algos: list[_HeuristicResult]  # the heuristic's usable algorithms, its first choice first
+    types: cublaslt_algos.Types
+    algos: list[ctypes.Array[ctypes.c_uint64]]  # the heuristic's usable ones, first choice first
+    # The tuned table's configuration, when the key asks for it and the table has one that
+    # cuBLASLt accepts: the plan's first choice, ahead of the heuristic's.
+    tuned: AlgoConfig | None = None
+    tuned_algo: cublaslt_algos.Algo | None = None
+    # Configurations run on request (``fp8_linear(config=)``), built and checked once.
+    configured: dict[AlgoConfig, cublaslt_algos.Algo] = field(default_factory=dict)
+
+    def layouts(self) -> tuple[ctypes.c_void_p, ...]:
+        return (self.a, self.b, self.c, self.d)
 
 
 def _set(desc: ctypes.c_void_p, attr: int,
@@ -184,7 +209,9 @@ def _plan(key: _Key) -> _Plan:
     c_type = _R_16BF if key.out == torch.float8_e4m3fn else out  # C of an e4m3 D: 16-bit
     plan = _Plan(desc, _layout(_R_8F_E4M3, key.k, key.n, key.k),
                  _layout(_R_8F_E4M3, key.k, key.m, key.k), _layout(c_type, key.n, key.m, key.n),
-                 _layout(out, key.n, key.m, key.n), [])
+                 _layout(out, key.n, key.m, key.n),
+                 cublaslt_algos.Types(_COMPUTE_32F, _R_32F, _R_8F_E4M3, _R_8F_E4M3, c_type, out),
+                 [])
     pref = ctypes.c_void_p()
     _check(lib.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)), "preference")
     ws = ctypes.c_uint64(_WORKSPACE_BYTES)
@@ -198,10 +225,56 @@ def _plan(key: _Key) -> _Plan:
             ctypes.byref(found)), f"heuristic for {key}")
     finally:
         lib.cublasLtMatmulPreferenceDestroy(pref)
-    plan.algos = [r for r in results[:found.value] if r.state == 0]
+    plan.algos = [r.algo for r in results[:found.value] if r.state == 0]
     if not plan.algos:
         raise CublasLtError(f"cuBLASLt has no FP8 algorithm for {key}")
+    if key.tuned:
+        config = _tuned_config(key)
+        plan.tuned_algo = None if config is None else _checked(plan, config)
+        plan.tuned = config if plan.tuned_algo is not None else None
     return plan
+
+
+def _device_name() -> str:
+    return torch.cuda.get_device_name() if torch.cuda.is_available() else ""
+
+
+def _tuned_config(key: _Key) -> AlgoConfig | None:
+    """The tuned table's configuration for this GEMM on this GPU and cuBLASLt, if any."""
+    table = cublaslt_algos.load_table()
+    return table.get(cublaslt_algos.TableKey(_device_name(), version(), key.name()))
+
+
+def _checked(plan: _Plan, config: AlgoConfig) -> cublaslt_algos.Algo | None:
+    """``config`` built for the plan if cuBLASLt accepts it within the workspace, else None."""
+    algo = cublaslt_algos.build(_lib(), _handle(), plan.types, config)
+    if algo is None or not cublaslt_algos.check(_lib(), _handle(), plan.desc, plan.layouts(),
+                                                algo, _WORKSPACE_BYTES):
+        return None
+    return algo
+
+
+def version() -> int:
+    """cuBLASLt's version number (``cublasLtGetVersion``): tuned choices are valid for one."""
+    return int(_lib().cublasLtGetVersion())
+
+
+def _choose(plan: _Plan, key: _Key, algo: int | None,
+            config: AlgoConfig | None) -> ctypes.Array[ctypes.c_uint64]:
+    """The algorithm structure ``fp8_linear`` runs (see its docstring)."""
+    if config is not None:
+        if config not in plan.configured:
+            built = _checked(plan, config)
+            if built is None:
+                raise CublasLtError(f"cuBLASLt refuses {config} for {key}")
+            plan.configured[config] = built
+        return plan.configured[config].data
+    if algo is None:
+        return plan.algos[0] if plan.tuned_algo is None else plan.tuned_algo.data
+    if algo >= len(plan.algos):
+        raise CublasLtError(f"the heuristic offers {len(plan.algos)} algorithms for {key}, "
+                            f"not {algo + 1}")
+    return plan.algos[algo]
 
 
 def _scale_rows(scale: torch.Tensor, rows: int, what: str) -> bool:
@@ -213,25 +286,10 @@ def _scale_rows(scale: torch.Tensor, rows: int, what: str) -> bool:
     return scale.numel() == rows and rows != 1
 
 
-def fp8_linear(
-    xq: torch.Tensor,
-    x_scale: torch.Tensor,
-    w8: torch.Tensor,
-    w_scale: torch.Tensor,
-    out_dtype: torch.dtype,
-    bias: torch.Tensor | None = None,
-    gelu: bool = False,
-    out_scale: torch.Tensor | None = None,
-    out: torch.Tensor | None = None,
-    fast_accum: bool = False,
-    algo: int = 0,
-) -> torch.Tensor:
-    """``out_scale * act(x_scale * w_scale * (xq @ w8^T) + bias)`` in ``out_dtype`` (see the
-    module docstring). ``out_scale`` is required for, and only for, an e4m3 output.
-
-    ``fast_accum`` accumulates in the tensor cores' own precision throughout (no periodic
-    promotion to float32). ``algo`` picks the heuristic's ``algo``-th algorithm (0: its
-    first choice); an index past the ones it offers raises :class:`CublasLtError`."""
+def _key(xq: torch.Tensor, x_scale: torch.Tensor, w8: torch.Tensor, w_scale: torch.Tensor,
+         out_dtype: torch.dtype, bias: torch.Tensor | None, gelu: bool,
+         out_scale: torch.Tensor | None, fast_accum: bool) -> _Key:
+    """The plan key of an ``fp8_linear`` call, after checking its arguments."""
     if xq.dtype != torch.float8_e4m3fn or w8.dtype != torch.float8_e4m3fn:
         raise ValueError("fp8_linear takes e4m3 operands")
     if xq.dim() != 2 or w8.dim() != 2 or xq.shape[1] != w8.shape[1]:
@@ -246,19 +304,90 @@ def fp8_linear(
         raise ValueError("an e4m3 output needs out_scale, and only it takes one")
     if bias is not None and (bias.shape != (n,) or bias.dtype not in (torch.float16, torch.bfloat16)):
         raise ValueError(f"bias must be fp16/bf16 of shape ({n},)")
-    key = _Key(m, n, k, out_dtype, None if bias is None else bias.dtype, gelu,
-               _scale_rows(x_scale, m, "x_scale"), _scale_rows(w_scale, n, "w_scale"),
-               out_scale is not None, fast_accum)
-    if algo < 0:
+    return _Key(m, n, k, out_dtype, None if bias is None else bias.dtype, gelu,
+                _scale_rows(x_scale, m, "x_scale"), _scale_rows(w_scale, n, "w_scale"),
+                out_scale is not None, fast_accum, TUNED)
+
+
+@dataclass(frozen=True)
+class SearchSpace:
+    """What ``benchmarks/cublaslt_search.py`` needs of one GEMM (:func:`search_space`)."""
+
+    gpu: str
+    version: int
+    plan: str  # the tuned table's key for this GEMM (``_Key.name``)
+    heuristic: list[AlgoConfig]  # the heuristic's usable configurations, first choice first
+    candidates: list[AlgoConfig]  # every configuration cuBLASLt accepts, clusters on AUTO
+    tuned: AlgoConfig | None  # the table's current choice, if any
+
+    def entry(self, config: AlgoConfig, **measured: object) -> dict[str, object]:
+        """A tuned-table entry choosing ``config`` for this GEMM."""
+        return {"gpu": self.gpu, "cublaslt_version": self.version, "plan": self.plan,
+                "config": config.to_json(), **measured}
+
+
+def search_space(xq: torch.Tensor, x_scale: torch.Tensor, w8: torch.Tensor,
+                 w_scale: torch.Tensor, out_dtype: torch.dtype, bias: torch.Tensor | None = None,
+                 gelu: bool = False, out_scale: torch.Tensor | None = None,
+                 fast_accum: bool = False, swizzle: bool = False,
+                 max_checks: int = 200_000) -> SearchSpace:
+    """The configurations an ``fp8_linear`` call with these arguments could run."""
+    key = _key(xq, x_scale, w8, w_scale, out_dtype, bias, gelu, out_scale, fast_accum)
+    plan = _plan(key)
+    lib, handle = _lib(), _handle()
+    return SearchSpace(
+        _device_name(), version(), key.name(),
+        [cublaslt_algos.read(lib, a) for a in plan.algos],
+        cublaslt_algos.candidates(lib, handle, plan.types, plan.desc, plan.layouts(),
+                                  _WORKSPACE_BYTES, swizzle, max_checks),
+        plan.tuned)
+
+
+def cluster_variants(xq: torch.Tensor, x_scale: torch.Tensor, w8: torch.Tensor,
+                     w_scale: torch.Tensor, out_dtype: torch.dtype, config: AlgoConfig,
+                     bias: torch.Tensor | None = None, gelu: bool = False,
+                     out_scale: torch.Tensor | None = None,
+                     fast_accum: bool = False) -> list[AlgoConfig]:
+    """``config`` with each other cluster shape cuBLASLt accepts for this call."""
+    key = _key(xq, x_scale, w8, w_scale, out_dtype, bias, gelu, out_scale, fast_accum)
+    plan = _plan(key)
+    return cublaslt_algos.with_clusters(_lib(), _handle(), plan.types, plan.desc,
+                                        plan.layouts(), _WORKSPACE_BYTES, config)
+
+
+def fp8_linear(
+    xq: torch.Tensor,
+    x_scale: torch.Tensor,
+    w8: torch.Tensor,
+    w_scale: torch.Tensor,
+    out_dtype: torch.dtype,
+    bias: torch.Tensor | None = None,
+    gelu: bool = False,
+    out_scale: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    fast_accum: bool = False,
+    algo: int | None = None,
+    config: AlgoConfig | None = None,
+) -> torch.Tensor:
+    """``out_scale * act(x_scale * w_scale * (xq @ w8^T) + bias)`` in ``out_dtype`` (see the
+    module docstring). ``out_scale`` is required for, and only for, an e4m3 output.
+
+    ``fast_accum`` accumulates in the tensor cores' own precision throughout (no periodic
+    promotion to float32). The algorithm: ``config`` if given (raises
+    :class:`CublasLtError` if cuBLASLt refuses it), else the heuristic's ``algo``-th (an
+    index past the ones it offers raises), else the plan's first choice: the tuned
+    table's configuration for this shape where :data:`TUNED` and the table has one, the
+    heuristic's first otherwise."""
+    key = _key(xq, x_scale, w8, w_scale, out_dtype, bias, gelu, out_scale, fast_accum)
+    m, n = key.m, key.n
+    if algo is not None and algo < 0:
         raise ValueError(f"algo must be >= 0, got {algo}")
     if out is None:
         out = torch.empty((m, n), device=xq.device, dtype=out_dtype)
     elif out.shape != (m, n) or out.dtype != out_dtype or not out.is_contiguous():
         raise ValueError(f"out must be a contiguous {out_dtype} tensor of shape ({m}, {n})")
     plan = _plan(key)
-    if algo >= len(plan.algos):
-        raise CublasLtError(f"the heuristic offers {len(plan.algos)} algorithms for {key}, "
-                            f"not {algo + 1}")
+    chosen = _choose(plan, key, algo, config)
     _set(plan.desc, _DESC_A_SCALE, ctypes.c_void_p(w_scale.data_ptr()))
     _set(plan.desc, _DESC_B_SCALE, ctypes.c_void_p(x_scale.data_ptr()))
     if out_scale is not None:
@@ -274,7 +403,7 @@ def fp8_linear(
         _handle(), plan.desc, ctypes.byref(alpha), ctypes.c_void_p(w8.data_ptr()), plan.a,
         ctypes.c_void_p(xq.data_ptr()), plan.b, ctypes.byref(beta),
         ctypes.c_void_p(c_ptr), plan.c, ctypes.c_void_p(out.data_ptr()), plan.d,
-        ctypes.byref(plan.algos[algo].algo), ctypes.c_void_p(ws.data_ptr()),
+        ctypes.byref(chosen), ctypes.c_void_p(ws.data_ptr()),
         ctypes.c_size_t(ws.numel()),
         ctypes.c_void_p(stream)), "cublasLtMatmul")
     return out

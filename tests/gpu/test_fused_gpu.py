@@ -445,3 +445,61 @@ def test_shipped_checkpoint_parity(dtype: str, tol: float) -> None:
     worst = _report(f"minilm-l6-squad {dtype}", ours.infer(ids, mask, tt), ref.infer(ids, mask, tt),
                     mask.astype(bool))
     assert worst < tol
+
+
+def test_cublaslt_search_space_and_tuned_plans(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The search's side of cuBLASLt at BERT-large FFN2's batch-1 shape (384 x 4096 ->
+    1024, per-tensor scales): it finds configurations; the heuristic's first choice run
+    from its fields (``config=``) is its ``algo=0`` bit for bit; a tuned-table entry (a
+    split-K one where cuBLASLt offers any) becomes the plan's first choice and computes
+    the same product; with ``TUNED`` off, or a table for another GPU, the heuristic's
+    choice runs."""
+    import json
+
+    import torch
+
+    from engine.fused import cublaslt, cublaslt_algos
+
+    g = torch.Generator(device="cuda").manual_seed(5)
+    m, n, k = 384, 1024, 4096
+    xq = (torch.randn((m, k), generator=g, device="cuda") * 32).to(torch.float8_e4m3fn)
+    w8 = (torch.randn((n, k), generator=g, device="cuda") * 32).to(torch.float8_e4m3fn)
+    xs, ws = torch.tensor([0.01], device="cuda"), torch.tensor([0.002], device="cuda")
+    args = (xq, xs, w8, ws, torch.float16)
+    exact = (xq.float() * xs) @ (w8.float() * ws).t()
+
+    def err(y: torch.Tensor) -> float:
+        return float((y.float() - exact).abs().max() / exact.abs().max())
+
+    space = cublaslt.search_space(*args, fast_accum=True)
+    splits = [c for c in space.candidates if c.splitk > 1]
+    print(f"{len(space.candidates)} configurations, {len(splits)} split-K; heuristic "
+          f"{space.heuristic[0]}")
+    assert space.candidates and space.heuristic
+    y0 = cublaslt.fp8_linear(*args, fast_accum=True, algo=0)
+    assert torch.equal(y0, cublaslt.fp8_linear(*args, fast_accum=True, config=space.heuristic[0]))
+    pick = (splits or [c for c in space.candidates if c != space.heuristic[0]])[0]
+    table = tmp_path / "tuned.json"
+    table.write_text(json.dumps([space.entry(pick)]))
+    other = tmp_path / "other.json"
+    other.write_text(json.dumps([{**space.entry(pick), "gpu": "another GPU"}]))
+    key = cublaslt._key(*args, None, False, None, True)
+    try:
+        monkeypatch.setattr(cublaslt_algos, "TABLE_PATH", table)
+        cublaslt._plan.cache_clear()
+        assert cublaslt._plan(key).tuned == pick
+        y = cublaslt.fp8_linear(*args, fast_accum=True)
+        print(f"tuned {pick}: error {err(y):.2e}, heuristic {err(y0):.2e}")
+        assert err(y) < 4e-3
+        # (not bit for bit: a split-K reduction may add its partials in any order)
+        again = cublaslt.fp8_linear(*args, fast_accum=True, config=pick)
+        assert float((again.float() - y.float()).abs().max() / exact.abs().max()) < 1e-3
+        monkeypatch.setattr(cublaslt, "TUNED", False)
+        assert torch.equal(cublaslt.fp8_linear(*args, fast_accum=True), y0)
+        monkeypatch.setattr(cublaslt, "TUNED", True)
+        monkeypatch.setattr(cublaslt_algos, "TABLE_PATH", other)
+        cublaslt._plan.cache_clear()
+        assert cublaslt._plan(key).tuned is None
+        assert torch.equal(cublaslt.fp8_linear(*args, fast_accum=True), y0)
+    finally:
+        cublaslt._plan.cache_clear()

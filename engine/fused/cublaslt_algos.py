@@ -1,0 +1,253 @@
+"""cuBLASLt algorithm configurations beyond the heuristic's: every configuration cuBLASLt
+accepts for a GEMM (algorithm, tile, stages, split-K and its reduction, swizzle, custom
+option, cluster shape), built from its fields, and a table of measured choices.
+
+This is FasterTransformer's ``gemm_test`` approach: the heuristic ranks configurations by
+a model, which at small M (a batch of one, 384 tokens) may leave the GPU's multiprocessors
+idle where a split-K or a smaller tile would fill them. ``benchmarks/cublaslt_search.py``
+times the candidates and writes the winners to :data:`TABLE_PATH`; a plan whose shape,
+GPU and cuBLASLt version are in the table runs the table's configuration first
+(``cublaslt.fp8_linear``). A table written for another GPU or library version is ignored.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, fields
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+TABLE_PATH = Path(__file__).with_name("cublaslt_tuned.json")
+
+# cublasLtMatmulAlgoCapAttributes_t / cublasLtMatmulAlgoConfigAttributes_t (cublasLt.h).
+_CAP_SPLITK, _CAP_REDUCTION_MASK, _CAP_SWIZZLE, _CAP_TILE_IDS = 0, 1, 2, 6
+_CAP_CUSTOM_MAX, _CAP_STAGES_IDS = 7, 13
+_CFG_TILE, _CFG_SPLITK, _CFG_REDUCTION, _CFG_SWIZZLE, _CFG_CUSTOM, _CFG_STAGES = 1, 2, 3, 4, 5, 6
+_CFG_INNER, _CFG_CLUSTER = 7, 8
+SPLITS = (1, 2, 3, 4, 6, 8)  # K splits tried where an algorithm supports splitting
+# CUBLASLT_CLUSTER_SHAPE_AUTO, 1x1x1, 2x1x1, 4x1x1, 1x2x1, 2x2x1, 1x4x1.
+CLUSTERS = (0, 2, 3, 4, 5, 6, 8)
+
+
+class Algo(ctypes.Structure):
+    """cublasLtMatmulAlgo_t."""
+
+    data: ctypes.Array[ctypes.c_uint64]
+    _fields_ = [("data", ctypes.c_uint64 * 8)]
+
+
+class CheckResult(ctypes.Structure):
+    """cublasLtMatmulHeuristicResult_t (its ``algo`` field is not written by a check)."""
+
+    _fields_ = [("algo", ctypes.c_uint64 * 8), ("workspaceSize", ctypes.c_size_t),
+                ("state", ctypes.c_int), ("wavesCount", ctypes.c_float),
+                ("reserved", ctypes.c_int * 4)]
+
+
+@dataclass(frozen=True)
+class AlgoConfig:
+    """One cuBLASLt configuration: the fields ``cublasLtMatmulAlgoConfigSetAttribute`` takes."""
+
+    algo_id: int
+    tile: int = 0
+    stages: int = 0
+    splitk: int = 1
+    reduction: int = 0
+    swizzle: int = 0
+    custom: int = 0
+    inner: int = 0
+    cluster: int = 0
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> AlgoConfig:
+        names = {f.name for f in fields(cls)}
+        unknown = set(data) - names
+        if unknown:
+            raise ValueError(f"unknown AlgoConfig fields {sorted(unknown)}")
+        return cls(**{k: int(v) for k, v in data.items()})
+
+    def to_json(self) -> dict[str, int]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Types:
+    """The (compute, scale, A, B, C, D) type enums of a plan, as cublasLtMatmulAlgoInit takes."""
+
+    compute: int
+    scale: int
+    a: int
+    b: int
+    c: int
+    d: int
+
+    def args(self) -> tuple[int, ...]:
+        return (self.compute, self.scale, self.a, self.b, self.c, self.d)
+
+
+def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
+    for fn in ("cublasLtMatmulAlgoGetIds", "cublasLtMatmulAlgoInit", "cublasLtMatmulAlgoCheck",
+               "cublasLtMatmulAlgoCapGetAttribute", "cublasLtMatmulAlgoConfigSetAttribute",
+               "cublasLtMatmulAlgoConfigGetAttribute"):
+        getattr(lib, fn).restype = ctypes.c_int
+    return lib
+
+
+def _cap(lib: ctypes.CDLL, algo: Algo, attr: int, ctype: type[ctypes._SimpleCData[int]]) -> int:
+    value = ctype(0)
+    written = ctypes.c_size_t(0)
+    if lib.cublasLtMatmulAlgoCapGetAttribute(ctypes.byref(algo), attr, ctypes.byref(value),
+                                             ctypes.sizeof(value), ctypes.byref(written)):
+        return 0
+    return int(value.value)
+
+
+def _cap_list(lib: ctypes.CDLL, algo: Algo, attr: int) -> list[int]:
+    """An array capability (tile or stages IDs); [0] (undefined: the algorithm's own) if none."""
+    size = ctypes.c_size_t(0)
+    if lib.cublasLtMatmulAlgoCapGetAttribute(ctypes.byref(algo), attr, None, 0,
+                                             ctypes.byref(size)) or size.value == 0:
+        return [0]
+    buf = (ctypes.c_uint32 * (size.value // 4))()
+    written = ctypes.c_size_t(0)
+    if lib.cublasLtMatmulAlgoCapGetAttribute(ctypes.byref(algo), attr, buf, size.value,
+                                             ctypes.byref(written)):
+        return [0]
+    return list(buf) or [0]
+
+
+_SETTERS: tuple[tuple[str, int, type[ctypes._SimpleCData[int]]], ...] = (
+    ("tile", _CFG_TILE, ctypes.c_uint32), ("stages", _CFG_STAGES, ctypes.c_uint32),
+    ("splitk", _CFG_SPLITK, ctypes.c_int32), ("reduction", _CFG_REDUCTION, ctypes.c_uint32),
+    ("swizzle", _CFG_SWIZZLE, ctypes.c_uint32), ("custom", _CFG_CUSTOM, ctypes.c_uint32),
+    ("inner", _CFG_INNER, ctypes.c_uint16), ("cluster", _CFG_CLUSTER, ctypes.c_uint16),
+)
+
+
+def build(lib: ctypes.CDLL, handle: ctypes.c_void_p, types: Types, config: AlgoConfig) -> Algo | None:
+    """The algorithm structure for ``config``, or None if cuBLASLt refuses a field."""
+    lib = _declare(lib)
+    algo = Algo()
+    if lib.cublasLtMatmulAlgoInit(handle, *types.args(), config.algo_id, ctypes.byref(algo)):
+        return None
+    for name, attr, ctype in _SETTERS:
+        value = ctype(getattr(config, name))
+        if lib.cublasLtMatmulAlgoConfigSetAttribute(ctypes.byref(algo), attr, ctypes.byref(value),
+                                                    ctypes.sizeof(value)):
+            return None
+    return algo
+
+
+def read(lib: ctypes.CDLL, algo: Any) -> AlgoConfig:
+    """The configuration of an algorithm structure (e.g. one the heuristic returned)."""
+    lib = _declare(lib)
+    ptr = ctypes.cast(ctypes.byref(algo), ctypes.POINTER(Algo))
+    values: dict[str, int] = {}
+    written = ctypes.c_size_t(0)
+    getters: tuple[tuple[str, int, type[ctypes._SimpleCData[int]]], ...] = (
+        ("algo_id", 0, ctypes.c_int32), *_SETTERS)
+    for name, attr, ctype in getters:
+        value = ctype(0)
+        lib.cublasLtMatmulAlgoConfigGetAttribute(ptr, attr, ctypes.byref(value),
+                                                 ctypes.sizeof(value), ctypes.byref(written))
+        values[name] = int(value.value)
+    return AlgoConfig(**values)
+
+
+def check(lib: ctypes.CDLL, handle: ctypes.c_void_p, desc: ctypes.c_void_p,
+          layouts: tuple[ctypes.c_void_p, ...], algo: Algo, max_workspace: int) -> bool:
+    """Whether cuBLASLt accepts ``algo`` for this GEMM within ``max_workspace`` bytes."""
+    res = CheckResult()
+    status = _declare(lib).cublasLtMatmulAlgoCheck(handle, desc, *layouts, ctypes.byref(algo),
+                                                   ctypes.byref(res))
+    return bool(status == 0 and int(res.workspaceSize) <= max_workspace)
+
+
+def _grid(lib: ctypes.CDLL, algo: Algo, algo_id: int, swizzle: bool) -> Iterator[AlgoConfig]:
+    """Every configuration of one algorithm its capabilities allow, clusters on AUTO."""
+    splits = SPLITS if _cap(lib, algo, _CAP_SPLITK, ctypes.c_int32) else (1,)
+    mask = _cap(lib, algo, _CAP_REDUCTION_MASK, ctypes.c_uint32)
+    schemes = [s for s in (1, 2, 4) if mask & s] or [0]
+    swizzles = (0, 1) if swizzle and _cap(lib, algo, _CAP_SWIZZLE, ctypes.c_uint32) else (0,)
+    customs = range(min(_cap(lib, algo, _CAP_CUSTOM_MAX, ctypes.c_int32), 15) + 1)
+    for tile in _cap_list(lib, algo, _CAP_TILE_IDS):
+        for stages in _cap_list(lib, algo, _CAP_STAGES_IDS):
+            for custom in customs:
+                for sw in swizzles:
+                    for k in splits:
+                        for red in (schemes if k > 1 else [0]):
+                            yield AlgoConfig(algo_id, tile, stages, k, red, sw, custom)
+
+
+def candidates(lib: ctypes.CDLL, handle: ctypes.c_void_p, types: Types, desc: ctypes.c_void_p,
+               layouts: tuple[ctypes.c_void_p, ...], max_workspace: int,
+               swizzle: bool = False, max_checks: int = 200_000) -> list[AlgoConfig]:
+    """Every configuration cuBLASLt accepts for this GEMM (``cublasLtMatmulAlgoCheck``), in
+    algorithm-ID order; cluster shapes other than AUTO are left to :func:`with_clusters`.
+    Stops after ``max_checks`` checks."""
+    lib = _declare(lib)
+    ids = (ctypes.c_int * 256)()
+    count = ctypes.c_int(0)
+    if lib.cublasLtMatmulAlgoGetIds(handle, *types.args(), 256, ids, ctypes.byref(count)):
+        return []
+    found: list[AlgoConfig] = []
+    checks = 0
+    for algo_id in ids[: count.value]:
+        base = Algo()
+        if lib.cublasLtMatmulAlgoInit(handle, *types.args(), algo_id, ctypes.byref(base)):
+            continue
+        for config in _grid(lib, base, algo_id, swizzle):
+            checks += 1
+            if checks > max_checks:
+                return found
+            algo = build(lib, handle, types, config)
+            if algo is not None and check(lib, handle, desc, layouts, algo, max_workspace):
+                found.append(config)
+    return found
+
+
+def with_clusters(lib: ctypes.CDLL, handle: ctypes.c_void_p, types: Types, desc: ctypes.c_void_p,
+                  layouts: tuple[ctypes.c_void_p, ...], max_workspace: int,
+                  config: AlgoConfig) -> list[AlgoConfig]:
+    """``config`` with each cluster shape of :data:`CLUSTERS` cuBLASLt accepts (AUTO excluded)."""
+    out = []
+    for cluster in CLUSTERS[1:]:
+        variant = AlgoConfig(**{**config.to_json(), "cluster": cluster})
+        algo = build(lib, handle, types, variant)
+        if algo is not None and check(lib, handle, desc, layouts, algo, max_workspace):
+            out.append(variant)
+    return out
+
+
+@dataclass(frozen=True)
+class TableKey:
+    """What a measured choice is valid for: the GPU, the library and the GEMM's plan key
+    (``cublaslt._Key`` as a string of its fields)."""
+
+    gpu: str
+    version: int
+    plan: str
+
+
+def entry_key(entry: dict[str, Any]) -> TableKey:
+    return TableKey(str(entry["gpu"]), int(entry["cublaslt_version"]), str(entry["plan"]))
+
+
+def load_table(path: Path | None = None) -> dict[TableKey, AlgoConfig]:
+    """The measured choices in ``path`` (default :data:`TABLE_PATH`; a JSON list of entries
+    with ``gpu``, ``cublaslt_version``, ``plan`` and ``config``), read once per path;
+    empty if the file is absent."""
+    return _load(path or TABLE_PATH)
+
+
+@cache
+def _load(path: Path) -> dict[TableKey, AlgoConfig]:
+    if not path.exists():
+        return {}
+    entries = json.loads(path.read_text())
+    if not isinstance(entries, list):
+        raise ValueError(f"{path}: expected a JSON list of entries")
+    return {entry_key(e): AlgoConfig.from_json(e["config"]) for e in entries}

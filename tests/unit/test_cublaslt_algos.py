@@ -1,0 +1,113 @@
+"""``engine.fused.cublaslt_algos`` and the tuned-table side of ``cublaslt`` and
+``benchmarks/cublaslt_search.py``: what needs no GPU (the search itself, and a tuned
+plan's outputs, are checked in tests/gpu)."""
+
+from __future__ import annotations
+
+import ctypes
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from benchmarks import cublaslt_search
+from engine.fused import cublaslt, cublaslt_algos
+from engine.fused.cublaslt_algos import AlgoConfig, TableKey
+
+
+def _entry(plan: str, config: AlgoConfig, gpu: str = "NVIDIA H200", version: int = 130000,
+           **extra: object) -> dict[str, object]:
+    return {"gpu": gpu, "cublaslt_version": version, "plan": plan, "config": config.to_json(),
+            **extra}
+
+
+def test_config_json_round_trip_and_unknown_fields() -> None:
+    c = AlgoConfig(66, tile=20, stages=35, splitk=4, reduction=2, cluster=3)
+    assert AlgoConfig.from_json(json.loads(json.dumps(c.to_json()))) == c
+    assert AlgoConfig.from_json({"algo_id": 5}) == AlgoConfig(5)
+    with pytest.raises(ValueError, match="unknown AlgoConfig fields"):
+        AlgoConfig.from_json({"algo_id": 5, "tiles": 3})
+
+
+def test_table_loads_entries_by_gpu_version_and_plan(tmp_path: Path) -> None:
+    a, b = AlgoConfig(66, splitk=2, reduction=2), AlgoConfig(70, tile=18)
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps([_entry("m=384", a, us=3.1), _entry("m=384", b, gpu="other")]))
+    table = cublaslt_algos.load_table(path)
+    assert table == {TableKey("NVIDIA H200", 130000, "m=384"): a,
+                     TableKey("other", 130000, "m=384"): b}
+    assert cublaslt_algos.load_table(tmp_path / "absent.json") == {}
+    bad = tmp_path / "bad.json"
+    bad.write_text("{}")
+    with pytest.raises(ValueError, match="JSON list"):
+        cublaslt_algos.load_table(bad)
+
+
+def test_shipped_table_parses() -> None:
+    """The repository's table (if any) loads, and each entry names a real plan key."""
+    cublaslt_algos._load.cache_clear()
+    table = cublaslt_algos.load_table()
+    for key in table:
+        assert key.plan.startswith("m=") and "fast_accum=" in key.plan and "tuned" not in key.plan
+
+
+def test_key_name_is_every_field_but_tuned() -> None:
+    key = cublaslt._Key(384, 4096, 1024, torch.float8_e4m3fn, torch.bfloat16, True, False,
+                        False, True, True, tuned=True)
+    assert key.name() == ("m=384,n=4096,k=1024,out=float8_e4m3fn,bias=bfloat16,gelu=True,"
+                          "x_rows=False,w_rows=False,out_scaled=True,fast_accum=True")
+    assert key.name() == cublaslt._Key(*[getattr(key, f) for f in (
+        "m", "n", "k", "out", "bias", "gelu", "x_rows", "w_rows", "out_scaled",
+        "fast_accum")], tuned=False).name()
+
+
+def _plan(tuned: bool) -> cublaslt._Plan:
+    null = ctypes.c_void_p()
+    heuristic = [(ctypes.c_uint64 * 8)(i) for i in (11, 12)]
+    plan = cublaslt._Plan(null, null, null, null, null,
+                          cublaslt_algos.Types(68, 0, 28, 28, 2, 2), heuristic)
+    if tuned:
+        plan.tuned, plan.tuned_algo = AlgoConfig(99), cublaslt_algos.Algo((ctypes.c_uint64 * 8)(99))
+    return plan
+
+
+@pytest.mark.parametrize("tuned", [False, True])
+def test_first_choice_is_the_tuned_config_and_algo_indexes_the_heuristic(tuned: bool) -> None:
+    key = cublaslt._Key(8, 16, 32, torch.float16, None, False, False, False, False, False, tuned)
+    plan = _plan(tuned)
+    assert cublaslt._choose(plan, key, None, None)[0] == (99 if tuned else 11)
+    assert cublaslt._choose(plan, key, 0, None)[0] == 11
+    assert cublaslt._choose(plan, key, 1, None)[0] == 12
+    with pytest.raises(cublaslt.CublasLtError, match="offers 2 algorithms"):
+        cublaslt._choose(plan, key, 2, None)
+
+
+def test_search_arguments() -> None:
+    args = cublaslt_search.parse_args([])
+    assert args.tokens == [384] and args.gemms == "qkv,out,ffn1,ffn2" and args.table is None
+    args = cublaslt_search.parse_args(["--tokens", "256", "--tokens", "384", "--table",
+                                       "--gemms", "ffn2"])
+    assert args.tokens == [256, 384] and str(args.table) == "DEFAULT"
+    with pytest.raises(SystemExit):
+        cublaslt_search.parse_args(["--gemms", "ffn3"])
+
+
+def test_sample_keeps_the_heuristic_first_and_bounds_the_rest() -> None:
+    cands = [AlgoConfig(i) for i in range(100)]
+    heur = [AlgoConfig(7), AlgoConfig(500)]
+    out = cublaslt_search.sample(cands, heur, 10)
+    assert out[:2] == heur and len(out) == 12 and len(set(out)) == 12
+    assert out == cublaslt_search.sample(cands, heur, 10)  # seeded
+    assert cublaslt_search.sample(cands, heur, 1000) == heur + [c for c in cands if c != heur[0]]
+
+
+def test_write_table_replaces_only_the_same_key(tmp_path: Path) -> None:
+    path = tmp_path / "t.json"
+    old = [_entry("m=384", AlgoConfig(1)), _entry("m=256", AlgoConfig(2)),
+           _entry("m=384", AlgoConfig(3), version=1)]
+    path.write_text(json.dumps(old))
+    cublaslt_search._write_table(path, [_entry("m=384", AlgoConfig(9), us=2.0)])
+    got = {(e["plan"], e["cublaslt_version"]): e["config"]["algo_id"]
+           for e in json.loads(path.read_text())}
+    assert got == {("m=384", 130000): 9, ("m=256", 130000): 2, ("m=384", 1): 3}
