@@ -317,8 +317,9 @@ class SearchSpace:
     version: int
     plan: str  # the tuned table's key for this GEMM (``_Key.name``)
     heuristic: list[AlgoConfig]  # the heuristic's usable configurations, first choice first
-    candidates: list[AlgoConfig]  # every configuration cuBLASLt accepts, clusters on AUTO
+    candidates: list[AlgoConfig]  # every configuration cuBLASLt accepts
     tuned: AlgoConfig | None  # the table's current choice, if any
+    algos: list[dict[str, object]]  # per algorithm: capabilities, configurations checked/accepted
 
     def entry(self, config: AlgoConfig, **measured: object) -> dict[str, object]:
         """A tuned-table entry choosing ``config`` for this GEMM."""
@@ -330,29 +331,17 @@ def search_space(xq: torch.Tensor, x_scale: torch.Tensor, w8: torch.Tensor,
                  w_scale: torch.Tensor, out_dtype: torch.dtype, bias: torch.Tensor | None = None,
                  gelu: bool = False, out_scale: torch.Tensor | None = None,
                  fast_accum: bool = False, swizzle: bool = False,
-                 max_checks: int = 200_000) -> SearchSpace:
+                 max_checks: int = 1_000_000) -> SearchSpace:
     """The configurations an ``fp8_linear`` call with these arguments could run."""
     key = _key(xq, x_scale, w8, w_scale, out_dtype, bias, gelu, out_scale, fast_accum)
     plan = _plan(key)
     lib, handle = _lib(), _handle()
-    return SearchSpace(
-        _device_name(), version(), key.name(),
-        [cublaslt_algos.read(lib, a) for a in plan.algos],
-        cublaslt_algos.candidates(lib, handle, plan.types, plan.desc, plan.layouts(),
-                                  _WORKSPACE_BYTES, swizzle, max_checks),
-        plan.tuned)
-
-
-def cluster_variants(xq: torch.Tensor, x_scale: torch.Tensor, w8: torch.Tensor,
-                     w_scale: torch.Tensor, out_dtype: torch.dtype, config: AlgoConfig,
-                     bias: torch.Tensor | None = None, gelu: bool = False,
-                     out_scale: torch.Tensor | None = None,
-                     fast_accum: bool = False) -> list[AlgoConfig]:
-    """``config`` with each other cluster shape cuBLASLt accepts for this call."""
-    key = _key(xq, x_scale, w8, w_scale, out_dtype, bias, gelu, out_scale, fast_accum)
-    plan = _plan(key)
-    return cublaslt_algos.with_clusters(_lib(), _handle(), plan.types, plan.desc,
-                                        plan.layouts(), _WORKSPACE_BYTES, config)
+    report: list[dict[str, object]] = []
+    found = cublaslt_algos.candidates(lib, handle, plan.types, plan.desc, plan.layouts(),
+                                      _WORKSPACE_BYTES, swizzle, max_checks, report)
+    return SearchSpace(_device_name(), version(), key.name(),
+                       [cublaslt_algos.read(lib, a) for a in plan.algos], found, plan.tuned,
+                       report)
 
 
 def fp8_linear(

@@ -15,7 +15,7 @@ from __future__ import annotations
 import ctypes
 import json
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -28,8 +28,8 @@ _CAP_CUSTOM_MAX, _CAP_STAGES_IDS = 7, 13
 _CFG_TILE, _CFG_SPLITK, _CFG_REDUCTION, _CFG_SWIZZLE, _CFG_CUSTOM, _CFG_STAGES = 1, 2, 3, 4, 5, 6
 _CFG_INNER, _CFG_CLUSTER = 7, 8
 SPLITS = (1, 2, 3, 4, 6, 8)  # K splits tried where an algorithm supports splitting
-# CUBLASLT_CLUSTER_SHAPE_AUTO, 1x1x1, 2x1x1, 4x1x1, 1x2x1, 2x2x1, 1x4x1.
-CLUSTERS = (0, 2, 3, 4, 5, 6, 8)
+# CUBLASLT_CLUSTER_SHAPE_AUTO, 1x1x1, 2x1x1, 4x1x1, 1x2x1, 2x2x1, 4x2x1, 1x4x1, 2x4x1.
+CLUSTERS = (0, 2, 3, 4, 5, 6, 7, 8, 9)
 
 
 class Algo(ctypes.Structure):
@@ -127,18 +127,24 @@ _SETTERS: tuple[tuple[str, int, type[ctypes._SimpleCData[int]]], ...] = (
 )
 
 
-def build(lib: ctypes.CDLL, handle: ctypes.c_void_p, types: Types, config: AlgoConfig) -> Algo | None:
-    """The algorithm structure for ``config``, or None if cuBLASLt refuses a field."""
-    lib = _declare(lib)
-    algo = Algo()
-    if lib.cublasLtMatmulAlgoInit(handle, *types.args(), config.algo_id, ctypes.byref(algo)):
-        return None
+def _configure(lib: ctypes.CDLL, base: Algo, config: AlgoConfig) -> Algo | None:
+    """A copy of the initialised ``base`` with ``config``'s fields set, or None if refused."""
+    algo = Algo.from_buffer_copy(base)
     for name, attr, ctype in _SETTERS:
         value = ctype(getattr(config, name))
         if lib.cublasLtMatmulAlgoConfigSetAttribute(ctypes.byref(algo), attr, ctypes.byref(value),
                                                     ctypes.sizeof(value)):
             return None
     return algo
+
+
+def build(lib: ctypes.CDLL, handle: ctypes.c_void_p, types: Types, config: AlgoConfig) -> Algo | None:
+    """The algorithm structure for ``config``, or None if cuBLASLt refuses a field."""
+    lib = _declare(lib)
+    base = Algo()
+    if lib.cublasLtMatmulAlgoInit(handle, *types.args(), config.algo_id, ctypes.byref(base)):
+        return None
+    return _configure(lib, base, config)
 
 
 def read(lib: ctypes.CDLL, algo: Any) -> AlgoConfig:
@@ -166,28 +172,47 @@ def check(lib: ctypes.CDLL, handle: ctypes.c_void_p, desc: ctypes.c_void_p,
     return bool(status == 0 and int(res.workspaceSize) <= max_workspace)
 
 
-def _grid(lib: ctypes.CDLL, algo: Algo, algo_id: int, swizzle: bool) -> Iterator[AlgoConfig]:
-    """Every configuration of one algorithm its capabilities allow, clusters on AUTO."""
-    splits = SPLITS if _cap(lib, algo, _CAP_SPLITK, ctypes.c_int32) else (1,)
-    mask = _cap(lib, algo, _CAP_REDUCTION_MASK, ctypes.c_uint32)
-    schemes = [s for s in (1, 2, 4) if mask & s] or [0]
-    swizzles = (0, 1) if swizzle and _cap(lib, algo, _CAP_SWIZZLE, ctypes.c_uint32) else (0,)
-    customs = range(min(_cap(lib, algo, _CAP_CUSTOM_MAX, ctypes.c_int32), 15) + 1)
-    for tile in _cap_list(lib, algo, _CAP_TILE_IDS):
-        for stages in _cap_list(lib, algo, _CAP_STAGES_IDS):
-            for custom in customs:
+def _caps(lib: ctypes.CDLL, algo: Algo) -> dict[str, Any]:
+    """What one algorithm can be configured with (its capabilities)."""
+    return {"splitk": _cap(lib, algo, _CAP_SPLITK, ctypes.c_int32),
+            "reduction_mask": _cap(lib, algo, _CAP_REDUCTION_MASK, ctypes.c_uint32),
+            "swizzle": _cap(lib, algo, _CAP_SWIZZLE, ctypes.c_uint32),
+            "custom_max": _cap(lib, algo, _CAP_CUSTOM_MAX, ctypes.c_int32),
+            "tiles": _cap_list(lib, algo, _CAP_TILE_IDS),
+            "stages": _cap_list(lib, algo, _CAP_STAGES_IDS)}
+
+
+def _unsplit(caps: dict[str, Any], algo_id: int, swizzle: bool) -> Iterator[AlgoConfig]:
+    """One algorithm's configurations without split-K: tiles x stages x custom options x
+    swizzles x :data:`CLUSTERS`, as far as its capabilities allow."""
+    swizzles = (0, 1) if swizzle and caps["swizzle"] else (0,)
+    for tile in caps["tiles"]:
+        for stages in caps["stages"]:
+            for custom in range(min(caps["custom_max"], 15) + 1):
                 for sw in swizzles:
-                    for k in splits:
-                        for red in (schemes if k > 1 else [0]):
-                            yield AlgoConfig(algo_id, tile, stages, k, red, sw, custom)
+                    for cluster in CLUSTERS:
+                        yield AlgoConfig(algo_id, tile, stages, 1, 0, sw, custom, cluster=cluster)
+
+
+def _splits(caps: dict[str, Any], accepted: list[AlgoConfig]) -> Iterator[AlgoConfig]:
+    """Split-K variants (:data:`SPLITS` x reduction schemes) of accepted unsplit ones."""
+    if not caps["splitk"]:
+        return
+    schemes = [s for s in (1, 2, 4) if caps["reduction_mask"] & s] or [0]
+    for config in accepted:
+        for k in SPLITS[1:]:
+            for red in schemes:
+                yield replace(config, splitk=k, reduction=red)
 
 
 def candidates(lib: ctypes.CDLL, handle: ctypes.c_void_p, types: Types, desc: ctypes.c_void_p,
                layouts: tuple[ctypes.c_void_p, ...], max_workspace: int,
-               swizzle: bool = False, max_checks: int = 200_000) -> list[AlgoConfig]:
+               swizzle: bool = False, max_checks: int = 1_000_000,
+               report: list[dict[str, Any]] | None = None) -> list[AlgoConfig]:
     """Every configuration cuBLASLt accepts for this GEMM (``cublasLtMatmulAlgoCheck``), in
-    algorithm-ID order; cluster shapes other than AUTO are left to :func:`with_clusters`.
-    Stops after ``max_checks`` checks."""
+    algorithm-ID order: first without split-K, then the split-K variants of those accepted.
+    Stops after ``max_checks`` checks. ``report`` receives, per algorithm, its
+    capabilities and how many of its configurations were checked and accepted."""
     lib = _declare(lib)
     ids = (ctypes.c_int * 256)()
     count = ctypes.c_int(0)
@@ -199,27 +224,24 @@ def candidates(lib: ctypes.CDLL, handle: ctypes.c_void_p, types: Types, desc: ct
         base = Algo()
         if lib.cublasLtMatmulAlgoInit(handle, *types.args(), algo_id, ctypes.byref(base)):
             continue
-        for config in _grid(lib, base, algo_id, swizzle):
-            checks += 1
-            if checks > max_checks:
-                return found
-            algo = build(lib, handle, types, config)
-            if algo is not None and check(lib, handle, desc, layouts, algo, max_workspace):
-                found.append(config)
+        caps = _caps(lib, base)
+        row = {"algo_id": algo_id, **caps, "checked": 0, "accepted": 0}
+        if report is not None:
+            report.append(row)
+        unsplit: list[AlgoConfig] = []
+        for grid in (_unsplit(caps, algo_id, swizzle), None):
+            for config in grid if grid is not None else _splits(caps, unsplit):
+                checks += 1
+                if checks > max_checks:
+                    return found
+                row["checked"] += 1
+                algo = _configure(lib, base, config)
+                if algo is not None and check(lib, handle, desc, layouts, algo, max_workspace):
+                    row["accepted"] += 1
+                    found.append(config)
+                    if grid is not None:
+                        unsplit.append(config)
     return found
-
-
-def with_clusters(lib: ctypes.CDLL, handle: ctypes.c_void_p, types: Types, desc: ctypes.c_void_p,
-                  layouts: tuple[ctypes.c_void_p, ...], max_workspace: int,
-                  config: AlgoConfig) -> list[AlgoConfig]:
-    """``config`` with each cluster shape of :data:`CLUSTERS` cuBLASLt accepts (AUTO excluded)."""
-    out = []
-    for cluster in CLUSTERS[1:]:
-        variant = AlgoConfig(**{**config.to_json(), "cluster": cluster})
-        algo = build(lib, handle, types, variant)
-        if algo is not None and check(lib, handle, desc, layouts, algo, max_workspace):
-            out.append(variant)
-    return out
 
 
 @dataclass(frozen=True)

@@ -449,7 +449,8 @@ def test_shipped_checkpoint_parity(dtype: str, tol: float) -> None:
 
 def test_cublaslt_search_space_and_tuned_plans(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The search's side of cuBLASLt at BERT-large FFN2's batch-1 shape (384 x 4096 ->
-    1024, per-tensor scales): it finds configurations; the heuristic's first choice run
+    1024, per-tensor scales): its grid of configurations includes the heuristic's first
+    choice; that choice run
     from its fields (``config=``) is its ``algo=0`` bit for bit; a tuned-table entry (a
     split-K one where cuBLASLt offers any) becomes the plan's first choice and computes
     the same product; with ``TUNED`` off, or a table for another GPU, the heuristic's
@@ -476,6 +477,7 @@ def test_cublaslt_search_space_and_tuned_plans(tmp_path: Path, monkeypatch: pyte
     print(f"{len(space.candidates)} configurations, {len(splits)} split-K; heuristic "
           f"{space.heuristic[0]}")
     assert space.candidates and space.heuristic
+    assert space.heuristic[0] in set(space.candidates), space.algos  # the grid covers it
     y0 = cublaslt.fp8_linear(*args, fast_accum=True, algo=0)
     assert torch.equal(y0, cublaslt.fp8_linear(*args, fast_accum=True, config=space.heuristic[0]))
     pick = (splits or [c for c in space.candidates if c != space.heuristic[0]])[0]
