@@ -17,8 +17,10 @@ out-projection and FFN2 to fp16, FFN1 with bias + GELU to e4m3):
    rounds (median); a configuration ``--min-gain`` faster than the heuristic's goes into
    the table (``--table``; entries for other shapes, GPUs or cuBLASLt versions are kept).
 
-Times are CUDA-graph replays of 24 calls, each on its own copy of the weight (24 copies
-exceed L2, as a pass's 24 layers do), in µs per call. Ends with a table per GEMM.
+Times are CUDA-graph replays of ``--calls`` calls (24), each on its own copy of the
+weight (24 copies exceed L2, as a pass's 24 layers do), in µs per call. Ends with a
+table per GEMM. At the SQuAD mix's 49,152 tokens: ``--calls 4 --max-timed 800
+--no-splitk``.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 # (N, K) of BERT-large's GEMMs.
 GEMMS = {"qkv": (3072, 1024), "out": (1024, 1024), "ffn1": (4096, 1024), "ffn2": (1024, 4096)}
-LAYERS = 24  # weight copies, and calls per timed graph
+LAYERS = 24  # weight copies, and calls per timed graph (``--calls``)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -57,6 +59,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-checks", type=int, default=1_000_000)
     p.add_argument("--max-timed", type=int, default=3000,
                    help="candidates timed per GEMM (a seeded sample beyond it)")
+    p.add_argument("--calls", type=int, default=LAYERS,
+                   help="calls per timed graph, each on its own weight copy")
+    p.add_argument("--no-splitk", action="store_true",
+                   help="time no split-K configuration (they lose at large M)")
     p.add_argument("--commit", default="", help="recorded with the results")
     args = p.parse_args(argv)
     args.tokens = args.tokens or [384]
@@ -66,7 +72,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _operands(gemm: str, tokens: int, g: Any) -> tuple[dict[str, Any], list[Any]]:
+def _operands(gemm: str, tokens: int, copies: int, g: Any) -> tuple[dict[str, Any], list[Any]]:
     """``fp8_linear`` keyword arguments (weight left out) and the weight copies."""
     import torch
 
@@ -82,7 +88,7 @@ def _operands(gemm: str, tokens: int, g: Any) -> tuple[dict[str, Any], list[Any]
                   bias=(torch.randn((n,), generator=g, device="cuda") * 0.1).bfloat16(),
                   out_scale=torch.tensor([64.0], device="cuda"))
     weights = [(torch.randn((n, k), generator=g, device="cuda") * 64).clamp(-448, 448)
-               .to(FP8_DTYPE) for _ in range(LAYERS)]
+               .to(FP8_DTYPE) for _ in range(copies)]
     return kw, weights
 
 
@@ -116,7 +122,7 @@ def _time(kw: dict[str, Any], weights: list[Any], config: Any, replays: int) -> 
     from benchmarks.attn_backends import _time_graph
 
     try:
-        us, graphed = _time_graph(_caller(kw, weights, config), LAYERS, replays)
+        us, graphed = _time_graph(_caller(kw, weights, config), len(weights), replays)
     except Exception:  # a configuration that fails to launch is not a candidate
         return None
     return us if graphed else None
@@ -135,13 +141,14 @@ def search(gemm: str, tokens: int, args: argparse.Namespace, g: Any) -> dict[str
 
     from engine.fused import cublaslt
 
-    kw, weights = _operands(gemm, tokens, g)
+    kw, weights = _operands(gemm, tokens, args.calls, g)
     t0 = time.perf_counter()
     space = cublaslt.search_space(w8=weights[0], max_checks=args.max_checks,
                                   swizzle=tokens >= 4096, **kw)
     first = space.heuristic[0]
     ref = cublaslt.fp8_linear(w8=weights[0], algo=0, **kw).float()
-    pool = sample(space.candidates, space.heuristic, args.max_timed)
+    pool = sample([c for c in space.candidates if c.splitk == 1 or not args.no_splitk],
+                  space.heuristic, args.max_timed)
     quick: list[tuple[float, Any]] = []
     for config in track(pool, description=f"{gemm} x {tokens}: {len(pool)} timed"):
         us = _time(kw, weights, config, 3)
@@ -197,7 +204,7 @@ def _summary(rows: list[dict[str, Any]]) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title="cuBLASLt search: µs per call (graph of 24, weights beyond L2)")
+    table = Table(title="cuBLASLt search: µs per call (graphs of calls on distinct weights)")
     for col in ("GEMM", "tokens", "accepted", "heuristic", "best", "gain", "best config"):
         table.add_column(col)
     for r in rows:

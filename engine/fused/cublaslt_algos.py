@@ -28,6 +28,9 @@ _CAP_CUSTOM_MAX, _CAP_STAGES_IDS = 7, 13
 _CFG_TILE, _CFG_SPLITK, _CFG_REDUCTION, _CFG_SWIZZLE, _CFG_CUSTOM, _CFG_STAGES = 1, 2, 3, 4, 5, 6
 _CFG_INNER, _CFG_CLUSTER = 7, 8
 SPLITS = (1, 2, 3, 4, 6, 8)  # K splits tried where an algorithm supports splitting
+# An algorithm none of whose first this-many configurations cuBLASLt accepts is skipped
+# (on the H200 one has 722,304 configurations and accepts none of them).
+MAX_MISSES = 20_000
 # CUBLASLT_CLUSTER_SHAPE_AUTO, 1x1x1, 2x1x1, 4x1x1, 1x2x1, 2x2x1, 4x2x1, 1x4x1, 2x4x1.
 CLUSTERS = (0, 2, 3, 4, 5, 6, 7, 8, 9)
 
@@ -211,8 +214,10 @@ def candidates(lib: ctypes.CDLL, handle: ctypes.c_void_p, types: Types, desc: ct
                report: list[dict[str, Any]] | None = None) -> list[AlgoConfig]:
     """Every configuration cuBLASLt accepts for this GEMM (``cublasLtMatmulAlgoCheck``), in
     algorithm-ID order: first without split-K, then the split-K variants of those accepted.
-    Stops after ``max_checks`` checks. ``report`` receives, per algorithm, its
-    capabilities and how many of its configurations were checked and accepted."""
+    Stops after ``max_checks`` checks, and skips the rest of an algorithm after
+    :data:`MAX_MISSES` refusals in a row from its start. ``report`` receives, per
+    algorithm, its capabilities and how many of its configurations were checked and
+    accepted."""
     lib = _declare(lib)
     ids = (ctypes.c_int * 256)()
     count = ctypes.c_int(0)
@@ -234,6 +239,8 @@ def candidates(lib: ctypes.CDLL, handle: ctypes.c_void_p, types: Types, desc: ct
                 checks += 1
                 if checks > max_checks:
                     return found
+                if row["accepted"] == 0 and row["checked"] >= MAX_MISSES:
+                    break
                 row["checked"] += 1
                 algo = _configure(lib, base, config)
                 if algo is not None and check(lib, handle, desc, layouts, algo, max_workspace):
