@@ -177,7 +177,8 @@ def search(gemm: str, tokens: int, args: argparse.Namespace, g: Any) -> dict[str
     row: dict[str, Any] = {
         "gemm": gemm, "tokens": tokens, "plan": space.plan,
         "candidates": len(space.candidates), "timed": len(pool), "launched": len(quick),
-        "algos": space.algos, "heuristic_all": [c.to_json() for c in space.heuristic],
+        "algos": [{**a, "tiles": len(a["tiles"])} for a in space.algos],  # type: ignore[arg-type]
+        "heuristic_all": [c.to_json() for c in space.heuristic],
         "heuristic_in_candidates": [c in set(space.candidates) for c in space.heuristic],
         "rejected_by_error": rejected, "seconds": round(time.perf_counter() - t0, 1),
         "heuristic": {"config": first.to_json(), "us": base},

@@ -91,7 +91,9 @@ class EncodeOptions:
     """How :func:`encode_packed` runs; the defaults are the engine's.
 
     ``gemm_plans`` overrides the small-batch plan of GEMMs by name (``qkv``, ``out``,
-    ``ffn1``, ``ffn2``); ``attn_config`` imposes attention tiles. ``deferred_ln_max_hidden``
+    ``ffn1``, ``ffn2``); ``attn_config`` imposes attention tiles; ``attn_tile_list`` lets
+    the large path launch attention over a tile list (``kernels.attention_tiles``, built
+    once per pass) where that saves programs. ``deferred_ln_max_hidden``
     runs the small-batch path without LayerNorm kernels for models up to that hidden size
     (where the weights have folded copies). ``persistent`` runs the batches the small-batch
     path takes, if at most ``persistent_max_tokens`` tokens, as one persistent kernel
@@ -116,6 +118,7 @@ class EncodeOptions:
     persistent_max_tokens: int = 256
     deferred_ln_max_hidden: int | None = DEFERRED_LN_MAX_HIDDEN
     attn_config: tuple[int, int, int, int] | None = None
+    attn_tile_list: bool = True
     gemm_plans: tuple[tuple[str, GemmPlan], ...] = ()
 
 
@@ -217,6 +220,9 @@ def encode_packed(
         fp8=wants8(layers[0].qkv), pdl=pdl, fp8_blocks=w.fp8_blocks,
         fp8_scale=x_scale(0, "qkv"),
     )
+    tiles = (ops.attention_tiles(cu_seqlens, tokens, n_seqs, max_seqlen, cfg.num_heads,
+                                 d // cfg.num_heads, config=opts.attn_config)
+             if opts.attn_tile_list and not small else None)
     for i, layer in enumerate(layers):
         if small:
             qkv = ops.linear(x, layer.qkv.weight, config=c_qkv, pdl=pdl, prefetch=pf)
@@ -225,7 +231,7 @@ def encode_packed(
         ctx_scale = x_scale(i, "attn_out")
         ctx = ops.attention_varlen(qkv, layer.qkv.bias, cu_seqlens, max_seqlen, n_seqs,
                                    cfg.num_heads, config=opts.attn_config, pdl=pdl,
-                                   prefetch=pf, fp8_scale=ctx_scale)
+                                   prefetch=pf, fp8_scale=ctx_scale, tiles=tiles)
         if small:
             a = ops.linear(ctx, layer.attn_out.weight, splits=s_out, config=c_out, pdl=pdl,
                            prefetch=pf)

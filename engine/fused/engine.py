@@ -121,6 +121,7 @@ class FusedEngine:
         persistent: bool = False,
         deferred_ln_max_hidden: int | None = DEFERRED_LN_MAX_HIDDEN,
         attention_tiles: tuple[int, int, int, int] | None = None,
+        attention_tile_list: bool = True,
         gemm_plans: dict[str, GemmPlan] | None = None,
     ) -> None:
         """FP8 weights (if packed) are used for batches of at least ``fp8_min_tokens``
@@ -140,6 +141,9 @@ class FusedEngine:
         with bias + GELU fused. ``deferred_ln_max_hidden``: models up to that hidden size run
         the small-batch path without LayerNorm kernels (``kernels.deferred``; None: never).
         ``persistent`` runs small batches as one persistent kernel (``kernels.persistent``).
+        ``attention_tile_list``: batches of many sequences on the large path launch
+        attention over a tile list of their query blocks (``kernels.attention_tiles``)
+        instead of a grid sized for the longest possible sequence.
         ``attention_tiles`` (BLOCK_M, BLOCK_N, warps, stages) and ``gemm_plans``
         (small-batch GEMM name -> (tiles, splits)) override the built-in rules (benchmarks,
         tests). ``graph_staging``: graphs stage their own inputs and write the caller's
@@ -180,6 +184,7 @@ class FusedEngine:
             persistent=persistent,
             deferred_ln_max_hidden=deferred_ln_max_hidden,
             attn_config=attention_tiles,
+            attn_tile_list=attention_tile_list,
             gemm_plans=tuple(sorted((gemm_plans or {}).items())),
         )
         self.graph_staging = graph_staging

@@ -274,6 +274,14 @@ def persistent_supported(w: object) -> bool:
     return False
 
 
+def attention_tiles(cu_seqlens: torch.Tensor, tokens: int, n_seqs: int, max_seqlen: int,
+                    num_heads: int, head_dim: int,
+                    config: tuple[int, int, int, int] | None = None,
+                    force: bool = False) -> None:
+    """No tile list here: :func:`attention_varlen` loops over the sequences."""
+    return None
+
+
 def attention_varlen(
     qkv: torch.Tensor,
     qkv_bias: torch.Tensor,
@@ -285,6 +293,7 @@ def attention_varlen(
     pdl: bool = False,
     prefetch: bool = False,
     fp8_scale: torch.Tensor | None = None,
+    tiles: object = None,  # the Triton kernel's tile list: meaningless here
 ) -> torch.Tensor:
     n, three_d = qkv.shape
     d = three_d // 3

@@ -352,11 +352,14 @@ def _check_linear_plain(dtype_name: str, with_bias: bool, loads: int = 0) -> tup
 
 
 def _check_attention(dtype_name: str, heads: int, head_dim: int,
-                     large_tile: bool = False, fp8: bool = False) -> tuple[float, float]:
+                     large_tile: bool = False, fp8: bool = False,
+                     tiled: bool = False) -> tuple[float, float]:
     """Attention against float64 math. ``fp8``: the output in e4m3 with one given
     (calibrated) scale, chosen so that the largest values saturate: it must equal the
     clamped reference within e4m3 rounding (relative 2**-4, subnormal step 2**-9 of the
-    scale) plus the fp16 inputs' error, as the torch spec's copy must."""
+    scale) plus the fp16 inputs' error, as the torch spec's copy must. ``tiled``: over
+    the batch's tile list (``attention_tiles``), which must also give the grid's output
+    bit for bit."""
     import torch
 
     from engine.fused import kernels as k
@@ -393,7 +396,54 @@ def _check_attention(dtype_name: str, heads: int, head_dim: int,
                                       / allowed).max()))
         return worst, 1.0
     out = k.attention_varlen(qkv, bias, cu_pad, 128, len(lengths) + 3, heads, config=config)
+    if tiled:
+        tiles = k.attention_tiles(cu_pad, t, len(lengths) + 3, 128, heads, head_dim,
+                                  config=config, force=True)
+        assert tiles is not None
+        grid_out = out
+        # Freed NaNs of the output's size: a fresh output (torch.empty) likely reuses them,
+        # so rows the tile list misses show, not stale copies of the grid's results.
+        del out
+        for _ in range(4):
+            torch.full_like(grid_out, float("nan"))
+        out = k.attention_varlen(qkv, bias, cu_pad, 128, len(lengths) + 3, heads,
+                                 config=config, tiles=tiles)
+        if not torch.equal(out, grid_out):
+            return math.inf, 1.0
     return _rel(out, ref), {"float32": 1e-5, "float16": 5e-3}[dtype_name]
+
+
+def _check_attention_tiles() -> tuple[float, float]:
+    """The tile list holds each sequence's query blocks in order, (start, length, first
+    query, 0), then empty slots (length 0) up to ceil(T / BLOCK_M) + sequences; it is
+    built only where it saves a quarter of the grid's programs; a list built for other
+    tiles is refused."""
+    import torch
+
+    from engine.fused import kernels as k
+
+    lengths = [70, 1, 0, 128, 17, 64, 5, 0, 0]  # empty sequences inside and at the end
+    cu = torch.tensor([0, *np.cumsum(lengths).tolist()], dtype=torch.int32)
+    t, n = int(cu[-1]) + 7, len(lengths)  # rows past the last sequence, as buckets have
+    tiles = k.attention_tiles(cu, t, n, 384, 2, 64, config=(64, 32, 4, 3))
+    assert tiles is not None and tiles.block_m == 64
+    want = [(int(cu[s]), ln, m) for s, ln in enumerate(lengths) for m in range(0, ln, 64)]
+    got = tiles.slots.tolist()
+    slots = -(-t // 64) + n
+    bad = len(got) != slots or [tuple(r[:3]) for r in got[:len(want)]] != want
+    bad |= any(r != [0, 0, 0, 0] for r in got[len(want):]) or any(r[3] for r in got)
+    # Batch 1, or sequences as long as max_seqlen: no list.
+    bad |= k.attention_tiles(cu[:2], 70, 1, 128, 2, 64) is not None
+    full = torch.arange(0, 5 * 384, 384, dtype=torch.int32)
+    bad |= k.attention_tiles(full, 4 * 384, 4, 384, 2, 64) is not None
+    qkv = torch.zeros((t, 3 * 128), dtype=torch.float16)
+    try:
+        k.attention_varlen(qkv, torch.zeros(384), cu, 384, n, 2, config=(32, 32, 4, 3),
+                           tiles=tiles)
+        bad = True
+    except ValueError:
+        pass
+    return float(bad), 0.5
 
 
 def _check_stage_inputs() -> tuple[float, float]:
@@ -639,6 +689,10 @@ CASES: dict[str, Callable[[], tuple[float, float]]] = {
     "attention_fp16_hd24": lambda: _check_attention("float16", 3, 24),  # padded head dim
     "attention_fp16_large_tile": lambda: _check_attention("float16", 2, 64, large_tile=True),
     "attention_fp16_e4m3_static": lambda: _check_attention("float16", 2, 64, fp8=True),
+    "attention_fp16_tile_list": lambda: _check_attention("float16", 2, 64, large_tile=True,
+                                                         tiled=True),
+    "attention_fp32_hd16_tile_list": lambda: _check_attention("float32", 4, 16, tiled=True),
+    "attention_tile_list_contents": _check_attention_tiles,
     "gemm_gelu_erf_fp16": lambda: _check_gemm_gelu("float16", False),
     "gemm_gelu_tanh_fp16": lambda: _check_gemm_gelu("float16", True),
     "gemm_gelu_erf_fp32": lambda: _check_gemm_gelu("float32", False),

@@ -6,6 +6,7 @@ Every kernel computes in float32 and reads/writes whatever float dtype its tenso
 ==========================  ==================================================================
 ``embed_layernorm``          word + position + token-type gather, sum, LayerNorm (+ FP8 copy)
 ``attention_varlen``         QKV bias, scaled QK^T, online softmax, PV over packed sequences
+``attention_tiles``          the query blocks of a batch as a list (no idle programs)
 ``bias_gelu``                FFN bias + exact (erf) GELU (+ FP8 copy instead of the fp16 one)
 ``bias_residual_layernorm``  projection bias + residual add + LayerNorm (+ FP8 copy), summing
                              split-K partials when the GEMM left them
@@ -36,7 +37,9 @@ launcher, same signature.
 from engine.fused.kernels.attention import (
     ATTN_LARGE,
     ATTN_SMALL,
+    AttnTiles,
     attention_config,
+    attention_tiles,
     attention_varlen,
 )
 from engine.fused.kernels.common import pdl_available
@@ -70,8 +73,10 @@ __all__ = [
     "ATTN_SMALL",
     "GEMM_LARGE",
     "GEMM_SMALL",
+    "AttnTiles",
     "GemmConfig",
     "attention_config",
+    "attention_tiles",
     "attention_varlen",
     "bias_gelu",
     "bias_residual_layernorm",
