@@ -387,11 +387,13 @@ def test_torch_entry_points_on_gpu() -> None:
 
 def test_graph_staging_one_launch_calls() -> None:
     """Calls on device tensors as one graph launch (``graph_staging``, the call table):
-    the logits of the three-launch path (staging kernel, graph, copy; up to the last bits
-    that the small path's float32 atomics leave to arrival order), over several buckets,
+    the logits of the three-launch path (staging kernel, graph, copy; bit for bit above
+    the small path, whose float32 atomics leave the last bits to arrival order; the
+    batches of 3 and 12 sequences run attention over a tile list), over several buckets,
     interleaved with host-path calls on the same graphs, and with 24 calls issued back to
     back without a sync (each must read its own inputs and write its own output, never the
     next call's: the table waits for the previous graph's ack)."""
+    from engine.fused.encoder import SMALL_BATCH_MAX_TOKENS
     from engine.fused.engine import FusedEngine
 
     one = FusedEngine.from_pretrained(CHECKPOINT, device="cuda", dtype="float16")
@@ -414,7 +416,12 @@ def test_graph_staging_one_launch_calls() -> None:
         return (*dev, cu, int(lengths.max())), keep, (ids, mask, tt)
 
     def close(a: Any, b: Any) -> bool:
-        return a.shape == b.shape and float((a - b).abs().max()) < 1e-2
+        # The small path's float32 atomics leave the last bits to arrival order: up to
+        # 8.9e-3 between two engines on 2026-11-30, one fp16 step of a logit near 8 is
+        # 7.8e-3, so a few steps are allowed. Larger batches run no atomics: exact.
+        if a.shape[-1] > SMALL_BATCH_MAX_TOKENS:
+            return bool(torch.equal(a, b))
+        return a.shape == b.shape and bool(((a - b).abs() <= 4e-3 * b.abs() + 1e-2).all())
 
     batches = [packed(w, s) for w, s in [(1, 128), (3, 200), (1, 384), (8, 64), (1, 128),
                                          (12, 384)]]  # the last beyond TABLE_MAX_TOKENS
