@@ -414,22 +414,20 @@ def _check_attention(dtype_name: str, heads: int, head_dim: int,
 
 
 def _check_attention_tiles() -> tuple[float, float]:
-    """The tile list holds each sequence's query blocks, longest sequence first, as
-    (start, length, first query, 0), then empty slots (length 0) up to ceil(T / BLOCK_M) + sequences; it is
+    """The tile list holds each sequence's query blocks in order, (start, length, first
+    query, 0), then empty slots (length 0) up to ceil(T / BLOCK_M) + sequences; it is
     built only where it saves a quarter of the grid's programs; a list built for other
     tiles is refused."""
     import torch
 
     from engine.fused import kernels as k
 
-    lengths = [70, 1, 0, 128, 17, 64, 5, 0, 0, 64]  # empty ones inside, equal lengths
+    lengths = [70, 1, 0, 128, 17, 64, 5, 0, 0]  # empty sequences inside and at the end
     cu = torch.tensor([0, *np.cumsum(lengths).tolist()], dtype=torch.int32)
     t, n = int(cu[-1]) + 7, len(lengths)  # rows past the last sequence, as buckets have
     tiles = k.attention_tiles(cu, t, n, 384, 2, 64, config=(64, 32, 4, 3))
     assert tiles is not None and tiles.block_m == 64
-    # Longest sequence first, equal lengths in index order.
-    order = sorted(range(n), key=lambda s: (-lengths[s], s))
-    want = [(int(cu[s]), lengths[s], m) for s in order for m in range(0, lengths[s], 64)]
+    want = [(int(cu[s]), ln, m) for s, ln in enumerate(lengths) for m in range(0, ln, 64)]
     got = tiles.slots.tolist()
     slots = -(-t // 64) + n
     bad = len(got) != slots or [tuple(r[:3]) for r in got[:len(want)]] != want

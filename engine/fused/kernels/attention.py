@@ -23,8 +23,6 @@ from engine.fused.kernels.common import LOG2E, launch_options, pdl_enter, prefet
 ATTN_SMALL = (64, 64, 4, 3)
 ATTN_LARGE = (64, 32, 4, 3)
 _ATTN_SMALL_PROGRAMS = 4 * 132  # below ~4 waves of an H100/H200, prefer the small tile
-# The tile list orders sequences longest first, so each head's last programs are short.
-TILES_LONGEST_FIRST = True
 
 
 @triton.jit
@@ -142,26 +140,21 @@ def _attn_varlen_kernel(
 
 @triton.jit
 def _attn_tiles_kernel(cu_ptr, tiles_ptr, n_seqs, n_slots,
-                       BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, MAX_TILES: tl.constexpr,
-                       LONGEST_FIRST: tl.constexpr):
+                       BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, MAX_TILES: tl.constexpr):
     """Program ``s < n_seqs`` writes sequence s's query blocks to consecutive slots (after
-    those of the sequences before it: by index, or with ``LONGEST_FIRST`` the longer ones
-    and the equally long ones of lower index) as (start row, length, first query, 0);
-    program ``n_seqs`` empties the slots past the last block (length 0)."""
+    those of the sequences before it) as (start row, length, first query, 0); program
+    ``n_seqs`` empties the slots past the last block (length 0)."""
     me = tl.program_id(0)
     s = tl.arange(0, BLOCK_S)
     smask = s < n_seqs
     c0 = tl.load(cu_ptr + s, mask=smask, other=0)
     c1 = tl.load(cu_ptr + s + 1, mask=smask, other=0)
     blocks = (c1 - c0 + BLOCK_M - 1) // BLOCK_M
+    first = tl.sum(tl.where(s < me, blocks, 0), axis=0)
     i = tl.arange(0, MAX_TILES)
     if me < n_seqs:
         start = tl.load(cu_ptr + me)
         length = tl.load(cu_ptr + me + 1) - start
-        before = s < me
-        if LONGEST_FIRST:
-            before = (c1 - c0 > length) | ((c1 - c0 == length) & before)
-        first = tl.sum(tl.where(before & smask, blocks, 0), axis=0)
         mask = i < (length + BLOCK_M - 1) // BLOCK_M
         slot = tiles_ptr + (first + i) * 4
         tl.store(slot, start + i * 0, mask=mask)
@@ -169,7 +162,6 @@ def _attn_tiles_kernel(cu_ptr, tiles_ptr, n_seqs, n_slots,
         tl.store(slot + 2, i * BLOCK_M, mask=mask)
         tl.store(slot + 3, i * 0, mask=mask)
     else:
-        first = tl.sum(blocks, axis=0)
         for j0 in range(first, n_slots, MAX_TILES):
             idx = j0 + i
             mask = idx < n_slots
@@ -236,8 +228,7 @@ def attention_tiles(
     _attn_tiles_kernel[(n_seqs + 1,)](
         cu_seqlens, slots, n_seqs, n_slots, BLOCK_M=bm,
         BLOCK_S=max(2, int(triton.next_power_of_2(n_seqs))),
-        MAX_TILES=max(2, int(triton.next_power_of_2(per_seq))), LONGEST_FIRST=TILES_LONGEST_FIRST,
-        num_warps=4,
+        MAX_TILES=max(2, int(triton.next_power_of_2(per_seq))), num_warps=4,
     )
     return AttnTiles(slots, bm)
 
