@@ -1,16 +1,18 @@
 """Exhaustive cuBLASLt configuration search for the engine's static FP8 GEMMs (what
 FasterTransformer's ``gemm_test`` did for its GEMMs), writing the winners to the tuned
-table the engine reads (``engine/fused/cublaslt_algos.TABLE_PATH``).
+table the engine reads (``engine/fused/cublaslt_table.TABLE_PATH``).
 
     python3 benchmarks/cublaslt_search.py --tokens 384 --out search.json --table
 
 For each BERT-large GEMM of a calibrated (static-scale) layer at ``--tokens`` rows, with
 the engine's exact cuBLASLt plan (per-tensor scales, fast accumulation; QKV, the
-out-projection and FFN2 to fp16, FFN1 with bias + GELU to e4m3):
+out-projection and FFN2 to fp16, FFN1 with bias + GELU to e4m3; the engine runs the
+out-projection's only when the attention output is static too, not by default):
 
-1. every configuration ``cublasLtMatmulAlgoCheck`` accepts (algorithm, tile, stages,
-   custom option, cluster shape, and split-K with its reduction) is timed once, briefly
-   (a seeded sample of ``--max-timed`` where there are more);
+1. every configuration of ``cublaslt_algos.candidates``' grid that
+   ``cublasLtMatmulAlgoCheck`` accepts (algorithm, tile, stages, custom option, cluster
+   shape, and split-K with its reduction) is timed once, briefly (a seeded sample of
+   ``--max-timed`` where there are more);
 2. the fastest are checked against the heuristic's output (relative mean error at most
    ``--tolerance``: a split-K reduced in a low precision fails it);
 3. the heuristic's first choice and the best survivors are re-timed in interleaved
@@ -112,7 +114,8 @@ def sample(candidates: list[Any], heuristic: list[Any], limit: int) -> list[Any]
     there are more than ``limit``), without repeats."""
     import random
 
-    rest = [c for c in candidates if c not in set(heuristic)]
+    first = set(heuristic)
+    rest = [c for c in candidates if c not in first]
     if len(rest) > limit:
         rest = random.Random(0).sample(rest, limit)
     return list(dict.fromkeys(heuristic)) + rest
@@ -172,12 +175,14 @@ def search(gemm: str, tokens: int, args: argparse.Namespace, g: Any) -> dict[str
             if us is not None:
                 runs[config].append(us)
     timed = {c: statistics.median(v) for c, v in runs.items() if v}
+    if not timed:
+        raise RuntimeError(f"{gemm} x {tokens}: no configuration could be timed")
     best = min(timed, key=lambda c: timed[c])
     base = timed.get(first)
     row: dict[str, Any] = {
         "gemm": gemm, "tokens": tokens, "plan": space.plan,
         "candidates": len(space.candidates), "timed": len(pool), "launched": len(quick),
-        "algos": [{**a, "tiles": len(a["tiles"])} for a in space.algos],  # type: ignore[arg-type]
+        "algos": [{**a, "tiles": len(a["tiles"])} for a in space.algos],
         "heuristic_all": [c.to_json() for c in space.heuristic],
         "heuristic_in_candidates": [c in set(space.candidates) for c in space.heuristic],
         "rejected_by_error": rejected, "seconds": round(time.perf_counter() - t0, 1),
@@ -193,11 +198,12 @@ def search(gemm: str, tokens: int, args: argparse.Namespace, g: Any) -> dict[str
 
 
 def _write_table(path: Path, entries: list[dict[str, Any]]) -> None:
-    from engine.fused import cublaslt_algos
+    from engine.fused import cublaslt_table
 
     old = json.loads(path.read_text()) if path.exists() else []
-    new_keys = {cublaslt_algos.entry_key(e) for e in entries}
-    kept = [e for e in old if cublaslt_algos.entry_key(e) not in new_keys]
+    cublaslt_table.parse(old, str(path))  # refuse to extend a table that does not parse
+    new_keys = {cublaslt_table.entry_key(e) for e in entries}
+    kept = [e for e in old if cublaslt_table.entry_key(e) not in new_keys]
     path.write_text(json.dumps(kept + entries, indent=1) + "\n")
 
 
@@ -224,7 +230,7 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     from benchmarks import gemm_cli
-    from engine.fused import cublaslt, cublaslt_algos
+    from engine.fused import cublaslt, cublaslt_table
 
     g = torch.Generator(device="cuda").manual_seed(0)
     result: dict[str, Any] = {**gemm_cli.header(args.tokens[0]), "tokens": args.tokens,
@@ -237,7 +243,7 @@ def main(argv: list[str] | None = None) -> None:
                 args.out.write_text(json.dumps(result, indent=1))
     entries = [r["entry"] for r in result["gemms"] if "entry" in r]
     if args.table is not None:
-        path = cublaslt_algos.TABLE_PATH if str(args.table) == "DEFAULT" else args.table
+        path = cublaslt_table.TABLE_PATH if str(args.table) == "DEFAULT" else args.table
         _write_table(path, entries)
         print(f"{len(entries)} entries written to {path}")
     _summary(result["gemms"])

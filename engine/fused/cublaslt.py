@@ -26,13 +26,16 @@ import ctypes.util
 import glob
 import os
 import sys
+import threading
+import warnings
 from dataclasses import astuple, dataclass, field, fields
 from functools import cache
+from typing import Any
 
 import torch
 
-from engine.fused import cublaslt_algos
-from engine.fused.cublaslt_algos import AlgoConfig
+from engine.fused import cublaslt_algos, cublaslt_table
+from engine.fused.cublaslt_algos import AlgoConfig, HeuristicResult
 
 # cudaDataType_t / cublasComputeType_t / cublasLt enums (cublasLt.h, library_types.h).
 _R_32F, _R_16F, _R_16BF, _R_8F_E4M3 = 0, 2, 14, 28
@@ -47,7 +50,7 @@ _EPI_DEFAULT, _EPI_BIAS, _EPI_GELU, _EPI_GELU_BIAS = 1, 4, 32, 36
 _PREF_MAX_WORKSPACE = 1
 _WORKSPACE_BYTES = 32 << 20  # cuBLAS's recommendation for Hopper
 HEURISTIC_ALGOS = 16  # algorithms asked of the heuristic per plan (``fp8_linear``'s ``algo``)
-# Whether plans run a measured configuration from ``cublaslt_algos.TABLE_PATH`` where it has
+# Whether plans run a measured configuration from ``cublaslt_table.TABLE_PATH`` where it has
 # one for the shape (else the heuristic's first choice). Read per call, and part of a plan's
 # key, so a pass can be A/B'd with it off (``ab_replay.py --set``).
 TUNED = True
@@ -59,10 +62,9 @@ class CublasLtError(RuntimeError):
     """cuBLASLt is missing, refused a configuration, or failed a call."""
 
 
-class _HeuristicResult(ctypes.Structure):
-    _fields_ = [("algo", ctypes.c_uint64 * 8), ("workspaceSize", ctypes.c_size_t),
-                ("state", ctypes.c_int), ("wavesCount", ctypes.c_float),
-                ("reserved", ctypes.c_int * 4)]
+# A plan's descriptor holds the scale and bias pointers of the call being enqueued: calls
+# from several threads (engines on several GPUs) must not interleave setting and enqueuing.
+_CALL_LOCK = threading.Lock()
 
 
 def _candidates() -> list[str]:
@@ -138,7 +140,7 @@ class _Key:
     w_rows: bool
     out_scaled: bool
     fast_accum: bool
-    tuned: bool = False
+    tuned: bool  # run the tuned table's configuration, where it has one
 
     def name(self) -> str:
         """The GEMM's fields (all but ``tuned``) as a string: the tuned table's key."""
@@ -218,7 +220,7 @@ def _plan(key: _Key) -> _Plan:
     _check(lib.cublasLtMatmulPreferenceSetAttribute(pref, _PREF_MAX_WORKSPACE, ctypes.byref(ws),
                                                     ctypes.sizeof(ws)), "preference workspace")
     found = ctypes.c_int(0)
-    results = (_HeuristicResult * HEURISTIC_ALGOS)()
+    results = (HeuristicResult * HEURISTIC_ALGOS)()
     try:
         _check(lib.cublasLtMatmulAlgoGetHeuristic(
             _handle(), desc, plan.a, plan.b, plan.c, plan.d, pref, HEURISTIC_ALGOS, results,
@@ -232,6 +234,9 @@ def _plan(key: _Key) -> _Plan:
         config = _tuned_config(key)
         plan.tuned_algo = None if config is None else _checked(plan, config)
         plan.tuned = config if plan.tuned_algo is not None else None
+        if config is not None and plan.tuned is None:
+            warnings.warn(f"cuBLASLt refuses the tuned table's {config} for {key.name()}: "
+                          "running the heuristic's choice", RuntimeWarning, stacklevel=3)
     return plan
 
 
@@ -241,8 +246,8 @@ def _device_name() -> str:
 
 def _tuned_config(key: _Key) -> AlgoConfig | None:
     """The tuned table's configuration for this GEMM on this GPU and cuBLASLt, if any."""
-    table = cublaslt_algos.load_table()
-    return table.get(cublaslt_algos.TableKey(_device_name(), version(), key.name()))
+    table = cublaslt_table.load_table()
+    return table.get(cublaslt_table.TableKey(_device_name(), version(), key.name()))
 
 
 def _checked(plan: _Plan, config: AlgoConfig) -> cublaslt_algos.Algo | None:
@@ -317,9 +322,9 @@ class SearchSpace:
     version: int
     plan: str  # the tuned table's key for this GEMM (``_Key.name``)
     heuristic: list[AlgoConfig]  # the heuristic's usable configurations, first choice first
-    candidates: list[AlgoConfig]  # every configuration cuBLASLt accepts
+    candidates: list[AlgoConfig]  # the grid's configurations cuBLASLt accepts
     tuned: AlgoConfig | None  # the table's current choice, if any
-    algos: list[dict[str, object]]  # per algorithm: capabilities, configurations checked/accepted
+    algos: list[dict[str, Any]]  # per algorithm: capabilities, configurations checked/accepted
 
     def entry(self, config: AlgoConfig, **measured: object) -> dict[str, object]:
         """A tuned-table entry choosing ``config`` for this GEMM."""
@@ -332,11 +337,12 @@ def search_space(xq: torch.Tensor, x_scale: torch.Tensor, w8: torch.Tensor,
                  gelu: bool = False, out_scale: torch.Tensor | None = None,
                  fast_accum: bool = False, swizzle: bool = False,
                  max_checks: int = 1_000_000) -> SearchSpace:
-    """The configurations an ``fp8_linear`` call with these arguments could run."""
+    """The configurations an ``fp8_linear`` call with these arguments could run (over
+    ``cublaslt_algos.candidates``' grid)."""
     key = _key(xq, x_scale, w8, w_scale, out_dtype, bias, gelu, out_scale, fast_accum)
     plan = _plan(key)
     lib, handle = _lib(), _handle()
-    report: list[dict[str, object]] = []
+    report: list[dict[str, Any]] = []
     found = cublaslt_algos.candidates(lib, handle, plan.types, plan.desc, plan.layouts(),
                                       _WORKSPACE_BYTES, swizzle, max_checks, report)
     return SearchSpace(_device_name(), version(), key.name(),
@@ -362,37 +368,40 @@ def fp8_linear(
     module docstring). ``out_scale`` is required for, and only for, an e4m3 output.
 
     ``fast_accum`` accumulates in the tensor cores' own precision throughout (no periodic
-    promotion to float32). The algorithm: ``config`` if given (raises
-    :class:`CublasLtError` if cuBLASLt refuses it), else the heuristic's ``algo``-th (an
-    index past the ones it offers raises), else the plan's first choice: the tuned
-    table's configuration for this shape where :data:`TUNED` and the table has one, the
-    heuristic's first otherwise."""
+    promotion to float32). The algorithm: ``config`` (raises :class:`CublasLtError` if
+    cuBLASLt refuses it), or the heuristic's ``algo``-th (an index past the ones it offers
+    raises), or, given neither, the plan's first choice: the tuned table's configuration
+    for this shape where :data:`TUNED` and the table has one, the heuristic's first
+    otherwise."""
     key = _key(xq, x_scale, w8, w_scale, out_dtype, bias, gelu, out_scale, fast_accum)
     m, n = key.m, key.n
     if algo is not None and algo < 0:
         raise ValueError(f"algo must be >= 0, got {algo}")
+    if algo is not None and config is not None:
+        raise ValueError("give algo or config, not both")
     if out is None:
         out = torch.empty((m, n), device=xq.device, dtype=out_dtype)
     elif out.shape != (m, n) or out.dtype != out_dtype or not out.is_contiguous():
         raise ValueError(f"out must be a contiguous {out_dtype} tensor of shape ({m}, {n})")
-    plan = _plan(key)
-    chosen = _choose(plan, key, algo, config)
-    _set(plan.desc, _DESC_A_SCALE, ctypes.c_void_p(w_scale.data_ptr()))
-    _set(plan.desc, _DESC_B_SCALE, ctypes.c_void_p(x_scale.data_ptr()))
-    if out_scale is not None:
-        _set(plan.desc, _DESC_D_SCALE, ctypes.c_void_p(out_scale.data_ptr()))
-    if bias is not None:
-        _set(plan.desc, _DESC_BIAS_POINTER, ctypes.c_void_p(bias.data_ptr()))
     alpha, beta = ctypes.c_float(1.0), ctypes.c_float(0.0)
     # beta = 0: C is not read. An e4m3 D has a 16-bit C type, so C cannot alias D.
     c_ptr = None if out_dtype == torch.float8_e4m3fn else out.data_ptr()
     ws = _workspace(xq.device.index or 0)
     stream = torch.cuda.current_stream(xq.device).cuda_stream
-    _check(_lib().cublasLtMatmul(
-        _handle(), plan.desc, ctypes.byref(alpha), ctypes.c_void_p(w8.data_ptr()), plan.a,
-        ctypes.c_void_p(xq.data_ptr()), plan.b, ctypes.byref(beta),
-        ctypes.c_void_p(c_ptr), plan.c, ctypes.c_void_p(out.data_ptr()), plan.d,
-        ctypes.byref(chosen), ctypes.c_void_p(ws.data_ptr()),
-        ctypes.c_size_t(ws.numel()),
-        ctypes.c_void_p(stream)), "cublasLtMatmul")
+    with _CALL_LOCK:
+        plan = _plan(key)
+        chosen = _choose(plan, key, algo, config)
+        _set(plan.desc, _DESC_A_SCALE, ctypes.c_void_p(w_scale.data_ptr()))
+        _set(plan.desc, _DESC_B_SCALE, ctypes.c_void_p(x_scale.data_ptr()))
+        if out_scale is not None:
+            _set(plan.desc, _DESC_D_SCALE, ctypes.c_void_p(out_scale.data_ptr()))
+        if bias is not None:
+            _set(plan.desc, _DESC_BIAS_POINTER, ctypes.c_void_p(bias.data_ptr()))
+        _check(_lib().cublasLtMatmul(
+            _handle(), plan.desc, ctypes.byref(alpha), ctypes.c_void_p(w8.data_ptr()), plan.a,
+            ctypes.c_void_p(xq.data_ptr()), plan.b, ctypes.byref(beta),
+            ctypes.c_void_p(c_ptr), plan.c, ctypes.c_void_p(out.data_ptr()), plan.d,
+            ctypes.byref(chosen), ctypes.c_void_p(ws.data_ptr()),
+            ctypes.c_size_t(ws.numel()),
+            ctypes.c_void_p(stream)), "cublasLtMatmul")
     return out

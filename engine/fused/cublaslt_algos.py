@@ -1,26 +1,22 @@
-"""cuBLASLt algorithm configurations beyond the heuristic's: every configuration cuBLASLt
-accepts for a GEMM (algorithm, tile, stages, split-K and its reduction, swizzle, custom
-option, cluster shape), built from its fields, and a table of measured choices.
+"""cuBLASLt algorithm configurations beyond the heuristic's: the configurations cuBLASLt
+accepts for a GEMM over a grid (every algorithm ID; its tile and stage IDs; custom options
+0-15; the cluster shapes of :data:`CLUSTERS`; split-K by :data:`SPLITS` with each reduction
+scheme; swizzling where asked; inner shapes left to the algorithm), built from their
+fields and checked by ``cublasLtMatmulAlgoCheck``.
 
 This is FasterTransformer's ``gemm_test`` approach: the heuristic ranks configurations by
-a model, which at small M (a batch of one, 384 tokens) may leave the GPU's multiprocessors
-idle where a split-K or a smaller tile would fill them. ``benchmarks/cublaslt_search.py``
-times the candidates and writes the winners to :data:`TABLE_PATH`; a plan whose shape,
-GPU and cuBLASLt version are in the table runs the table's configuration first
-(``cublaslt.fp8_linear``). A table written for another GPU or library version is ignored.
+a model, which at small M (a batch of one, 384 tokens) may pick a tile that fits the
+shape worse than another it does not list. ``benchmarks/cublaslt_search.py`` times the
+candidates and writes the winners to the tuned table (``cublaslt_table``).
 """
 
 from __future__ import annotations
 
 import ctypes
-import json
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, fields, replace
 from functools import cache
-from pathlib import Path
 from typing import Any
-
-TABLE_PATH = Path(__file__).with_name("cublaslt_tuned.json")
 
 # cublasLtMatmulAlgoCapAttributes_t / cublasLtMatmulAlgoConfigAttributes_t (cublasLt.h).
 _CAP_SPLITK, _CAP_REDUCTION_MASK, _CAP_SWIZZLE, _CAP_TILE_IDS = 0, 1, 2, 6
@@ -42,8 +38,8 @@ class Algo(ctypes.Structure):
     _fields_ = [("data", ctypes.c_uint64 * 8)]
 
 
-class CheckResult(ctypes.Structure):
-    """cublasLtMatmulHeuristicResult_t (its ``algo`` field is not written by a check)."""
+class HeuristicResult(ctypes.Structure):
+    """cublasLtMatmulHeuristicResult_t (a check writes all but its ``algo``)."""
 
     _fields_ = [("algo", ctypes.c_uint64 * 8), ("workspaceSize", ctypes.c_size_t),
                 ("state", ctypes.c_int), ("wavesCount", ctypes.c_float),
@@ -91,11 +87,22 @@ class Types:
         return (self.compute, self.scale, self.a, self.b, self.c, self.d)
 
 
+@cache
 def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
-    for fn in ("cublasLtMatmulAlgoGetIds", "cublasLtMatmulAlgoInit", "cublasLtMatmulAlgoCheck",
-               "cublasLtMatmulAlgoCapGetAttribute", "cublasLtMatmulAlgoConfigSetAttribute",
-               "cublasLtMatmulAlgoConfigGetAttribute"):
-        getattr(lib, fn).restype = ctypes.c_int
+    """``lib`` with the result and argument types of the functions used here (size_t
+    arguments must not go through as C ints)."""
+    ptr, size, i32 = ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int
+    signatures: dict[str, list[Any]] = {
+        "cublasLtMatmulAlgoGetIds": [ptr, i32, i32, i32, i32, i32, i32, i32, ptr, ptr],
+        "cublasLtMatmulAlgoInit": [ptr, i32, i32, i32, i32, i32, i32, i32, ptr],
+        "cublasLtMatmulAlgoCheck": [ptr] * 8,
+        "cublasLtMatmulAlgoCapGetAttribute": [ptr, i32, ptr, size, ptr],
+        "cublasLtMatmulAlgoConfigSetAttribute": [ptr, i32, ptr, size],
+        "cublasLtMatmulAlgoConfigGetAttribute": [ptr, i32, ptr, size, ptr],
+    }
+    for name, args in signatures.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = ctypes.c_int, args
     return lib
 
 
@@ -169,7 +176,7 @@ def read(lib: ctypes.CDLL, algo: Any) -> AlgoConfig:
 def check(lib: ctypes.CDLL, handle: ctypes.c_void_p, desc: ctypes.c_void_p,
           layouts: tuple[ctypes.c_void_p, ...], algo: Algo, max_workspace: int) -> bool:
     """Whether cuBLASLt accepts ``algo`` for this GEMM within ``max_workspace`` bytes."""
-    res = CheckResult()
+    res = HeuristicResult()
     status = _declare(lib).cublasLtMatmulAlgoCheck(handle, desc, *layouts, ctypes.byref(algo),
                                                    ctypes.byref(res))
     return bool(status == 0 and int(res.workspaceSize) <= max_workspace)
@@ -249,34 +256,3 @@ def candidates(lib: ctypes.CDLL, handle: ctypes.c_void_p, types: Types, desc: ct
                     if grid is not None:
                         unsplit.append(config)
     return found
-
-
-@dataclass(frozen=True)
-class TableKey:
-    """What a measured choice is valid for: the GPU, the library and the GEMM's plan key
-    (``cublaslt._Key`` as a string of its fields)."""
-
-    gpu: str
-    version: int
-    plan: str
-
-
-def entry_key(entry: dict[str, Any]) -> TableKey:
-    return TableKey(str(entry["gpu"]), int(entry["cublaslt_version"]), str(entry["plan"]))
-
-
-def load_table(path: Path | None = None) -> dict[TableKey, AlgoConfig]:
-    """The measured choices in ``path`` (default :data:`TABLE_PATH`; a JSON list of entries
-    with ``gpu``, ``cublaslt_version``, ``plan`` and ``config``), read once per path;
-    empty if the file is absent."""
-    return _load(path or TABLE_PATH)
-
-
-@cache
-def _load(path: Path) -> dict[TableKey, AlgoConfig]:
-    if not path.exists():
-        return {}
-    entries = json.loads(path.read_text())
-    if not isinstance(entries, list):
-        raise ValueError(f"{path}: expected a JSON list of entries")
-    return {entry_key(e): AlgoConfig.from_json(e["config"]) for e in entries}

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from engine.fused import cublaslt
+from engine.fused.cublaslt_algos import AlgoConfig
 
 E4M3 = torch.float8_e4m3fn
 
@@ -32,6 +33,7 @@ def _operands(m: int = 8, n: int = 16, k: int = 32) -> tuple[torch.Tensor, ...]:
         (lambda a: {**a, "bias": torch.ones(16)}, "bias must be"),
         (lambda a: {**a, "out": torch.empty((8, 16))}, "out must be"),
         (lambda a: {**a, "algo": -1}, "algo must be"),
+        (lambda a: {**a, "algo": 0, "config": AlgoConfig(66)}, "not both"),
     ],
 )
 def test_bad_arguments_are_refused_before_any_library_call(change, message) -> None:  # type: ignore[no-untyped-def]

@@ -1,19 +1,21 @@
-"""``engine.fused.cublaslt_algos`` and the tuned-table side of ``cublaslt`` and
-``benchmarks/cublaslt_search.py``: what needs no GPU (the search itself, and a tuned
-plan's outputs, are checked in tests/gpu)."""
+"""``engine.fused.cublaslt_algos``, ``cublaslt_table`` and the tuned-table side of
+``cublaslt`` and ``benchmarks/cublaslt_search.py``: what needs no GPU (the search itself,
+and a tuned plan's outputs, are checked in tests/gpu)."""
 
 from __future__ import annotations
 
 import ctypes
 import json
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 import torch
 
 from benchmarks import cublaslt_search
-from engine.fused import cublaslt, cublaslt_algos
-from engine.fused.cublaslt_algos import AlgoConfig, TableKey
+from engine.fused import cublaslt, cublaslt_algos, cublaslt_table
+from engine.fused.cublaslt_algos import AlgoConfig
+from engine.fused.cublaslt_table import TableKey
 
 
 def _entry(plan: str, config: AlgoConfig, gpu: str = "NVIDIA H200", version: int = 130000,
@@ -34,22 +36,36 @@ def test_table_loads_entries_by_gpu_version_and_plan(tmp_path: Path) -> None:
     a, b = AlgoConfig(66, splitk=2, reduction=2), AlgoConfig(70, tile=18)
     path = tmp_path / "t.json"
     path.write_text(json.dumps([_entry("m=384", a, us=3.1), _entry("m=384", b, gpu="other")]))
-    table = cublaslt_algos.load_table(path)
+    table = cublaslt_table.load_table(path)
     assert table == {TableKey("NVIDIA H200", 130000, "m=384"): a,
                      TableKey("other", 130000, "m=384"): b}
-    assert cublaslt_algos.load_table(tmp_path / "absent.json") == {}
-    bad = tmp_path / "bad.json"
-    bad.write_text("{}")
-    with pytest.raises(ValueError, match="JSON list"):
-        cublaslt_algos.load_table(bad)
+    assert cublaslt_table.load_table(tmp_path / "absent.json") == {}
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("{}", "JSON list"),
+    ("[{", "Expecting"),
+    ('[{"gpu": "g", "cublaslt_version": 1, "plan": "p"}]', "entry 0: KeyError"),
+    ('[{"gpu": "g", "cublaslt_version": 1, "plan": "p", "config": {"tile": 1}}]', "entry 0"),
+])
+def test_an_unreadable_table_is_ignored_with_a_warning(tmp_path: Path, text: str,
+                                                       message: str) -> None:
+    """A broken table must not break inference: the heuristic runs (empty table)."""
+    path = tmp_path / "bad.json"
+    path.write_text(text)
+    with pytest.warns(RuntimeWarning, match=message):
+        assert cublaslt_table.load_table(path) == {}
 
 
 def test_shipped_table_parses() -> None:
-    """The repository's table (if any) loads, and each entry names a real plan key."""
-    cublaslt_algos._load.cache_clear()
-    table = cublaslt_algos.load_table()
+    """The repository's table loads, and each entry's plan names exactly the fields of
+    ``cublaslt._Key`` but ``tuned`` (a renamed field would make every entry miss)."""
+    cublaslt_table._load.cache_clear()
+    table = cublaslt_table.load_table()
+    assert table, "the shipped table is empty"
+    names = [f.name for f in fields(cublaslt._Key) if f.name != "tuned"]
     for key in table:
-        assert key.plan.startswith("m=") and "fast_accum=" in key.plan and "tuned" not in key.plan
+        assert [part.partition("=")[0] for part in key.plan.split(",")] == names
 
 
 def test_key_name_is_every_field_but_tuned() -> None:

@@ -432,6 +432,17 @@ def _check_attention_tiles() -> tuple[float, float]:
     slots = -(-t // 64) + n
     bad = len(got) != slots or [tuple(r[:3]) for r in got[:len(want)]] != want
     bad |= any(r != [0, 0, 0, 0] for r in got[len(want):]) or any(r[3] for r in got)
+    # A sequence longer than max_seqlen (against the contract) is cut as the grid cuts it,
+    # and rows past the buffer are never listed: no slot is left unwritten.
+    over = torch.tensor([0, 200, 210, 220], dtype=torch.int32)
+    short = k.attention_tiles(over, 220, 3, 64, 2, 64, config=(64, 32, 4, 3), force=True)
+    assert short is not None
+    bad |= short.slots.tolist() != [[0, 200, 0, 0], [200, 10, 0, 0], [210, 10, 0, 0],
+                                     [0, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0]]
+    beyond = k.attention_tiles(over, 64, 3, 256, 2, 64, config=(64, 32, 4, 3), force=True)
+    assert beyond is not None  # 1 + 3 slots for 220 tokens in 64 rows: the first 4 blocks
+    bad |= [r[:3] for r in beyond.slots.tolist()] != [[0, 200, 0], [0, 200, 64],
+                                                      [0, 200, 128], [0, 200, 192]]
     # Batch 1, or sequences as long as max_seqlen: no list.
     bad |= k.attention_tiles(cu[:2], 70, 1, 128, 2, 64) is not None
     full = torch.arange(0, 5 * 384, 384, dtype=torch.int32)

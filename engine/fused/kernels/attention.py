@@ -139,23 +139,26 @@ def _attn_varlen_kernel(
 
 
 @triton.jit
-def _attn_tiles_kernel(cu_ptr, tiles_ptr, n_seqs, n_slots,
+def _attn_tiles_kernel(cu_ptr, tiles_ptr, n_seqs, n_slots, per_seq,
                        BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, MAX_TILES: tl.constexpr):
     """Program ``s < n_seqs`` writes sequence s's query blocks to consecutive slots (after
     those of the sequences before it) as (start row, length, first query, 0); program
-    ``n_seqs`` empties the slots past the last block (length 0)."""
+    ``n_seqs`` empties the slots past the last block (length 0). A sequence gets at most
+    ``per_seq`` blocks (the grid's ceil(max_seqlen / BLOCK_M): a longer one, against the
+    contract, is cut as the grid cuts it), and nothing is written past ``n_slots``."""
     me = tl.program_id(0)
     s = tl.arange(0, BLOCK_S)
     smask = s < n_seqs
     c0 = tl.load(cu_ptr + s, mask=smask, other=0)
     c1 = tl.load(cu_ptr + s + 1, mask=smask, other=0)
-    blocks = (c1 - c0 + BLOCK_M - 1) // BLOCK_M
+    blocks = tl.minimum(tl.maximum(c1 - c0 + BLOCK_M - 1, 0) // BLOCK_M, per_seq)
     first = tl.sum(tl.where(s < me, blocks, 0), axis=0)
     i = tl.arange(0, MAX_TILES)
     if me < n_seqs:
         start = tl.load(cu_ptr + me)
         length = tl.load(cu_ptr + me + 1) - start
-        mask = i < (length + BLOCK_M - 1) // BLOCK_M
+        mine = tl.minimum(tl.maximum(length + BLOCK_M - 1, 0) // BLOCK_M, per_seq)
+        mask = (i < mine) & (first + i < n_slots)
         slot = tiles_ptr + (first + i) * 4
         tl.store(slot, start + i * 0, mask=mask)
         tl.store(slot + 1, length + i * 0, mask=mask)
@@ -226,7 +229,7 @@ def attention_tiles(
         return None
     slots = torch.empty((n_slots, 4), dtype=torch.int32, device=cu_seqlens.device)
     _attn_tiles_kernel[(n_seqs + 1,)](
-        cu_seqlens, slots, n_seqs, n_slots, BLOCK_M=bm,
+        cu_seqlens, slots, n_seqs, n_slots, per_seq, BLOCK_M=bm,
         BLOCK_S=max(2, int(triton.next_power_of_2(n_seqs))),
         MAX_TILES=max(2, int(triton.next_power_of_2(per_seq))), num_warps=4,
     )
