@@ -64,9 +64,11 @@ def test_fused_engine_options_through_the_registry() -> None:
     assert [_option_value(v) for v in ("none", "True", "false", "512", "fp16")] == [
         None, True, False, 512, "fp16"]
     engine = load_engine("fused", REPO_ROOT / "models" / "minilm-l6-squad", device="cpu",
-                         dtype="float32", small_batch_max_tokens="none", persistent="true")
+                         dtype="float32", small_batch_max_tokens="none", persistent="true",
+                         attention_tile_list="false")
     opts = engine.options  # type: ignore[attr-defined]
     assert opts.small_batch_max_tokens is None and opts.persistent is True
+    assert opts.attn_tile_list is False
     with pytest.raises(TypeError):
         load_engine("fused", REPO_ROOT / "models" / "minilm-l6-squad", device="cpu", no_such="1")
 
