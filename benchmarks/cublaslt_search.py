@@ -38,12 +38,12 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-# (N, K) of BERT-large's GEMMs.
-GEMMS = {"qkv": (3072, 1024), "out": (1024, 1024), "ffn1": (4096, 1024), "ffn2": (1024, 4096)}
 LAYERS = 24  # weight copies, and calls per timed graph (``--calls``)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from benchmarks.gemm_cli import BERT_LARGE_GEMMS as GEMMS
+
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--tokens", type=int, action="append", help="rows (repeatable; default 384)")
@@ -78,9 +78,10 @@ def _operands(gemm: str, tokens: int, copies: int, g: Any) -> tuple[dict[str, An
     """``fp8_linear`` keyword arguments (weight left out) and the weight copies."""
     import torch
 
+    from benchmarks.gemm_cli import BERT_LARGE_GEMMS
     from engine.fused.fp8 import FP8_DTYPE
 
-    n, k = GEMMS[gemm]
+    n, k = BERT_LARGE_GEMMS[gemm]
     x = (torch.randn((tokens, k), generator=g, device="cuda") * 64).clamp(-448, 448)
     kw: dict[str, Any] = {"xq": x.to(FP8_DTYPE), "x_scale": torch.tensor([0.02], device="cuda"),
                           "w_scale": torch.tensor([1e-4], device="cuda"),

@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-GEMMS = {"qkv": (3072, 1024), "out": (1024, 1024), "ffn1": (4096, 1024), "ffn2": (1024, 4096)}
 
 
 def _row(name: str, fast: bool | None, fn: Any, ref: Any, replays: int) -> dict[str, Any] | None:
@@ -89,7 +88,7 @@ def main() -> None:
     t = args.tokens
     g = torch.Generator(device="cuda").manual_seed(0)
     result: dict[str, Any] = {**gemm_cli.header(t), "gemms": {}}
-    for gemm, (n, k) in GEMMS.items():
+    for gemm, (n, k) in gemm_cli.BERT_LARGE_GEMMS.items():
         x = torch.randn((t, k), generator=g, device="cuda").half()
         w = (torch.randn((n, k), generator=g, device="cuda") * 0.03).half()
         print(f"{gemm}:", flush=True)

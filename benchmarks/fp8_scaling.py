@@ -104,7 +104,7 @@ def main() -> None:
 
     t = args.tokens
     g = torch.Generator(device="cuda").manual_seed(0)
-    shapes = {"qkv": (3072, 1024), "ffn1": (4096, 1024), "ffn2": (1024, 4096)}
+    shapes = {g: gemm_cli.BERT_LARGE_GEMMS[g] for g in ("qkv", "ffn1", "ffn2")}
     result: dict[str, Any] = {**gemm_cli.header(t), "gemms": []}
     for name, (n, k) in shapes.items():
         result["gemms"].append(measure(name, n, k, t, g, args.replays))

@@ -1,6 +1,7 @@
-"""What the GEMM micro-benchmarks (``cublaslt_fp8``, ``fp8_gemm_tuning``, ``fp8_scaling``)
-share: their command line (``--tokens``/``--replays``/``--out``) and the head of their
-result JSON (GPU, torch, tokens, date)."""
+"""What the GEMM micro-benchmarks (``cublaslt_fp8``, ``fp8_gemm_tuning``, ``fp8_scaling``,
+``cublaslt_search``) share: BERT-large's GEMM shapes, their command line
+(``--tokens``/``--replays``/``--out``) and the head of their result JSON (GPU, torch,
+tokens, date)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,10 @@ import argparse
 import time
 from pathlib import Path
 from typing import Any
+
+# (N, K) of BERT-large's GEMMs, by the names calibration.GEMMS uses for their inputs' order.
+BERT_LARGE_GEMMS = {"qkv": (3072, 1024), "out": (1024, 1024), "ffn1": (4096, 1024),
+                    "ffn2": (1024, 4096)}
 
 
 def parse_args(doc: str | None, tokens: int, argv: list[str] | None = None) -> argparse.Namespace:

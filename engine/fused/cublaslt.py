@@ -161,8 +161,8 @@ class _Plan:
     # The tuned table's configuration, when the key asks for it and the table has one that
     # cuBLASLt accepts: the plan's first choice, ahead of the heuristic's.
     tuned: AlgoConfig | None = None
-    tuned_algo: cublaslt_algos.Algo | None = None
-    # Configurations run on request (``fp8_linear(config=)``), built and checked once.
+    # Configurations built and checked once: the tuned one and those run on request
+    # (``fp8_linear(config=)``).
     configured: dict[AlgoConfig, cublaslt_algos.Algo] = field(default_factory=dict)
 
     def layouts(self) -> tuple[ctypes.c_void_p, ...]:
@@ -230,13 +230,14 @@ def _plan(key: _Key) -> _Plan:
     plan.algos = [r.algo for r in results[:found.value] if r.state == 0]
     if not plan.algos:
         raise CublasLtError(f"cuBLASLt has no FP8 algorithm for {key}")
-    if key.tuned:
-        config = _tuned_config(key)
-        plan.tuned_algo = None if config is None else _checked(plan, config)
-        plan.tuned = config if plan.tuned_algo is not None else None
-        if config is not None and plan.tuned is None:
+    config = _tuned_config(key) if key.tuned else None
+    if config is not None:
+        algo = _checked(plan, config)
+        if algo is None:
             warnings.warn(f"cuBLASLt refuses the tuned table's {config} for {key.name()}: "
                           "running the heuristic's choice", RuntimeWarning, stacklevel=3)
+        else:
+            plan.tuned, plan.configured[config] = config, algo
     return plan
 
 
@@ -275,7 +276,7 @@ def _choose(plan: _Plan, key: _Key, algo: int | None,
             plan.configured[config] = built
         return plan.configured[config].data
     if algo is None:
-        return plan.algos[0] if plan.tuned_algo is None else plan.tuned_algo.data
+        return plan.algos[0] if plan.tuned is None else plan.configured[plan.tuned].data
     if algo >= len(plan.algos):
         raise CublasLtError(f"the heuristic offers {len(plan.algos)} algorithms for {key}, "
                             f"not {algo + 1}")

@@ -16,6 +16,7 @@ import ctypes
 from collections.abc import Iterator
 from dataclasses import asdict, dataclass, fields, replace
 from functools import cache
+from itertools import chain
 from typing import Any
 
 # cublasLtMatmulAlgoCapAttributes_t / cublasLtMatmulAlgoConfigAttributes_t (cublasLt.h).
@@ -240,19 +241,18 @@ def candidates(lib: ctypes.CDLL, handle: ctypes.c_void_p, types: Types, desc: ct
         row = {"algo_id": algo_id, **caps, "checked": 0, "accepted": 0}
         if report is not None:
             report.append(row)
-        unsplit: list[AlgoConfig] = []
-        for grid in (_unsplit(caps, algo_id, swizzle), None):
-            for config in grid if grid is not None else _splits(caps, unsplit):
-                checks += 1
-                if checks > max_checks:
-                    return found
-                if row["accepted"] == 0 and row["checked"] >= MAX_MISSES:
-                    break
-                row["checked"] += 1
-                algo = _configure(lib, base, config)
-                if algo is not None and check(lib, handle, desc, layouts, algo, max_workspace):
-                    row["accepted"] += 1
-                    found.append(config)
-                    if grid is not None:
-                        unsplit.append(config)
+        unsplit: list[AlgoConfig] = []  # read by _splits once the unsplit grid is done
+        for config in chain(_unsplit(caps, algo_id, swizzle), _splits(caps, unsplit)):
+            checks += 1
+            if checks > max_checks:
+                return found
+            if row["accepted"] == 0 and row["checked"] >= MAX_MISSES:
+                break
+            row["checked"] += 1
+            algo = _configure(lib, base, config)
+            if algo is not None and check(lib, handle, desc, layouts, algo, max_workspace):
+                row["accepted"] += 1
+                found.append(config)
+                if config.splitk == 1:
+                    unsplit.append(config)
     return found

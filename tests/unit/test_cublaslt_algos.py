@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import ctypes
 import json
-from dataclasses import fields
+from collections.abc import Callable
+from dataclasses import fields, replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -84,7 +86,8 @@ def _plan(tuned: bool) -> cublaslt._Plan:
     plan = cublaslt._Plan(null, null, null, null, null,
                           cublaslt_algos.Types(68, 0, 28, 28, 2, 2), heuristic)
     if tuned:
-        plan.tuned, plan.tuned_algo = AlgoConfig(99), cublaslt_algos.Algo((ctypes.c_uint64 * 8)(99))
+        plan.tuned = AlgoConfig(99)
+        plan.configured[plan.tuned] = cublaslt_algos.Algo((ctypes.c_uint64 * 8)(99))
     return plan
 
 
@@ -127,3 +130,85 @@ def test_write_table_replaces_only_the_same_key(tmp_path: Path) -> None:
     got = {(e["plan"], e["cublaslt_version"]): e["config"]["algo_id"]
            for e in json.loads(path.read_text())}
     assert got == {("m=384", 130000): 9, ("m=256", 130000): 2, ("m=384", 1): 3}
+
+
+class _FakeLib:
+    """Functions set as attributes, as ctypes exposes a library's."""
+
+
+def _fake_lt(caps: dict[int, dict[str, Any]], accept: Callable[[int, dict[int, int]], bool]) -> Any:
+    """A stand-in for libcublasLt's algorithm API (the ctypes calls ``candidates`` makes):
+    algorithms ``caps`` (algo ID -> tiles, splitk, reduction_mask, custom_max), and
+    ``accept(algo_id, attrs)`` deciding ``cublasLtMatmulAlgoCheck`` from the attributes
+    set (config attribute enum -> value). An algorithm's ID sits in ``data[0]``'s low bits,
+    its cluster shape (attribute 8) above them, attributes 1-7 in ``data[1..7]``."""
+    cap_values = {0: "splitk", 1: "reduction_mask", 2: "swizzle", 7: "custom_max"}
+
+    def get_ids(handle, *args):  # type: ignore[no-untyped-def]
+        ids, count = args[-2], args[-1]._obj
+        for i, a in enumerate(caps):
+            ids[i] = a
+        count.value = len(caps)
+        return 0
+
+    def init(handle, *args):  # type: ignore[no-untyped-def]
+        args[-1]._obj.data[0] = args[-2]
+        return 0
+
+    def cap(algo, attr, buf, size, written):  # type: ignore[no-untyped-def]
+        c = caps[algo._obj.data[0] & 0xFFFF]
+        if attr in cap_values:
+            buf._obj.value = c.get(cap_values[attr], 0)
+            return 0
+        values = c.get({6: "tiles", 13: "stages"}[attr], [])
+        if buf is None:
+            written._obj.value = 4 * len(values)
+        else:
+            buf[:len(values)] = values
+        return 0
+
+    def set_attr(algo, attr, value, size):  # type: ignore[no-untyped-def]
+        data = algo._obj.data
+        if attr == 8:
+            data[0] = (data[0] & 0xFFFF) | (value._obj.value << 16)
+        else:
+            data[attr] = value._obj.value
+        return 0
+
+    def check(handle, desc, a, b, c, d, algo, res):  # type: ignore[no-untyped-def]
+        data = algo._obj.data
+        attrs = {i: int(data[i]) for i in range(1, 8)} | {8: int(data[0]) >> 16}
+        res._obj.workspaceSize = 0
+        return 0 if accept(int(data[0]) & 0xFFFF, attrs) else 15
+
+    lib = _FakeLib()  # hashable, as a ctypes.CDLL is (``_declare`` is cached on it)
+    lib.__dict__.update(
+        cublasLtMatmulAlgoGetIds=get_ids, cublasLtMatmulAlgoInit=init,
+        cublasLtMatmulAlgoCheck=check, cublasLtMatmulAlgoCapGetAttribute=cap,
+        cublasLtMatmulAlgoConfigSetAttribute=set_attr,
+        cublasLtMatmulAlgoConfigGetAttribute=lambda *a: 0)
+    return lib
+
+
+def test_candidates_grid_unsplit_first_then_splits_of_the_accepted(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The grid's order and bounds, through a stand-in library: every tile x cluster shape
+    unsplit, then split-K variants of the accepted ones only; an algorithm that accepts
+    none of its first MAX_MISSES configurations is left after them."""
+    monkeypatch.setattr(cublaslt_algos, "MAX_MISSES", 3)
+    caps = {66: {"tiles": [5, 6], "stages": [36], "splitk": 1, "reduction_mask": 2},
+            67: {"tiles": [1, 2, 3, 4], "stages": [0]}}
+
+    def accept(algo_id: int, a: dict[int, int]) -> bool:  # tile 5, clusters 2/3, K split <= 2
+        return algo_id == 66 and a[1] == 5 and a[8] in (2, 3) and a[2] <= 2
+
+    report: list[dict[str, Any]] = []
+    null = ctypes.c_void_p()
+    found = cublaslt_algos.candidates(
+        _fake_lt(caps, accept), null, cublaslt_algos.Types(68, 0, 28, 28, 2, 2), null,
+        (null,) * 4, 1 << 20, report=report)
+    unsplit = [AlgoConfig(66, 5, 36, cluster=c) for c in (2, 3)]
+    assert found == unsplit + [replace(c, splitk=2, reduction=2) for c in unsplit]
+    n_clusters, n_splits = len(cublaslt_algos.CLUSTERS), len(cublaslt_algos.SPLITS) - 1
+    assert [(r["algo_id"], r["checked"], r["accepted"]) for r in report] == [
+        (66, 2 * n_clusters + 2 * n_splits, 4), (67, 3, 0)]

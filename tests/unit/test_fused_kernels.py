@@ -415,7 +415,7 @@ def _check_attention(dtype_name: str, heads: int, head_dim: int,
 
 def _check_attention_tiles() -> tuple[float, float]:
     """The tile list holds each sequence's query blocks in order, (start, length, first
-    query, 0), then empty slots (length 0) up to ceil(T / BLOCK_M) + sequences; it is
+    query), then empty slots (all zero) up to ceil(T / BLOCK_M) + sequences; it is
     built only where it saves a quarter of the grid's programs; a list built for other
     tiles is refused."""
     import torch
@@ -430,19 +430,18 @@ def _check_attention_tiles() -> tuple[float, float]:
     want = [(int(cu[s]), ln, m) for s, ln in enumerate(lengths) for m in range(0, ln, 64)]
     got = tiles.slots.tolist()
     slots = -(-t // 64) + n
-    bad = len(got) != slots or [tuple(r[:3]) for r in got[:len(want)]] != want
-    bad |= any(r != [0, 0, 0, 0] for r in got[len(want):]) or any(r[3] for r in got)
+    bad = len(got) != slots or [tuple(r) for r in got[:len(want)]] != want
+    bad |= any(r != [0, 0, 0] for r in got[len(want):])
     # A sequence longer than max_seqlen (against the contract) is cut as the grid cuts it,
     # and rows past the buffer are never listed: no slot is left unwritten.
     over = torch.tensor([0, 200, 210, 220], dtype=torch.int32)
     short = k.attention_tiles(over, 220, 3, 64, 2, 64, config=(64, 32, 4, 3), force=True)
     assert short is not None
-    bad |= short.slots.tolist() != [[0, 200, 0, 0], [200, 10, 0, 0], [210, 10, 0, 0],
-                                     [0, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0], [0, 0, 0, 0]]
+    bad |= short.slots.tolist() != [[0, 200, 0], [200, 10, 0], [210, 10, 0],
+                                     [0, 0, 0], [0, 0, 0], [0, 0, 0], [0, 0, 0]]
     beyond = k.attention_tiles(over, 64, 3, 256, 2, 64, config=(64, 32, 4, 3), force=True)
     assert beyond is not None  # 1 + 3 slots for 220 tokens in 64 rows: the first 4 blocks
-    bad |= [r[:3] for r in beyond.slots.tolist()] != [[0, 200, 0], [0, 200, 64],
-                                                      [0, 200, 128], [0, 200, 192]]
+    bad |= beyond.slots.tolist() != [[0, 200, 0], [0, 200, 64], [0, 200, 128], [0, 200, 192]]
     # Batch 1, or sequences as long as max_seqlen: no list.
     bad |= k.attention_tiles(cu[:2], 70, 1, 128, 2, 64) is not None
     full = torch.arange(0, 5 * 384, 384, dtype=torch.int32)

@@ -123,7 +123,7 @@ def _attn_varlen_kernel(
         prefetch_l1(bias_ptr + 2 * D + v)
     pdl_enter(USE_PDL)
     if TILED:
-        slot = tiles_ptr + tl.program_id(0) * 4
+        slot = tiles_ptr + tl.program_id(0) * 3
         start = tl.load(slot, cache_modifier=".cg")
         length = tl.load(slot + 1, cache_modifier=".cg")
         m0 = tl.load(slot + 2, cache_modifier=".cg")
@@ -142,7 +142,7 @@ def _attn_varlen_kernel(
 def _attn_tiles_kernel(cu_ptr, tiles_ptr, n_seqs, n_slots, per_seq,
                        BLOCK_M: tl.constexpr, BLOCK_S: tl.constexpr, MAX_TILES: tl.constexpr):
     """Program ``s < n_seqs`` writes sequence s's query blocks to consecutive slots (after
-    those of the sequences before it) as (start row, length, first query, 0); program
+    those of the sequences before it) as (start row, length, first query); program
     ``n_seqs`` empties the slots past the last block (length 0). A sequence gets at most
     ``per_seq`` blocks (the grid's ceil(max_seqlen / BLOCK_M): a longer one, against the
     contract, is cut as the grid cuts it), and nothing is written past ``n_slots``."""
@@ -159,17 +159,16 @@ def _attn_tiles_kernel(cu_ptr, tiles_ptr, n_seqs, n_slots, per_seq,
         length = tl.load(cu_ptr + me + 1) - start
         mine = tl.minimum(tl.maximum(length + BLOCK_M - 1, 0) // BLOCK_M, per_seq)
         mask = (i < mine) & (first + i < n_slots)
-        slot = tiles_ptr + (first + i) * 4
+        slot = tiles_ptr + (first + i) * 3
         tl.store(slot, start + i * 0, mask=mask)
         tl.store(slot + 1, length + i * 0, mask=mask)
         tl.store(slot + 2, i * BLOCK_M, mask=mask)
-        tl.store(slot + 3, i * 0, mask=mask)
     else:
         for j0 in range(first, n_slots, MAX_TILES):
             idx = j0 + i
             mask = idx < n_slots
-            for col in tl.static_range(4):
-                tl.store(tiles_ptr + idx * 4 + col, i * 0, mask=mask)
+            for col in tl.static_range(3):
+                tl.store(tiles_ptr + idx * 3 + col, i * 0, mask=mask)
 
 
 def softmax_scale(head_dim: int) -> float:
@@ -191,8 +190,8 @@ def attention_config(max_seqlen: int, n_seqs: int, num_heads: int,
 
 @dataclass(frozen=True)
 class AttnTiles:
-    """A tile list for :func:`attention_varlen`: int32 [slots, 4] (start row, length, first
-    query, 0) per query block of ``block_m`` rows, built on the device from ``cu_seqlens``
+    """A tile list for :func:`attention_varlen`: int32 [slots, 3] (start row, length, first
+    query) per query block of ``block_m`` rows, built on the device from ``cu_seqlens``
     (:func:`attention_tiles`), so one list serves every layer of a pass and a CUDA graph
     rebuilds it on each replay."""
 
@@ -227,7 +226,7 @@ def attention_tiles(
     n_slots = tile_slots(tokens, n_seqs, bm)
     if n_seqs == 0 or (not force and (n_seqs < 2 or 4 * n_slots > 3 * per_seq * n_seqs)):
         return None
-    slots = torch.empty((n_slots, 4), dtype=torch.int32, device=cu_seqlens.device)
+    slots = torch.empty((n_slots, 3), dtype=torch.int32, device=cu_seqlens.device)
     _attn_tiles_kernel[(n_seqs + 1,)](
         cu_seqlens, slots, n_seqs, n_slots, per_seq, BLOCK_M=bm,
         BLOCK_S=max(2, int(triton.next_power_of_2(n_seqs))),
