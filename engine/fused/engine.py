@@ -49,6 +49,7 @@ from engine.fused.folding import with_folded
 from engine.fused.fp8 import rowwise_out_dtype
 from engine.fused.graphs import GraphCache
 from engine.fused.packing import (
+    TOKEN_BUCKETS_PER_OCTAVE,
     Bucket,
     PackedHost,
     bucket_for,
@@ -108,6 +109,7 @@ class FusedEngine:
         cuda_graphs: bool = True,
         graph_staging: bool = True,
         max_graph_tokens: int = 32768,
+        graph_buckets_per_octave: int = TOKEN_BUCKETS_PER_OCTAVE,
         max_tokens_per_pass: int = 65536,
         fp8_min_tokens: int = FP8_MIN_TOKENS,
         fp8_calibrated_min_tokens: int = FP8_CALIBRATED_MIN_TOKENS,
@@ -146,8 +148,11 @@ class FusedEngine:
         instead of a grid sized for the longest possible sequence.
         ``attention_tiles`` (BLOCK_M, BLOCK_N, warps, stages) and ``gemm_plans``
         (small-batch GEMM name -> (tiles, splits)) override the built-in rules (benchmarks,
-        tests). ``graph_staging``: graphs stage their own inputs and write the caller's
-        output (``call_table``), so a call on device tensors is one launch."""
+        tests). ``graph_buckets_per_octave``: token buckets per power of two of the
+        graphs (``packing.round_tokens``: padding under 1/that of the tokens; more buckets
+        pad less but capture more graphs). ``graph_staging``: graphs stage their own
+        inputs and write the caller's output (``call_table``), so a call on device
+        tensors is one launch."""
         self.weights = with_folded(weights, deferred_ln_max_hidden)
         self.config = weights.config
         self.device = torch.device(device)
@@ -161,6 +166,10 @@ class FusedEngine:
                 raise RuntimeError(f"block-wise FP8 needs {library_path()}: {BUILD_HINT}")
         self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
         self.max_graph_tokens = max_graph_tokens
+        if graph_buckets_per_octave < 1:
+            raise ValueError("graph_buckets_per_octave must be at least 1, "
+                             f"got {graph_buckets_per_octave}")
+        self.graph_buckets_per_octave = graph_buckets_per_octave
         self.max_tokens_per_pass = max_tokens_per_pass
         if fp8_static_inputs is None:
             fp8_static_inputs = ()
@@ -329,7 +338,7 @@ class FusedEngine:
     def _graph_bucket(self, tokens: int, seqs: int, max_seqlen: int) -> Bucket | None:
         if self._graphs is None or tokens > self.max_graph_tokens or self._recorder is not None:
             return None
-        bucket = bucket_for(tokens, seqs, max_seqlen)
+        bucket = bucket_for(tokens, seqs, max_seqlen, self.graph_buckets_per_octave)
         return bucket if self._graphs.can_serve(bucket) else None
 
     def capture(self, tokens: int, seqs: int, max_seqlen: int) -> None:

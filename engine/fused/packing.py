@@ -5,8 +5,9 @@ position id is its column in the padded row, which is what HF BERT computes for 
 padded input, so packed results equal padded ones for any mask (right padding or not).
 
 A bucket rounds (tokens, sequences, longest sequence) up so that a small set of
-captured graphs covers every batch: tokens to at most ~12.5% over (multiples of 64
-below 1024), sequences to a power of two, the longest sequence to a multiple of 128.
+captured graphs covers every batch: tokens to at most 1/per_octave over (multiples of 64
+below 64 * per_octave tokens; 12.5% at the default 8 buckets per power of two), sequences
+to a power of two, the longest sequence to a multiple of 128.
 The bucket's inputs live in one int32 buffer ``[ids | token types | positions | cu_seqlens]``
 so a batch reaches the device in one copy.
 """
@@ -19,6 +20,10 @@ import numpy as np
 import numpy.typing as npt
 
 I32 = npt.NDArray[np.int32]
+
+# Token buckets per power of two (padding < 1/8 of the tokens): the engine's default, its
+# ``graph_buckets_per_octave`` option.
+TOKEN_BUCKETS_PER_OCTAVE = 8
 
 
 @dataclass(frozen=True)
@@ -77,17 +82,21 @@ class Bucket:
         return 3 * self.tokens + self.seqs + 1
 
 
-def round_tokens(tokens: int) -> int:
-    """Round up to a multiple of max(64, 2**(floor(log2 tokens) - 3)): < 12.5% padding past 512."""
+def round_tokens(tokens: int, per_octave: int = TOKEN_BUCKETS_PER_OCTAVE) -> int:
+    """Round up to a multiple of max(64, 2**floor(log2 tokens) / per_octave): under
+    1/per_octave padding past 64 * per_octave tokens (12.5% at the default 8)."""
+    if per_octave < 1:
+        raise ValueError(f"per_octave must be at least 1, got {per_octave}")
     tokens = max(tokens, 1)
-    step = max(64, 1 << max(0, tokens.bit_length() - 4))
+    step = max(64, (1 << (tokens.bit_length() - 1)) // per_octave)
     return -(-tokens // step) * step
 
 
-def bucket_for(tokens: int, seqs: int, max_seqlen: int) -> Bucket:
-    """The bucket a batch of this size replays."""
+def bucket_for(tokens: int, seqs: int, max_seqlen: int,
+               per_octave: int = TOKEN_BUCKETS_PER_OCTAVE) -> Bucket:
+    """The bucket a batch of this size replays (``per_octave``: :func:`round_tokens`)."""
     return Bucket(
-        tokens=round_tokens(tokens),
+        tokens=round_tokens(tokens, per_octave),
         seqs=1 << max(0, (max(seqs, 1) - 1).bit_length()),
         max_seqlen=-(-max(max_seqlen, 1) // 128) * 128,
     )

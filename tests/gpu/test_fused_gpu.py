@@ -290,16 +290,25 @@ def test_graph_and_eager_agree_across_buckets() -> None:
     eager = FusedEngine.from_pretrained(CHECKPOINT, device="cuda", dtype="float16",
                                         cuda_graphs=False)
     graphed = FusedEngine(eager.weights, "cuda", cuda_graphs=True)
+    fine = FusedEngine(eager.weights, "cuda", graph_buckets_per_octave=64)
     rng = np.random.default_rng(5)
+    tokens = []
     for windows, seq in [(1, 128), (3, 384), (1, 128), (17, 200), (64, 384)]:
         ids, mask, tt = _random_batch(rng, windows, seq, 30522)
         a = eager.infer(ids, mask, tt)
-        b = graphed.infer(ids, mask, tt)
         keep = mask.astype(bool)
-        # Bucket padding changes GEMM shapes, hence cuBLAS kernels: fp16-level differences.
-        assert np.abs(a[0][keep] - b[0][keep]).max() < 3e-2
-        assert np.abs(a[1][keep] - b[1][keep]).max() < 3e-2
+        tokens.append(int(keep.sum()))
+        for b in (graphed.infer(ids, mask, tt), fine.infer(ids, mask, tt)):
+            # Bucket padding changes GEMM shapes, hence cuBLAS kernels: fp16-level differences.
+            assert np.abs(a[0][keep] - b[0][keep]).max() < 3e-2
+            assert np.abs(a[1][keep] - b[1][keep]).max() < 3e-2
     assert graphed._graphs is not None and len(graphed._graphs) == 4  # (1,128) replayed
+    # The finer buckets' graphs: the 64-window batch's pads under 1/64 (the default's up
+    # to 1/8).
+    from engine.fused.packing import round_tokens
+
+    assert fine._graphs is not None
+    assert {b.tokens for b in fine._graphs._graphs} == {round_tokens(t, 64) for t in tokens}
 
 
 @pytest.mark.parametrize("variant", ["large_path", "no_pdl", "no_prefetch", "ffn1_unfused",

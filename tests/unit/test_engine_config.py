@@ -65,10 +65,14 @@ def test_fused_engine_options_through_the_registry() -> None:
         None, True, False, 512, "fp16"]
     engine = load_engine("fused", REPO_ROOT / "models" / "minilm-l6-squad", device="cpu",
                          dtype="float32", small_batch_max_tokens="none", persistent="true",
-                         attention_tile_list="false")
+                         attention_tile_list="false", graph_buckets_per_octave="64")
     opts = engine.options  # type: ignore[attr-defined]
     assert opts.small_batch_max_tokens is None and opts.persistent is True
     assert opts.attn_tile_list is False
+    assert engine.graph_buckets_per_octave == 64  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match="graph_buckets_per_octave"):
+        load_engine("fused", REPO_ROOT / "models" / "minilm-l6-squad", device="cpu",
+                    graph_buckets_per_octave="0")
     with pytest.raises(TypeError):
         load_engine("fused", REPO_ROOT / "models" / "minilm-l6-squad", device="cpu", no_such="1")
 

@@ -1,0 +1,133 @@
+"""What CUDA-graph bucket padding costs on many-token batches: graphs at several bucket
+granularities against exact-size eager passes, per call, same inputs, interleaved rounds.
+
+    python3 benchmarks/bucket_padding.py --model bert-large --dtype fp8 \\
+        --per-octave 8,32,64 --out bucket.json
+
+A graph runs its bucket's token count (``packing.round_tokens``: up to 1/per_octave of
+padding, 12.5% at the default 8), the GEMMs and row kernels over every padded row;
+an eager pass (``cuda_graphs=False``) runs exactly the batch's tokens, paying the host's
+launches instead, which at tens of thousands of tokens the GPU's work hides. The batches
+are ``--draws`` sets of ``--windows`` windows with SQuAD v1.1 dev lengths
+(``bench_gpu.squad_lengths``, the mix of ``bench_gpu --sections mix``). ``--dtype fp8``
+times the calibrated default engine (static FP8 scales from 256 other windows), ``float16``
+the fp16 one. Each variant calls ``FusedEngine._run_device`` (the path for device
+tensors) on every draw in turn, ``--calls`` times per round, for ``--rounds`` rounds;
+the table gives the median of the rounds' per-batch means. Random weights (timing only);
+every variant's logits are checked against the eager pass's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _octaves(text: str) -> list[int]:
+    values = [int(v) for v in text.split(",") if v.strip()]
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="bert-large")
+    p.add_argument("--dtype", default="fp8", choices=("fp8", "float16"))
+    p.add_argument("--windows", type=int, default=256)
+    p.add_argument("--draws", type=int, default=4)
+    p.add_argument("--per-octave", type=_octaves, default=[8, 32, 64],
+                   help="graph bucket granularities to time (comma-separated)")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--calls", type=int, default=10, help="calls per draw per round")
+    p.add_argument("--commit", default="", help="recorded with the results")
+    p.add_argument("--out", type=Path, default=None)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    sys.path.insert(0, str(REPO))
+    import numpy as np
+    import torch
+
+    from benchmarks.bench_gpu import device_packed, make_hf, make_ours, random_padded, squad_lengths
+    from engine.fused.engine import FusedEngine
+    from engine.fused.packing import round_tokens
+
+    lengths = squad_lengths()
+    model, cfg = make_hf(args.model)
+    base = make_ours(model, cfg, dtype=args.dtype)
+    del model
+    calibration = None
+    if args.dtype == "fp8":
+        cal_rng = np.random.default_rng(4)
+        base.calibrate(*random_padded(cal_rng, 256, 384, cal_rng.choice(lengths, 256)))
+        calibration = base.calibration
+    rng = np.random.default_rng(3)
+    sets = [random_padded(rng, args.windows, 384, rng.choice(lengths, args.windows))
+            for _ in range(args.draws)]
+    inputs = [device_packed(*s) for s in sets]
+    tokens = [int(s[1].sum()) for s in sets]
+    common = {"max_graph_tokens": 1 << 20, "fp8_calibration": calibration}
+    engines: dict[str, FusedEngine] = {"eager": FusedEngine(base.weights, "cuda",
+                                                             cuda_graphs=False, **common)}
+    for k in args.per_octave:
+        engines[f"graph/{k}"] = FusedEngine(base.weights, "cuda", graph_buckets_per_octave=k,
+                                            **common)
+    result: dict[str, Any] = {
+        "model": args.model, "dtype": args.dtype, "windows": args.windows, "tokens": tokens,
+        "gpu": torch.cuda.get_device_name(), "commit": args.commit,
+        "date": time.strftime("%Y-%m-%d"), "variants": {}}
+    with torch.inference_mode():
+        ref = [engines["eager"]._run_device(*x) for x in inputs]
+        for name, eng in engines.items():
+            k = eng.graph_buckets_per_octave if eng.cuda_graphs else None
+            buckets = [round_tokens(t, k) if k else t for t in tokens]
+            diff = max(float((eng._run_device(*x) - r).abs().max())
+                       for x, r in zip(inputs, ref, strict=True))
+            result["variants"][name] = {"bucket_tokens": buckets, "max_abs_vs_eager": diff,
+                                        "padding": sum(buckets) / sum(tokens) - 1,
+                                        "round_ms": []}
+        torch.cuda.synchronize()
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        for r in range(args.rounds):
+            for name, eng in engines.items():
+                for x in inputs:  # warm: the previous variant's clocks and caches
+                    eng._run_device(*x)
+                start.record()
+                for _ in range(args.calls):
+                    for x in inputs:
+                        eng._run_device(*x)
+                end.record()
+                end.synchronize()
+                result["variants"][name]["round_ms"].append(
+                    start.elapsed_time(end) / (args.calls * len(inputs)))
+            print(f"round {r + 1}/{args.rounds}: " + " ".join(
+                f"{n}={v['round_ms'][-1]:.2f}" for n, v in result["variants"].items()),
+                flush=True)
+    print(f"\n{args.model} {args.dtype}, {args.draws} draws of {args.windows} windows "
+          f"(tokens {min(tokens)}-{max(tokens)}), per call:")
+    print(f"  {'variant':10s} {'padding':>8s} {'ms/batch':>9s} {'range':>15s} "
+          f"{'windows/s':>10s} {'max|diff|':>9s}")
+    for name, v in result["variants"].items():
+        v["median_ms"] = statistics.median(v["round_ms"])
+        v["windows_per_s"] = args.windows / v["median_ms"] * 1e3
+        print(f"  {name:10s} {100 * v['padding']:7.2f}% {v['median_ms']:9.3f} "
+              f"{min(v['round_ms']):7.3f}-{max(v['round_ms']):7.3f} "
+              f"{v['windows_per_s']:10.0f} {v['max_abs_vs_eager']:9.1e}")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
