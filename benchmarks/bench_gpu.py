@@ -9,10 +9,12 @@ Sections, each guarded (a failure is recorded and the run goes on), results writ
 1. ceilings   measured bf16 GEMM rate and device-copy bandwidth (the floors' denominators)
 2. parity     random BERT-base (fp16, bf16, fp8) vs HF fp32, random lengths
 3. latency    BERT-base / BERT-large, RANDOM WEIGHTS, full-length batches 1/32/128 x 128/384:
-              HF eager (SDPA), HF + CUDA graph, ours (graph, no graph, FP8 + graph); median
+              HF eager (SDPA), HF + CUDA graph, ours (engine defaults: graphs up to
+              ``max_graph_tokens``, eager passes above; no graph; FP8); median
               and p99 of CUDA-event times, 4 rotating random input sets
 4. mix        windows whose lengths are drawn from the tokenized SQuAD v1.1 dev set:
-              ours packed (padding-free) vs ours and HF padded to 384; windows/s
+              ours packed (padding-free; at ~45k tokens the defaults run eagerly, and
+              one column replays graphs) vs ours and HF padded to 384; windows/s
 5. stages     per-kernel time per forward pass (each stage graph-captured over all layers'
               weights) against its bytes/FLOPs floor
 6. f1         SQuAD v1.1 dev EM/F1 of models/minilm-l6-squad: reference fp32 vs fused fp16/fp8
@@ -179,7 +181,6 @@ def make_ours(model, cfg, **kw):  # type: ignore[no-untyped-def]
     from engine.fused.config import BertQAConfig
     from engine.fused.engine import FusedEngine
 
-    kw.setdefault("max_graph_tokens", 65536)  # graph every benchmarked batch (128 x 384 too)
     return FusedEngine.from_state_dict(model.state_dict(), BertQAConfig.from_dict(cfg.to_dict()),
                                        device="cuda", **kw)
 
@@ -190,8 +191,7 @@ def static_everywhere(calibrated):  # type: ignore[no-untyped-def]
     from engine.fused.calibration import GEMMS
     from engine.fused.engine import FusedEngine
 
-    return FusedEngine(calibrated.weights, "cuda", max_graph_tokens=65536,
-                       fp8_static_inputs=GEMMS)
+    return FusedEngine(calibrated.weights, "cuda", fp8_static_inputs=GEMMS)
 
 
 def random_padded(rng, windows: int, seq: int, lengths=None):  # type: ignore[no-untyped-def]
@@ -363,12 +363,12 @@ def section_latency(res: dict[str, Any], name: str, deadline: float) -> None:
         # v10's call: staging kernel + graph + logits copy (three launches, no call table)
         "ours_graph_three_launches": {"graph_staging": False},
     }
-    alt_engines = {key: FusedEngine(ours.weights, "cuda", max_graph_tokens=65536, **kw)  # type: ignore[arg-type]
+    alt_engines = {key: FusedEngine(ours.weights, "cuda", **kw)  # type: ignore[arg-type]
                    for key, kw in alt.items()}
     ours_fp8 = make_ours(model, cfg, dtype="fp8")
     # Static FP8 scales (every GEMM per-tensor, FFN1's epilogue writing FFN2's input),
     # calibrated on other random windows: FP8 from 129 tokens up.
-    ours_cal = FusedEngine(ours_fp8.weights, "cuda", max_graph_tokens=65536)
+    ours_cal = FusedEngine(ours_fp8.weights, "cuda")
     ours_cal.calibrate(*random_padded(np.random.default_rng(7), 64, 384))
     ours_all = static_everywhere(ours_cal)
     rows = res.setdefault("latency", [])
@@ -473,24 +473,28 @@ def section_mix(res: dict[str, Any], name: str, windows: int) -> None:
                            tokens / windows}
     from engine.fused.engine import FusedEngine
 
-    no_pdl = {key: FusedEngine(eng.weights, "cuda", max_graph_tokens=65536, pdl=False)
+    no_pdl = {key: FusedEngine(eng.weights, "cuda", pdl=False)
               for key, eng in (("ours_packed_no_pdl", ours), ("ours_fp8_packed_no_pdl", ours_fp8))}
     # Static FP8 scales (engine.fused.fp8, "Calibrated"), calibrated on other random windows
-    ours_cal = FusedEngine(ours_fp8.weights, "cuda", max_graph_tokens=65536)
+    ours_cal = FusedEngine(ours_fp8.weights, "cuda")
     cal_rng = np.random.default_rng(4)
     ours_cal.calibrate(*random_padded(cal_rng, 256, 384, cal_rng.choice(all_lengths, 256)))
     ours_all = static_everywhere(ours_cal)
+    # The engine's defaults run these batches (~45k tokens) eagerly, above
+    # max_graph_tokens; this one replays a graph of each batch's bucket instead.
+    cal_graph = FusedEngine(ours_cal.weights, "cuda", max_graph_tokens=1 << 20)
     variants: dict[str, Any] = {
         "ours_packed": (lambda x: ours._run_device(*x), packed),
         "ours_fp8_packed": (lambda x: ours_fp8._run_device(*x), packed),
         "ours_fp8_calibrated_packed": (lambda x: ours_cal._run_device(*x), packed),
         "ours_fp8_static_all_packed": (lambda x: ours_all._run_device(*x), packed),
+        "ours_fp8_calibrated_packed_graph": (lambda x: cal_graph._run_device(*x), packed),
         **{key: (lambda x, e=eng: e._run_device(*x), packed) for key, eng in no_pdl.items()},
     }
     best = OPTS.get("attn_best", {}).get(f"{name}:mix")
     if best is not None:  # the attention sweep's fastest tile on this mix, whole pass
-        e16 = FusedEngine(ours.weights, "cuda", max_graph_tokens=65536, attention_tiles=best)
-        e8 = FusedEngine(ours_fp8.weights, "cuda", max_graph_tokens=65536, attention_tiles=best)
+        e16 = FusedEngine(ours.weights, "cuda", attention_tiles=best)
+        e8 = FusedEngine(ours_fp8.weights, "cuda", attention_tiles=best)
         row["attn_best"] = list(best)
         variants["ours_packed_attn_best"] = (lambda x: e16._run_device(*x), packed)
         variants["ours_fp8_packed_attn_best"] = (lambda x: e8._run_device(*x), packed)

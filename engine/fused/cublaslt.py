@@ -15,8 +15,10 @@ quantization in one kernel.
 
 The library is the one torch already loaded (``libcublasLt.so.13``/``.12``), or
 ``$QA_CUBLASLT_LIB``. Plans (descriptors and the heuristic's algorithms) are cached
-per shape and configuration; pointers are set per call, so calls can be captured in CUDA
-graphs (the workspace is allocated once per device, outside any capture).
+per shape and configuration, the :data:`MAX_PLANS` most recently used (eager passes run
+their exact token count, so every batch size is a shape); pointers are set per call, so
+calls can be captured in CUDA graphs (the workspace is allocated once per device, outside
+any capture).
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import os
 import sys
 import threading
 import warnings
+from collections import OrderedDict
 from dataclasses import astuple, dataclass, field, fields
 from functools import cache
 from typing import Any
@@ -54,6 +57,9 @@ HEURISTIC_ALGOS = 16  # algorithms asked of the heuristic per plan (``fp8_linear
 # one for the shape (else the heuristic's first choice). Read per call, and part of a plan's
 # key, so a pass can be A/B'd with it off (``ab_replay.py --set``).
 TUNED = True
+# Plans kept; the least recently used beyond this are destroyed. A plan is a few KB of host
+# memory, and making one (the heuristic's query) takes ~0.1 ms.
+MAX_PLANS = 1024
 
 _TYPES = {torch.float16: _R_16F, torch.bfloat16: _R_16BF, torch.float8_e4m3fn: _R_8F_E4M3}
 
@@ -90,12 +96,15 @@ def _lib() -> ctypes.CDLL:
         for fn in ("cublasLtCreate", "cublasLtMatmulDescCreate", "cublasLtMatrixLayoutCreate",
                    "cublasLtMatmulPreferenceCreate", "cublasLtMatmulDescSetAttribute",
                    "cublasLtMatmulPreferenceSetAttribute", "cublasLtMatmulAlgoGetHeuristic",
-                   "cublasLtMatmul", "cublasLtMatmulPreferenceDestroy"):
+                   "cublasLtMatmul", "cublasLtMatmulPreferenceDestroy",
+                   "cublasLtMatmulDescDestroy", "cublasLtMatrixLayoutDestroy"):
             getattr(lib, fn).restype = ctypes.c_int
         lib.cublasLtGetVersion.restype = ctypes.c_size_t
         lib.cublasLtMatrixLayoutCreate.argtypes = [
             ctypes.c_void_p, ctypes.c_int, ctypes.c_uint64, ctypes.c_uint64, ctypes.c_int64]
         lib.cublasLtMatmul.argtypes = [ctypes.c_void_p] * 14 + [ctypes.c_size_t, ctypes.c_void_p]
+        lib.cublasLtMatmulDescDestroy.argtypes = [ctypes.c_void_p]
+        lib.cublasLtMatrixLayoutDestroy.argtypes = [ctypes.c_void_p]
         return lib
     raise CublasLtError("cuBLASLt not found (set QA_CUBLASLT_LIB): " + "; ".join(errors))
 
@@ -182,8 +191,30 @@ def _layout(dtype: int, rows: int, cols: int, ld: int) -> ctypes.c_void_p:
     return lay
 
 
-@cache
+_PLANS: OrderedDict[_Key, _Plan] = OrderedDict()  # guarded by _CALL_LOCK
+
+
 def _plan(key: _Key) -> _Plan:
+    """The key's plan, made on first use; the caller holds :data:`_CALL_LOCK`."""
+    plan = _PLANS.get(key)
+    if plan is not None:
+        _PLANS.move_to_end(key)
+        return plan
+    plan = _PLANS[key] = _new_plan(key)
+    while len(_PLANS) > MAX_PLANS:
+        _destroy(_PLANS.popitem(last=False)[1])
+    return plan
+
+
+def _destroy(plan: _Plan) -> None:
+    """Free a plan's descriptors (host memory: work already enqueued does not read them)."""
+    lib = _lib()
+    for lay in plan.layouts():
+        lib.cublasLtMatrixLayoutDestroy(lay)
+    lib.cublasLtMatmulDescDestroy(plan.desc)
+
+
+def _new_plan(key: _Key) -> _Plan:
     lib = _lib()
     desc = ctypes.c_void_p()
     _check(lib.cublasLtMatmulDescCreate(ctypes.byref(desc), _COMPUTE_32F, _R_32F),
@@ -235,7 +266,7 @@ def _plan(key: _Key) -> _Plan:
         algo = _checked(plan, config)
         if algo is None:
             warnings.warn(f"cuBLASLt refuses the tuned table's {config} for {key.name()}: "
-                          "running the heuristic's choice", RuntimeWarning, stacklevel=3)
+                          "running the heuristic's choice", RuntimeWarning, stacklevel=4)
         else:
             plan.tuned, plan.configured[config] = config, algo
     return plan
@@ -341,13 +372,14 @@ def search_space(xq: torch.Tensor, x_scale: torch.Tensor, w8: torch.Tensor,
     """The configurations an ``fp8_linear`` call with these arguments could run (over
     ``cublaslt_algos.candidates``' grid)."""
     key = _key(xq, x_scale, w8, w_scale, out_dtype, bias, gelu, out_scale, fast_accum)
-    plan = _plan(key)
     lib, handle = _lib(), _handle()
     report: list[dict[str, Any]] = []
-    found = cublaslt_algos.candidates(lib, handle, plan.types, plan.desc, plan.layouts(),
-                                      _WORKSPACE_BYTES, swizzle, max_checks, report)
-    return SearchSpace(_device_name(), version(), key.name(),
-                       [cublaslt_algos.read(lib, a) for a in plan.algos], found, plan.tuned,
+    with _CALL_LOCK:  # the plan stays cached (not destroyed) while its grid is checked
+        plan = _plan(key)
+        found = cublaslt_algos.candidates(lib, handle, plan.types, plan.desc, plan.layouts(),
+                                          _WORKSPACE_BYTES, swizzle, max_checks, report)
+        heuristic = [cublaslt_algos.read(lib, a) for a in plan.algos]
+    return SearchSpace(_device_name(), version(), key.name(), heuristic, found, plan.tuned,
                        report)
 
 

@@ -13,7 +13,8 @@ Three entry points, all returning float32 start/end logits:
 Calls are serialised by a lock (static graph buffers are shared). With ``cuda_graphs``
 on, a batch replays the graph of its bucket (``packing.bucket_for``), captured the first
 time that bucket is seen; batches above ``max_graph_tokens`` tokens run eagerly, where
-launch overhead no longer matters. With ``graph_staging`` (and the Triton op set) a call on
+launch overhead no longer matters and the exact token count beats the bucket's padding
+(``graphs.MAX_GRAPH_TOKENS``). With ``graph_staging`` (and the Triton op set) a call on
 device tensors is one graph launch: the graph reads where the inputs are and where the
 logits go from a pinned call table (``engine.fused.call_table``).
 """
@@ -47,7 +48,7 @@ from engine.fused.encoder import (
 )
 from engine.fused.folding import with_folded
 from engine.fused.fp8 import rowwise_out_dtype
-from engine.fused.graphs import GraphCache
+from engine.fused.graphs import MAX_GRAPH_TOKENS, GraphCache
 from engine.fused.packing import (
     TOKEN_BUCKETS_PER_OCTAVE,
     Bucket,
@@ -108,7 +109,7 @@ class FusedEngine:
         backend: str = "auto",
         cuda_graphs: bool = True,
         graph_staging: bool = True,
-        max_graph_tokens: int = 32768,
+        max_graph_tokens: int = MAX_GRAPH_TOKENS,
         graph_buckets_per_octave: int = TOKEN_BUCKETS_PER_OCTAVE,
         max_tokens_per_pass: int = 65536,
         fp8_min_tokens: int = FP8_MIN_TOKENS,

@@ -32,6 +32,15 @@ from engine.fused.packing import Bucket
 # the larger the batch.
 TABLE_MAX_TOKENS = 2048
 
+# Batches above this many tokens run eagerly (the engine's ``max_graph_tokens``): their
+# exact token count, no bucket padding, and the GPU's work hides the host's launches.
+# H200, 2026-11-30, BERT-large calibrated FP8, per call on SQuAD-mix windows
+# (`benchmarks/bucket_padding.py`, 16d10de): eager against the graph (default buckets)
+# 7.6 vs 3.0 ms at 16 windows (~3k tokens: the host's ~7.5 ms of launches show), 9.3 vs
+# 9.8 at 64 (~11k), 17.9 vs 19.0 at 128 (~22k), 35.7 vs 36.5 at 256 (~45k). 16k leaves
+# the host's launches ~half of an eager pass's GPU time.
+MAX_GRAPH_TOKENS = 16384
+
 # forward(ids, token_types, positions, cu_seqlens, n_seqs, max_seqlen) -> logits [2, T]
 Forward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, int], torch.Tensor]
 

@@ -178,6 +178,30 @@ def test_cublaslt_fp8_epilogues_match_spec() -> None:
     assert tanh_err < erf_err
 
 
+def test_cublaslt_plans_evicted_and_remade(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With room for two plans, GEMMs of three sizes in turn destroy and remake plans
+    (their descriptors freed while earlier calls may still run): outputs stay the same
+    bit for bit, and the cache stays within its bound."""
+    import torch
+
+    from engine.fused import cublaslt
+    from engine.fused.fp8 import quantize_rows
+
+    monkeypatch.setattr(cublaslt, "_PLANS", type(cublaslt._PLANS)())
+    monkeypatch.setattr(cublaslt, "MAX_PLANS", 2)
+    g = torch.Generator(device="cuda").manual_seed(4)
+    w8 = (torch.randn((512, 256), generator=g, device="cuda") * 0.05).to(torch.float8_e4m3fn)
+    one = torch.ones(1, device="cuda")
+    xs = [quantize_rows(torch.randn((m, 256), generator=g, device="cuda").half())
+          for m in (300, 301, 302)]
+    first = [cublaslt.fp8_linear(x.data, one, w8, one, torch.float16) for x in xs]
+    later = [cublaslt.fp8_linear(x.data, one, w8, one, torch.float16)
+             for _ in range(3) for x in xs]  # no sync: plans go while their calls run
+    torch.cuda.synchronize()
+    assert len(cublaslt._PLANS) == 2
+    assert all(torch.equal(y, first[i % 3]) for i, y in enumerate(later))
+
+
 def test_cublaslt_fast_accum_and_every_algorithm_match_spec() -> None:
     """Every algorithm the heuristic offers, with and without fast accumulation, computes
     the same row-scaled product (to the FP8 accumulation's error); an index past the
@@ -289,8 +313,9 @@ def test_graph_and_eager_agree_across_buckets() -> None:
 
     eager = FusedEngine.from_pretrained(CHECKPOINT, device="cuda", dtype="float16",
                                         cuda_graphs=False)
-    graphed = FusedEngine(eager.weights, "cuda", cuda_graphs=True)
-    fine = FusedEngine(eager.weights, "cuda", graph_buckets_per_octave=64)
+    graphed = FusedEngine(eager.weights, "cuda", cuda_graphs=True, max_graph_tokens=32768)
+    fine = FusedEngine(eager.weights, "cuda", graph_buckets_per_octave=64,
+                       max_graph_tokens=32768)
     rng = np.random.default_rng(5)
     tokens = []
     for windows, seq in [(1, 128), (3, 384), (1, 128), (17, 200), (64, 384)]:

@@ -102,6 +102,30 @@ def test_first_choice_is_the_tuned_config_and_algo_indexes_the_heuristic(tuned: 
         cublaslt._choose(plan, key, 2, None)
 
 
+def test_plans_are_kept_least_recently_used_first_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The plan cache holds ``MAX_PLANS`` plans and destroys the least recently used beyond
+    them (eager passes make a plan per batch size); a plan used again is kept."""
+    made: list[int] = []
+    destroyed: list[int] = []
+    plans = {m: _plan(False) for m in range(5)}
+    monkeypatch.setattr(cublaslt, "_PLANS", type(cublaslt._PLANS)())
+    monkeypatch.setattr(cublaslt, "MAX_PLANS", 2)
+    monkeypatch.setattr(cublaslt, "_new_plan", lambda key: made.append(key.m) or plans[key.m])
+    monkeypatch.setattr(cublaslt, "_destroy",
+                        lambda plan: destroyed.append(next(m for m, p in plans.items()
+                                                           if p is plan)))
+
+    def key(m: int) -> cublaslt._Key:
+        return cublaslt._Key(m, 16, 32, torch.float16, None, False, False, False, False,
+                             False, True)
+
+    for m in (0, 1, 0, 2, 0, 1):
+        assert cublaslt._plan(key(m)) is plans[m]
+    assert made == [0, 1, 2, 1]  # 0 was used again before 2 came, so 1 went, then 2
+    assert destroyed == [1, 2]
+    assert list(cublaslt._PLANS) == [key(0), key(1)]
+
+
 def test_search_arguments() -> None:
     args = cublaslt_search.parse_args([])
     assert args.tokens == [384] and args.gemms == "qkv,out,ffn1,ffn2" and args.table is None
