@@ -891,7 +891,8 @@ def write_markdown(res: dict[str, Any], path: Path) -> str:
         lines.append("")
     if res.get("mix"):
         cols = ["ours_packed", "ours_fp8_packed", "ours_fp8_calibrated_packed",
-                "ours_fp8_static_all_packed", "ours_packed_no_pdl", "ours_fp8_packed_no_pdl",
+                "ours_fp8_static_all_packed", "ours_fp8_calibrated_packed_graph",
+                "ours_packed_no_pdl", "ours_fp8_packed_no_pdl",
                 "ours_packed_attn_best",
                 "ours_fp8_packed_attn_best", "ours_padded_384", "hf_graph_padded_384",
                 "hf_eager_padded_384"]

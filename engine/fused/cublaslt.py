@@ -206,6 +206,14 @@ def _plan(key: _Key) -> _Plan:
     return plan
 
 
+def clear_plans() -> None:
+    """Destroy every cached plan (the next call makes its plan afresh: after the tuned
+    table or :data:`TUNED` changed)."""
+    with _CALL_LOCK:
+        while _PLANS:
+            _destroy(_PLANS.popitem()[1])
+
+
 def _destroy(plan: _Plan) -> None:
     """Free a plan's descriptors (host memory: work already enqueued does not read them)."""
     lib = _lib()

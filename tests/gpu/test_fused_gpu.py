@@ -530,8 +530,9 @@ def test_cublaslt_search_space_and_tuned_plans(tmp_path: Path, monkeypatch: pyte
     key = cublaslt._key(*args, None, False, None, True)
     try:
         monkeypatch.setattr(cublaslt_table, "TABLE_PATH", table)
-        cublaslt._plan.cache_clear()
-        assert cublaslt._plan(key).tuned == pick
+        cublaslt.clear_plans()
+        with cublaslt._CALL_LOCK:
+            assert cublaslt._plan(key).tuned == pick
         y = cublaslt.fp8_linear(*args, fast_accum=True)
         print(f"tuned {pick}: error {err(y):.2e}, heuristic {err(y0):.2e}")
         assert err(y) < 4e-3
@@ -542,8 +543,9 @@ def test_cublaslt_search_space_and_tuned_plans(tmp_path: Path, monkeypatch: pyte
         assert torch.equal(cublaslt.fp8_linear(*args, fast_accum=True), y0)
         monkeypatch.setattr(cublaslt, "TUNED", True)
         monkeypatch.setattr(cublaslt_table, "TABLE_PATH", other)
-        cublaslt._plan.cache_clear()
-        assert cublaslt._plan(key).tuned is None
+        cublaslt.clear_plans()
+        with cublaslt._CALL_LOCK:
+            assert cublaslt._plan(key).tuned is None
         assert torch.equal(cublaslt.fp8_linear(*args, fast_accum=True), y0)
     finally:
-        cublaslt._plan.cache_clear()
+        cublaslt.clear_plans()
