@@ -1,0 +1,161 @@
+"""Whole-pass A/B of cuBLASLt configurations for the mix's large GEMMs, eagerly, per call.
+
+    python3 benchmarks/large_m_configs.py --out large_m.json \\
+        [--search benchmarks/gpu-2026-11-30-v12-cublaslt-search-49152.json]
+
+``cublaslt_search.py`` at 49,152 tokens found configurations 9-24% faster than the
+heuristic's per GEMM, timed alone; in a graph-replayed mix pass they changed nothing
+(v12). This runs the calibrated FP8 BERT-large engine the way the defaults run the mix
+(eager passes of the batch's exact token count, ``graphs.MAX_GRAPH_TOKENS``) with, per
+variant, the heuristic's choice (``cublaslt.TUNED`` off) or the search's best
+configuration for one or all of the GEMMs it searched (QKV, FFN1 with bias + GELU + e4m3
+out, FFN2), applied at any token count from ``--min-tokens`` (the configurations do not
+depend on M). Per call, ``--draws`` batches of 256 SQuAD-dev-length windows, interleaved
+rounds; then one profiled pass per variant gives each GEMM's own time inside the pass.
+Random weights (timing only); logits are compared with the heuristic's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_SEARCH = REPO / "benchmarks" / "gpu-2026-11-30-v12-cublaslt-search-49152.json"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--search", type=Path, default=DEFAULT_SEARCH)
+    p.add_argument("--min-tokens", type=int, default=16384)
+    p.add_argument("--windows", type=int, default=256)
+    p.add_argument("--draws", type=int, default=4)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--calls", type=int, default=5, help="calls per draw per round")
+    p.add_argument("--commit", default="")
+    p.add_argument("--out", type=Path, default=None)
+    return p.parse_args(argv)
+
+
+def searched(path: Path) -> dict[str, Any]:
+    """GEMM name -> (N, K, GELU) and the search's best configuration, from its JSON."""
+    from engine.fused.cublaslt_algos import AlgoConfig
+
+    out = {}
+    for row in json.loads(path.read_text())["gemms"]:
+        fields = dict(kv.split("=") for kv in row["plan"].split(","))
+        out[row["gemm"]] = {"shape": (int(fields["n"]), int(fields["k"]),
+                                      fields["gelu"] == "True"),
+                            "config": AlgoConfig.from_json(row["best"]["config"])}
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    sys.path.insert(0, str(REPO))
+    import numpy as np
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from benchmarks.bench_gpu import device_packed, make_hf, make_ours, random_padded, squad_lengths
+    from engine.fused import cublaslt
+
+    best = {g: v for g, v in searched(args.search).items() if g in ("qkv", "ffn1", "ffn2")}
+    variants: dict[str, dict[str, Any]] = {"heuristic": {}, "searched_all": best,
+                                           **{f"searched_{g}": {g: v} for g, v in best.items()}}
+    chosen: dict[tuple[int, int, bool], Any] = {}
+
+    def tuned_config(key: Any) -> Any:  # stands in for the tuned table
+        return chosen.get((key.n, key.k, key.gelu)) if key.m >= args.min_tokens else None
+
+    cublaslt._tuned_config = tuned_config  # type: ignore[assignment]
+
+    def use(name: str) -> None:
+        chosen.clear()
+        chosen.update({v["shape"]: v["config"] for v in variants[name].values()})
+        cublaslt.TUNED = name != "heuristic"
+        cublaslt.clear_plans()
+
+    lengths = squad_lengths()
+    model, cfg = make_hf("bert-large")
+    eng = make_ours(model, cfg, dtype="fp8")
+    del model
+    cal_rng = np.random.default_rng(4)
+    eng.calibrate(*random_padded(cal_rng, 256, 384, cal_rng.choice(lengths, 256)))
+    rng = np.random.default_rng(3)
+    sets = [random_padded(rng, args.windows, 384, rng.choice(lengths, args.windows))
+            for _ in range(args.draws)]
+    inputs = [device_packed(*s) for s in sets]
+    result: dict[str, Any] = {
+        "gpu": torch.cuda.get_device_name(), "commit": args.commit,
+        "date": time.strftime("%Y-%m-%d"), "tokens": [int(s[1].sum()) for s in sets],
+        "search": args.search.name, "variants": {}}
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    with torch.inference_mode():
+        use("heuristic")
+        ref = [eng._run_device(*x) for x in inputs]
+        for name, chosen_gemms in variants.items():
+            use(name)
+            diff = max(float((eng._run_device(*x) - r).abs().max())
+                       for x, r in zip(inputs, ref, strict=True))
+            applied = sum(plan.tuned is not None for plan in cublaslt._PLANS.values())
+            result["variants"][name] = {
+                "configs": {g: v["config"].to_json() for g, v in chosen_gemms.items()},
+                "plans_configured": applied,  # of the draws' plans: cuBLASLt took them
+                "max_abs_vs_heuristic": diff, "round_ms": []}
+        for r in range(args.rounds):
+            for name in variants:
+                use(name)
+                for x in inputs:  # warm: new plans, the previous variant's clocks
+                    eng._run_device(*x)
+                start.record()
+                for _ in range(args.calls):
+                    for x in inputs:
+                        eng._run_device(*x)
+                end.record()
+                end.synchronize()
+                result["variants"][name]["round_ms"].append(
+                    start.elapsed_time(end) / (args.calls * len(inputs)))
+            print(f"round {r + 1}/{args.rounds}: " + " ".join(
+                f"{n}={v['round_ms'][-1]:.2f}" for n, v in result["variants"].items()),
+                flush=True)
+        for name in variants:  # each GEMM kernel's own time inside one pass
+            use(name)
+            eng._run_device(*inputs[-1])
+            torch.cuda.synchronize()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                eng._run_device(*inputs[-1])
+                torch.cuda.synchronize()
+            trace = Path(tempfile.mkdtemp()) / "trace.json"
+            prof.export_chrome_trace(str(trace))
+            per: dict[str, list[float]] = defaultdict(list)
+            for e in json.loads(trace.read_text())["traceEvents"]:
+                if e.get("cat") == "kernel" and ("nvjet" in e["name"] or "gemm" in e["name"]):
+                    per[e["name"]].append(float(e["dur"]))
+            result["variants"][name]["kernels_us"] = {
+                k: {"count": len(v), "mean": statistics.mean(v)} for k, v in per.items()}
+    print(f"\nbert-large calibrated FP8, eager, {args.draws} x {args.windows} windows "
+          f"(tokens {min(result['tokens'])}-{max(result['tokens'])}), per call:")
+    for name, v in result["variants"].items():
+        v["median_ms"] = statistics.median(v["round_ms"])
+        print(f"  {name:16s} {v['median_ms']:8.3f} ms ({min(v['round_ms']):.3f}-"
+              f"{max(v['round_ms']):.3f})  {args.windows / v['median_ms'] * 1e3:7.0f} "
+              f"windows/s  max|diff| {v['max_abs_vs_heuristic']:.1e}  "
+              f"{v['plans_configured']} plans configured")
+        for k, s in sorted(v["kernels_us"].items(), key=lambda kv: -kv[1]["mean"]):
+            print(f"      {s['count']:3d} x {s['mean']:7.1f} us  {k[:70]}")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
