@@ -286,8 +286,8 @@ def _device_name() -> str:
 
 def _tuned_config(key: _Key) -> AlgoConfig | None:
     """The tuned table's configuration for this GEMM on this GPU and cuBLASLt, if any."""
-    table = cublaslt_table.load_table()
-    return table.get(cublaslt_table.TableKey(_device_name(), version(), key.name()))
+    return cublaslt_table.find(cublaslt_table.load_table(),
+                               cublaslt_table.TableKey(_device_name(), version(), key.name()))
 
 
 def _checked(plan: _Plan, config: AlgoConfig) -> cublaslt_algos.Algo | None:

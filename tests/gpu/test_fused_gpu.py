@@ -495,8 +495,8 @@ def test_cublaslt_search_space_and_tuned_plans(tmp_path: Path, monkeypatch: pyte
     choice; that choice run
     from its fields (``config=``) is its ``algo=0`` bit for bit; a tuned-table entry (a
     split-K one where cuBLASLt offers any) becomes the plan's first choice and computes
-    the same product; with ``TUNED`` off, or a table for another GPU, the heuristic's
-    choice runs."""
+    the same product, and so does an entry for a row range holding the shape's; with
+    ``TUNED`` off, or a table for another GPU, the heuristic's choice runs."""
     import json
 
     import torch
@@ -542,6 +542,16 @@ def test_cublaslt_search_space_and_tuned_plans(tmp_path: Path, monkeypatch: pyte
         monkeypatch.setattr(cublaslt, "TUNED", False)
         assert torch.equal(cublaslt.fp8_linear(*args, fast_accum=True), y0)
         monkeypatch.setattr(cublaslt, "TUNED", True)
+        # An entry for a row range holding m (what eager passes of any size look up).
+        ranged = tmp_path / "ranged.json"
+        plan = space.entry(pick)["plan"]
+        assert isinstance(plan, str) and plan.startswith(f"m={m},")
+        ranged.write_text(json.dumps([{**space.entry(pick),
+                                       "plan": plan.replace(f"m={m},", f"m={m - 1}-{m + 1},")}]))
+        monkeypatch.setattr(cublaslt_table, "TABLE_PATH", ranged)
+        cublaslt.clear_plans()
+        with cublaslt._CALL_LOCK:
+            assert cublaslt._plan(key).tuned == pick
         monkeypatch.setattr(cublaslt_table, "TABLE_PATH", other)
         cublaslt.clear_plans()
         with cublaslt._CALL_LOCK:

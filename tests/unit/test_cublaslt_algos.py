@@ -44,11 +44,34 @@ def test_table_loads_entries_by_gpu_version_and_plan(tmp_path: Path) -> None:
     assert cublaslt_table.load_table(tmp_path / "absent.json") == {}
 
 
+def test_find_prefers_the_exact_plan_then_a_row_range(tmp_path: Path) -> None:
+    """Eager passes make a plan per token count: an entry may name its rows as an inclusive
+    range, used for plans inside it whose other fields match, after an exact entry."""
+    exact, ranged, other = AlgoConfig(1), AlgoConfig(2), AlgoConfig(3)
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps([_entry("m=30000,n=8", exact), _entry("m=20000-40000,n=8", ranged),
+                                _entry("m=20000-40000,n=9", other),
+                                _entry("m=20000-40000,n=8", other, version=1)]))
+    table = cublaslt_table.load_table(path)
+
+    def find(plan: str) -> AlgoConfig | None:
+        return cublaslt_table.find(table, TableKey("NVIDIA H200", 130000, plan))
+
+    assert find("m=30000,n=8") == exact
+    assert [find(f"m={m},n=8") for m in (19999, 20000, 31234, 40000, 40001)] == [
+        None, ranged, ranged, ranged, None]
+    assert find("m=30001,n=9") == other and find("m=30001,n=10") is None
+
+
 @pytest.mark.parametrize(("text", "message"), [
     ("{}", "JSON list"),
     ("[{", "Expecting"),
     ('[{"gpu": "g", "cublaslt_version": 1, "plan": "p"}]', "entry 0: KeyError"),
     ('[{"gpu": "g", "cublaslt_version": 1, "plan": "p", "config": {"tile": 1}}]', "entry 0"),
+    ('[{"gpu": "g", "cublaslt_version": 1, "plan": "m=9-8,n=1", "config": {"algo_id": 1}}]',
+     "empty row range"),
+    ('[{"gpu": "g", "cublaslt_version": 1, "plan": "n=1", "config": {"algo_id": 1}}]',
+     "does not start with m="),
 ])
 def test_an_unreadable_table_is_ignored_with_a_warning(tmp_path: Path, text: str,
                                                        message: str) -> None:
