@@ -1,0 +1,31 @@
+"""``benchmarks/plot_bucket_padding.py`` on the recorded v13 run (no GPU needed)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+
+def test_series_follow_the_recorded_run(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib")
+    from benchmarks import plot_bucket_padding as plot
+
+    results = json.loads(plot.DEFAULT_RESULTS.read_text())
+    lines = plot.series(results)
+    assert list(lines) == ["eager", "graph/8", "graph/64"]
+    for pts in lines.values():  # one point per batch size, by token count
+        assert len(pts) == len(results["batches"]) == 5
+        assert [t for t, _ in pts] == sorted(t for t, _ in pts)
+    # What the engine's default rests on: graphs win on small batches, eager passes from
+    # ~11k tokens up.
+    eager, graph = dict(lines["eager"]), dict(lines["graph/8"])
+    assert all((eager[t] > graph[t]) == (t > 10_000) for t in eager)
+    fig = plot.plot(lines, 16384, "test")
+    out = tmp_path / "f.png"
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    FigureCanvasAgg(fig)
+    fig.savefig(out)
+    assert out.stat().st_size > 10_000
