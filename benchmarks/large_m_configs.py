@@ -9,10 +9,12 @@ heuristic's per GEMM, timed alone; in a graph-replayed mix pass they changed not
 (eager passes of the batch's exact token count, ``graphs.MAX_GRAPH_TOKENS``) with, per
 variant, the heuristic's choice (``cublaslt.TUNED`` off) or the search's best
 configuration for one or all of the GEMMs it searched (QKV, FFN1 with bias + GELU + e4m3
-out, FFN2), applied at any token count from ``--min-tokens`` (the configurations do not
-depend on M). Per call, ``--draws`` batches of 256 SQuAD-dev-length windows, interleaved
-rounds; then one profiled pass per variant gives each GEMM's own time inside the pass.
-Random weights (timing only); logits are compared with the heuristic's.
+out, FFN2; with ``--static-all`` also the out-projection, FP8 only on that path),
+applied at any token count from ``--min-tokens`` (the configurations do not depend on
+M). Per call, ``--draws`` batches of ``--windows`` SQuAD-dev-length windows,
+interleaved rounds; then one profiled pass per variant gives each GEMM's own time
+inside the pass. Random weights (timing only); logits are compared with the
+heuristic's.
 """
 
 from __future__ import annotations
@@ -40,6 +42,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--draws", type=int, default=4)
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--calls", type=int, default=5, help="calls per draw per round")
+    p.add_argument("--static-all", action="store_true",
+                   help="every GEMM input static (the opt-in fastest FP8 path): the "
+                        "out-projection's cuBLASLt GEMM joins the A/B")
     p.add_argument("--commit", default="")
     p.add_argument("--out", type=Path, default=None)
     return p.parse_args(argv)
@@ -65,12 +70,22 @@ def main(argv: list[str] | None = None) -> None:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from benchmarks.bench_gpu import device_packed, make_hf, make_ours, random_padded, squad_lengths
+    from benchmarks.bench_gpu import (
+        device_packed,
+        make_hf,
+        make_ours,
+        random_padded,
+        squad_lengths,
+        static_everywhere,
+    )
     from engine.fused import cublaslt
 
-    best = {g: v for g, v in searched(args.search).items() if g in ("qkv", "ffn1", "ffn2")}
+    gemms = ("qkv", "out", "ffn1", "ffn2") if args.static_all else ("qkv", "ffn1", "ffn2")
+    best = {g: v for g, v in searched(args.search).items() if g in gemms}
     variants: dict[str, dict[str, Any]] = {"heuristic": {}, "searched_all": best,
                                            **{f"searched_{g}": {g: v} for g, v in best.items()}}
+    if args.static_all:
+        variants["searched_qkv_out"] = {g: best[g] for g in ("qkv", "out")}
     chosen: dict[tuple[int, int, bool], Any] = {}
 
     def tuned_config(key: Any) -> Any:  # stands in for the tuned table
@@ -90,6 +105,8 @@ def main(argv: list[str] | None = None) -> None:
     del model
     cal_rng = np.random.default_rng(4)
     eng.calibrate(*random_padded(cal_rng, 256, 384, cal_rng.choice(lengths, 256)))
+    if args.static_all:
+        eng = static_everywhere(eng)
     rng = np.random.default_rng(3)
     sets = [random_padded(rng, args.windows, 384, rng.choice(lengths, args.windows))
             for _ in range(args.draws)]
@@ -97,7 +114,7 @@ def main(argv: list[str] | None = None) -> None:
     result: dict[str, Any] = {
         "gpu": torch.cuda.get_device_name(), "commit": args.commit,
         "date": time.strftime("%Y-%m-%d"), "tokens": [int(s[1].sum()) for s in sets],
-        "search": args.search.name, "variants": {}}
+        "search": args.search.name, "static_all": args.static_all, "variants": {}}
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     with torch.inference_mode():
         use("heuristic")
@@ -142,8 +159,10 @@ def main(argv: list[str] | None = None) -> None:
                     per[e["name"]].append(float(e["dur"]))
             result["variants"][name]["kernels_us"] = {
                 k: {"count": len(v), "mean": statistics.mean(v)} for k, v in per.items()}
-    print(f"\nbert-large calibrated FP8, eager, {args.draws} x {args.windows} windows "
-          f"(tokens {min(result['tokens'])}-{max(result['tokens'])}), per call:")
+    kind = " (all static)" if args.static_all else ""
+    tokens = f"{min(result['tokens'])}-{max(result['tokens'])}"
+    print(f"\nbert-large calibrated FP8{kind}, eager, {args.draws} x {args.windows} windows "
+          f"(tokens {tokens}), per call:")
     for name, v in result["variants"].items():
         v["median_ms"] = statistics.median(v["round_ms"])
         print(f"  {name:16s} {v['median_ms']:8.3f} ms ({min(v['round_ms']):.3f}-"
