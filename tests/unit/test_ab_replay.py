@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import json
+from pathlib import Path
 
 import pytest
 
@@ -101,3 +103,34 @@ def test_gemm_benchmarks_share_one_command_line() -> None:
     bench = Path(gemm_cli.__file__).parent
     for name in ("cublaslt_fp8.py", "fp8_gemm_tuning.py", "fp8_scaling.py"):
         assert "gemm_cli.parse_args(__doc__" in (bench / name).read_text(), name
+
+
+def test_bucket_padding_arguments() -> None:
+    from benchmarks import bucket_padding
+
+    args = bucket_padding.parse_args(["--windows", "16,256", "--per-octave", "8,64"])
+    assert args.windows == [16, 256] and args.per_octave == [8, 64] and args.dtype == "fp8"
+    for bad in (["--windows", "0"], ["--per-octave", "8,-1"], ["--dtype", "int8"]):
+        with pytest.raises(SystemExit):
+            bucket_padding.parse_args(bad)
+
+
+def test_large_m_configs_reads_the_recorded_search() -> None:
+    """The v12 search at 49,152 tokens: each GEMM's (N, K, GELU) from its plan string and
+    its best configuration (what ``large_m_configs`` A/Bs in whole passes)."""
+    from benchmarks import large_m_configs
+
+    best = large_m_configs.searched(large_m_configs.DEFAULT_SEARCH)
+    assert {g: v["shape"] for g, v in best.items()} == {
+        "qkv": (3072, 1024, False), "out": (1024, 1024, False), "ffn1": (4096, 1024, True),
+        "ffn2": (1024, 4096, False)}
+    # The shipped table's row-range entry is QKV's searched configuration.
+    from engine.fused.cublaslt_algos import AlgoConfig
+
+    table = json.loads((Path(large_m_configs.REPO) / "engine" / "fused"
+                        / "cublaslt_tuned.json").read_text())
+    ranged = [e for e in table if "-" in e["plan"].partition(",")[0]]
+    assert [AlgoConfig.from_json(e["config"]) for e in ranged] == [best["qkv"]["config"]]
+    assert ranged[0]["plan"].partition(",")[2].startswith("n=3072,k=1024,out=float16,")
+    args = large_m_configs.parse_args(["--static-all", "--windows", "128"])
+    assert args.static_all and args.windows == 128 and args.min_tokens == 16384
