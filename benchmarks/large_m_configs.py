@@ -14,7 +14,8 @@ applied at any token count from ``--min-tokens`` (the configurations do not depe
 M). Per call, ``--draws`` batches of ``--windows`` SQuAD-dev-length windows,
 interleaved rounds; then one profiled pass per variant gives each GEMM's own time
 inside the pass. Random weights (timing only); logits are compared with the
-heuristic's.
+heuristic's. ``--table`` writes a row-range entry (``--rows``) for each GEMM whose
+configuration alone won every round (:func:`table_entries`).
 """
 
 from __future__ import annotations
@@ -45,13 +46,62 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--static-all", action="store_true",
                    help="every GEMM input static (the opt-in fastest FP8 path): the "
                         "out-projection's cuBLASLt GEMM joins the A/B")
+    p.add_argument("--table", nargs="?", type=Path, default=None, const=Path("DEFAULT"),
+                   help="write row-range entries for the GEMMs whose configuration alone won "
+                        "(see table_entries) to this tuned table (no value: the engine's)")
+    p.add_argument("--rows", type=_row_range, default=(16384, 65536),
+                   help="LO-HI: the row range the table entries cover")
+    p.add_argument("--min-gain", type=float, default=0.01,
+                   help="relative gain in ms per batch a table entry needs")
     p.add_argument("--commit", default="")
     p.add_argument("--out", type=Path, default=None)
     return p.parse_args(argv)
 
 
+def _row_range(text: str) -> tuple[int, int]:
+    lo, sep, hi = text.partition("-")
+    try:
+        rows = (int(lo), int(hi))
+    except ValueError:
+        rows = (1, 0)
+    if not sep or not 1 <= rows[0] <= rows[1]:
+        raise argparse.ArgumentTypeError(f"expected LO-HI with 1 <= LO <= HI, got {text!r}")
+    return rows
+
+
+def table_entries(results: list[dict[str, Any]], best: dict[str, Any], rows: tuple[int, int],
+                  min_gain: float) -> list[dict[str, Any]]:
+    """Tuned-table entries over ``rows`` for each GEMM whose configuration alone
+    (variant ``searched_<gemm>``) beat the heuristic in every run: every round faster than
+    the heuristic's fastest round, and the median at least ``min_gain`` faster."""
+    entries = []
+    for gemm, chosen in best.items():
+        measured = {}
+        for res in results:
+            base, var = res["variants"]["heuristic"], res["variants"].get(f"searched_{gemm}")
+            if var is None:
+                break
+            b, v = statistics.median(base["round_ms"]), statistics.median(var["round_ms"])
+            if max(var["round_ms"]) >= min(base["round_ms"]) or v > (1 - min_gain) * b:
+                break
+            tokens = f"{min(res['tokens']):,}-{max(res['tokens']):,} tokens"
+            measured[f"{res.get('windows', '?')} windows ({tokens})"] = {
+                "heuristic_ms": round(b, 3), "ms": round(v, 3)}
+        else:
+            head = results[-1]
+            entries.append({
+                "gpu": head["gpu"], "cublaslt_version": head["cublaslt_version"],
+                "plan": f"m={rows[0]}-{rows[1]},{chosen['plan_rest']}",
+                "config": chosen["config"].to_json(),
+                "source": "benchmarks/large_m_configs.py: whole eager passes of calibrated "
+                          "FP8 BERT-large on SQuAD-mix windows, ms per batch per call",
+                "measured": measured, "date": head["date"], "commit": head["commit"]})
+    return entries
+
+
 def searched(path: Path) -> dict[str, Any]:
-    """GEMM name -> (N, K, GELU) and the search's best configuration, from its JSON."""
+    """GEMM name -> (N, K, GELU), its plan's fields but m, and the search's best
+    configuration, from the search's JSON."""
     from engine.fused.cublaslt_algos import AlgoConfig
 
     out = {}
@@ -59,6 +109,7 @@ def searched(path: Path) -> dict[str, Any]:
         fields = dict(kv.split("=") for kv in row["plan"].split(","))
         out[row["gemm"]] = {"shape": (int(fields["n"]), int(fields["k"]),
                                       fields["gelu"] == "True"),
+                            "plan_rest": row["plan"].partition(",")[2],  # all but m
                             "config": AlgoConfig.from_json(row["best"]["config"])}
     return out
 
@@ -112,8 +163,9 @@ def main(argv: list[str] | None = None) -> None:
             for _ in range(args.draws)]
     inputs = [device_packed(*s) for s in sets]
     result: dict[str, Any] = {
-        "gpu": torch.cuda.get_device_name(), "commit": args.commit,
-        "date": time.strftime("%Y-%m-%d"), "tokens": [int(s[1].sum()) for s in sets],
+        "gpu": torch.cuda.get_device_name(), "cublaslt_version": cublaslt.version(),
+        "commit": args.commit, "date": time.strftime("%Y-%m-%d"), "windows": args.windows,
+        "tokens": [int(s[1].sum()) for s in sets],
         "search": args.search.name, "static_all": args.static_all, "variants": {}}
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     with torch.inference_mode():
@@ -174,6 +226,15 @@ def main(argv: list[str] | None = None) -> None:
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1))
+    if args.table:
+        from benchmarks.cublaslt_search import _write_table
+        from engine.fused import cublaslt_table
+
+        entries = table_entries([result], best, args.rows, args.min_gain)
+        path = cublaslt_table.TABLE_PATH if str(args.table) == "DEFAULT" else args.table
+        _write_table(path, entries)
+        print(f"wrote {len(entries)} entries to {path}: "
+              + (", ".join(e["plan"].split(",k=")[0] for e in entries) or "none"))
 
 
 if __name__ == "__main__":

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 import pytest
 
@@ -124,13 +123,46 @@ def test_large_m_configs_reads_the_recorded_search() -> None:
     assert {g: v["shape"] for g, v in best.items()} == {
         "qkv": (3072, 1024, False), "out": (1024, 1024, False), "ffn1": (4096, 1024, True),
         "ffn2": (1024, 4096, False)}
-    # The shipped table's row-range entry is QKV's searched configuration.
-    from engine.fused.cublaslt_algos import AlgoConfig
-
-    table = json.loads((Path(large_m_configs.REPO) / "engine" / "fused"
+    # The shipped table's row-range entry is what table_entries makes of the recorded
+    # runs: QKV's configuration won every round at 128, 192 and 256 windows; FFN1's and
+    # FFN2's did not (FFN1's kernel was faster inside the pass, the pass was not).
+    runs = [json.loads((large_m_configs.REPO / "benchmarks"
+                        / f"gpu-2026-11-30-v13-large-m-configs-{w}.json").read_text())
+            for w in (128, 192, 256)]
+    three = {g: v for g, v in best.items() if g != "out"}
+    made = large_m_configs.table_entries(runs, three, (20480, 65536), 0.01)
+    table = json.loads((large_m_configs.REPO / "engine" / "fused"
                         / "cublaslt_tuned.json").read_text())
     ranged = [e for e in table if "-" in e["plan"].partition(",")[0]]
-    assert [AlgoConfig.from_json(e["config"]) for e in ranged] == [best["qkv"]["config"]]
-    assert ranged[0]["plan"].partition(",")[2].startswith("n=3072,k=1024,out=float16,")
-    args = large_m_configs.parse_args(["--static-all", "--windows", "128"])
-    assert args.static_all and args.windows == 128 and args.min_tokens == 16384
+    assert ranged == made and [e["plan"][:28] for e in made] == ["m=20480-65536,n=3072,k=1024,"]
+    # All static: the out-projection's configuration lost a round to the heuristic.
+    static = json.loads((large_m_configs.REPO / "benchmarks"
+                         / "gpu-2026-11-30-v13-large-m-configs-static-all-256.json").read_text())
+    assert [e["plan"][:20] for e in large_m_configs.table_entries([static], best, (1, 2), 0.01)
+            ] == ["m=1-2,n=3072,k=1024,"]
+    assert large_m_configs.table_entries(runs, three, (1, 2), 0.03) == []  # gains < 3%
+    args = large_m_configs.parse_args(["--static-all", "--windows", "128", "--rows", "9-10"])
+    assert args.static_all and args.windows == 128 and args.rows == (9, 10)
+    for bad in ("10-9", "0-5", "5", "a-b"):
+        with pytest.raises(SystemExit):
+            large_m_configs.parse_args(["--rows", bad])
+
+
+def test_table_entries_need_every_round_faster() -> None:
+    """A configuration whose median wins by 5% but one of whose rounds is no faster than
+    the heuristic's fastest gets no entry: the rounds overlap."""
+    from benchmarks import large_m_configs
+
+    best = {g: v for g, v in large_m_configs.searched(large_m_configs.DEFAULT_SEARCH).items()
+            if g == "qkv"}
+
+    def run(rounds: list[float]) -> dict[str, object]:
+        return {"gpu": "g", "cublaslt_version": 1, "date": "d", "commit": "c", "windows": 8,
+                "tokens": [100, 120], "variants": {
+                    "heuristic": {"round_ms": [10.0, 10.0, 9.0]},
+                    "searched_qkv": {"round_ms": rounds}}}
+
+    assert large_m_configs.table_entries([run([9.4, 9.5, 9.45])], best, (1, 2), 0.01) == []
+    made = large_m_configs.table_entries([run([8.5, 8.6, 8.9])], best, (1, 2), 0.01)
+    assert [e["measured"] for e in made] == [
+        {"8 windows (100-120 tokens)": {"heuristic_ms": 10.0, "ms": 8.6}}]
