@@ -9,9 +9,9 @@ Sections, each guarded (a failure is recorded and the run goes on), results writ
 1. ceilings   measured bf16 GEMM rate and device-copy bandwidth (the floors' denominators)
 2. parity     random BERT-base (fp16, bf16, fp8) vs HF fp32, random lengths
 3. latency    BERT-base / BERT-large, RANDOM WEIGHTS, full-length batches 1/32/128 x 128/384:
-              HF eager (SDPA), HF + CUDA graph, ours (engine defaults: graphs up to
-              ``max_graph_tokens``, eager passes above; no graph; FP8); median
-              and p99 of CUDA-event times, 4 rotating random input sets
+              HF eager (SDPA), HF + CUDA graph, ours (graph at every shape, no graph,
+              FP8 + graph); median and p99 of CUDA-event times, 4 rotating random
+              input sets
 4. mix        windows whose lengths are drawn from the tokenized SQuAD v1.1 dev set:
               ours packed (padding-free; at ~45k tokens the defaults run eagerly, and
               one column replays graphs) vs ours and HF padded to 384; windows/s
@@ -185,13 +185,13 @@ def make_ours(model, cfg, **kw):  # type: ignore[no-untyped-def]
                                        device="cuda", **kw)
 
 
-def static_everywhere(calibrated):  # type: ignore[no-untyped-def]
+def static_everywhere(calibrated, **kw):  # type: ignore[no-untyped-def]
     """``calibrated``'s weights (with their static scales) and every GEMM's input static:
     the opt-in fastest FP8 path (the default leaves the attention output per token)."""
     from engine.fused.calibration import GEMMS
     from engine.fused.engine import FusedEngine
 
-    return FusedEngine(calibrated.weights, "cuda", fp8_static_inputs=GEMMS)
+    return FusedEngine(calibrated.weights, "cuda", fp8_static_inputs=GEMMS, **kw)
 
 
 def random_padded(rng, windows: int, seq: int, lengths=None):  # type: ignore[no-untyped-def]
@@ -350,7 +350,10 @@ def section_latency(res: dict[str, Any], name: str, deadline: float) -> None:
     from engine.fused.torch_ops import stage_inputs as torch_stage
 
     model, cfg = make_hf(name)
-    ours = make_ours(model, cfg, dtype="float16")
+    # Graphs at every shape, 128 x 384 too (the defaults run batches above
+    # max_graph_tokens eagerly): the graph and replay columns time graphs.
+    graphs = {"max_graph_tokens": 1 << 20}
+    ours = make_ours(model, cfg, dtype="float16", **graphs)
     from engine.fused.engine import FusedEngine
 
     ours_eager = FusedEngine(ours.weights, "cuda", cuda_graphs=False)
@@ -363,14 +366,14 @@ def section_latency(res: dict[str, Any], name: str, deadline: float) -> None:
         # v10's call: staging kernel + graph + logits copy (three launches, no call table)
         "ours_graph_three_launches": {"graph_staging": False},
     }
-    alt_engines = {key: FusedEngine(ours.weights, "cuda", **kw)  # type: ignore[arg-type]
+    alt_engines = {key: FusedEngine(ours.weights, "cuda", **{**graphs, **kw})  # type: ignore[arg-type]
                    for key, kw in alt.items()}
-    ours_fp8 = make_ours(model, cfg, dtype="fp8")
+    ours_fp8 = make_ours(model, cfg, dtype="fp8", **graphs)
     # Static FP8 scales (every GEMM per-tensor, FFN1's epilogue writing FFN2's input),
     # calibrated on other random windows: FP8 from 129 tokens up.
-    ours_cal = FusedEngine(ours_fp8.weights, "cuda")
+    ours_cal = FusedEngine(ours_fp8.weights, "cuda", **graphs)
     ours_cal.calibrate(*random_padded(np.random.default_rng(7), 64, 384))
-    ours_all = static_everywhere(ours_cal)
+    ours_all = static_everywhere(ours_cal, **graphs)
     rows = res.setdefault("latency", [])
     rng = np.random.default_rng(2)
     shapes = [s for s in SHAPES if OPTS["shapes"] is None or f"{name}:{s[0]}x{s[1]}" in OPTS["shapes"]]

@@ -204,7 +204,10 @@ def _write_table(path: Path, entries: list[dict[str, Any]]) -> None:
     old = json.loads(path.read_text()) if path.exists() else []
     cublaslt_table.parse(old, str(path))  # refuse to extend a table that does not parse
     new_keys = {cublaslt_table.entry_key(e) for e in entries}
-    kept = [e for e in old if cublaslt_table.entry_key(e) not in new_keys]
+    # An entry replaces the one for the same key, and row ranges of the same GEMM it overlaps.
+    kept = [e for e in old if not any(
+        k == cublaslt_table.entry_key(e) or cublaslt_table.overlaps(k, cublaslt_table.entry_key(e))
+        for k in new_keys)]
     path.write_text(json.dumps(kept + entries, indent=1) + "\n")
 
 

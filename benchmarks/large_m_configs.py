@@ -49,8 +49,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--table", nargs="?", type=Path, default=None, const=Path("DEFAULT"),
                    help="write row-range entries for the GEMMs whose configuration alone won "
                         "(see table_entries) to this tuned table (no value: the engine's)")
-    p.add_argument("--rows", type=_row_range, default=(16384, 65536),
-                   help="LO-HI: the row range the table entries cover")
+    p.add_argument("--rows", type=_row_range, default=None,
+                   help="LO-HI: the row range the table entries cover (default: from the "
+                        "smallest batch measured, rounded down to 1,024, to 65,536)")
     p.add_argument("--min-gain", type=float, default=0.01,
                    help="relative gain in ms per batch a table entry needs")
     p.add_argument("--commit", default="")
@@ -230,7 +231,8 @@ def main(argv: list[str] | None = None) -> None:
         from benchmarks.cublaslt_search import _write_table
         from engine.fused import cublaslt_table
 
-        entries = table_entries([result], best, args.rows, args.min_gain)
+        rows = args.rows or (min(result["tokens"]) // 1024 * 1024, 65536)
+        entries = table_entries([result], best, rows, args.min_gain)
         path = cublaslt_table.TABLE_PATH if str(args.table) == "DEFAULT" else args.table
         _write_table(path, entries)
         print(f"wrote {len(entries)} entries to {path}: "

@@ -201,14 +201,15 @@ def _plan(key: _Key) -> _Plan:
         _PLANS.move_to_end(key)
         return plan
     plan = _PLANS[key] = _new_plan(key)
-    while len(_PLANS) > MAX_PLANS:
+    while len(_PLANS) > max(1, MAX_PLANS):  # never the plan just made
         _destroy(_PLANS.popitem(last=False)[1])
     return plan
 
 
 def clear_plans() -> None:
-    """Destroy every cached plan (the next call makes its plan afresh: after the tuned
-    table or :data:`TUNED` changed)."""
+    """Destroy every cached plan: the next call of each shape makes its plan afresh,
+    looking the tuned table up again (after ``cublaslt_table.TABLE_PATH`` changed: tables
+    are read once per path)."""
     with _CALL_LOCK:
         while _PLANS:
             _destroy(_PLANS.popitem()[1])
@@ -253,6 +254,22 @@ def _new_plan(key: _Key) -> _Plan:
                  _layout(out, key.n, key.m, key.n),
                  cublaslt_algos.Types(_COMPUTE_32F, _R_32F, _R_8F_E4M3, _R_8F_E4M3, c_type, out),
                  [])
+    try:
+        _fill(plan, key)
+    except BaseException:
+        _destroy(plan)
+        raise
+    return plan
+
+
+# (configuration, plan without its row count) pairs cuBLASLt refused, warned about once:
+# a row-range entry would otherwise warn for every batch size.
+_REFUSED: set[tuple[AlgoConfig, str]] = set()
+
+
+def _fill(plan: _Plan, key: _Key) -> None:
+    """The heuristic's algorithms and the tuned table's choice, into a new plan."""
+    lib, desc = _lib(), plan.desc
     pref = ctypes.c_void_p()
     _check(lib.cublasLtMatmulPreferenceCreate(ctypes.byref(pref)), "preference")
     ws = ctypes.c_uint64(_WORKSPACE_BYTES)
@@ -272,12 +289,12 @@ def _new_plan(key: _Key) -> _Plan:
     config = _tuned_config(key) if key.tuned else None
     if config is not None:
         algo = _checked(plan, config)
-        if algo is None:
-            warnings.warn(f"cuBLASLt refuses the tuned table's {config} for {key.name()}: "
-                          "running the heuristic's choice", RuntimeWarning, stacklevel=4)
-        else:
+        if algo is not None:
             plan.tuned, plan.configured[config] = config, algo
-    return plan
+        elif (config, key.name().partition(",")[2]) not in _REFUSED:
+            _REFUSED.add((config, key.name().partition(",")[2]))
+            warnings.warn(f"cuBLASLt refuses the tuned table's {config} for {key.name()}: "
+                          "running the heuristic's choice", RuntimeWarning, stacklevel=5)
 
 
 def _device_name() -> str:
@@ -382,7 +399,9 @@ def search_space(xq: torch.Tensor, x_scale: torch.Tensor, w8: torch.Tensor,
     key = _key(xq, x_scale, w8, w_scale, out_dtype, bias, gelu, out_scale, fast_accum)
     lib, handle = _lib(), _handle()
     report: list[dict[str, Any]] = []
-    with _CALL_LOCK:  # the plan stays cached (not destroyed) while its grid is checked
+    # The plan stays cached (not destroyed) while its grid is checked; inference on other
+    # threads waits meanwhile (seconds: a benchmark's tool, not a serving path).
+    with _CALL_LOCK:
         plan = _plan(key)
         found = cublaslt_algos.candidates(lib, handle, plan.types, plan.desc, plan.layouts(),
                                           _WORKSPACE_BYTES, swizzle, max_checks, report)

@@ -6,12 +6,14 @@ reported and ignored (the heuristic runs), never an error at inference time.
 
 A plan names its row count exactly (``m=384,n=4096,...``), or as an inclusive range
 (``m=20480-65536,n=3072,...``) for many-token batches, which eager passes run at their
-exact token count: every batch size is a plan there. :func:`find` prefers an exact entry.
+exact token count: every batch size is a plan there. :func:`find` prefers an exact entry;
+the ranges of one GEMM must not overlap.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import warnings
 from dataclasses import dataclass
 from functools import cache
@@ -37,27 +39,49 @@ def entry_key(entry: dict[str, Any]) -> TableKey:
     return TableKey(str(entry["gpu"]), int(entry["cublaslt_version"]), str(entry["plan"]))
 
 
+_ROWS = re.compile(r"m=([1-9][0-9]*)(?:-([1-9][0-9]*))?")
+
+
 def rows(plan: str) -> tuple[int, int]:
-    """The inclusive row range of a plan string (``m=384,...`` or ``m=LO-HI,...``)."""
+    """The inclusive row range of a plan string (``m=384,...`` or ``m=LO-HI,...``, positive
+    decimal integers, LO <= HI)."""
     head = plan.partition(",")[0]
-    if not head.startswith("m="):
-        raise ValueError(f"plan {plan!r} does not start with m=")
-    lo, sep, hi = head[2:].partition("-")
-    first, last = int(lo), int(hi) if sep else int(lo)
+    match = _ROWS.fullmatch(head)
+    if match is None:
+        raise ValueError(f"plan {plan!r} does not start with m=ROWS or m=LO-HI")
+    first = int(match[1])
+    last = int(match[2]) if match[2] else first
     if first > last:
         raise ValueError(f"plan {plan!r}: empty row range")
     return first, last
 
 
+def _same_gemm(a: TableKey, b: TableKey) -> bool:
+    """Same GPU, library and every plan field but the rows."""
+    return (a.gpu, a.version, a.plan.partition(",")[2]) == (b.gpu, b.version,
+                                                            b.plan.partition(",")[2])
+
+
+def overlaps(a: TableKey, b: TableKey) -> bool:
+    """Whether two row-range entries could both answer one plan (:func:`find` would pick
+    whichever comes first)."""
+    (lo_a, hi_a), (lo_b, hi_b) = rows(a.plan), rows(b.plan)
+    return (a != b and _same_gemm(a, b) and lo_a != hi_a and lo_b != hi_b
+            and lo_a <= hi_b and lo_b <= hi_a)
+
+
 def parse(entries: Any, where: str) -> dict[TableKey, AlgoConfig]:
-    """A table's entries by key; raises ValueError naming ``where`` and the entry."""
+    """A table's entries by key; raises ValueError naming ``where`` and the entry (also for
+    row ranges of one GEMM that overlap)."""
     if not isinstance(entries, list):
         raise ValueError(f"{where}: expected a JSON list of entries")
-    table = {}
+    table: dict[TableKey, AlgoConfig] = {}
     for i, e in enumerate(entries):
         try:
             key, config = entry_key(e), AlgoConfig.from_json(e["config"])
             rows(key.plan)
+            if clash := next((k for k in table if overlaps(k, key)), None):
+                raise ValueError(f"its rows overlap those of {clash.plan!r}")
             table[key] = config
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"{where}: entry {i}: {exc!r}") from exc
@@ -70,9 +94,9 @@ def find(table: dict[TableKey, AlgoConfig], key: TableKey) -> AlgoConfig | None:
     exact = table.get(key)
     if exact is not None:
         return exact
-    m, rest = rows(key.plan)[0], key.plan.partition(",")[2]
+    m = rows(key.plan)[0]
     for k, config in table.items():
-        if (k.gpu, k.version) == (key.gpu, key.version) and k.plan.partition(",")[2] == rest:
+        if _same_gemm(k, key):
             lo, hi = rows(k.plan)
             if lo <= m <= hi:
                 return config

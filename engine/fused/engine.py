@@ -57,6 +57,7 @@ from engine.fused.packing import (
     bucket_layout,
     chunks_by_tokens,
     pack_padded,
+    round_tokens,
 )
 from engine.fused.weights import BertQAWeights, pack_weights, read_state_dict
 
@@ -150,8 +151,9 @@ class FusedEngine:
         ``attention_tiles`` (BLOCK_M, BLOCK_N, warps, stages) and ``gemm_plans``
         (small-batch GEMM name -> (tiles, splits)) override the built-in rules (benchmarks,
         tests). ``graph_buckets_per_octave``: token buckets per power of two of the
-        graphs (``packing.round_tokens``: padding under 1/that of the tokens; more buckets
-        pad less but capture more graphs). ``graph_staging``: graphs stage their own
+        graphs, itself a power of two (``packing.round_tokens``: padding under 1/that of
+        the tokens from 64 x that many tokens up; more buckets pad less but capture more
+        graphs). ``graph_staging``: graphs stage their own
         inputs and write the caller's output (``call_table``), so a call on device
         tensors is one launch."""
         self.weights = with_folded(weights, deferred_ln_max_hidden)
@@ -167,9 +169,10 @@ class FusedEngine:
                 raise RuntimeError(f"block-wise FP8 needs {library_path()}: {BUILD_HINT}")
         self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
         self.max_graph_tokens = max_graph_tokens
-        if graph_buckets_per_octave < 1:
-            raise ValueError("graph_buckets_per_octave must be at least 1, "
-                             f"got {graph_buckets_per_octave}")
+        try:
+            round_tokens(1, graph_buckets_per_octave)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"graph_buckets_per_octave: {exc}") from exc
         self.graph_buckets_per_octave = graph_buckets_per_octave
         self.max_tokens_per_pass = max_tokens_per_pass
         if fp8_static_inputs is None:

@@ -36,9 +36,10 @@ TABLE_MAX_TOKENS = 2048
 # exact token count, no bucket padding, and the GPU's work hides the host's launches.
 # H200, 2026-11-30, BERT-large calibrated FP8, per call on SQuAD-mix windows
 # (`benchmarks/bucket_padding.py`, 16d10de): eager against the graph (default buckets)
-# 7.6 vs 3.0 ms at 16 windows (~3k tokens: the host's ~7.5 ms of launches show), 9.3 vs
-# 9.8 at 64 (~11k), 17.9 vs 19.0 at 128 (~22k), 35.7 vs 36.5 at 256 (~45k). 16k leaves
-# the host's launches ~half of an eager pass's GPU time.
+# 7.6 vs 3.0 ms at 16 windows (~3k tokens) and 11.2 vs 4.8 at 32 (~5.4k): the host's
+# launches, 7.5-11 ms a pass, show; 9.3 vs 9.8 at 64 (~11k), 17.9 vs 19.0 at 128 (~22k),
+# 35.7 vs 36.5 at 256 (~45k). The crossover lies between 5.6k and 10.5k tokens (not
+# sampled between); 16k leaves a margin for slower hosts.
 MAX_GRAPH_TOKENS = 16384
 
 # forward(ids, token_types, positions, cu_seqlens, n_seqs, max_seqlen) -> logits [2, T]

@@ -5,15 +5,17 @@ position id is its column in the padded row, which is what HF BERT computes for 
 padded input, so packed results equal padded ones for any mask (right padding or not).
 
 A bucket rounds (tokens, sequences, longest sequence) up so that a small set of
-captured graphs covers every batch: tokens to at most 1/per_octave over (multiples of 64
-below 64 * per_octave tokens; 12.5% at the default 8 buckets per power of two), sequences
-to a power of two, the longest sequence to a multiple of 128.
+captured graphs covers every batch: tokens to multiples of 64 below 128 * per_octave
+tokens (1,024 at the default 8 buckets per power of two) and to at most 1/per_octave over
+above (12.5% at the default), sequences to a power of two, the longest sequence to a
+multiple of 128.
 The bucket's inputs live in one int32 buffer ``[ids | token types | positions | cu_seqlens]``
 so a batch reaches the device in one copy.
 """
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
 
 import numpy as np
@@ -83,10 +85,12 @@ class Bucket:
 
 
 def round_tokens(tokens: int, per_octave: int = TOKEN_BUCKETS_PER_OCTAVE) -> int:
-    """Round up to a multiple of max(64, 2**floor(log2 tokens) / per_octave): under
-    1/per_octave padding past 64 * per_octave tokens (12.5% at the default 8)."""
-    if per_octave < 1:
-        raise ValueError(f"per_octave must be at least 1, got {per_octave}")
+    """Round up to a multiple of max(64, 2**floor(log2 tokens) / per_octave) (a power of
+    two): under 1/per_octave padding from 64 * per_octave tokens up (12.5% at the
+    default 8)."""
+    per_octave = operator.index(per_octave)
+    if per_octave < 1 or per_octave & (per_octave - 1):
+        raise ValueError(f"per_octave must be a power of two, got {per_octave}")
     tokens = max(tokens, 1)
     step = max(64, (1 << (tokens.bit_length() - 1)) // per_octave)
     return -(-tokens // step) * step

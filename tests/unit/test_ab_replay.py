@@ -143,6 +143,7 @@ def test_large_m_configs_reads_the_recorded_search() -> None:
     assert large_m_configs.table_entries(runs, three, (1, 2), 0.03) == []  # gains < 3%
     args = large_m_configs.parse_args(["--static-all", "--windows", "128", "--rows", "9-10"])
     assert args.static_all and args.windows == 128 and args.rows == (9, 10)
+    assert large_m_configs.parse_args([]).rows is None  # from the smallest batch measured
     for bad in ("10-9", "0-5", "5", "a-b"):
         with pytest.raises(SystemExit):
             large_m_configs.parse_args(["--rows", bad])

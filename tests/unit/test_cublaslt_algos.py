@@ -49,7 +49,7 @@ def test_find_prefers_the_exact_plan_then_a_row_range(tmp_path: Path) -> None:
     range, used for plans inside it whose other fields match, after an exact entry."""
     exact, ranged, other = AlgoConfig(1), AlgoConfig(2), AlgoConfig(3)
     path = tmp_path / "t.json"
-    path.write_text(json.dumps([_entry("m=30000,n=8", exact), _entry("m=20000-40000,n=8", ranged),
+    path.write_text(json.dumps([_entry("m=20000-40000,n=8", ranged), _entry("m=30000,n=8", exact),
                                 _entry("m=20000-40000,n=9", other),
                                 _entry("m=20000-40000,n=8", other, version=1)]))
     table = cublaslt_table.load_table(path)
@@ -72,6 +72,13 @@ def test_find_prefers_the_exact_plan_then_a_row_range(tmp_path: Path) -> None:
      "empty row range"),
     ('[{"gpu": "g", "cublaslt_version": 1, "plan": "n=1", "config": {"algo_id": 1}}]',
      "does not start with m="),
+    ('[{"gpu": "g", "cublaslt_version": 1, "plan": "m= 384,n=1", "config": {"algo_id": 1}}]',
+     "does not start with m="),
+    ('[{"gpu": "g", "cublaslt_version": 1, "plan": "m=-5-9,n=1", "config": {"algo_id": 1}}]',
+     "does not start with m="),
+    ('[{"gpu": "g", "cublaslt_version": 1, "plan": "m=1-9,n=1", "config": {"algo_id": 1}},'
+     ' {"gpu": "g", "cublaslt_version": 1, "plan": "m=9-20,n=1", "config": {"algo_id": 2}}]',
+     "entry 1: .*overlap"),
 ])
 def test_an_unreadable_table_is_ignored_with_a_warning(tmp_path: Path, text: str,
                                                        message: str) -> None:
@@ -147,6 +154,9 @@ def test_plans_are_kept_least_recently_used_first_out(monkeypatch: pytest.Monkey
     assert made == [0, 1, 2, 1]  # 0 was used again before 2 came, so 1 went, then 2
     assert destroyed == [1, 2]
     assert list(cublaslt._PLANS) == [key(0), key(1)]
+    monkeypatch.setattr(cublaslt, "MAX_PLANS", 0)  # still keeps the plan it returns
+    assert cublaslt._plan(key(3)) is plans[3] and list(cublaslt._PLANS) == [key(3)]
+    assert destroyed == [1, 2, 0, 1]
 
 
 def test_search_arguments() -> None:
@@ -166,6 +176,21 @@ def test_sample_keeps_the_heuristic_first_and_bounds_the_rest() -> None:
     assert out[:2] == heur and len(out) == 12 and len(set(out)) == 12
     assert out == cublaslt_search.sample(cands, heur, 10)  # seeded
     assert cublaslt_search.sample(cands, heur, 1000) == heur + [c for c in cands if c != heur[0]]
+
+
+def test_write_table_replaces_overlapping_row_ranges(tmp_path: Path) -> None:
+    """A new row-range entry replaces the same GEMM's ranges it overlaps (which would
+    otherwise make the table unreadable), and nothing else."""
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps([_entry("m=20480-65536,n=8", AlgoConfig(1)),
+                                _entry("m=100-200,n=8", AlgoConfig(2)),
+                                _entry("m=16384-65536,n=9", AlgoConfig(3)),
+                                _entry("m=30000,n=8", AlgoConfig(4))]))
+    cublaslt_search._write_table(path, [_entry("m=16384-65536,n=8", AlgoConfig(5))])
+    got = {e["plan"]: e["config"]["algo_id"] for e in json.loads(path.read_text())}
+    assert got == {"m=100-200,n=8": 2, "m=16384-65536,n=9": 3, "m=30000,n=8": 4,
+                   "m=16384-65536,n=8": 5}
+    assert len(cublaslt_table.parse(json.loads(path.read_text()), "t")) == 4
 
 
 def test_write_table_replaces_only_the_same_key(tmp_path: Path) -> None:

@@ -852,8 +852,9 @@ def test_buckets_bound_padding() -> None:
             assert r >= t and (r - t) < max(64, t / per_octave) and r % 64 == 0
     assert [round_tokens(47392, k) for k in (8, 16, 32, 64)] == [49152, 49152, 48128, 47616]
     assert bucket_for(47392, 256, 384, 64).tokens == 47616
-    with pytest.raises(ValueError, match="per_octave"):
-        round_tokens(100, 0)
+    for bad in (0, 3, 12):  # a power of two keeps every step a multiple of 64
+        with pytest.raises(ValueError, match="per_octave"):
+            round_tokens(100, bad)
     b = bucket_for(300, 3, 200)
     assert (b.tokens, b.seqs, b.max_seqlen) == (320, 4, 256)
     buf = bucket_layout(np.ones(300, np.int32), np.ones(300, np.int32), np.ones(300, np.int32),

@@ -18,11 +18,15 @@ def test_series_follow_the_recorded_run(tmp_path: Path) -> None:
     for pts in lines.values():  # one point per batch size, by token count
         assert len(pts) == len(results["batches"]) == 5
         assert [t for t, _ in pts] == sorted(t for t, _ in pts)
-    # What the engine's default rests on: graphs win on small batches, eager passes from
-    # ~11k tokens up.
+    # What the engine's default rests on: eager passes win on every batch above
+    # max_graph_tokens, graphs on the small ones (the crossover: 5.6k-10.5k tokens).
+    from engine.fused.graphs import MAX_GRAPH_TOKENS
+
     eager, graph = dict(lines["eager"]), dict(lines["graph/8"])
+    assert [t > MAX_GRAPH_TOKENS for t in eager] == [False, False, False, True, True]
+    assert all(eager[t] > graph[t] for t in eager if t > MAX_GRAPH_TOKENS)
     assert all((eager[t] > graph[t]) == (t > 10_000) for t in eager)
-    fig = plot.plot(lines, 16384, "test")
+    fig = plot.plot(lines, MAX_GRAPH_TOKENS, "test")
     out = tmp_path / "f.png"
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
