@@ -91,6 +91,7 @@ def main() -> None:
     import torch
 
     from benchmarks.bench_gpu import device_packed, make_hf, make_ours, random_padded, squad_lengths
+    from benchmarks.rounds import interleaved
     from engine.fused.engine import FusedEngine
 
     rng = np.random.default_rng(5)
@@ -140,19 +141,12 @@ def main() -> None:
             result["variants"][name] = {
                 "options": dict(args.variant)[name],
                 "set": [t[1:] for t in args.set if t[0] == name],
-                "max_abs_vs_first": float((out - ref).abs().max()), "round_ms": []}
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        for _ in range(args.rounds):
-            for name, (graphs, bucket) in replays.items():
-                for _ in range(10):
-                    graphs.replay(bucket)
-                start.record()
-                for _ in range(args.iters):
-                    graphs.replay(bucket)
-                end.record()
-                end.synchronize()
-                result["variants"][name]["round_ms"].append(
-                    start.elapsed_time(end) / args.iters)
+                "max_abs_vs_first": float((out - ref).abs().max())}
+        times = interleaved({name: lambda g=graphs, b=bucket: g.replay(b)
+                             for name, (graphs, bucket) in replays.items()},
+                            args.rounds, args.iters, warm=10)
+        for name, ms in times.items():
+            result["variants"][name]["round_ms"] = ms
     print(f"{args.model} {args.shape}, graph replay ms ({args.rounds} rounds x {args.iters}):")
     for name, v in result["variants"].items():
         v["median_ms"] = statistics.median(v["round_ms"])

@@ -25,6 +25,7 @@ import json
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -107,6 +108,7 @@ def time_batches(engines: dict[str, Any], sets: list[Any], rounds: int,
     import torch
 
     from benchmarks.bench_gpu import device_packed
+    from benchmarks.rounds import interleaved
     from engine.fused.packing import round_tokens
 
     inputs = [device_packed(*s) for s in sets]
@@ -121,25 +123,21 @@ def time_batches(engines: dict[str, Any], sets: list[Any], rounds: int,
             diff = max(float((eng._run_device(*x) - r).abs().max())
                        for x, r in zip(inputs, ref, strict=True))
             out["variants"][name] = {"bucket_tokens": buckets, "max_abs_vs_eager": diff,
-                                     "padding": sum(buckets) / sum(tokens) - 1,
-                                     "round_ms": []}
+                                     "padding": sum(buckets) / sum(tokens) - 1}
         torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        for r in range(rounds):
-            for name, eng in engines.items():
-                for x in inputs:  # warm: the previous variant's clocks and caches
+
+        def batches(eng: Any) -> Callable[[], None]:  # one call per draw
+            def run() -> None:
+                for x in inputs:
                     eng._run_device(*x)
-                start.record()
-                for _ in range(calls):
-                    for x in inputs:
-                        eng._run_device(*x)
-                end.record()
-                end.synchronize()
-                out["variants"][name]["round_ms"].append(
-                    start.elapsed_time(end) / (calls * len(inputs)))
-            print(f"{windows} windows, round {r + 1}/{rounds}: " + " ".join(
-                f"{n}={v['round_ms'][-1]:.2f}" for n, v in out["variants"].items()),
-                flush=True)
+            return run
+
+        times = interleaved(
+            {name: batches(eng) for name, eng in engines.items()}, rounds, calls,
+            report=lambda r, ms: print(f"{windows} windows, round {r + 1}/{rounds}: " + " ".join(
+                f"{n}={t / len(inputs):.2f}" for n, t in ms.items()), flush=True))
+    for name, ms in times.items():
+        out["variants"][name]["round_ms"] = [t / len(inputs) for t in ms]
     for v in out["variants"].values():
         v["median_ms"] = statistics.median(v["round_ms"])
         v["windows_per_s"] = windows / v["median_ms"] * 1e3

@@ -130,6 +130,7 @@ def main(argv: list[str] | None = None) -> None:
         squad_lengths,
         static_everywhere,
     )
+    from benchmarks.rounds import interleaved
     from engine.fused import cublaslt
 
     gemms = ("qkv", "out", "ffn1", "ffn2") if args.static_all else ("qkv", "ffn1", "ffn2")
@@ -168,7 +169,6 @@ def main(argv: list[str] | None = None) -> None:
         "commit": args.commit, "date": time.strftime("%Y-%m-%d"), "windows": args.windows,
         "tokens": [int(s[1].sum()) for s in sets],
         "search": args.search.name, "static_all": args.static_all, "variants": {}}
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     with torch.inference_mode():
         use("heuristic")
         ref = [eng._run_device(*x) for x in inputs]
@@ -180,23 +180,18 @@ def main(argv: list[str] | None = None) -> None:
             result["variants"][name] = {
                 "configs": {g: v["config"].to_json() for g, v in chosen_gemms.items()},
                 "plans_configured": applied,  # of the draws' plans: cuBLASLt took them
-                "max_abs_vs_heuristic": diff, "round_ms": []}
-        for r in range(args.rounds):
-            for name in variants:
-                use(name)
-                for x in inputs:  # warm: new plans, the previous variant's clocks
-                    eng._run_device(*x)
-                start.record()
-                for _ in range(args.calls):
-                    for x in inputs:
-                        eng._run_device(*x)
-                end.record()
-                end.synchronize()
-                result["variants"][name]["round_ms"].append(
-                    start.elapsed_time(end) / (args.calls * len(inputs)))
-            print(f"round {r + 1}/{args.rounds}: " + " ".join(
-                f"{n}={v['round_ms'][-1]:.2f}" for n, v in result["variants"].items()),
-                flush=True)
+                "max_abs_vs_heuristic": diff}
+
+        def batches() -> None:  # one call per draw
+            for x in inputs:
+                eng._run_device(*x)
+
+        times = interleaved(
+            dict.fromkeys(variants, batches), args.rounds, args.calls, prepare=use,
+            report=lambda r, ms: print(f"round {r + 1}/{args.rounds}: " + " ".join(
+                f"{n}={t / len(inputs):.2f}" for n, t in ms.items()), flush=True))
+        for name, ms in times.items():
+            result["variants"][name]["round_ms"] = [t / len(inputs) for t in ms]
         for name in variants:  # each GEMM kernel's own time inside one pass
             use(name)
             eng._run_device(*inputs[-1])

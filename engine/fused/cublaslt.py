@@ -289,10 +289,11 @@ def _fill(plan: _Plan, key: _Key) -> None:
     config = _tuned_config(key) if key.tuned else None
     if config is not None:
         algo = _checked(plan, config)
+        refused = (config, key.name().partition(",")[2])
         if algo is not None:
             plan.tuned, plan.configured[config] = config, algo
-        elif (config, key.name().partition(",")[2]) not in _REFUSED:
-            _REFUSED.add((config, key.name().partition(",")[2]))
+        elif refused not in _REFUSED:
+            _REFUSED.add(refused)
             warnings.warn(f"cuBLASLt refuses the tuned table's {config} for {key.name()}: "
                           "running the heuristic's choice", RuntimeWarning, stacklevel=5)
 

@@ -55,9 +55,9 @@ from engine.fused.packing import (
     PackedHost,
     bucket_for,
     bucket_layout,
+    buckets_per_octave,
     chunks_by_tokens,
     pack_padded,
-    round_tokens,
 )
 from engine.fused.weights import BertQAWeights, pack_weights, read_state_dict
 
@@ -170,10 +170,9 @@ class FusedEngine:
         self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
         self.max_graph_tokens = max_graph_tokens
         try:
-            round_tokens(1, graph_buckets_per_octave)
+            self.graph_buckets_per_octave = buckets_per_octave(graph_buckets_per_octave)
         except (TypeError, ValueError) as exc:
             raise ValueError(f"graph_buckets_per_octave: {exc}") from exc
-        self.graph_buckets_per_octave = graph_buckets_per_octave
         self.max_tokens_per_pass = max_tokens_per_pass
         if fp8_static_inputs is None:
             fp8_static_inputs = ()

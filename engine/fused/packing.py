@@ -84,13 +84,20 @@ class Bucket:
         return 3 * self.tokens + self.seqs + 1
 
 
+def buckets_per_octave(per_octave: int) -> int:
+    """``per_octave`` if it is a power of two (so every bucket step is a multiple of 64),
+    else ValueError."""
+    per_octave = operator.index(per_octave)
+    if per_octave < 1 or per_octave & (per_octave - 1):
+        raise ValueError(f"per_octave must be a power of two, got {per_octave}")
+    return per_octave
+
+
 def round_tokens(tokens: int, per_octave: int = TOKEN_BUCKETS_PER_OCTAVE) -> int:
     """Round up to a multiple of max(64, 2**floor(log2 tokens) / per_octave) (a power of
     two): under 1/per_octave padding from 64 * per_octave tokens up (12.5% at the
     default 8)."""
-    per_octave = operator.index(per_octave)
-    if per_octave < 1 or per_octave & (per_octave - 1):
-        raise ValueError(f"per_octave must be a power of two, got {per_octave}")
+    per_octave = buckets_per_octave(per_octave)
     tokens = max(tokens, 1)
     step = max(64, (1 << (tokens.bit_length() - 1)) // per_octave)
     return -(-tokens // step) * step

@@ -13,6 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.fused import call_table as ct
+
 _BLOCK = 1024
 
 
@@ -47,9 +49,16 @@ def stage_inputs(buf: torch.Tensor, tokens: int, ids: torch.Tensor, tt: torch.Te
 # are from a *call table* (``engine.fused.call_table``: int64 slots in pinned host memory,
 # which kernels reach under unified addressing) and its last kernel copies the logits to
 # the caller's tensor named there, then acknowledges. A call is then one graph launch:
-# no staging launch in front, no copy launch behind. Slot indices: see ``call_table``.
+# no staging launch in front, no copy launch behind.
 
 _STAGE_BLOCK = 1024
+# The call table's slots, as the kernels read them.
+_IDS, _TOKEN_TYPES, _POSITIONS, _CU_SEQLENS = (tl.constexpr(ct.IDS), tl.constexpr(ct.TOKEN_TYPES),
+                                               tl.constexpr(ct.POSITIONS),
+                                               tl.constexpr(ct.CU_SEQLENS))
+_TOKENS, _SEQS, _OUT, _SEQ, _ACK = (tl.constexpr(ct.TOKENS), tl.constexpr(ct.SEQS),
+                                    tl.constexpr(ct.OUT), tl.constexpr(ct.SEQ),
+                                    tl.constexpr(ct.ACK))
 
 
 @triton.jit
@@ -58,12 +67,12 @@ def _stage_table_kernel(table_addr, buf_ptr, n, seqs, BLOCK: tl.constexpr):
     ``_stage_kernel`` writes it; nothing when ``t`` is 0 (the host filled ``buf``)."""
     table = table_addr.to(tl.pointer_type(tl.int64))
     # Every slot in one round trip over the bus (the table is in host memory).
-    ids = tl.load(table + 0).to(tl.pointer_type(tl.int32))
-    tt = tl.load(table + 1).to(tl.pointer_type(tl.int32))
-    pos = tl.load(table + 2).to(tl.pointer_type(tl.int32))
-    cu = tl.load(table + 3).to(tl.pointer_type(tl.int32))
-    t = tl.load(table + 4).to(tl.int32)
-    b = tl.load(table + 5).to(tl.int32)
+    ids = tl.load(table + _IDS).to(tl.pointer_type(tl.int32))
+    tt = tl.load(table + _TOKEN_TYPES).to(tl.pointer_type(tl.int32))
+    pos = tl.load(table + _POSITIONS).to(tl.pointer_type(tl.int32))
+    cu = tl.load(table + _CU_SEQLENS).to(tl.pointer_type(tl.int32))
+    t = tl.load(table + _TOKENS).to(tl.int32)
+    b = tl.load(table + _SEQS).to(tl.int32)
     if t > 0:
         for start in range(0, t, BLOCK):
             i = start + tl.arange(0, BLOCK)
@@ -84,9 +93,9 @@ def _logits_table_kernel(table_addr, logits_ptr, n, BLOCK: tl.constexpr):
     acknowledgement slot: the stored value is the loaded one, so the store waits for that
     load, and the barrier orders it after every lane's copy."""
     table = table_addr.to(tl.pointer_type(tl.int64))
-    t = tl.load(table + 4).to(tl.int32)  # the three slots in one round trip over the bus
-    out_addr = tl.load(table + 6)
-    seq = tl.load(table + 7)
+    t = tl.load(table + _TOKENS).to(tl.int32)  # the three slots in one round trip over the bus
+    out_addr = tl.load(table + _OUT)
+    seq = tl.load(table + _SEQ)
     if out_addr != 0:
         out = out_addr.to(tl.pointer_type(tl.float32))
         for start in range(0, t, BLOCK):
@@ -95,7 +104,7 @@ def _logits_table_kernel(table_addr, logits_ptr, n, BLOCK: tl.constexpr):
             tl.store(out + i, tl.load(logits_ptr + i, mask=m), mask=m)
             tl.store(out + t + i, tl.load(logits_ptr + n + i, mask=m), mask=m)
     tl.debug_barrier()  # every lane's copy is done before the ack
-    tl.store(table + 8, seq)
+    tl.store(table + _ACK, seq)
 
 
 def stage_from_table(buf: torch.Tensor, tokens: int, table: torch.Tensor) -> None:

@@ -1,0 +1,44 @@
+"""Interleaved timing rounds for whole-pass A/Bs: each round times every variant once, in
+turn, so that drift in clocks, temperature and (at the H200's power cap) power hits them
+alike; the tools report the median of the rounds (``ab_replay``, ``bucket_padding``,
+``large_m_configs``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+# timer(fn, reps) -> ms per call of fn, over reps calls
+Timer = Callable[[Callable[[], object], int], float]
+
+
+def cuda_ms(fn: Callable[[], object], reps: int) -> float:
+    """CUDA-event time of ``reps`` calls of ``fn`` on the current stream, ms per call."""
+    import torch
+
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(reps):
+        fn()
+    end.record()
+    end.synchronize()
+    return float(start.elapsed_time(end)) / reps
+
+
+def interleaved(variants: Mapping[str, Callable[[], object]], rounds: int, reps: int,
+                warm: int = 1, prepare: Callable[[str], None] | None = None,
+                report: Callable[[int, dict[str, float]], None] | None = None,
+                timer: Timer = cuda_ms) -> dict[str, list[float]]:
+    """Per variant, ms per call of each round: ``prepare(name)`` (if given), ``warm``
+    untimed calls (after the previous variant's, caches and clocks are its own again),
+    then ``reps`` timed ones. ``report(round, {name: this round's ms})`` after each round."""
+    times: dict[str, list[float]] = {name: [] for name in variants}
+    for r in range(rounds):
+        for name, fn in variants.items():
+            if prepare is not None:
+                prepare(name)
+            for _ in range(warm):
+                fn()
+            times[name].append(timer(fn, reps))
+        if report is not None:
+            report(r, {name: t[-1] for name, t in times.items()})
+    return times
