@@ -62,7 +62,13 @@ def main(argv: list[str] | None = None) -> None:
     import numpy as np
     import torch
 
-    from benchmarks.bench_gpu import make_hf, make_ours, random_padded, squad_lengths
+    from benchmarks.bench_gpu import (
+        calibrate_on_mix,
+        make_hf,
+        make_ours,
+        random_padded,
+        squad_lengths,
+    )
     from engine.fused.engine import FusedEngine
 
     lengths = squad_lengths()
@@ -71,8 +77,7 @@ def main(argv: list[str] | None = None) -> None:
     del model
     calibration = None
     if args.dtype == "fp8":
-        cal_rng = np.random.default_rng(4)
-        base.calibrate(*random_padded(cal_rng, 256, 384, cal_rng.choice(lengths, 256)))
+        calibrate_on_mix(base)
         calibration = base.calibration
     common = {"max_graph_tokens": 1 << 20, "fp8_calibration": calibration}
     engines: dict[str, FusedEngine] = {"eager": FusedEngine(base.weights, "cuda",

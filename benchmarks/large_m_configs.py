@@ -123,6 +123,7 @@ def main(argv: list[str] | None = None) -> None:
     from torch.profiler import ProfilerActivity, profile
 
     from benchmarks.bench_gpu import (
+        calibrate_on_mix,
         device_packed,
         make_hf,
         make_ours,
@@ -156,8 +157,7 @@ def main(argv: list[str] | None = None) -> None:
     model, cfg = make_hf("bert-large")
     eng = make_ours(model, cfg, dtype="fp8")
     del model
-    cal_rng = np.random.default_rng(4)
-    eng.calibrate(*random_padded(cal_rng, 256, 384, cal_rng.choice(lengths, 256)))
+    calibrate_on_mix(eng)
     if args.static_all:
         eng = static_everywhere(eng)
     rng = np.random.default_rng(3)
