@@ -17,8 +17,11 @@ The library is the one torch already loaded (``libcublasLt.so.13``/``.12``), or
 ``$QA_CUBLASLT_LIB``. Plans (descriptors and the heuristic's algorithms) are cached
 per shape and configuration, the :data:`MAX_PLANS` most recently used (eager passes run
 their exact token count, so every batch size is a shape); pointers are set per call, so
-calls can be captured in CUDA graphs (the workspace is allocated once per device, outside
-any capture).
+calls can be captured in CUDA graphs. Each CUDA stream gets a workspace of its own,
+allocated on its first call there, which must come before any capture on that stream (a
+graph keeps the pointer): GEMMs in flight on two streams at once must not share one (with
+one workspace for the device, BERT-large passes in flight on two streams gave logits off
+by up to 3.2 in 9 of 24 passes; ``benchmarks/streams_mix.py --shared-workspace``).
 """
 
 from __future__ import annotations
@@ -121,9 +124,22 @@ def _handle() -> ctypes.c_void_p:
     return h
 
 
-@cache
-def _workspace(device: int) -> torch.Tensor:
-    return torch.empty(_WORKSPACE_BYTES, dtype=torch.uint8, device=f"cuda:{device}")
+_WORKSPACES: dict[tuple[int, int], torch.Tensor] = {}
+
+
+def _workspace(device: int, stream: int) -> torch.Tensor:
+    """The workspace of CUDA stream ``stream`` (its handle) on ``device``, allocated on that
+    stream at its first call and kept, as torch keeps cuBLAS's: streams come from torch's
+    fixed pools, so there are few of them, and a captured graph holds the pointer."""
+    key = (device, stream)
+    ws = _WORKSPACES.get(key)
+    if ws is None:
+        if torch.cuda.is_current_stream_capturing():
+            raise CublasLtError("a first cuBLASLt call on a stream being captured: run it "
+                                "once on that stream before the capture (its workspace)")
+        ws = _WORKSPACES[key] = torch.empty(_WORKSPACE_BYTES, dtype=torch.uint8,
+                                            device=f"cuda:{device}")
+    return ws
 
 
 def available() -> bool:
@@ -447,9 +463,9 @@ def fp8_linear(
     alpha, beta = ctypes.c_float(1.0), ctypes.c_float(0.0)
     # beta = 0: C is not read. An e4m3 D has a 16-bit C type, so C cannot alias D.
     c_ptr = None if out_dtype == torch.float8_e4m3fn else out.data_ptr()
-    ws = _workspace(xq.device.index or 0)
     stream = torch.cuda.current_stream(xq.device).cuda_stream
     with _CALL_LOCK:
+        ws = _workspace(xq.device.index or 0, stream)
         plan = _plan(key)
         chosen = _choose(plan, key, algo, config)
         _set(plan.desc, _DESC_A_SCALE, ctypes.c_void_p(w_scale.data_ptr()))

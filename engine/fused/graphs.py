@@ -69,6 +69,10 @@ class GraphCache:
         self._max_graphs = max_graphs
         self._graphs: dict[Bucket, _Captured] = {}
         self._pool = torch.cuda.graph_pool_handle()
+        # Warm-ups and captures on one stream of the cache's own: the warm-up's cuBLASLt
+        # calls make that stream's workspace (cublaslt: one per stream) before the capture
+        # bakes its pointer in, and no other engine's graphs share it.
+        self._stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
         self._ops = table_ops
         self._table = CallTable() if table_ops is not None else None
 
@@ -141,9 +145,9 @@ class GraphCache:
             # when a call writes the table next.
             table.write()
 
-        # Warm up on a side stream: Triton compiles and cuBLAS picks its kernels and
-        # workspaces here, outside the capture (neither may happen inside one).
-        side = torch.cuda.Stream(self._device)  # type: ignore[no-untyped-call]
+        # Warm up on the capture stream: Triton compiles and cuBLAS picks its kernels
+        # and workspaces here, outside the capture (neither may happen inside one).
+        side = self._stream
         side.wait_stream(torch.cuda.current_stream(self._device))
         try:
             with torch.cuda.stream(side):
@@ -157,7 +161,7 @@ class GraphCache:
         side.synchronize()
         torch.cuda.current_stream(self._device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool):
+        with torch.cuda.graph(graph, pool=self._pool, stream=self._stream):
             logits = run()
         entry = _Captured(inputs, logits, graph)
         self._graphs[bucket] = entry

@@ -560,3 +560,44 @@ def test_cublaslt_search_space_and_tuned_plans(tmp_path: Path, monkeypatch: pyte
         assert torch.equal(cublaslt.fp8_linear(*args, fast_accum=True), y0)
     finally:
         cublaslt.clear_plans()
+
+
+def test_passes_in_flight_on_three_streams_match_one_stream() -> None:
+    """Calibrated FP8 batches on three engines' streams, all queued before any wait (eager
+    passes with their cuBLASLt GEMMs, and graphed small ones, in flight at once), give the
+    logits of one engine on one stream, bit for bit, each stream with a cuBLASLt workspace
+    of its own."""
+    from engine.fused import cublaslt
+    from engine.fused.config import BertQAConfig
+    from engine.fused.engine import FusedEngine
+    from engine.fused.packing import pack_padded
+
+    model, cfg = _random_hf_bert(layers=4, hidden=768, heads=12)
+    qa = BertQAConfig.from_dict(cfg.to_dict())
+    engine = FusedEngine.from_state_dict(model.state_dict(), qa, device="cuda", dtype="fp8",
+                                         max_graph_tokens=2048)
+    rng = np.random.default_rng(17)
+    engine.calibrate(*_random_batch(rng, 64, 384, cfg.vocab_size))
+    batches = []
+    for windows, seq in [(48, 384), (1, 160), (40, 384), (2, 200), (56, 300), (48, 384)]:
+        p = pack_padded(*_random_batch(rng, windows, seq, cfg.vocab_size))
+        dev = [torch.from_numpy(a).cuda() for a in (p.input_ids, p.token_type_ids,
+                                                    p.position_ids, p.cu_seqlens)]
+        batches.append((*dev, p.max_seqlen))
+    engines = [FusedEngine(engine.weights, "cuda", max_graph_tokens=2048) for _ in range(3)]
+    streams = [torch.cuda.Stream() for _ in range(3)]
+    with torch.inference_mode():
+        refs = [engine._run_device(*b).clone() for b in batches]
+        for s in streams:
+            s.wait_stream(torch.cuda.current_stream())
+        for _ in range(2):  # the second time round, graphs replay
+            outs = []
+            for i, b in enumerate(batches):
+                with torch.cuda.stream(streams[i % 3]):
+                    outs.append(engines[i % 3]._run_device(*b))
+            torch.cuda.synchronize()
+            for out, ref in zip(outs, refs, strict=True):
+                assert torch.equal(out, ref)
+    keys = [(torch.cuda.current_device(), s.cuda_stream) for s in streams]
+    assert all(k in cublaslt._WORKSPACES for k in keys)
+    assert len({cublaslt._WORKSPACES[k].data_ptr() for k in keys}) == 3
