@@ -6,9 +6,14 @@ ships, on the same inputs, in one run.
 Competitors, all over the same packed QKV GEMM output and ``cu_seqlens``:
 
 * ``triton``: ``kernels.attention_varlen`` (takes the bias-free QKV and the bias);
+* ``triton_tiles``: the same over the batch's tile list (``kernels.attention_tiles``, built
+  once as the engine does per pass), the engine's default where the list saves programs;
 * ``flash``: ``aten._flash_attention_forward`` with cumulative lengths (FlashAttention 2);
 * ``cudnn``: ``aten._cudnn_attention_forward`` with cumulative lengths (ragged layout);
-* ``efficient``: ``aten._efficient_attention_forward`` (xFormers' CUTLASS kernel).
+* ``efficient``: ``aten._efficient_attention_forward`` (xFormers' CUTLASS kernel);
+* ``cudnn_fe``: cuDNN's fused SDPA through the cuDNN frontend's Python graph API
+  (``nvidia-cudnn-frontend``, carried as a wheel to the device), built once per shape over
+  the packed QKV output (t3hd layout, ragged offsets from ``cu_seqlens``).
 
 The library kernels get Q, K, V as strided views of the QKV output with the bias already
 added (in the engine a GEMM epilogue would add it). Each competitor is timed by replaying a
@@ -29,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-BACKENDS = ("triton", "flash", "cudnn", "efficient")
+BACKENDS = ("triton", "triton_tiles", "flash", "cudnn", "efficient", "cudnn_fe")
 
 
 def parse_shape(item: str) -> tuple[str, int, int | None]:
@@ -65,7 +70,59 @@ def _library_call(backend: str, qkv_b: Any, cu: Any, max_len: int, heads: int,
         return lambda: aten._efficient_attention_forward(
             q[None], k[None], v[None], None, cu, cu, max_len, max_len, 0.0, 0, False,
             scale=scale)[0][0]
+    if backend == "cudnn_fe":
+        return _cudnn_fe_call(qkv_b, cu, max_len, heads, scale)
     raise ValueError(backend)
+
+
+def _cudnn_fe_call(qkv_b: Any, cu: Any, max_len: int, heads: int,
+                   scale: float) -> Callable[[], Any]:
+    """cuDNN SDPA over the packed QKV output: one graph for ``len(cu) - 1`` sequences of at
+    most ``max_len`` tokens, sequence lengths and ragged offsets as device tensors."""
+    import cudnn  # nvidia-cudnn-frontend
+    import torch
+
+    t, three_d = qkv_b.shape
+    d = three_d // 3
+    hd = d // heads
+    b = cu.numel() - 1
+    seq = (cu[1:] - cu[:-1]).to(torch.int32).view(b, 1, 1, 1).contiguous()
+    starts = cu.to(torch.int64).view(b + 1, 1, 1, 1)
+    off_qkv, off_o = (starts * three_d).contiguous(), (starts * d).contiguous()
+    dims = [b, heads, max_len, hd]
+    s_qkv = [max_len * three_d, hd, three_d, 1]
+    s_o = [max_len * d, hd, d, 1]
+    # The graph's tensors carry the (padded) shape; the pack only their start addresses,
+    # which ragged offsets move to each sequence's first token.
+    q, k, v = qkv_b, qkv_b[:, d:], qkv_b[:, 2 * d:]
+    out = torch.empty((t, d), device=qkv_b.device, dtype=qkv_b.dtype)
+    handle = cudnn.create_handle()
+    cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream().cuda_stream)
+    g = cudnn.pygraph(io_data_type=cudnn.data_type.HALF,
+                      intermediate_data_type=cudnn.data_type.FLOAT,
+                      compute_data_type=cudnn.data_type.FLOAT, handle=handle)
+    tq, tk, tv = (g.tensor(name=n, dim=dims, stride=s_qkv, data_type=cudnn.data_type.HALF)
+                  for n in "qkv")
+    tseq = g.tensor_like(seq)
+    toff, tooff = g.tensor_like(off_qkv), g.tensor_like(off_o)
+    for x in (tq, tk, tv):
+        x.set_ragged_offset(toff)
+    to, _ = g.sdpa(name="sdpa", q=tq, k=tk, v=tv, generate_stats=False, attn_scale=scale,
+                   use_padding_mask=True, seq_len_q=tseq, seq_len_kv=tseq)
+    to.set_output(True).set_dim(dims).set_stride(s_o).set_ragged_offset(tooff)
+    g.validate()
+    g.build_operation_graph()
+    g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+    g.check_support()
+    g.build_plans()
+    ws = torch.empty(max(1, g.get_workspace_size()), device=qkv_b.device, dtype=torch.uint8)
+    pack = {tq: q, tk: k, tv: v, tseq: seq, toff: off_qkv, tooff: off_o, to: out}
+
+    def call() -> Any:
+        cudnn.set_stream(handle=handle, stream=torch.cuda.current_stream().cuda_stream)
+        g.execute(pack, ws, handle=handle)
+        return out
+    return call
 
 
 def _time_graph(fn: Callable[[], Any], layers: int, replays: int) -> tuple[float, bool]:
@@ -112,7 +169,7 @@ def run_shape(name: str, batch: int, seq: int | None, layers: int, replays: int,
     import torch
 
     from benchmarks.bench_gpu import MODELS, squad_lengths
-    from engine.fused.kernels import attention_varlen
+    from engine.fused.kernels import attention_tiles, attention_varlen
 
     cfg = MODELS[name]
     d, heads = cfg["hidden_size"], cfg["num_attention_heads"]
@@ -133,9 +190,12 @@ def run_shape(name: str, batch: int, seq: int | None, layers: int, replays: int,
     ref = attention_varlen(qkv, bias, cu, max_len, batch, heads)
     for backend in backends:
         try:
-            if backend == "triton":
-                def fn() -> Any:
-                    return attention_varlen(qkv, bias, cu, max_len, batch, heads)
+            if backend in ("triton", "triton_tiles"):
+                tl_ = (attention_tiles(cu, t, batch, max_len, heads, d // heads)
+                       if backend == "triton_tiles" else None)
+
+                def fn(tl_: Any = tl_) -> Any:
+                    return attention_varlen(qkv, bias, cu, max_len, batch, heads, tiles=tl_)
             else:
                 fn = _library_call(backend, qkv_b, cu, max_len, heads, scale)
             out = fn().reshape(t, d)
