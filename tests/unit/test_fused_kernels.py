@@ -928,3 +928,22 @@ def test_shipped_checkpoint_torch_path_matches_reference() -> None:
 
 if __name__ == "__main__" and "--child" in sys.argv:
     _child_main()
+
+
+def test_attention_config_rule() -> None:
+    """The default tile everywhere but many nearly full-length sequences of 64-wide heads
+    with enough programs for ~4 waves, which take the 128-query tile."""
+    from engine.fused import kernels as k
+
+    big = k.ATTN_LARGE_MEAN
+    assert k.attention_config(384, 1, 16, 64, 384) == k.ATTN_SMALL  # batch 1: few programs
+    assert k.attention_config(384, 128, 16, 64, 128 * 384) == k.ATTN_LARGE
+    assert k.attention_config(384, 128, 16, 64, 128 * big) == k.ATTN_LARGE
+    assert k.attention_config(384, 128, 16, 64, 128 * big - 1) == k.ATTN_SMALL
+    assert k.attention_config(384, 256, 16, 64, 45_000) == k.ATTN_SMALL  # the SQuAD mix
+    assert k.attention_config(384, 128, 16, 128, 128 * 384) == k.ATTN_SMALL  # 128-wide heads
+    assert k.attention_config(384, 128, 16, 64) == k.ATTN_SMALL  # token count unknown
+    # ~4 waves of 132 multiprocessors: 3 blocks x 11 sequences x 16 heads = 528 programs.
+    assert k.attention_config(384, 10, 16, 64, 10 * 384) == k.ATTN_SMALL
+    assert k.attention_config(384, 11, 16, 64, 11 * 384) == k.ATTN_LARGE
+    assert k.ATTN_LARGE[0] != k.ATTN_SMALL[0]

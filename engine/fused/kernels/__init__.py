@@ -36,6 +36,7 @@ launcher, same signature.
 
 from engine.fused.kernels.attention import (
     ATTN_LARGE,
+    ATTN_LARGE_MEAN,
     ATTN_SMALL,
     AttnTiles,
     attention_config,
@@ -70,6 +71,7 @@ from engine.fused.kernels.staging import logits_to_table, stage_from_table, stag
 
 __all__ = [
     "ATTN_LARGE",
+    "ATTN_LARGE_MEAN",
     "ATTN_SMALL",
     "GEMM_LARGE",
     "GEMM_SMALL",

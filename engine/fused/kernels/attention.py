@@ -13,16 +13,19 @@ import triton.language as tl
 from engine.fused.fp8 import FP8_DTYPE
 from engine.fused.kernels.common import LOG2E, launch_options, pdl_enter, prefetch_l1, to_e4m3
 
-# Attention tiles (BLOCK_M queries x BLOCK_N keys, warps, pipeline stages). Few programs
-# (batch 1): 64-query tiles, so short sequences still spread over more multiprocessors.
-# Many programs: 64 queries x 32 keys. H200, 2026-11-30, BERT-large SQuAD mix (256
-# windows, 47,391 tokens), us per layer: 260 against 268 for 64x64 and 290 for 128x64
-# with 8 warps (`benchmarks/attn_backends.py --tiles`); whole pass (graph replay, 5
-# interleaved rounds) FP8 43.70 vs 43.98 ms, fp16 57.01 vs 57.30. Padded query and key
-# rows cost less with short sequences (mean 176 tokens).
+# Attention tiles (BLOCK_M queries x BLOCK_N keys, warps, pipeline stages). 64 x 64 with
+# 4 warps by default: on the H200 it beats 64 x 32 by 7% on full windows of 192 and 384
+# tokens (BERT-large, 128 sequences; 92.6 vs 99.7 and 306.7 vs 329.4 us a layer) and
+# matches it on the SQuAD mix over a tile list (whole pass, 5 interleaved rounds: 34.96
+# vs 35.07 ms; `benchmarks/attn_backends.py --tiles`, v13/v14). Many sequences of nearly
+# full length (mean >= ATTN_LARGE_MEAN tokens) take 128 x 64 with 8 warps, K and V loaded
+# once for twice the queries: 288.2 us a layer at 128 x 384 (12.5% under 64 x 32). It
+# pads more rows with short sequences (mix: 290 vs 260 us, v8), and with few programs
+# (batch 1) the 64-query tile spreads over more multiprocessors.
 ATTN_SMALL = (64, 64, 4, 3)
-ATTN_LARGE = (64, 32, 4, 3)
-_ATTN_SMALL_PROGRAMS = 4 * 132  # below ~4 waves of an H100/H200, prefer the small tile
+ATTN_LARGE = (128, 64, 8, 3)
+ATTN_LARGE_MEAN = 320  # tokens per sequence from which ATTN_LARGE is used
+_ATTN_LARGE_PROGRAMS = 4 * 132  # ... when it still launches ~4 waves of an H100/H200
 
 
 @triton.jit
@@ -181,11 +184,14 @@ def head_block(head_dim: int) -> int:
     return max(16, int(triton.next_power_of_2(head_dim)))
 
 
-def attention_config(max_seqlen: int, n_seqs: int, num_heads: int,
-                     head_dim: int) -> tuple[int, int, int, int]:
-    """(BLOCK_M, BLOCK_N, num_warps, num_stages) for a batch of this size."""
-    programs = triton.cdiv(max_seqlen, ATTN_SMALL[0]) * n_seqs * num_heads
-    return ATTN_SMALL if programs < _ATTN_SMALL_PROGRAMS or head_dim > 64 else ATTN_LARGE
+def attention_config(max_seqlen: int, n_seqs: int, num_heads: int, head_dim: int,
+                     tokens: int | None = None) -> tuple[int, int, int, int]:
+    """(BLOCK_M, BLOCK_N, num_warps, num_stages) for a batch of ``n_seqs`` sequences of
+    ``tokens`` tokens in all (None: unknown, the default tile)."""
+    if head_dim > 64 or tokens is None or tokens < ATTN_LARGE_MEAN * n_seqs:
+        return ATTN_SMALL
+    programs = triton.cdiv(max_seqlen, ATTN_LARGE[0]) * n_seqs * num_heads
+    return ATTN_LARGE if programs >= _ATTN_LARGE_PROGRAMS else ATTN_SMALL
 
 
 @dataclass(frozen=True)
@@ -221,7 +227,7 @@ def attention_tiles(
     it regardless). Its grid otherwise has ceil(max_seqlen / BLOCK_M) programs for every
     sequence, however short: on the SQuAD mix (mean 176 of 384 tokens) ~47% of them have
     nothing to do. One launch of ``n_seqs + 1`` programs."""
-    bm = (config or attention_config(max_seqlen, n_seqs, num_heads, head_dim))[0]
+    bm = (config or attention_config(max_seqlen, n_seqs, num_heads, head_dim, tokens))[0]
     per_seq = -(-max_seqlen // bm)
     n_slots = tile_slots(tokens, n_seqs, bm)
     if n_seqs == 0 or (not force and (n_seqs < 2 or 4 * n_slots > 3 * per_seq * n_seqs)):
@@ -267,7 +273,8 @@ def attention_varlen(
                       dtype=qkv.dtype if fp8_scale is None else FP8_DTYPE)
     if n_seqs == 0 or max_seqlen == 0:
         return out
-    bm, bn, warps, stages = config or attention_config(max_seqlen, n_seqs, num_heads, head_dim)
+    bm, bn, warps, stages = config or attention_config(max_seqlen, n_seqs, num_heads,
+                                                       head_dim, n)
     if tiles is not None and tiles.block_m != bm:
         raise ValueError(f"the tile list has {tiles.block_m}-query blocks, the tiles {bm}")
     grid = ((triton.cdiv(max_seqlen, bm), n_seqs, num_heads) if tiles is None
