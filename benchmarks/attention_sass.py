@@ -1,0 +1,145 @@
+"""Instructions per key block of the packed attention kernel, read from its Hopper SASS
+(no GPU needed: Triton compiles for sm_90a here and its wheel's cuobjdump disassembles).
+
+    python3 benchmarks/attention_sass.py [--module engine/fused/kernels/attention.py] \\
+        [--tiles 64x32x4,64x64x4,128x64x8] [--keep-sass DIR]
+
+On the H200 the kernel is bound by instruction issue (v14: 60% of issue slots busy,
+174 TFLOP/s of tensor work), so the instructions a warp executes per key block of its main
+loop predict its time better than FLOPs do. For each tile (BLOCK_M x BLOCK_N x warps, 3
+stages, 64-wide heads, fp16, the tile-list launch the engine uses on many sequences) this
+prints the loop's length, its HGMMA and masking instructions, registers and shared memory
+per program. ``--module`` reads another copy of ``attention.py`` (a variant under test)
+with the same kernel names. The pointer, stride and width arguments are marked divisible
+by 16, as Triton's launcher specializes them in the engine (without that the loads
+compile to scalar 16-bit loads and the counts mean nothing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import re
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_MODULE = REPO / "engine" / "fused" / "kernels" / "attention.py"
+_SIGNATURE = {
+    "qkv_ptr": "*fp16", "bias_ptr": "*fp16", "out_ptr": "*fp16", "cu_ptr": "*i32",
+    "scale_ptr": "*fp16", "tiles_ptr": "*i32", "qk_scale": "fp32", "stride_qkv": "i32",
+    "stride_out": "i32", "D": "i32", "HEAD_DIM": "constexpr", "BLOCK_DH": "constexpr",
+    "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "USE_PDL": "constexpr",
+    "PREFETCH": "constexpr", "FP8_OUT": "constexpr", "TILED": "constexpr",
+}
+_DIVISIBLE = ("qkv_ptr", "bias_ptr", "out_ptr", "cu_ptr", "scale_ptr", "tiles_ptr",
+              "stride_qkv", "stride_out", "D")
+_LINE = re.compile(r"^\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
+_BRANCH = re.compile(r"\bBRA (0x[0-9a-f]+)")
+
+
+@dataclass(frozen=True)
+class LoopStats:
+    """The longest loop of a kernel's SASS: its instructions (one iteration, per warp) by
+    opcode, and the kernel's registers per thread and shared memory per program."""
+
+    instructions: int
+    opcodes: Counter[str]
+    registers: int
+    shared_bytes: int
+
+
+def parse_tile(text: str) -> tuple[int, int, int]:
+    """``64x32x4`` -> (BLOCK_M, BLOCK_N, warps)."""
+    try:
+        bm, bn, warps = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected BMxBNxWARPS, got {text!r}") from None
+    return bm, bn, warps
+
+
+def longest_loop(sass: str) -> tuple[int, Counter[str]]:
+    """Instructions of the longest backward branch's body in ``cuobjdump -sass`` output,
+    and their opcodes (the mnemonic before the first '.', predicates dropped)."""
+    code = [(int(m.group(1), 16), m.group(2)) for m in map(_LINE.match, sass.splitlines())
+            if m]
+    spans = [(int(b.group(1), 16), at) for at, text in code
+             if (b := _BRANCH.search(text)) and int(b.group(1), 16) < at]
+    if not spans:
+        return 0, Counter()
+    first, last = max(spans, key=lambda s: s[1] - s[0])
+    body = [text for at, text in code if first <= at <= last]
+    ops = Counter((t.split()[1] if t.startswith("@") else t.split()[0]).split(".")[0]
+                  for t in body)
+    return len(body), ops
+
+
+def load_module(path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location("attention_under_test", path)
+    if spec is None or spec.loader is None:
+        raise SystemExit(f"cannot import {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def compile_stats(module: ModuleType, bm: int, bn: int, warps: int,
+                  keep: Path | None = None) -> LoopStats:
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    names = list(_SIGNATURE)
+    src = ASTSource(module._attn_varlen_kernel, _SIGNATURE,
+                    attrs={(names.index(n),): [["tt.divisibility", 16]] for n in _DIVISIBLE},
+                    constexprs={"HEAD_DIM": 64, "BLOCK_DH": 64, "BLOCK_M": bm, "BLOCK_N": bn,
+                                "USE_PDL": False, "PREFETCH": False, "FP8_OUT": False,
+                                "TILED": True})
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                            options={"num_warps": warps, "num_stages": 3})
+    tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    with tempfile.TemporaryDirectory() as tmp:
+        cubin = Path(tmp) / "attention.cubin"
+        cubin.write_bytes(kernel.asm["cubin"])
+        sass = subprocess.run([str(tools / "cuobjdump"), "-sass", str(cubin)],
+                              capture_output=True, text=True, check=True).stdout
+        usage = subprocess.run([str(tools / "cuobjdump"), "-res-usage", str(cubin)],
+                               capture_output=True, text=True, check=True).stdout
+    if keep is not None:
+        keep.mkdir(parents=True, exist_ok=True)
+        (keep / f"attention-{bm}x{bn}x{warps}.sass").write_text(sass)
+    count, ops = longest_loop(sass)
+    regs = re.search(r"REG:(\d+)", usage)
+    return LoopStats(count, ops, int(regs.group(1)) if regs else -1,
+                     int(kernel.metadata.shared))
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--module", type=Path, default=DEFAULT_MODULE)
+    p.add_argument("--tiles", default="64x32x4,64x64x4,128x64x8")
+    p.add_argument("--keep-sass", type=Path, default=None)
+    args = p.parse_args(argv)
+    sys.path.insert(0, str(REPO))
+    module = load_module(args.module)
+    print(f"{args.module}: sm_90a, 64-wide heads, fp16, 3 stages, tile-list launch")
+    print("| tile | loop instructions per warp | per 32 keys | HGMMA | FSEL (masks) "
+          "| registers | shared KB |")
+    print("|---|---|---|---|---|---|---|")
+    for text in filter(None, args.tiles.split(",")):
+        bm, bn, warps = parse_tile(text)
+        s = compile_stats(module, bm, bn, warps, args.keep_sass)
+        print(f"| {bm}x{bn}x{warps} | {s.instructions} | {s.instructions * 32 / bn:.0f} "
+              f"| {s.opcodes['HGMMA']} | {s.opcodes['FSEL']} | {s.registers} "
+              f"| {s.shared_bytes / 1024:.0f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
