@@ -138,7 +138,8 @@ def _time_graph(fn: Callable[[], Any], layers: int, replays: int) -> tuple[float
     torch.cuda.synchronize()
     try:
         g = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(g):
+        # Captured on the warm-up's stream: cuBLASLt's workspace for it exists by now.
+        with torch.cuda.graph(g, stream=s):
             for _ in range(layers):
                 fn()
         run, graphed = g.replay, True

@@ -143,7 +143,8 @@ def graph_time_ms(fn: Callable[[], Any], reps: int = 10) -> float:
         fn()
     torch.cuda.current_stream().wait_stream(side)
     g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
+    # Captured on the warm-up's stream: cuBLASLt's workspace for it exists by now.
+    with torch.cuda.graph(g, stream=side):
         for _ in range(reps):
             fn()
     g.replay()

@@ -64,7 +64,7 @@ def main() -> None:
 
     if args.shared_workspace:
         one = torch.empty(cublaslt._WORKSPACE_BYTES, dtype=torch.uint8, device="cuda")
-        cublaslt._workspace = lambda device, stream: one  # type: ignore[assignment]
+        cublaslt._workspace = lambda device, stream: one
     model, cfg = make_hf(args.model)
     base = make_ours(model, cfg, dtype="fp8")
     del model

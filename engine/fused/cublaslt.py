@@ -17,11 +17,12 @@ The library is the one torch already loaded (``libcublasLt.so.13``/``.12``), or
 ``$QA_CUBLASLT_LIB``. Plans (descriptors and the heuristic's algorithms) are cached
 per shape and configuration, the :data:`MAX_PLANS` most recently used (eager passes run
 their exact token count, so every batch size is a shape); pointers are set per call, so
-calls can be captured in CUDA graphs. Each CUDA stream gets a workspace of its own,
-allocated on its first call there, which must come before any capture on that stream (a
-graph keeps the pointer): GEMMs in flight on two streams at once must not share one (with
-one workspace for the device, BERT-large passes in flight on two streams gave logits off
-by up to 3.2 in 9 of 24 passes; ``benchmarks/streams_mix.py --shared-workspace``).
+calls can be captured in CUDA graphs. GEMMs in flight at once must not share a workspace
+(with one for the device, BERT-large passes in flight on two streams gave logits off by up
+to 3.2 in 9 of 24 passes; ``benchmarks/streams_mix.py --shared-workspace``): a call uses
+the :class:`Workspace` of the owner it runs under (:func:`using`: a graph cache, whose
+graphs keep the pointer and replay on their callers' streams), else its CUDA stream's.
+Either is allocated at its first call, which must not be inside a capture.
 """
 
 from __future__ import annotations
@@ -34,6 +35,9 @@ import sys
 import threading
 import warnings
 from collections import OrderedDict
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import astuple, dataclass, field, fields
 from functools import cache
 from typing import Any
@@ -124,21 +128,55 @@ def _handle() -> ctypes.c_void_p:
     return h
 
 
+class Workspace:
+    """A workspace for the calls made under :func:`using` it, whatever their stream: its
+    owner keeps it as long as graphs captured with it live. One tensor per device, made
+    at the first call that needs it."""
+
+    def __init__(self) -> None:
+        self._tensors: dict[int, torch.Tensor] = {}
+
+    def tensor(self, device: int) -> torch.Tensor:
+        t = self._tensors.get(device)
+        if t is None:
+            t = self._tensors[device] = _allocate(device)
+        return t
+
+
+_OWNER: ContextVar[Workspace | None] = ContextVar("cublaslt_workspace", default=None)
+# Per (device, stream handle) for calls under no owner, kept as torch keeps cuBLAS's:
+# torch hands out streams from fixed pools (32 per priority and device), so a process has
+# few. Guarded by _CALL_LOCK.
 _WORKSPACES: dict[tuple[int, int], torch.Tensor] = {}
 
 
+@contextmanager
+def using(workspace: Workspace) -> Iterator[None]:
+    """Calls in this block (this thread, this context) use ``workspace``."""
+    token = _OWNER.set(workspace)
+    try:
+        yield
+    finally:
+        _OWNER.reset(token)
+
+
+def _allocate(device: int) -> torch.Tensor:
+    if torch.cuda.is_current_stream_capturing():
+        raise CublasLtError("a first cuBLASLt call inside a capture: its workspace does not "
+                            "exist yet; run one call on that stream (or under the same "
+                            "Workspace) before capturing")
+    return torch.empty(_WORKSPACE_BYTES, dtype=torch.uint8, device=f"cuda:{device}")
+
+
 def _workspace(device: int, stream: int) -> torch.Tensor:
-    """The workspace of CUDA stream ``stream`` (its handle) on ``device``, allocated on that
-    stream at its first call and kept, as torch keeps cuBLAS's: streams come from torch's
-    fixed pools, so there are few of them, and a captured graph holds the pointer."""
-    key = (device, stream)
-    ws = _WORKSPACES.get(key)
+    """The workspace of a call on ``stream`` (its handle) of ``device``: its owner's
+    (:func:`using`), else the stream's."""
+    owner = _OWNER.get()
+    if owner is not None:
+        return owner.tensor(device)
+    ws = _WORKSPACES.get((device, stream))
     if ws is None:
-        if torch.cuda.is_current_stream_capturing():
-            raise CublasLtError("a first cuBLASLt call on a stream being captured: run it "
-                                "once on that stream before the capture (its workspace)")
-        ws = _WORKSPACES[key] = torch.empty(_WORKSPACE_BYTES, dtype=torch.uint8,
-                                            device=f"cuda:{device}")
+        ws = _WORKSPACES[(device, stream)] = _allocate(device)
     return ws
 
 

@@ -22,6 +22,7 @@ from types import ModuleType
 
 import torch
 
+from engine.fused import cublaslt
 from engine.fused.call_table import CallTable
 from engine.fused.packing import Bucket
 
@@ -69,10 +70,12 @@ class GraphCache:
         self._max_graphs = max_graphs
         self._graphs: dict[Bucket, _Captured] = {}
         self._pool = torch.cuda.graph_pool_handle()
-        # Warm-ups and captures on one stream of the cache's own: the warm-up's cuBLASLt
-        # calls make that stream's workspace (cublaslt: one per stream) before the capture
-        # bakes its pointer in, and no other engine's graphs share it.
+        # Warm-ups and captures on one stream of the cache's own, and cuBLASLt calls on a
+        # workspace of its own: its graphs keep the pointer and replay on their callers'
+        # streams, so no other engine's GEMMs may share it (cublaslt.Workspace); the
+        # warm-up makes it before the capture.
         self._stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+        self._workspace = cublaslt.Workspace()
         self._ops = table_ops
         self._table = CallTable() if table_ops is not None else None
 
@@ -150,7 +153,7 @@ class GraphCache:
         side = self._stream
         side.wait_stream(torch.cuda.current_stream(self._device))
         try:
-            with torch.cuda.stream(side):
+            with torch.cuda.stream(side), cublaslt.using(self._workspace):
                 for _ in range(2):
                     run()
         except BaseException:
@@ -161,7 +164,8 @@ class GraphCache:
         side.synchronize()
         torch.cuda.current_stream(self._device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self._pool, stream=self._stream):
+        with (torch.cuda.graph(graph, pool=self._pool, stream=self._stream),
+              cublaslt.using(self._workspace)):
             logits = run()
         entry = _Captured(inputs, logits, graph)
         self._graphs[bucket] = entry

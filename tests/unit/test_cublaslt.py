@@ -57,3 +57,37 @@ def test_scale_kind() -> None:
     assert cublaslt._scale_rows(torch.ones(8), 8, "s") is True
     assert cublaslt._scale_rows(torch.ones(1), 8, "s") is False
     assert cublaslt._scale_rows(torch.ones(1), 1, "s") is False  # one row: a scalar
+
+
+def test_workspaces_per_stream_and_per_owner(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A call's workspace is its owner's under ``using`` (any stream, one per device),
+    else its stream's; none is made inside a capture (a graph would keep a pointer to
+    memory allocated in its own pool). CPU stand-ins for the allocation and the capture."""
+    made: list[str] = []
+
+    def fake_empty(n: int, dtype: torch.dtype, device: str) -> torch.Tensor:
+        made.append(device)
+        return torch.zeros(1, dtype=dtype)
+
+    capturing = [False]
+    monkeypatch.setattr(cublaslt.torch, "empty", fake_empty)
+    monkeypatch.setattr(cublaslt.torch.cuda, "is_current_stream_capturing", lambda: capturing[0])
+    monkeypatch.setattr(cublaslt, "_WORKSPACES", {})
+    a, b = cublaslt._workspace(0, 11), cublaslt._workspace(0, 22)
+    assert a is not b and cublaslt._workspace(0, 11) is a
+    owner = cublaslt.Workspace()
+    with cublaslt.using(owner):
+        mine = cublaslt._workspace(0, 11)
+        assert mine is not a and cublaslt._workspace(0, 22) is mine
+        assert cublaslt._workspace(1, 22) is not mine
+    assert cublaslt._workspace(0, 11) is a
+    assert made == ["cuda:0", "cuda:0", "cuda:0", "cuda:1"]
+    capturing[0] = True
+    assert cublaslt._workspace(0, 22) is b  # made before the capture
+    with pytest.raises(cublaslt.CublasLtError, match="inside a capture"):
+        cublaslt._workspace(0, 33)
+    with cublaslt.using(cublaslt.Workspace()), pytest.raises(cublaslt.CublasLtError):
+        cublaslt._workspace(0, 11)
+    with cublaslt.using(owner):
+        assert cublaslt._workspace(0, 33) is mine
+    assert len(made) == 4

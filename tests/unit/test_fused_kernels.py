@@ -926,10 +926,6 @@ def test_shipped_checkpoint_torch_path_matches_reference() -> None:
     assert np.abs(e[keep] - re_[keep]).max() < 1e-3
 
 
-if __name__ == "__main__" and "--child" in sys.argv:
-    _child_main()
-
-
 def test_attention_config_rule() -> None:
     """The default tile everywhere but many nearly full-length sequences of 64-wide heads
     with enough programs for ~4 waves, which take the 128-query tile."""
@@ -947,3 +943,7 @@ def test_attention_config_rule() -> None:
     assert k.attention_config(384, 10, 16, 64, 10 * 384) == k.ATTN_SMALL
     assert k.attention_config(384, 11, 16, 64, 11 * 384) == k.ATTN_LARGE
     assert k.ATTN_LARGE[0] != k.ATTN_SMALL[0]
+
+
+if __name__ == "__main__" and "--child" in sys.argv:
+    _child_main()

@@ -15,13 +15,16 @@ from engine.fused.kernels.common import LOG2E, launch_options, pdl_enter, prefet
 
 # Attention tiles (BLOCK_M queries x BLOCK_N keys, warps, pipeline stages). 64 x 64 with
 # 4 warps by default: on the H200 it beats 64 x 32 by 7% on full windows of 192 and 384
-# tokens (BERT-large, 128 sequences; 92.6 vs 99.7 and 306.7 vs 329.4 us a layer) and
-# matches it on the SQuAD mix over a tile list (whole pass, 5 interleaved rounds: 34.96
-# vs 35.07 ms; `benchmarks/attn_backends.py --tiles`, v13/v14). Many sequences of nearly
-# full length (mean >= ATTN_LARGE_MEAN tokens) take 128 x 64 with 8 warps, K and V loaded
-# once for twice the queries: 288.2 us a layer at 128 x 384 (12.5% under 64 x 32). It
-# pads more rows with short sequences (mix: 290 vs 260 us, v8), and with few programs
-# (batch 1) the 64-query tile spreads over more multiprocessors.
+# tokens (BERT-large, 128 sequences; 92.6 vs 99.7 and 306.7 vs 329.4 us a layer,
+# `benchmarks/attn_backends.py --tiles`, v14) and matches it on the SQuAD mix over a tile
+# list (whole pass, graph replay, `benchmarks/ab_replay.py`: 34.96 vs 35.07 ms in v13,
+# 34.87 vs 34.85 in v14). Many sequences of nearly full length (mean >= ATTN_LARGE_MEAN
+# tokens) take 128 x 64 with 8 warps, K and V loaded once for twice the queries: 288.2 us
+# a layer at 128 x 384 (12.5% under 64 x 32). It pads more rows with short sequences (mix:
+# 290 vs 260 us, v8), and with few programs (batch 1) the 64-query tile spreads over more
+# multiprocessors. Under CUDA graphs the rule sees the bucket's token and sequence counts
+# (tokens up to 12.5% over, sequences a power of two), so a batch near the threshold may
+# take the other tile graphed than eager.
 ATTN_SMALL = (64, 64, 4, 3)
 ATTN_LARGE = (128, 64, 8, 3)
 ATTN_LARGE_MEAN = 320  # tokens per sequence from which ATTN_LARGE is used
