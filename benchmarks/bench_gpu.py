@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import gc
 import json
 import math
@@ -133,11 +134,20 @@ def time_calls(fn: Callable[[Any], Any], inputs: list[Any], target_s: float = 0.
     return Timing(statistics.median(times), p99, iters)
 
 
+@functools.cache
+def _side_stream() -> Any:
+    """One warm-up and capture stream for every timed graph: cuBLASLt keeps a workspace
+    per stream it has run on (32 MiB each), so a new stream per timing would pile them up."""
+    import torch
+
+    return torch.cuda.Stream()
+
+
 def graph_time_ms(fn: Callable[[], Any], reps: int = 10) -> float:
     """Median ms of one ``fn()`` when ``reps`` calls are replayed from one CUDA graph."""
     import torch
 
-    side = torch.cuda.Stream()
+    side = _side_stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         fn()

@@ -12,8 +12,8 @@ batches of ``--windows`` SQuAD dev-length windows and waits for all of them (wal
 host and every stream); interleaved rounds, median. Before the rounds, every pass of one
 such round (all streams in flight) is checked against the engine's logits on one stream.
 
-``--shared-workspace`` gives every stream the device's one cuBLASLt workspace, as
-``cublaslt`` did before each stream had its own: it shows what sharing it costs in
+``--shared-workspace`` gives every cuBLASLt call one workspace, as ``cublaslt`` did
+before each stream (and each graph cache) had its own: it shows what sharing it costs in
 correctness (the in-flight check) and what it seemed to gain in speed. Random weights
 (timing only).
 """

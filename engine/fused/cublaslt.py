@@ -145,8 +145,8 @@ class Workspace:
 
 _OWNER: ContextVar[Workspace | None] = ContextVar("cublaslt_workspace", default=None)
 # Per (device, stream handle) for calls under no owner, kept as torch keeps cuBLAS's:
-# torch hands out streams from fixed pools (32 per priority and device), so a process has
-# few. Guarded by _CALL_LOCK.
+# torch hands out its streams from fixed pools (32 per priority and device), so a process
+# has few unless it brings its own (torch.cuda.ExternalStream). Guarded by _CALL_LOCK.
 _WORKSPACES: dict[tuple[int, int], torch.Tensor] = {}
 
 

@@ -581,7 +581,10 @@ def test_passes_in_flight_on_three_streams_match_one_stream() -> None:
     rng = np.random.default_rng(17)
     engine.calibrate(*_random_batch(rng, 64, 384, cfg.vocab_size))
     batches = []
-    for windows, seq in [(48, 384), (1, 160), (40, 384), (2, 200), (56, 300), (48, 384)]:
+    # Per engine (batch i on engine i % 3) eager batches above max_graph_tokens and at
+    # least one graphed batch of >= 129 tokens (its cuBLASLt GEMMs on the cache's workspace).
+    for windows, seq in [(48, 384), (1, 160), (40, 384), (1, 140), (56, 300), (2, 200),
+                         (48, 384), (40, 300), (1, 180)]:
         p = pack_padded(*_random_batch(rng, windows, seq, cfg.vocab_size))
         dev = [torch.from_numpy(a).cuda() for a in (p.input_ids, p.token_type_ids,
                                                     p.position_ids, p.cu_seqlens)]
