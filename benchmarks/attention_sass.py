@@ -102,7 +102,8 @@ def compile_stats(module: ModuleType, bm: int, bn: int, warps: int,
                                 "USE_PDL": False, "PREFETCH": False, "FP8_OUT": False,
                                 "TILED": True})
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                            options={"num_warps": warps, "num_stages": 3})
+                            options={"num_warps": warps, "num_stages": 3,
+                                     "enable_fp_fusion": True})  # as the launcher does
     tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
     with tempfile.TemporaryDirectory() as tmp:
         cubin = Path(tmp) / "attention.cubin"
