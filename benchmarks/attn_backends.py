@@ -26,7 +26,6 @@ compared with the Triton kernel's. Shapes: ``MODEL:BxS`` (full-length windows) o
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import statistics
 import sys
@@ -126,20 +125,13 @@ def _cudnn_fe_call(qkv_b: Any, cu: Any, max_len: int, heads: int,
     return call
 
 
-@functools.cache
-def _side_stream() -> Any:
-    """One warm-up and capture stream for every timed graph: cuBLASLt keeps a workspace
-    per stream it has run on (32 MiB each), so a new stream per timing would pile them up."""
-    import torch
-
-    return torch.cuda.Stream()
-
-
 def _time_graph(fn: Callable[[], Any], layers: int, replays: int) -> tuple[float, bool]:
     """Median µs per call of ``fn`` replayed as a graph of ``layers`` calls (or eagerly)."""
     import torch
 
-    s = _side_stream()
+    from benchmarks.rounds import capture_stream
+
+    s = capture_stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):
         for _ in range(3):

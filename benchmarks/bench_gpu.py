@@ -134,20 +134,13 @@ def time_calls(fn: Callable[[Any], Any], inputs: list[Any], target_s: float = 0.
     return Timing(statistics.median(times), p99, iters)
 
 
-@functools.cache
-def _side_stream() -> Any:
-    """One warm-up and capture stream for every timed graph: cuBLASLt keeps a workspace
-    per stream it has run on (32 MiB each), so a new stream per timing would pile them up."""
-    import torch
-
-    return torch.cuda.Stream()
-
-
 def graph_time_ms(fn: Callable[[], Any], reps: int = 10) -> float:
     """Median ms of one ``fn()`` when ``reps`` calls are replayed from one CUDA graph."""
     import torch
 
-    side = _side_stream()
+    from benchmarks.rounds import capture_stream
+
+    side = capture_stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):
         fn()
@@ -210,8 +203,24 @@ def calibrate_on_mix(engine, windows: int = 256, seed: int = 4) -> None:  # type
     (a seed of their own: not the windows a benchmark then times)."""
     import numpy as np
 
-    rng = np.random.default_rng(seed)
-    engine.calibrate(*random_padded(rng, windows, 384, rng.choice(squad_lengths(), windows)))
+    engine.calibrate(*mix_windows(np.random.default_rng(seed), windows))
+
+
+def mix_windows(rng, windows: int):  # type: ignore[no-untyped-def]
+    """``windows`` random windows (ids, mask, token types, padded to 384) with lengths
+    drawn from the SQuAD dev windows: a batch of the mix."""
+    return random_padded(rng, windows, 384, rng.choice(squad_lengths(), windows))
+
+
+def mix_engine(name: str, dtype: str = "fp8"):  # type: ignore[no-untyped-def]
+    """The engine a mix benchmark starts from: random-weight ``name`` in ``dtype``, and in
+    FP8 calibrated on mix windows of its own (the engine's default FP8 path)."""
+    model, cfg = make_hf(name)
+    engine = make_ours(model, cfg, dtype=dtype)
+    del model
+    if dtype == "fp8":
+        calibrate_on_mix(engine)
+    return engine
 
 
 def random_padded(rng, windows: int, seq: int, lengths=None):  # type: ignore[no-untyped-def]
@@ -470,7 +479,9 @@ def section_latency(res: dict[str, Any], name: str, deadline: float) -> None:
             if isinstance(v, dict) and "median_ms" in v), flush=True)
 
 
+@functools.cache
 def squad_lengths():  # type: ignore[no-untyped-def]
+    """The SQuAD v1.1 dev windows' token counts (read once; callers must not modify it)."""
     import numpy as np
 
     data = json.loads(LENGTHS_FILE.read_text())
@@ -481,12 +492,11 @@ def section_mix(res: dict[str, Any], name: str, windows: int) -> None:
     import numpy as np
     import torch
 
-    all_lengths = squad_lengths()
     model, cfg = make_hf(name)
     ours = make_ours(model, cfg, dtype="float16")
     ours_fp8 = make_ours(model, cfg, dtype="fp8")
     rng = np.random.default_rng(3)
-    sets = [random_padded(rng, windows, 384, rng.choice(all_lengths, windows)) for _ in range(4)]
+    sets = [mix_windows(rng, windows) for _ in range(4)]
     tokens = float(np.mean([s[1].sum() for s in sets]))
     packed = [device_packed(*s) for s in sets]
     full = [random_padded(rng, windows, 384) for _ in range(4)]  # padded to 384 = all real

@@ -62,24 +62,11 @@ def main(argv: list[str] | None = None) -> None:
     import numpy as np
     import torch
 
-    from benchmarks.bench_gpu import (
-        calibrate_on_mix,
-        make_hf,
-        make_ours,
-        random_padded,
-        squad_lengths,
-    )
+    from benchmarks.bench_gpu import mix_engine, mix_windows
     from engine.fused.engine import FusedEngine
 
-    lengths = squad_lengths()
-    model, cfg = make_hf(args.model)
-    base = make_ours(model, cfg, dtype=args.dtype)
-    del model
-    calibration = None
-    if args.dtype == "fp8":
-        calibrate_on_mix(base)
-        calibration = base.calibration
-    common = {"max_graph_tokens": 1 << 20, "fp8_calibration": calibration}
+    base = mix_engine(args.model, args.dtype)
+    common = {"max_graph_tokens": 1 << 20, "fp8_calibration": base.calibration}
     engines: dict[str, FusedEngine] = {"eager": FusedEngine(base.weights, "cuda",
                                                              cuda_graphs=False, **common)}
     for k in args.per_octave:
@@ -90,8 +77,7 @@ def main(argv: list[str] | None = None) -> None:
         "commit": args.commit, "date": time.strftime("%Y-%m-%d"), "batches": []}
     rng = np.random.default_rng(3)
     for windows in args.windows:
-        sets = [random_padded(rng, windows, 384, rng.choice(lengths, windows))
-                for _ in range(args.draws)]
+        sets = [mix_windows(rng, windows) for _ in range(args.draws)]
         result["batches"].append(time_batches(engines, sets, args.rounds, args.calls))
     print(f"\n{args.model} {args.dtype}, {args.draws} draws per batch size, per call:")
     print(f"  {'windows':>7s} {'tokens':>13s} {'variant':10s} {'padding':>8s} "

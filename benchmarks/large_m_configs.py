@@ -122,15 +122,7 @@ def main(argv: list[str] | None = None) -> None:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from benchmarks.bench_gpu import (
-        calibrate_on_mix,
-        device_packed,
-        make_hf,
-        make_ours,
-        random_padded,
-        squad_lengths,
-        static_everywhere,
-    )
+    from benchmarks.bench_gpu import device_packed, mix_engine, mix_windows, static_everywhere
     from benchmarks.rounds import interleaved
     from engine.fused import cublaslt
 
@@ -153,16 +145,11 @@ def main(argv: list[str] | None = None) -> None:
         cublaslt.TUNED = name != "heuristic"
         cublaslt.clear_plans()
 
-    lengths = squad_lengths()
-    model, cfg = make_hf("bert-large")
-    eng = make_ours(model, cfg, dtype="fp8")
-    del model
-    calibrate_on_mix(eng)
+    eng = mix_engine("bert-large")
     if args.static_all:
         eng = static_everywhere(eng)
     rng = np.random.default_rng(3)
-    sets = [random_padded(rng, args.windows, 384, rng.choice(lengths, args.windows))
-            for _ in range(args.draws)]
+    sets = [mix_windows(rng, args.windows) for _ in range(args.draws)]
     inputs = [device_packed(*s) for s in sets]
     result: dict[str, Any] = {
         "gpu": torch.cuda.get_device_name(), "cublaslt_version": cublaslt.version(),

@@ -5,10 +5,23 @@ alike; the tools report the median of the rounds (``ab_replay``, ``bucket_paddin
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping
+from typing import Any
 
 # timer(fn, reps) -> ms per call of fn, over reps calls
 Timer = Callable[[Callable[[], object], int], float]
+
+
+@functools.cache
+def capture_stream() -> Any:
+    """The one stream the tools warm up and capture their timed CUDA graphs on
+    (``attn_backends._time_graph``, ``bench_gpu.graph_time_ms``): cuBLASLt keeps a
+    workspace per stream it has run on (32 MiB each), and the first call on a stream must
+    come before its capture, so a new stream per timing would pile them up."""
+    import torch
+
+    return torch.cuda.Stream()
 
 
 def cuda_ms(fn: Callable[[], object], reps: int) -> float:

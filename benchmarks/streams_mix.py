@@ -49,15 +49,7 @@ def main() -> None:
     import numpy as np
     import torch
 
-    from benchmarks.bench_gpu import (
-        calibrate_on_mix,
-        device_packed,
-        make_hf,
-        make_ours,
-        random_padded,
-        squad_lengths,
-        static_everywhere,
-    )
+    from benchmarks.bench_gpu import device_packed, mix_engine, mix_windows, static_everywhere
     from benchmarks.rounds import interleaved
     from engine.fused import cublaslt
     from engine.fused.engine import FusedEngine
@@ -65,15 +57,9 @@ def main() -> None:
     if args.shared_workspace:
         one = torch.empty(cublaslt._WORKSPACE_BYTES, dtype=torch.uint8, device="cuda")
         cublaslt._workspace = lambda device, stream: one
-    model, cfg = make_hf(args.model)
-    base = make_ours(model, cfg, dtype="fp8")
-    del model
-    calibrate_on_mix(base)
+    base = mix_engine(args.model)
     rng = np.random.default_rng(3)
-    lengths = squad_lengths()
-    packed = [device_packed(*random_padded(rng, args.windows, 384,
-                                           rng.choice(lengths, args.windows)))
-              for _ in range(args.draws)]
+    packed = [device_packed(*mix_windows(rng, args.windows)) for _ in range(args.draws)]
     counts = [int(v) for v in args.streams.split(",")]
     kinds: dict[str, Callable[[], Any]] = {
         "calibrated": lambda: FusedEngine(base.weights, "cuda"),

@@ -80,7 +80,14 @@ def trace_shape(name: str, batch: int, seq: int, options: dict[str, Any],
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from benchmarks.bench_gpu import device_packed, make_hf, make_ours, random_padded, squad_lengths
+    from benchmarks.bench_gpu import (
+        device_packed,
+        make_hf,
+        make_ours,
+        mix_windows,
+        random_padded,
+        squad_lengths,
+    )
 
     if calibrate and dtype != "fp8":
         raise SystemExit(f"--calibrate needs fp8 (the {name} {batch}x{seq} item is {dtype})")
@@ -88,7 +95,7 @@ def trace_shape(name: str, batch: int, seq: int, options: dict[str, Any],
     eng = make_ours(model, cfg, dtype=dtype, **options)
     rng = np.random.default_rng(4)
     if calibrate:
-        eng.calibrate(*random_padded(rng, 256, 384, rng.choice(squad_lengths(), 256)))
+        eng.calibrate(*mix_windows(rng, 256))
     lengths = rng.choice(squad_lengths(), batch) if mix else None
     x = device_packed(*random_padded(rng, batch, seq, lengths))
     shape = (f"{batch}x{'mix' if mix else seq}" + ("" if dtype == "float16" else f"_{dtype}")
