@@ -2,17 +2,21 @@
 (no GPU needed: Triton compiles for sm_90a here and its wheel's cuobjdump disassembles).
 
     python3 benchmarks/attention_sass.py [--module engine/fused/kernels/attention.py] \\
-        [--tiles 64x32x4,64x64x4,128x64x8] [--keep-sass DIR]
+        [--tiles 64x32x4,64x64x4,128x64x8] [--maxnreg 128] [--keep-sass DIR]
 
 On the H200 the kernel is bound by instruction issue (v14: 60% of issue slots busy,
 174 TFLOP/s of tensor work), so the instructions a warp executes per key block of its main
 loop predict its time better than FLOPs do. For each tile (BLOCK_M x BLOCK_N x warps, 3
 stages, 64-wide heads, fp16, the tile-list launch the engine uses on many sequences) this
-prints the loop's length, its HGMMA and masking instructions, registers and shared memory
-per program. ``--module`` reads another copy of ``attention.py`` (a variant under test)
-with the same kernel names. The pointer, stride and width arguments are marked divisible
-by 16, as Triton's launcher specializes them in the engine (without that the loads
-compile to scalar 16-bit loads and the counts mean nothing).
+prints the loop's length, its HGMMA and masking instructions, registers, spills and
+shared memory per program, for both forms of the key loop: ``masked`` (every block's keys
+masked) and ``split`` (full blocks unmasked, then one masked partial block), the latter
+also under each ``--maxnreg`` register cap. ``PYTHONPATH`` pointing at another unpacked
+Triton wheel compiles with that version (the device runs 3.6). ``--module`` reads another
+copy of ``attention.py`` (a variant under test) with the same kernel names. The pointer,
+stride and width arguments are marked divisible by 16, as Triton's launcher specializes
+them in the engine (without that the loads compile to scalar 16-bit loads and the counts
+mean nothing).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ _SIGNATURE = {
     "stride_out": "i32", "D": "i32", "HEAD_DIM": "constexpr", "BLOCK_DH": "constexpr",
     "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "USE_PDL": "constexpr",
     "PREFETCH": "constexpr", "FP8_OUT": "constexpr", "TILED": "constexpr",
+    "SPLIT": "constexpr",
 }
 _DIVISIBLE = ("qkv_ptr", "bias_ptr", "out_ptr", "cu_ptr", "scale_ptr", "tiles_ptr",
               "stride_qkv", "stride_out", "D")
@@ -52,6 +57,7 @@ class LoopStats:
     opcodes: Counter[str]
     registers: int
     shared_bytes: int
+    spills: int = 0  # local-memory stores (STL) anywhere in the kernel
 
 
 def parse_tile(text: str) -> tuple[int, int, int]:
@@ -90,7 +96,8 @@ def load_module(path: Path) -> ModuleType:
 
 
 def compile_stats(module: ModuleType, bm: int, bn: int, warps: int,
-                  keep: Path | None = None) -> LoopStats:
+                  keep: Path | None = None, split: bool = False,
+                  maxnreg: int | None = None) -> LoopStats:
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -100,10 +107,12 @@ def compile_stats(module: ModuleType, bm: int, bn: int, warps: int,
                     attrs={(names.index(n),): [["tt.divisibility", 16]] for n in _DIVISIBLE},
                     constexprs={"HEAD_DIM": 64, "BLOCK_DH": 64, "BLOCK_M": bm, "BLOCK_N": bn,
                                 "USE_PDL": False, "PREFETCH": False, "FP8_OUT": False,
-                                "TILED": True})
-    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32),
-                            options={"num_warps": warps, "num_stages": 3,
-                                     "enable_fp_fusion": True})  # as the launcher does
+                                "TILED": True, "SPLIT": split})
+    options: dict[str, object] = {"num_warps": warps, "num_stages": 3,
+                                  "enable_fp_fusion": True}  # as the launcher does
+    if maxnreg:
+        options["maxnreg"] = maxnreg
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
     tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
     with tempfile.TemporaryDirectory() as tmp:
         cubin = Path(tmp) / "attention.cubin"
@@ -114,11 +123,14 @@ def compile_stats(module: ModuleType, bm: int, bn: int, warps: int,
                                capture_output=True, text=True, check=True).stdout
     if keep is not None:
         keep.mkdir(parents=True, exist_ok=True)
-        (keep / f"attention-{bm}x{bn}x{warps}.sass").write_text(sass)
+        form = "split" if split else "masked"
+        (keep / f"attention-{bm}x{bn}x{warps}-{form}.sass").write_text(sass)
     count, ops = longest_loop(sass)
     regs = re.search(r"REG:(\d+)", usage)
+    spills = sum(1 for m in map(_LINE.match, sass.splitlines())
+                 if m and re.search(r"\bSTL\b", m.group(2)))
     return LoopStats(count, ops, int(regs.group(1)) if regs else -1,
-                     int(kernel.metadata.shared))
+                     int(kernel.metadata.shared), spills)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -127,20 +139,32 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--module", type=Path, default=DEFAULT_MODULE)
     p.add_argument("--tiles", default="64x32x4,64x64x4,128x64x8")
     p.add_argument("--keep-sass", type=Path, default=None)
+    p.add_argument("--maxnreg", default="128",
+                   help="register caps to compile the split loop with too ('' for none)")
     args = p.parse_args(argv)
     sys.path.insert(0, str(REPO))
     module = load_module(args.module)
-    print(f"{args.module}: sm_90a, 64-wide heads, fp16, 3 stages, tile-list launch")
-    print("| tile | loop instructions per warp | per 32 keys | HGMMA | FSEL (masks) "
-          "| registers | shared KB |")
-    print("|---|---|---|---|---|---|---|")
+    print(f"{args.module}: sm_90a, 64-wide heads, fp16, 3 stages, tile-list launch, "
+          f"triton {triton_version()}")
+    print("| tile | loop | registers cap | loop instructions per warp | per 32 keys | HGMMA "
+          "| FSEL (masks) | registers | spills (STL) | shared KB |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    caps = [None] + [int(v) for v in filter(None, args.maxnreg.split(","))]
     for text in filter(None, args.tiles.split(",")):
         bm, bn, warps = parse_tile(text)
-        s = compile_stats(module, bm, bn, warps, args.keep_sass)
-        print(f"| {bm}x{bn}x{warps} | {s.instructions} | {s.instructions * 32 / bn:.0f} "
-              f"| {s.opcodes['HGMMA']} | {s.opcodes['FSEL']} | {s.registers} "
-              f"| {s.shared_bytes / 1024:.0f} |", flush=True)
+        forms = [(False, None)] + [(True, cap) for cap in caps]
+        for split, cap in forms:
+            s = compile_stats(module, bm, bn, warps, args.keep_sass, split, cap)
+            print(f"| {bm}x{bn}x{warps} | {'split' if split else 'masked'} | {cap or '-'} "
+                  f"| {s.instructions} | {s.instructions * 32 / bn:.0f} "
+                  f"| {s.opcodes['HGMMA']} | {s.opcodes['FSEL']} | {s.registers} "
+                  f"| {s.spills} | {s.shared_bytes / 1024:.0f} |", flush=True)
 
+
+def triton_version() -> str:
+    import triton
+
+    return str(triton.__version__)
 
 if __name__ == "__main__":
     main()

@@ -167,7 +167,8 @@ def _time_graph(fn: Callable[[], Any], layers: int, replays: int) -> tuple[float
 
 def run_shape(name: str, batch: int, seq: int | None, layers: int, replays: int,
               tiles: tuple[tuple[int, int, int, int], ...] = (),
-              backends: tuple[str, ...] = BACKENDS) -> dict[str, Any]:
+              backends: tuple[str, ...] = BACKENDS,
+              split_caps: tuple[int, ...] = ()) -> dict[str, Any]:
     import numpy as np
     import torch
 
@@ -220,7 +221,52 @@ def run_shape(name: str, batch: int, seq: int | None, layers: int, replays: int,
         except Exception as exc:
             row.setdefault("tiles", {})[key] = {"error": repr(exc)[:300]}
         print(f"{label} {key}: {row['tiles'][key]}", flush=True)
+    if split_caps:
+        row["split"] = split_forms(qkv, bias, cu, t, max_len, batch, heads, layers, replays,
+                                   tiles, split_caps, label)
     return row
+
+
+def split_forms(qkv: Any, bias: Any, cu: Any, t: int, max_len: int, batch: int, heads: int,
+                layers: int, replays: int, tiles: tuple[tuple[int, int, int, int], ...],
+                caps: tuple[int, ...], label: str) -> dict[str, Any]:
+    """The key loop's two forms over the batch's tile list (forced), at the default tiles
+    and each of ``tiles``: masked, then split under each register cap of ``caps`` (0: the
+    compiler's choice). Each split output must equal its masked one bit for bit."""
+    import torch
+
+    from engine.fused.kernels import attention as attn
+
+    out: dict[str, Any] = {}
+    for cfg in (None, *tiles):
+        c = cfg or attn.attention_config(max_len, batch, heads, qkv.shape[1] // 3 // heads, t)
+        tl_ = attn.attention_tiles(cu, t, batch, max_len, heads, qkv.shape[1] // 3 // heads,
+                                   config=c, force=True)
+        tile = "x".join(map(str, c))
+
+        def fn(split: bool, c: tuple[int, int, int, int] = c, tl_: Any = tl_) -> Any:
+            return attn.attention_varlen(qkv, bias, cu, max_len, batch, heads, config=c,
+                                         tiles=tl_, split=split)
+        saved = attn.ATTN_MAXNREG
+        try:
+            masked = fn(False)
+            us, _ = _time_graph(lambda: fn(False), layers, replays)
+            out[f"{tile} masked"] = {"us": us}
+            for cap in caps:
+                key = f"{tile} split" + (f" maxnreg {cap}" if cap else "")
+                attn.ATTN_MAXNREG = cap or None  # read at launch, fixed into the graph
+                try:
+                    same = bool(torch.equal(fn(True), masked))
+                    us, _ = _time_graph(lambda: fn(True), layers, replays)
+                    out[key] = {"us": us, "equal_to_masked": same}
+                except Exception as exc:
+                    out[key] = {"error": repr(exc)[:300]}
+                print(f"{label} {key}: {out[key]}", flush=True)
+        finally:
+            attn.ATTN_MAXNREG = saved
+    return out
+
+
 
 
 def gemm_bias(name: str, windows: int, replays: int) -> dict[str, Any]:
@@ -288,6 +334,9 @@ def main() -> None:
     p.add_argument("--backends", default=",".join(BACKENDS))
     p.add_argument("--tiles", default="",
                    help="extra Triton tiles, 'BMxBNxWARPSxSTAGES,...' (e.g. 64x64x4x3)")
+    p.add_argument("--split-caps", default="",
+                   help="also time the split key loop over the tile list, under these "
+                        "register caps ('0' for none; e.g. '0,128')")
     p.add_argument("--replays", type=int, default=20)
     p.add_argument("--gemm", default="bert-large:mix256",
                    help="also time the QKV GEMM with its bias in the epilogue ('' skips)")
@@ -306,10 +355,12 @@ def main() -> None:
                                             "cudnn": torch.backends.cudnn.version(),
                                             "rows": rows, "gemm_bias": gemms}, indent=1))
 
+    caps = tuple(int(v) for v in filter(None, args.split_caps.split(",")))
     for item in filter(None, args.shapes.split(",")):
         tiles = [tuple(int(v) for v in c.split("x")) for c in filter(None, args.tiles.split(","))]
         rows.append(run_shape(*parse_shape(item), args.layers, args.replays,
-                              tuple(tiles), tuple(args.backends.split(","))))  # type: ignore[arg-type]
+                              tuple(tiles),  # type: ignore[arg-type]
+                              tuple(filter(None, args.backends.split(","))), caps))
         save()
     for item in filter(None, args.gemm.split(",")):
         name, windows, _ = parse_shape(item)

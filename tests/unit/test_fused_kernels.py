@@ -353,13 +353,14 @@ def _check_linear_plain(dtype_name: str, with_bias: bool, loads: int = 0) -> tup
 
 def _check_attention(dtype_name: str, heads: int, head_dim: int,
                      large_tile: bool = False, fp8: bool = False,
-                     tiled: bool = False) -> tuple[float, float]:
+                     tiled: bool = False, split: bool = False) -> tuple[float, float]:
     """Attention against float64 math. ``fp8``: the output in e4m3 with one given
     (calibrated) scale, chosen so that the largest values saturate: it must equal the
     clamped reference within e4m3 rounding (relative 2**-4, subnormal step 2**-9 of the
     scale) plus the fp16 inputs' error, as the torch spec's copy must. ``tiled``: over
     the batch's tile list (``attention_tiles``), which must also give the grid's output
-    bit for bit."""
+    bit for bit. ``split``: the key loop split into unmasked full blocks and a masked
+    tail, which must give the masked loop's output bit for bit."""
     import torch
 
     from engine.fused import kernels as k
@@ -409,6 +410,12 @@ def _check_attention(dtype_name: str, heads: int, head_dim: int,
         out = k.attention_varlen(qkv, bias, cu_pad, 128, len(lengths) + 3, heads,
                                  config=config, tiles=tiles)
         if not torch.equal(out, grid_out):
+            return math.inf, 1.0
+    if split:
+        masked = out
+        out = k.attention_varlen(qkv, bias, cu_pad, 128, len(lengths) + 3, heads,
+                                 config=config, split=True)
+        if not torch.equal(out, masked):
             return math.inf, 1.0
     return _rel(out, ref), {"float32": 1e-5, "float16": 5e-3}[dtype_name]
 
@@ -702,6 +709,10 @@ CASES: dict[str, Callable[[], tuple[float, float]]] = {
     "attention_fp16_tile_list": lambda: _check_attention("float16", 2, 64, large_tile=True,
                                                          tiled=True),
     "attention_fp32_hd16_tile_list": lambda: _check_attention("float32", 4, 16, tiled=True),
+    "attention_fp16_hd64_split_loop": lambda: _check_attention("float16", 2, 64, split=True),
+    "attention_fp16_hd24_split_loop": lambda: _check_attention("float16", 3, 24, split=True),
+    "attention_fp16_large_tile_split_loop": lambda: _check_attention(
+        "float16", 2, 64, large_tile=True, split=True),
     "attention_tile_list_contents": _check_attention_tiles,
     "gemm_gelu_erf_fp16": lambda: _check_gemm_gelu("float16", False),
     "gemm_gelu_tanh_fp16": lambda: _check_gemm_gelu("float16", True),
