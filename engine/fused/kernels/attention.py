@@ -29,13 +29,19 @@ ATTN_SMALL = (64, 64, 4, 3)
 ATTN_LARGE = (128, 64, 8, 3)
 ATTN_LARGE_MEAN = 320  # tokens per sequence from which ATTN_LARGE is used
 # The key loop split in two (``SPLIT``): full key blocks loaded and scored with no key mask,
-# then the partial last block masked. The same arithmetic, so the same results bit for
-# bit, with 20-26% fewer instructions a loop iteration (sm_90a SASS, triton 3.6 and 3.9,
-# `benchmarks/attention_sass.py`), at +25-35 registers, which ATTN_MAXNREG caps where they
-# would cost programs per multiprocessor (128: 4 programs of 4 warps, 2 of 8, no spills).
-ATTN_SPLIT_LOOP = False
-ATTN_MAXNREG: int | None = None
-_ATTN_LARGE_PROGRAMS = 4 * 132  # ... when it still launches ~4 waves of an H100/H200
+# then the partial last block masked. The same arithmetic, so the same output bit for bit,
+# with 20-25% fewer instructions a loop iteration (sm_90a SASS, triton 3.6 and 3.9,
+# `benchmarks/attention_sass.py`) at +25-35 registers. Where programs outnumber the
+# multiprocessors, those registers would cost programs per SM, so they are capped at
+# ATTN_MAXNREG (128: 4 programs of 4 warps, 2 of 8, no spills with triton 3.6). H200, us a
+# layer, masked -> split (`benchmarks/attn_backends.py --split-caps`, v15): BERT-large mix
+# 241.0 -> 231.5 capped (249.0 uncapped), 128x384 at 128x64x8 299.7 -> 281.0 capped (385.7
+# uncapped); BERT-base mix 181.1 -> 174.9; BERT-large 1x384 7.7 -> 6.4 uncapped (6.9
+# capped), BERT-base 1x128 4.4 -> 4.0.
+ATTN_SPLIT_LOOP = True
+ATTN_MAXNREG: int | None = 128
+_SMS = 132  # multiprocessors of an H100/H200
+_ATTN_LARGE_PROGRAMS = 4 * _SMS  # ... when it still launches ~4 waves of an H100/H200
 
 
 @triton.jit
@@ -309,7 +315,8 @@ def attention_varlen(
     ``tiles`` (:func:`attention_tiles` of the same batch and tiles) launches one program per
     slot of the list instead of ceil(max_seqlen / BLOCK_M) per sequence. ``split`` (None:
     ``ATTN_SPLIT_LOOP``) runs the key loop split into unmasked full blocks and a masked
-    tail, with registers capped at ``ATTN_MAXNREG``; the output is the same.
+    tail, with registers capped at ``ATTN_MAXNREG`` where programs outnumber the
+    multiprocessors; the output is the same.
     """
     n, three_d = qkv.shape
     d = three_d // 3
@@ -323,9 +330,11 @@ def attention_varlen(
     if tiles is not None and tiles.block_m != bm:
         raise ValueError(f"the tile list has {tiles.block_m}-query blocks, the tiles {bm}")
     split = ATTN_SPLIT_LOOP if split is None else split
-    maxnreg = {"maxnreg": ATTN_MAXNREG} if split and ATTN_MAXNREG else {}
     grid = ((triton.cdiv(max_seqlen, bm), n_seqs, num_heads) if tiles is None
             else (tiles.slots.shape[0], num_heads))
+    programs = grid[0] * grid[1] * (grid[2] if len(grid) == 3 else 1)
+    maxnreg = ({"maxnreg": ATTN_MAXNREG} if split and ATTN_MAXNREG and programs > _SMS
+               else {})
     _attn_varlen_kernel[grid](
         qkv, qkv_bias, out, cu_seqlens, out if fp8_scale is None else fp8_scale,
         cu_seqlens if tiles is None else tiles.slots,
