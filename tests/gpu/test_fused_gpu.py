@@ -610,3 +610,37 @@ def test_passes_in_flight_on_three_streams_match_one_stream() -> None:
     assert len(owned) == 3 and all(dev in t for t in owned)
     ptrs = {cublaslt._WORKSPACES[k].data_ptr() for k in keys} | {t[dev].data_ptr() for t in owned}
     assert len(ptrs) == 6
+
+
+@pytest.mark.parametrize(("heads", "lengths"), [
+    (16, "mix"),        # BERT-large, SQuAD-like lengths: thousands of programs, capped registers
+    (16, [384]),        # batch 1 full window: fewer programs than SMs, uncapped
+    (12, [128, 64, 1, 65, 200]),  # block-exact, single token, one key past a block
+])
+def test_split_attention_loop_matches_masked_loop(heads: int, lengths: Any) -> None:
+    """The split key loop (full blocks unmasked, one masked tail; registers capped where
+    programs outnumber the SMs) writes the masked loop's output bit for bit, over the grid
+    and over the tile list, in fp16 and in e4m3, at every default tile it launches with."""
+    from engine.fused.kernels import attention as attn
+
+    rng = np.random.default_rng(11)
+    if lengths == "mix":
+        lengths = [int(v) for v in rng.integers(60, 385, 256)]
+    d, t = heads * 64, sum(lengths)
+    cu = torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int32,
+                      device="cuda")
+    g = torch.Generator(device="cuda").manual_seed(0)
+    qkv = torch.randn((t, 3 * d), generator=g, device="cuda", dtype=torch.float16)
+    bias = torch.randn((3 * d,), generator=g, device="cuda", dtype=torch.float16) * 0.1
+    scale = torch.tensor([0.01], device="cuda")
+    n, max_len = len(lengths), max(lengths)
+    configs = {attn.attention_config(max_len, n, heads, 64, t), attn.ATTN_SMALL, attn.ATTN_LARGE}
+    for config in configs:
+        tiles = attn.attention_tiles(cu, t, n, max_len, heads, 64, config=config, force=True)
+        for tl_ in (None, tiles):
+            for fp8 in (None, scale):
+                outs = [attn.attention_varlen(qkv, bias, cu, max_len, n, heads, config=config,
+                                              tiles=tl_, fp8_scale=fp8, split=split)
+                        for split in (False, True)]
+                assert torch.equal(outs[0].view(torch.uint8), outs[1].view(torch.uint8)), (
+                    config, tl_ is not None, fp8 is not None)
