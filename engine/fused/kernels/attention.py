@@ -30,14 +30,15 @@ ATTN_LARGE = (128, 64, 8, 3)
 ATTN_LARGE_MEAN = 320  # tokens per sequence from which ATTN_LARGE is used
 # The key loop split in two (``SPLIT``): full key blocks loaded and scored with no key mask,
 # then the partial last block masked. The same arithmetic, so the same output bit for bit,
-# with 20-25% fewer instructions a loop iteration (sm_90a SASS, triton 3.6 and 3.9,
+# with 19-29% fewer instructions a loop iteration (sm_90a SASS, triton 3.6 and 3.9,
 # `benchmarks/attention_sass.py`) at +25-35 registers. Where programs outnumber the
 # multiprocessors, those registers would cost programs per SM, so they are capped at
 # ATTN_MAXNREG (128: 4 programs of 4 warps, 2 of 8, no spills with triton 3.6). H200, us a
 # layer, masked -> split (`benchmarks/attn_backends.py --split-caps`, v15): BERT-large mix
 # 241.0 -> 231.5 capped (249.0 uncapped), 128x384 at 128x64x8 299.7 -> 281.0 capped (385.7
 # uncapped); BERT-base mix 181.1 -> 174.9; BERT-large 1x384 7.7 -> 6.4 uncapped (6.9
-# capped), BERT-base 1x128 4.4 -> 4.0.
+# capped), BERT-base 1x128 4.4 -> 4.0. Whole pass (graph replay): BERT-large 1x384 -1.8%,
+# 128x384 -1.5%; the mix pass unchanged (power-capped).
 ATTN_SPLIT_LOOP = True
 ATTN_MAXNREG: int | None = 128
 _SMS = 132  # multiprocessors of an H100/H200
