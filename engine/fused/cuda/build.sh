@@ -3,8 +3,9 @@
 # headers from the nvidia-cutlass wheel (PyPI):
 #   build/cuda/libqa_fp8_blockwise.so    engine/fused/cuda/fp8_blockwise.cu (ctypes C API)
 #   build/cuda/fp8_blockwise_gemm        benchmarks/cutlass/fp8_blockwise_gemm.cu (with "bench")
+#   build/cuda/libqa_fp8_ffn1.so         benchmarks/cutlass/fp8_ffn1.cu (with "ffn1")
 # Needs nvcc from CUDA 12.8+ (NVCC=... to choose one), no GPU; the outputs run on a Hopper
-# GPU. Usage: engine/fused/cuda/build.sh [lib] [bench]   (default: lib)
+# GPU. Usage: engine/fused/cuda/build.sh [lib] [bench] [ffn1]   (default: lib)
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/../../.." && pwd)"
 out="$repo/build/cuda"
@@ -37,6 +38,9 @@ for t in "${targets[@]}"; do
     bench) "$nvcc" "${flags[@]}" -o "$out/fp8_blockwise_gemm" \
              "$repo/benchmarks/cutlass/fp8_blockwise_gemm.cu"
            echo "built $out/fp8_blockwise_gemm" ;;
-    *) echo "unknown target $t (lib, bench)" >&2; exit 2 ;;
+    ffn1) "$nvcc" "${flags[@]}" -shared -Xcompiler -fPIC -cudart static \
+            -o "$out/libqa_fp8_ffn1.so" "$repo/benchmarks/cutlass/fp8_ffn1.cu"
+          echo "built $out/libqa_fp8_ffn1.so" ;;
+    *) echo "unknown target $t (lib, bench, ffn1)" >&2; exit 2 ;;
   esac
 done

@@ -1,0 +1,202 @@
+"""FFN1 of the calibrated FP8 engine: the engine's cuBLASLt call against CUTLASS kernels
+(`benchmarks/cutlass/fp8_ffn1.cu`: ping-pong and cooperative schedules, several tiles), on
+the same operands, timed as CUDA graphs in interleaved rounds.
+
+    engine/fused/cuda/build.sh ffn1      # nvcc, no GPU needed
+    python3 benchmarks/cutlass_ffn1.py --lib build/cuda/libqa_fp8_ffn1.so --out ffn1.json
+
+FFN1 is the pass's largest GEMM: ~395 µs a layer on the BERT-large SQuAD mix (47,391
+tokens) against ~263 for FFN2, which has the same FLOPs but a plain epilogue (v15 trace).
+cuBLASLt runs it as a *cooperative* kernel, whose bias + GELU + e4m3 epilogue stalls the
+tensor cores; a *ping-pong* kernel overlaps one warp group's epilogue with the other's
+main loop. Both compute ``e4m3(h_inv * GELU_tanh(x_scale * w_scale * xq . w8^T + b1))``
+with fast accumulation, the engine's calibrated FFN1 (``fp8.calibrated_ffn1``).
+
+Per row count (``--m``): random operands with BERT-large's widths (LayerNorm-like
+activations quantized with a static scale, weights with a per-tensor one, a bf16 bias and
+the output scale from the GELU output's amax), the cuBLASLt output as the reference, each
+CUTLASS variant's output compared with it (bytes that differ, largest difference in
+e4m3 steps of the output scale) and both with float32 math on 256 rows. Then every
+competitor is captured as a graph of ``--calls`` calls and the graphs replay in turn for
+``--rounds`` rounds (``rounds.interleaved``): µs per GEMM, median of the rounds, and
+TFLOP/s. A single GEMM's time at this size is also an energy result (the H200 runs at its
+power cap), so the winner still has to win a whole pass (NOTES v12). Random data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def load(lib_path: Path) -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(lib_path))
+    lib.qa_ffn1_variants.restype = ctypes.c_int
+    lib.qa_ffn1_name.restype = ctypes.c_char_p
+    lib.qa_ffn1_name.argtypes = [ctypes.c_int]
+    lib.qa_ffn1_workspace.restype = ctypes.c_size_t
+    lib.qa_ffn1_workspace.argtypes = [ctypes.c_int] * 4
+    lib.qa_ffn1_gemm.restype = ctypes.c_int
+    lib.qa_ffn1_gemm.argtypes = ([ctypes.c_int] + [ctypes.c_void_p] * 7 + [ctypes.c_int] * 3
+                                 + [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p])
+    return lib
+
+
+def operands(m: int, d: int, f: int, seed: int = 0) -> dict[str, Any]:
+    """FFN1's calibrated operands: e4m3 activations and weights with per-tensor scales, a
+    bf16 bias, and the output multiplier 1 / (amax of the GELU output / 448)."""
+    import torch
+
+    from engine.fused.fp8 import FP8_DTYPE, gelu_tanh
+
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn((m, d), generator=g, device="cuda")
+    w = torch.randn((f, d), generator=g, device="cuda") * 0.03
+    b1 = (torch.randn((f,), generator=g, device="cuda") * 0.1).to(torch.bfloat16)
+    x_scale = (x.abs().amax() / 448.0).reshape(1).float()
+    w_scale = (w.abs().amax() / 448.0).reshape(1).float()
+    xq = (x / x_scale).clamp(-448, 448).to(FP8_DTYPE)
+    w8 = (w / w_scale).clamp(-448, 448).to(FP8_DTYPE)
+    rows = slice(0, min(m, 256))
+    y = gelu_tanh((xq[rows].float() * x_scale) @ (w8.float() * w_scale).t() + b1.float())
+    h_scale = (y.abs().amax() / 448.0).reshape(1).float()
+    return {"xq": xq, "x_scale": x_scale, "w8": w8, "w_scale": w_scale, "b1": b1,
+            "h_inv": (1.0 / h_scale).float(), "h_scale": float(h_scale), "ref_rows": y}
+
+
+def compare(out: Any, ref: Any) -> dict[str, float]:
+    """e4m3 outputs: the fraction of elements that differ and the largest difference, in
+    units of the output scale (a value's e4m3 step is 2**-3 of its power of two)."""
+    a, b = out.float(), ref.float()
+    return {"differ": float((a != b).float().mean()), "max_abs": float((a - b).abs().max())}
+
+
+def float_error(out: Any, op: dict[str, Any]) -> float:
+    """Largest |dequantized output - float32 math| over the first 256 rows, relative to
+    the float output's largest magnitude."""
+    y = op["ref_rows"]
+    got = out[: y.shape[0]].float() * op["h_scale"]
+    return float((got - y).abs().max() / y.abs().max())
+
+
+def graph_of(fn: Any, calls: int) -> Any:
+    """``calls`` calls of ``fn`` captured as one CUDA graph, on the tools' capture stream
+    (warmed up there first: cuBLASLt's workspace for it must exist before the capture)."""
+    import torch
+
+    from benchmarks.rounds import capture_stream
+
+    s = capture_stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=s):
+        for _ in range(calls):
+            fn()
+    return g
+
+
+def run_rows(lib: ctypes.CDLL, m: int, d: int, f: int, calls: int, rounds: int,
+             reps: int, variants: list[int]) -> dict[str, Any]:
+    import torch
+
+    from benchmarks.rounds import interleaved
+    from engine.fused.cublaslt import fp8_linear
+    from engine.fused.fp8 import FP8_DTYPE
+
+    op = operands(m, d, f)
+    ref = torch.empty((m, f), device="cuda", dtype=FP8_DTYPE)
+
+    def cublaslt() -> None:
+        fp8_linear(op["xq"], op["x_scale"], op["w8"], op["w_scale"], FP8_DTYPE, bias=op["b1"],
+                   gelu=True, out_scale=op["h_inv"], out=ref, fast_accum=True)
+
+    cublaslt()
+    torch.cuda.synchronize()
+    row: dict[str, Any] = {"m": m, "n": f, "k": d, "gflop": 2.0 * m * f * d / 1e9,
+                           "competitors": {"cublaslt": {"float_error": float_error(ref, op)}}}
+    fns: dict[str, Any] = {"cublaslt": cublaslt}
+    for v in variants:
+        name = lib.qa_ffn1_name(v).decode()
+        out = torch.empty((m, f), device="cuda", dtype=FP8_DTYPE)
+        ws = torch.empty(max(1, lib.qa_ffn1_workspace(v, m, f, d)), device="cuda",
+                         dtype=torch.uint8)
+
+        def call(v: int = v, out: Any = out, ws: Any = ws, name: str = name) -> None:
+            rc = lib.qa_ffn1_gemm(v, op["xq"].data_ptr(), op["w8"].data_ptr(),
+                                  op["b1"].data_ptr(), op["x_scale"].data_ptr(),
+                                  op["w_scale"].data_ptr(), op["h_inv"].data_ptr(),
+                                  out.data_ptr(), m, f, d, ws.data_ptr(), ws.numel(),
+                                  torch.cuda.current_stream().cuda_stream)
+            if rc != 0:
+                raise RuntimeError(f"qa_ffn1_gemm({name}) returned {rc}")
+
+        try:
+            call()
+            torch.cuda.synchronize()
+            row["competitors"][name] = {**compare(out, ref), "float_error": float_error(out, op)}
+            fns[name] = call
+        except Exception as exc:  # a variant CUTLASS refuses is reported, not fatal
+            row["competitors"][name] = {"error": repr(exc)[:300]}
+        print(f"m={m} {name}: {row['competitors'][name]}", flush=True)
+    graphs = {name: graph_of(fn, calls) for name, fn in fns.items()}
+    times = interleaved({name: g.replay for name, g in graphs.items()}, rounds, reps, warm=1)
+    for name, ms in times.items():
+        us = [t * 1e3 / calls for t in ms]
+        med = statistics.median(us)
+        row["competitors"][name].update(us_rounds=us, us=med, tflops=row["gflop"] / med * 1e3)
+    return row
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--lib", type=Path, default=REPO / "build" / "cuda" / "libqa_fp8_ffn1.so")
+    p.add_argument("--m", default="47391,384", help="row counts (tokens)")
+    p.add_argument("--hidden", type=int, default=1024)
+    p.add_argument("--intermediate", type=int, default=4096)
+    p.add_argument("--variants", default="", help="CUTLASS variant indices (default all)")
+    p.add_argument("--calls", type=int, default=24, help="GEMMs per captured graph")
+    p.add_argument("--rounds", type=int, default=6)
+    p.add_argument("--reps", type=int, default=3, help="graph replays per round")
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args()
+    sys.path.insert(0, str(REPO))
+    import torch
+
+    lib = load(args.lib)
+    variants = ([int(v) for v in args.variants.split(",")] if args.variants
+                else list(range(lib.qa_ffn1_variants())))
+    rows = []
+    for m in (int(v) for v in args.m.split(",")):
+        rows.append(run_rows(lib, m, args.hidden, args.intermediate, args.calls, args.rounds,
+                             args.reps, variants))
+        if args.out:
+            args.out.write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "rows": rows},
+                                           indent=1))
+    for row in rows:
+        print(f"\nFFN1 {row['m']}x{row['n']}x{row['k']}: µs per GEMM (median of rounds), "
+              "TFLOP/s, vs cuBLASLt")
+        print("| kernel | µs | TFLOP/s | elements differing | max diff | float error |")
+        print("|---|---|---|---|---|---|")
+        for name, c in row["competitors"].items():
+            if "us" not in c:
+                print(f"| {name} | {c.get('error', 'not timed')} | | | | |")
+                continue
+            print(f"| {name} | {c['us']:.1f} | {c['tflops']:.0f} | {c.get('differ', 0):.2e} "
+                  f"| {c.get('max_abs', 0):.3g} | {c['float_error']:.2e} |")
+
+
+if __name__ == "__main__":
+    main()
