@@ -129,22 +129,10 @@ def _time_graph(fn: Callable[[], Any], layers: int, replays: int) -> tuple[float
     """Median µs per call of ``fn`` replayed as a graph of ``layers`` calls (or eagerly)."""
     import torch
 
-    from benchmarks.rounds import capture_stream
+    from benchmarks.rounds import capture_graph
 
-    s = capture_stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
     try:
-        g = torch.cuda.CUDAGraph()
-        # Captured on the warm-up's stream: cuBLASLt's workspace for it exists by now.
-        with torch.cuda.graph(g, stream=s):
-            for _ in range(layers):
-                fn()
-        run, graphed = g.replay, True
+        run, graphed = capture_graph(fn, layers).replay, True
     except Exception:
         torch.cuda.synchronize()
 

@@ -138,18 +138,9 @@ def graph_time_ms(fn: Callable[[], Any], reps: int = 10) -> float:
     """Median ms of one ``fn()`` when ``reps`` calls are replayed from one CUDA graph."""
     import torch
 
-    from benchmarks.rounds import capture_stream
+    from benchmarks.rounds import capture_graph
 
-    side = capture_stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        fn()
-    torch.cuda.current_stream().wait_stream(side)
-    g = torch.cuda.CUDAGraph()
-    # Captured on the warm-up's stream: cuBLASLt's workspace for it exists by now.
-    with torch.cuda.graph(g, stream=side):
-        for _ in range(reps):
-            fn()
+    g = capture_graph(fn, reps, warm=1)
     g.replay()
     times = []
     for _ in range(7):

@@ -86,32 +86,11 @@ def float_error(out: Any, op: dict[str, Any]) -> float:
     return float((got - y).abs().max() / y.abs().max())
 
 
-def graph_of(fn: Any, calls: int) -> Any:
-    """``calls`` calls of ``fn`` captured as one CUDA graph, on the tools' capture stream
-    (warmed up there first: cuBLASLt's workspace for it must exist before the capture)."""
-    import torch
-
-    from benchmarks.rounds import capture_stream
-
-    s = capture_stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g, stream=s):
-        for _ in range(calls):
-            fn()
-    return g
-
-
 def run_rows(lib: ctypes.CDLL, m: int, d: int, f: int, calls: int, rounds: int,
              reps: int, variants: list[int]) -> dict[str, Any]:
     import torch
 
-    from benchmarks.rounds import interleaved
+    from benchmarks.rounds import capture_graph, interleaved
     from engine.fused.cublaslt import fp8_linear
     from engine.fused.fp8 import FP8_DTYPE
 
@@ -150,7 +129,7 @@ def run_rows(lib: ctypes.CDLL, m: int, d: int, f: int, calls: int, rounds: int,
         except Exception as exc:  # a variant CUTLASS refuses is reported, not fatal
             row["competitors"][name] = {"error": repr(exc)[:300]}
         print(f"m={m} {name}: {row['competitors'][name]}", flush=True)
-    graphs = {name: graph_of(fn, calls) for name, fn in fns.items()}
+    graphs = {name: capture_graph(fn, calls) for name, fn in fns.items()}
     times = interleaved({name: g.replay for name, g in graphs.items()}, rounds, reps, warm=1)
     for name, ms in times.items():
         us = [t * 1e3 / calls for t in ms]

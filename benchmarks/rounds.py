@@ -1,7 +1,8 @@
 """Interleaved timing rounds for whole-pass A/Bs: each round times every variant once, in
 turn, so that drift in clocks, temperature and (at the H200's power cap) power hits them
 alike; the tools report the median of the rounds (``ab_replay``, ``bucket_padding``,
-``large_m_configs``)."""
+``large_m_configs``, ``cutlass_ffn1``). Also the one stream and capture helper for the
+CUDA graphs the tools time."""
 
 from __future__ import annotations
 
@@ -16,12 +17,33 @@ Timer = Callable[[Callable[[], object], int], float]
 @functools.cache
 def capture_stream() -> Any:
     """The one stream the tools warm up and capture their timed CUDA graphs on
-    (``attn_backends._time_graph``, ``bench_gpu.graph_time_ms``): cuBLASLt keeps a
+    (:func:`capture_graph`, for ``attn_backends``, ``bench_gpu.graph_time_ms`` and
+    ``cutlass_ffn1``): cuBLASLt keeps a
     workspace per stream it has run on (32 MiB each), and the first call on a stream must
     come before its capture, so a new stream per timing would pile them up."""
     import torch
 
     return torch.cuda.Stream()
+
+
+def capture_graph(fn: Callable[[], object], calls: int, warm: int = 3) -> Any:
+    """``calls`` calls of ``fn`` as one CUDA graph, captured on :func:`capture_stream`
+    after ``warm`` calls there (cuBLASLt's workspace for that stream must exist before the
+    capture)."""
+    import torch
+
+    s = capture_stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        for _ in range(warm):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g, stream=s):
+        for _ in range(calls):
+            fn()
+    return g
 
 
 def cuda_ms(fn: Callable[[], object], reps: int) -> float:
