@@ -123,7 +123,7 @@ def compile_stats(module: ModuleType, bm: int, bn: int, warps: int,
                                capture_output=True, text=True, check=True).stdout
     if keep is not None:
         keep.mkdir(parents=True, exist_ok=True)
-        form = "split" if split else "masked"
+        form = ("split" + (f"-maxnreg{maxnreg}" if maxnreg else "")) if split else "masked"
         (keep / f"attention-{bm}x{bn}x{warps}-{form}.sass").write_text(sass)
     count, ops = longest_loop(sass)
     regs = re.search(r"REG:(\d+)", usage)
@@ -144,8 +144,10 @@ def main(argv: list[str] | None = None) -> None:
     args = p.parse_args(argv)
     sys.path.insert(0, str(REPO))
     module = load_module(args.module)
+    import triton
+
     print(f"{args.module}: sm_90a, 64-wide heads, fp16, 3 stages, tile-list launch, "
-          f"triton {triton_version()}")
+          f"triton {triton.__version__}")
     print("| tile | loop | registers cap | loop instructions per warp | per 32 keys | HGMMA "
           "| FSEL (masks) | registers | spills (STL) | shared KB |")
     print("|---|---|---|---|---|---|---|---|---|---|")
@@ -160,11 +162,6 @@ def main(argv: list[str] | None = None) -> None:
                   f"| {s.opcodes['HGMMA']} | {s.opcodes['FSEL']} | {s.registers} "
                   f"| {s.spills} | {s.shared_bytes / 1024:.0f} |", flush=True)
 
-
-def triton_version() -> str:
-    import triton
-
-    return str(triton.__version__)
 
 if __name__ == "__main__":
     main()

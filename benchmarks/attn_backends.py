@@ -220,21 +220,26 @@ def split_forms(qkv: Any, bias: Any, cu: Any, t: int, max_len: int, batch: int, 
                 caps: tuple[int, ...], label: str) -> dict[str, Any]:
     """The key loop's two forms over the batch's tile list (forced), at the default tiles
     and each of ``tiles``: masked, then split under each register cap of ``caps`` (0: the
-    compiler's choice). Each split output must equal its masked one bit for bit."""
+    compiler's choice). A cap the engine would not apply to this launch
+    (``attention.register_cap``: too few programs) is recorded as such, not timed. Each
+    split output must equal its masked one bit for bit."""
     import torch
 
     from engine.fused.kernels import attention as attn
 
+    head_dim = qkv.shape[1] // 3 // heads
     out: dict[str, Any] = {}
     for cfg in (None, *tiles):
-        c = cfg or attn.attention_config(max_len, batch, heads, qkv.shape[1] // 3 // heads, t)
-        tl_ = attn.attention_tiles(cu, t, batch, max_len, heads, qkv.shape[1] // 3 // heads,
-                                   config=c, force=True)
-        tile = "x".join(map(str, c))
+        c = cfg or attn.attention_config(max_len, batch, heads, head_dim, t)
+        tl_ = attn.attention_tiles(cu, t, batch, max_len, heads, head_dim, config=c,
+                                   force=True)
+        assert tl_ is not None  # forced
+        tile, programs = "x".join(map(str, c)), tl_.slots.shape[0] * heads
 
         def fn(split: bool, c: tuple[int, int, int, int] = c, tl_: Any = tl_) -> Any:
             return attn.attention_varlen(qkv, bias, cu, max_len, batch, heads, config=c,
                                          tiles=tl_, split=split)
+
         saved = attn.ATTN_MAXNREG
         try:
             masked = fn(False)
@@ -243,6 +248,9 @@ def split_forms(qkv: Any, bias: Any, cu: Any, t: int, max_len: int, batch: int, 
             for cap in caps:
                 key = f"{tile} split" + (f" maxnreg {cap}" if cap else "")
                 attn.ATTN_MAXNREG = cap or None  # read at launch, fixed into the graph
+                if cap and attn.register_cap(programs, c[2]) is None:
+                    out[key] = {"not_applied": f"{programs} programs"}
+                    continue
                 try:
                     same = bool(torch.equal(fn(True), masked))
                     us, _ = _time_graph(lambda: fn(True), layers, replays)
@@ -253,8 +261,6 @@ def split_forms(qkv: Any, bias: Any, cu: Any, t: int, max_len: int, batch: int, 
         finally:
             attn.ATTN_MAXNREG = saved
     return out
-
-
 
 
 def gemm_bias(name: str, windows: int, replays: int) -> dict[str, Any]:

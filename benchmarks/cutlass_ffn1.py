@@ -15,8 +15,9 @@ with fast accumulation, the engine's calibrated FFN1 (``fp8.calibrated_ffn1``).
 Per row count (``--m``): random operands with BERT-large's widths (LayerNorm-like
 activations quantized with a static scale, weights with a per-tensor one, a bf16 bias and
 the output scale from the GELU output's amax), the cuBLASLt output as the reference, each
-CUTLASS variant's output compared with it (bytes that differ, largest difference in
-e4m3 steps of the output scale) and both with float32 math on 256 rows. Then every
+CUTLASS variant's output compared with it (the share of elements that differ, the
+largest difference in e4m3 values, i.e. in units of the output scale) and both with
+float32 math on 256 rows. Then every
 competitor is captured as a graph of ``--calls`` calls and the graphs replay in turn for
 ``--rounds`` rounds (``rounds.interleaved``): µs per GEMM, median of the rounds, and
 TFLOP/s. A single GEMM's time at this size is also an energy result (the H200 runs at its
@@ -72,8 +73,9 @@ def operands(m: int, d: int, f: int, seed: int = 0) -> dict[str, Any]:
 
 
 def compare(out: Any, ref: Any) -> dict[str, float]:
-    """e4m3 outputs: the fraction of elements that differ and the largest difference, in
-    units of the output scale (a value's e4m3 step is 2**-3 of its power of two)."""
+    """e4m3 outputs: the fraction of elements that differ and the largest difference of
+    their e4m3 values (units of the output scale; a value's e4m3 step is 2**-3 of its power
+    of two)."""
     a, b = out.float(), ref.float()
     return {"differ": float((a != b).float().mean()), "max_abs": float((a - b).abs().max())}
 

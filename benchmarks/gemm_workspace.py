@@ -74,6 +74,29 @@ def child(windows: int) -> dict[str, Any]:
             "ms_rounds": rounds, "windows_per_s": windows / min(rounds) * 1e3}
 
 
+def child_env(name: str) -> dict[str, str]:
+    """This process's environment with configuration ``name``'s settings, and none of the
+    others' (a variable set in the caller's shell would otherwise leak into the default)."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in {key for c in CONFIGS.values() for key in c}}
+    return {**env, **CONFIGS[name]}
+
+
+def run_child(name: str, windows: int) -> dict[str, Any]:
+    """One configuration's measurement in a process of its own (errors reported, not raised)."""
+    try:
+        proc = subprocess.run(
+            [sys.executable, __file__, "--child", "--windows", str(windows)],
+            env=child_env(name), capture_output=True, text=True, timeout=300, cwd=REPO)
+    except subprocess.TimeoutExpired:
+        return {"error": "timed out after 300 s"}
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        return {"error": proc.stderr[-600:]}
+    result: dict[str, Any] = json.loads(lines[-1])
+    return result
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -86,16 +109,13 @@ def main() -> None:
     if args.child:
         print(json.dumps(child(args.windows)))
         return
+    unknown = set(args.configs.split(",")) - set(CONFIGS)
+    if unknown:
+        p.error(f"--configs: unknown {sorted(unknown)}, choose from {list(CONFIGS)}")
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in args.configs.split(",")}
     for r in range(args.rounds):
         for name in runs:
-            proc = subprocess.run(
-                [sys.executable, __file__, "--child", "--windows", str(args.windows)],
-                env={**os.environ, **CONFIGS[name]}, capture_output=True, text=True,
-                timeout=300, cwd=REPO)
-            lines = proc.stdout.strip().splitlines()
-            result = (json.loads(lines[-1]) if proc.returncode == 0 and lines
-                      else {"error": proc.stderr[-600:]})
+            result = run_child(name, args.windows)
             runs[name].append(result)
             print(f"round {r + 1} {name}: {result.get('windows_per_s', result)} windows/s, "
                   f"{result.get('memsets')} memsets", flush=True)

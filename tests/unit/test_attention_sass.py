@@ -51,10 +51,12 @@ def test_engine_attention_loop_on_sm90() -> None:
     assert stats.opcodes["FSEL"] > 0
     assert 100 < stats.instructions < 1000
     assert stats.registers > 0 and stats.shared_bytes > 0
-    # The split loop's full blocks select nothing and take fewer instructions (-18% with
-    # triton 3.9 at 64x32); a register cap holds (where it does not fit, ptxas spills).
+    # The split loop's full blocks select nothing and take fewer instructions (-21% with
+    # triton 3.9 at 64x32, -22% with 3.6).
     split = compile_stats(load_module(DEFAULT_MODULE), 64, 32, 4, split=True)
     assert split.opcodes["HGMMA"] == 6 and split.opcodes["FSEL"] == 0
     assert split.instructions < 0.9 * stats.instructions
+    # At 64x64 it takes more than 128 registers (146), and the cap brings it down to 128.
+    wide = compile_stats(load_module(DEFAULT_MODULE), 64, 64, 4, split=True)
     capped = compile_stats(load_module(DEFAULT_MODULE), 64, 64, 4, split=True, maxnreg=128)
-    assert capped.registers <= 128
+    assert wide.registers > 128 >= capped.registers

@@ -360,7 +360,8 @@ def _check_attention(dtype_name: str, heads: int, head_dim: int,
     scale) plus the fp16 inputs' error, as the torch spec's copy must. ``tiled``: over
     the batch's tile list (``attention_tiles``), which must also give the grid's output
     bit for bit. ``split``: the key loop split into unmasked full blocks and a masked
-    tail, which must give the masked loop's output bit for bit."""
+    tail (the default), which must give the masked loop's output bit for bit (grid or
+    tile list, fp16 or e4m3); without it the engine's default loop is checked."""
     import torch
 
     from engine.fused import kernels as k
@@ -395,8 +396,16 @@ def _check_attention(dtype_name: str, heads: int, head_dim: int,
                 return math.inf, 1.0
             worst = max(worst, float(((q8.double() * float(scale) - clamped).abs()
                                       / allowed).max()))
+        if split:  # both loop forms write the same bytes
+            forms = [k.attention_varlen(qkv, bias, cu_pad, 128, len(lengths) + 3, heads,
+                                        config=config, fp8_scale=scale, split=f).view(torch.uint8)
+                     for f in (False, True)]
+            if not torch.equal(*forms):
+                return math.inf, 1.0
         return worst, 1.0
-    out = k.attention_varlen(qkv, bias, cu_pad, 128, len(lengths) + 3, heads, config=config)
+    # The masked loop first (the split one is the default): the reference for ``split``.
+    out = k.attention_varlen(qkv, bias, cu_pad, 128, len(lengths) + 3, heads, config=config,
+                             split=False if split else None)
     if tiled:
         tiles = k.attention_tiles(cu_pad, t, len(lengths) + 3, 128, heads, head_dim,
                                   config=config, force=True)
@@ -408,13 +417,13 @@ def _check_attention(dtype_name: str, heads: int, head_dim: int,
         for _ in range(4):
             torch.full_like(grid_out, float("nan"))
         out = k.attention_varlen(qkv, bias, cu_pad, 128, len(lengths) + 3, heads,
-                                 config=config, tiles=tiles)
+                                 config=config, tiles=tiles, split=False if split else None)
         if not torch.equal(out, grid_out):
             return math.inf, 1.0
     if split:
         masked = out
         out = k.attention_varlen(qkv, bias, cu_pad, 128, len(lengths) + 3, heads,
-                                 config=config, split=True)
+                                 config=config, tiles=tiles if tiled else None, split=True)
         if not torch.equal(out, masked):
             return math.inf, 1.0
     return _rel(out, ref), {"float32": 1e-5, "float16": 5e-3}[dtype_name]
@@ -713,6 +722,10 @@ CASES: dict[str, Callable[[], tuple[float, float]]] = {
     "attention_fp16_hd24_split_loop": lambda: _check_attention("float16", 3, 24, split=True),
     "attention_fp16_large_tile_split_loop": lambda: _check_attention(
         "float16", 2, 64, large_tile=True, split=True),
+    "attention_fp16_tile_list_split_loop": lambda: _check_attention(
+        "float16", 2, 64, tiled=True, split=True),
+    "attention_fp16_e4m3_split_loop": lambda: _check_attention("float16", 2, 64, fp8=True,
+                                                               split=True),
     "attention_tile_list_contents": _check_attention_tiles,
     "gemm_gelu_erf_fp16": lambda: _check_gemm_gelu("float16", False),
     "gemm_gelu_tanh_fp16": lambda: _check_gemm_gelu("float16", True),
@@ -954,6 +967,21 @@ def test_attention_config_rule() -> None:
     assert k.attention_config(384, 10, 16, 64, 10 * 384) == k.ATTN_SMALL
     assert k.attention_config(384, 11, 16, 64, 11 * 384) == k.ATTN_LARGE
     assert k.ATTN_LARGE[0] != k.ATTN_SMALL[0]
+
+
+def test_split_loop_register_cap(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The split loop's registers are capped only where its programs outnumber what 132
+    multiprocessors hold uncapped (3 of 4 warps each, 1 of 8), and not at all without a cap."""
+    from engine.fused.kernels import attention as attn
+
+    assert attn.register_cap(112, 4) is None  # BERT-large 1x384: one wave
+    assert attn.register_cap(3 * 132, 4) is None
+    assert attn.register_cap(3 * 132 + 1, 4) == attn.ATTN_MAXNREG == 128
+    assert attn.register_cap(132, 8) is None
+    assert attn.register_cap(133, 8) == 128
+    assert attn.register_cap(50_000, 2) == 128  # other warp counts: one program an SM
+    monkeypatch.setattr(attn, "ATTN_MAXNREG", None)
+    assert attn.register_cap(50_000, 4) is None
 
 
 if __name__ == "__main__" and "--child" in sys.argv:

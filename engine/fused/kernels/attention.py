@@ -30,17 +30,21 @@ ATTN_LARGE = (128, 64, 8, 3)
 ATTN_LARGE_MEAN = 320  # tokens per sequence from which ATTN_LARGE is used
 # The key loop split in two (``SPLIT``): full key blocks loaded and scored with no key mask,
 # then the partial last block masked. The same arithmetic, so the same output bit for bit,
-# with 19-29% fewer instructions a loop iteration (sm_90a SASS, triton 3.6 and 3.9,
-# `benchmarks/attention_sass.py`) at +25-35 registers. Where programs outnumber the
-# multiprocessors, those registers would cost programs per SM, so they are capped at
-# ATTN_MAXNREG (128: 4 programs of 4 warps, 2 of 8, no spills with triton 3.6). H200, us a
-# layer, masked -> split (`benchmarks/attn_backends.py --split-caps`, v15): BERT-large mix
-# 241.0 -> 231.5 capped (249.0 uncapped), 128x384 at 128x64x8 299.7 -> 281.0 capped (385.7
-# uncapped); BERT-base mix 181.1 -> 174.9; BERT-large 1x384 7.7 -> 6.4 uncapped (6.9
-# capped), BERT-base 1x128 4.4 -> 4.0. Whole pass (graph replay): BERT-large 1x384 -1.8%,
-# 128x384 -1.5%; the mix pass unchanged (power-capped).
+# with 22-29% fewer instructions a loop iteration (sm_90a SASS, triton 3.6; 21-31% with
+# 3.9; `benchmarks/attention_sass.py`) at +25-35 registers: 146 at 64x64 with 4 warps
+# (3 programs an SM), 143 at 128x64 with 8 (1). Where more programs wait than fit on the
+# multiprocessors that way, those registers cost occupancy, so they are capped at
+# ATTN_MAXNREG (128: 4 programs of 4 warps, 2 of 8; no spills with triton 3.6, 10-11 with
+# 3.9: re-check when moving past 3.6). H200, us a layer, masked -> split
+# (`benchmarks/attn_backends.py --split-caps`, v15): BERT-large mix 241.0 -> 231.5 capped
+# (249.0 uncapped), 128x384 at 128x64x8 299.7 -> 281.0 capped (385.7 uncapped); BERT-base
+# mix 181.1 -> 174.9; BERT-large 1x384 (112 programs) 7.7 -> 6.4 uncapped (6.9 capped),
+# BERT-base 1x128 4.4 -> 4.0. Whole pass (graph replay): BERT-large 1x384 -1.8%, 128x384
+# -1.5%; the mix pass unchanged (power-capped). Between one and three waves of 4-warp
+# programs the cap is left off by the occupancy argument, not by a measurement.
 ATTN_SPLIT_LOOP = True
 ATTN_MAXNREG: int | None = 128
+_UNCAPPED_PER_SM = {4: 3, 8: 1}  # split-loop programs an SM holds uncapped, by warps
 _SMS = 132  # multiprocessors of an H100/H200
 _ATTN_LARGE_PROGRAMS = 4 * _SMS  # ... when it still launches ~4 waves of an H100/H200
 
@@ -243,6 +247,15 @@ def attention_config(max_seqlen: int, n_seqs: int, num_heads: int, head_dim: int
     return ATTN_LARGE if programs >= _ATTN_LARGE_PROGRAMS else ATTN_SMALL
 
 
+def register_cap(programs: int, warps: int) -> int | None:
+    """The split loop's register cap for a launch of ``programs`` programs of ``warps``
+    warps: ``ATTN_MAXNREG`` where they outnumber what the multiprocessors hold uncapped,
+    else None (the compiler's choice)."""
+    if ATTN_MAXNREG is None or programs <= _SMS * _UNCAPPED_PER_SM.get(warps, 1):
+        return None
+    return ATTN_MAXNREG
+
+
 @dataclass(frozen=True)
 class AttnTiles:
     """A tile list for :func:`attention_varlen`: int32 [slots, 3] (start row, length, first
@@ -316,8 +329,8 @@ def attention_varlen(
     ``tiles`` (:func:`attention_tiles` of the same batch and tiles) launches one program per
     slot of the list instead of ceil(max_seqlen / BLOCK_M) per sequence. ``split`` (None:
     ``ATTN_SPLIT_LOOP``) runs the key loop split into unmasked full blocks and a masked
-    tail, with registers capped at ``ATTN_MAXNREG`` where programs outnumber the
-    multiprocessors; the output is the same.
+    tail, with registers capped where programs outnumber what the multiprocessors hold
+    (:func:`register_cap`); the output is the same.
     """
     n, three_d = qkv.shape
     d = three_d // 3
@@ -333,9 +346,8 @@ def attention_varlen(
     split = ATTN_SPLIT_LOOP if split is None else split
     grid = ((triton.cdiv(max_seqlen, bm), n_seqs, num_heads) if tiles is None
             else (tiles.slots.shape[0], num_heads))
-    programs = grid[0] * grid[1] * (grid[2] if len(grid) == 3 else 1)
-    maxnreg = ({"maxnreg": ATTN_MAXNREG} if split and ATTN_MAXNREG and programs > _SMS
-               else {})
+    cap = register_cap(grid[0] * grid[1] * (grid[2] if len(grid) == 3 else 1), warps)
+    maxnreg = {"maxnreg": cap} if split and cap else {}
     _attn_varlen_kernel[grid](
         qkv, qkv_bias, out, cu_seqlens, out if fp8_scale is None else fp8_scale,
         cu_seqlens if tiles is None else tiles.slots,
