@@ -32,13 +32,24 @@ token and its weight per output channel (quantized by torch ops: an accuracy abl
 a fast path): whether FP8 itself, rather than a static scale, costs at that GEMM.
 ``calibrated_attn_w8`` / ``_x8`` round only the out-projection's weight / only its input
 to e4m3 that way and multiply in float32: which operand's rounding costs there.
+``calibrated_attn_fp8`` is the calibrated default with attention itself on FP8 operands
+(:func:`fp8_attention`, emulated in float32): what an FP8 attention kernel would cost in
+accuracy before one is written; ``_qkv`` / ``_p`` round only Q, K and V / only the
+probabilities.
 Ends with a table: mean and spread over the grids, against the fp32 reference's F1.
+
+``--device cpu`` runs the same protocol on the CPU (the engine's torch ops: FP8 GEMMs as
+dequantized float32 math, without the GPU's fast accumulation), for comparisons between
+schemes where no GPU is at hand; ``--f1-questions N`` scores F1 on the first N dev
+questions only (reference and schemes alike).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import math
 import statistics
 import sys
 import time
@@ -49,7 +60,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 SCHEMES = ("fp16", "rows", "rows_exact", "rows_wtensor", "calibrated", "calibrated_exact",
-           "calibrated_erf", "calibrated_attn_rows", "calibrated_attn_w8", "calibrated_attn_x8")
+           "calibrated_erf", "calibrated_attn_rows", "calibrated_attn_w8", "calibrated_attn_x8",
+           "calibrated_attn_fp8", "calibrated_attn_fp8_qkv", "calibrated_attn_fp8_p")
 
 
 def _windows(path: Path, questions: int, batch: int) -> list[tuple[Any, Any, Any]]:
@@ -127,6 +139,53 @@ def _static_inputs(scheme: str) -> tuple[str, ...] | None:
     return gemms
 
 
+def _e4m3_tensor(t: Any) -> Any:
+    """``t`` rounded to e4m3 with one scale for the tensor (its amax / 448), dequantized."""
+    import torch
+
+    from engine.fused.fp8 import FP8_DTYPE, FP8_MAX
+
+    scale = t.abs().amax().clamp_min(1e-12) / FP8_MAX
+    return (t / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE).to(torch.float32) * scale
+
+
+def fp8_attention(qkv: Any, qkv_bias: Any, cu_seqlens: Any, max_seqlen: int, n_seqs: int,
+                  num_heads: int, *args: Any, fp8_scale: Any = None, qkv8: bool = True,
+                  p8: bool = True, **kwargs: Any) -> Any:
+    """``attention_varlen`` on FP8 operands, FlashAttention-3's recipe emulated in float32:
+    with ``qkv8`` Q (its bias added, the softmax scale folded in), K and V rounded to e4m3
+    with one scale per tensor (this call's amax: dynamic, an optimistic stand-in for
+    calibrated scales); with ``p8`` the probabilities (in [0, 1] after each row's max)
+    rounded to e4m3 for P.V, their row sums kept in float32. The K bias is dropped and the
+    V bias added after, as the engine's kernel does. The remaining arguments (tiles,
+    launch options) are ignored."""
+    import torch
+
+    from engine.fused.fp8 import FP8_DTYPE, quantize_static
+
+    n, three_d = qkv.shape
+    d = three_d // 3
+    hd = d // num_heads
+    x = qkv.float().view(n, 3, num_heads, hd)
+    b = qkv_bias.float().view(3, num_heads, hd)
+    q, k, v = (x[:, 0] + b[0]) / math.sqrt(hd), x[:, 1], x[:, 2]
+    if qkv8:
+        q, k, v = _e4m3_tensor(q), _e4m3_tensor(k), _e4m3_tensor(v)
+    out = torch.zeros((n, d), device=qkv.device, dtype=torch.float32)
+    cu = cu_seqlens.tolist()
+    for i in range(n_seqs):
+        a, e = int(cu[i]), int(cu[i + 1])
+        if e <= a:
+            continue
+        qs, ks, vs = (t[a:e].transpose(0, 1) for t in (q, k, v))  # [heads, len, hd]
+        scores = qs @ ks.transpose(1, 2)
+        p = torch.exp(scores - scores.amax(-1, keepdim=True))
+        pv = p.to(FP8_DTYPE).to(torch.float32) if p8 else p
+        out[a:e] = ((pv @ vs) / p.sum(-1, keepdim=True)).transpose(0, 1).reshape(e - a, d)
+    out = out + b[2].reshape(d)
+    return out.to(qkv.dtype) if fp8_scale is None else quantize_static(out, fp8_scale).data
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -135,6 +194,9 @@ def main() -> None:
     p.add_argument("--grids", default="1,1.03,1.07,1.13")
     p.add_argument("--questions", type=int, default=2000, help="for the logit error")
     p.add_argument("--margin", type=float, default=None, help="calibration margin")
+    p.add_argument("--device", default="cuda", help="cuda, or cpu (see the docstring)")
+    p.add_argument("--f1-questions", type=int, default=0,
+                   help="score F1 on the first N dev questions (0: all)")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
     sys.path.insert(0, str(REPO))
@@ -163,29 +225,34 @@ def main() -> None:
     tok = QATokenizer.from_dir(CHECKPOINT)
     spec, decode = WindowSpec(max_seq_len=384, overlap=128), DecodeSpec()
     dev = load_examples(DEV_SET)
+    if args.f1_questions:
+        dev = dev[:args.f1_questions]
     batches = _windows(DEV_SET, args.questions, 64)
-    ref_engine = load_engine("reference", CHECKPOINT, device="cuda", dtype="float32")
+    device = args.device
+    ref_engine = load_engine("reference", CHECKPOINT, device=device, dtype="float32")
     refs = [ref_engine.infer(*b) for b in batches]
     ref_f1 = score(dev, {k: t for k, (t, _) in predict_with_margins(
         dev, tok, ref_engine.infer, spec, decode, 64).items()})
     del ref_engine
     result: dict[str, Any] = {
-        "gpu": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"),
-        "questions_for_logits": args.questions, "grids": grids,
+        "gpu": torch.cuda.get_device_name() if device == "cuda" else "cpu",
+        "device": device, "date": time.strftime("%Y-%m-%d"),
+        "f1_questions": len(dev), "questions_for_logits": args.questions, "grids": grids,
         "windows_for_logits": int(sum(len(b[0]) for b in batches)),
         "reference": {"f1": ref_f1.f1, "exact": ref_f1.exact}, "runs": []}
     print(f"fp32 reference: F1 {ref_f1.f1:.2f} EM {ref_f1.exact:.2f}", flush=True)
 
     def engine(scheme: str, grid: float) -> FusedEngine:
         dtype = "float16" if scheme == "fp16" else "fp8"
-        base = FusedEngine.from_pretrained(CHECKPOINT, device="cuda", dtype=dtype)
+        base = FusedEngine.from_pretrained(CHECKPOINT, device=device, dtype=dtype)
         static = _static_inputs(scheme)
         if scheme.startswith("calibrated") or static is not None:
             calibrate_on(base, load_examples(TRAIN_SET)[:512], tok, spec, args.margin)
         default = scheme.startswith("calibrated_attn_")  # the engine's static inputs
-        return FusedEngine(_regrid(base.weights, grid, scheme == "rows_wtensor"), "cuda",
+        return FusedEngine(_regrid(base.weights, grid, scheme == "rows_wtensor"), device,
                            fp8_fast_accum=not scheme.endswith("_exact"),
-                           cuda_graphs=scheme != "calibrated_erf",
+                           cuda_graphs=not (scheme == "calibrated_erf"
+                                            or scheme.startswith("calibrated_attn_fp8")),
                            fp8_static_inputs=(FP8_STATIC_INPUTS if default
                                               else GEMMS if static is None else static))
 
@@ -241,27 +308,36 @@ def main() -> None:
         return {"f1": f1.f1, "exact": f1.exact, "mean_abs": abs_sum / count,
                 "max_abs": worst, "argmax_agree": agree / windows}
 
+    def patch(scheme: str, eng: FusedEngine, grid: float) -> tuple[Any, str, Any]:
+        """(module, attribute, replacement) that scheme runs with (itself where none)."""
+        if scheme == "calibrated_erf":
+            return encoder, "calibrated_ffn1", ffn1_erf(eng)
+        if scheme.startswith("calibrated_attn_fp8"):
+            return eng.ops, "attention_varlen", functools.partial(
+                fp8_attention, qkv8=not scheme.endswith("_p"), p8=not scheme.endswith("_qkv"))
+        if scheme.startswith("calibrated_attn_"):
+            return encoder, "_linear", attn_rows(eng, grid, {
+                "calibrated_attn_rows": "xw", "calibrated_attn_w8": "w",
+                "calibrated_attn_x8": "x"}[scheme])
+        return encoder, "calibrated_ffn1", encoder.calibrated_ffn1
+
     for scheme in schemes:
         for grid in grids if scheme != "fp16" else [1.0]:
             eng = engine(scheme, grid)
-            name, patch = (("calibrated_ffn1", ffn1_erf(eng)) if scheme == "calibrated_erf"
-                           else ("_linear", attn_rows(eng, grid, {
-                               "calibrated_attn_rows": "xw", "calibrated_attn_w8": "w",
-                               "calibrated_attn_x8": "x"}[scheme]))
-                           if scheme.startswith("calibrated_attn_")
-                           else ("calibrated_ffn1", encoder.calibrated_ffn1))
-            saved = getattr(encoder, name)
-            setattr(encoder, name, patch)
+            module, name, replacement = patch(scheme, eng, grid)
+            saved = getattr(module, name)
+            setattr(module, name, replacement)
             try:
                 row = {"scheme": scheme, "grid": grid, **measure(eng)}
             finally:
-                setattr(encoder, name, saved)
+                setattr(module, name, saved)
             result["runs"].append(row)
             print(json.dumps(row), flush=True)
             if args.out:
                 args.out.write_text(json.dumps(result, indent=1))
             del eng
-            torch.cuda.empty_cache()
+            if device == "cuda":
+                torch.cuda.empty_cache()
     print(f"\nF1 loss against fp32 ({ref_f1.f1:.2f}) and logit error, over grids {grids}:")
     for scheme in schemes:
         runs = [r for r in result["runs"] if r["scheme"] == scheme]

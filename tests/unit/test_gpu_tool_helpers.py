@@ -1,5 +1,6 @@
 """Helpers of the GPU experiment tools that run without a GPU: ``cutlass_ffn1``'s output
-comparison and ``gemm_workspace``'s per-configuration environments."""
+comparison, ``gemm_workspace``'s per-configuration environments and ``fp8_accuracy``'s FP8
+attention emulation."""
 
 from __future__ import annotations
 
@@ -32,3 +33,30 @@ def test_gemm_workspace_child_environments(monkeypatch: pytest.MonkeyPatch) -> N
     assert "CUBLAS_WORKSPACE_CONFIG" not in child_env("lt0")
     assert child_env("lt0_torch0")["CUBLAS_WORKSPACE_CONFIG"] == ":0:0"
     assert set(CONFIGS) == {"default", "lt0", "lt0_torch0"}
+
+
+def test_fp8_attention_emulation() -> None:
+    """``fp8_accuracy.fp8_attention``: without rounding it is the engine's attention spec
+    (``torch_ops.attention_varlen``); with Q/K/V and P in e4m3 it stays within e4m3's
+    error of it (relative step 2**-3), and each rounding alone changes the output."""
+    torch = pytest.importorskip("torch")
+    from benchmarks.fp8_accuracy import fp8_attention
+    from engine.fused import torch_ops
+
+    g = torch.Generator().manual_seed(0)
+    cu = torch.tensor([0, 70, 71, 200], dtype=torch.int32)
+    qkv = torch.randn(200, 3 * 128, generator=g)
+    bias = torch.randn(3 * 128, generator=g) * 0.1
+    ref = torch_ops.attention_varlen(qkv, bias, cu, 129, 3, 4)
+    exact = fp8_attention(qkv, bias, cu, 129, 3, 4, qkv8=False, p8=False)
+    assert torch.allclose(exact, ref, atol=1e-5)
+    outs = {}
+    for qkv8, p8 in ((True, False), (False, True), (True, True)):
+        out = fp8_attention(qkv, bias, cu, 129, 3, 4, config=None, tiles=None, qkv8=qkv8, p8=p8)
+        err = float((out - ref).abs().max())
+        assert 0 < err < 0.125 * float(ref.abs().max()), (qkv8, p8, err)
+        outs[(qkv8, p8)] = out
+    assert not torch.equal(outs[(True, False)], outs[(False, True)])
+    scale = torch.tensor([0.01])
+    q8 = fp8_attention(qkv, bias, cu, 129, 3, 4, fp8_scale=scale)
+    assert q8.dtype == torch.float8_e4m3fn
