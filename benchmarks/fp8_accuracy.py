@@ -35,7 +35,7 @@ to e4m3 that way and multiply in float32: which operand's rounding costs there.
 ``calibrated_attn_fp8`` is the calibrated default with attention itself on FP8 operands
 (:func:`fp8_attention`, emulated in float32): what an FP8 attention kernel would cost in
 accuracy before one is written; ``_qkv`` / ``_p`` round only Q, K and V / only the
-probabilities.
+probabilities; ``_fine`` scales Q and K per token and head and V per head.
 Ends with a table: mean and spread over the grids, against the fp32 reference's F1.
 
 ``--device cpu`` runs the same protocol on the CPU (the engine's torch ops: FP8 GEMMs as
@@ -61,7 +61,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 SCHEMES = ("fp16", "rows", "rows_exact", "rows_wtensor", "calibrated", "calibrated_exact",
            "calibrated_erf", "calibrated_attn_rows", "calibrated_attn_w8", "calibrated_attn_x8",
-           "calibrated_attn_fp8", "calibrated_attn_fp8_qkv", "calibrated_attn_fp8_p")
+           "calibrated_attn_fp8", "calibrated_attn_fp8_qkv", "calibrated_attn_fp8_p",
+           "calibrated_attn_fp8_fine")
 
 
 def _windows(path: Path, questions: int, batch: int) -> list[tuple[Any, Any, Any]]:
@@ -139,26 +140,30 @@ def _static_inputs(scheme: str) -> tuple[str, ...] | None:
     return gemms
 
 
-def _e4m3_tensor(t: Any) -> Any:
-    """``t`` rounded to e4m3 with one scale for the tensor (its amax / 448), dequantized."""
+def _e4m3_tensor(t: Any, dims: tuple[int, ...] | None = None) -> Any:
+    """``t`` rounded to e4m3, dequantized: one scale (amax / 448) for the tensor, or one per
+    slice that ``dims`` reduce over (e.g. ``(0, 2)`` of [tokens, heads, dim]: per head)."""
     import torch
 
     from engine.fused.fp8 import FP8_DTYPE, FP8_MAX
 
-    scale = t.abs().amax().clamp_min(1e-12) / FP8_MAX
+    amax = t.abs().amax() if dims is None else t.abs().amax(dim=dims, keepdim=True)
+    scale = amax.clamp_min(1e-12) / FP8_MAX
     return (t / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE).to(torch.float32) * scale
 
 
 def fp8_attention(qkv: Any, qkv_bias: Any, cu_seqlens: Any, max_seqlen: int, n_seqs: int,
                   num_heads: int, *args: Any, fp8_scale: Any = None, qkv8: bool = True,
-                  p8: bool = True, **kwargs: Any) -> Any:
+                  p8: bool = True, fine: bool = False, **kwargs: Any) -> Any:
     """``attention_varlen`` on FP8 operands, FlashAttention-3's recipe emulated in float32:
     with ``qkv8`` Q (its bias added, the softmax scale folded in), K and V rounded to e4m3
     with one scale per tensor (this call's amax: dynamic, an optimistic stand-in for
     calibrated scales); with ``p8`` the probabilities (in [0, 1] after each row's max)
     rounded to e4m3 for P.V, their row sums kept in float32. The K bias is dropped and the
-    V bias added after, as the engine's kernel does. The remaining arguments (tiles,
-    launch options) are ignored."""
+    V bias added after, as the engine's kernel does. ``fine`` scales Q and K per token and
+    head (a kernel folds those into each score's row and column) and V per head (folded
+    into the output), the finest scaling an FP8 kernel could apply for free. The remaining
+    arguments (tiles, launch options) are ignored."""
     import torch
 
     from engine.fused.fp8 import FP8_DTYPE, quantize_static
@@ -170,7 +175,8 @@ def fp8_attention(qkv: Any, qkv_bias: Any, cu_seqlens: Any, max_seqlen: int, n_s
     b = qkv_bias.float().view(3, num_heads, hd)
     q, k, v = (x[:, 0] + b[0]) / math.sqrt(hd), x[:, 1], x[:, 2]
     if qkv8:
-        q, k, v = _e4m3_tensor(q), _e4m3_tensor(k), _e4m3_tensor(v)
+        rows, heads = ((2,), (0, 2)) if fine else (None, None)
+        q, k, v = _e4m3_tensor(q, rows), _e4m3_tensor(k, rows), _e4m3_tensor(v, heads)
     out = torch.zeros((n, d), device=qkv.device, dtype=torch.float32)
     cu = cu_seqlens.tolist()
     for i in range(n_seqs):
@@ -314,7 +320,8 @@ def main() -> None:
             return encoder, "calibrated_ffn1", ffn1_erf(eng)
         if scheme.startswith("calibrated_attn_fp8"):
             return eng.ops, "attention_varlen", functools.partial(
-                fp8_attention, qkv8=not scheme.endswith("_p"), p8=not scheme.endswith("_qkv"))
+                fp8_attention, qkv8=not scheme.endswith("_p"), p8=not scheme.endswith("_qkv"),
+                fine=scheme.endswith("_fine"))
         if scheme.startswith("calibrated_attn_"):
             return encoder, "_linear", attn_rows(eng, grid, {
                 "calibrated_attn_rows": "xw", "calibrated_attn_w8": "w",

@@ -57,6 +57,13 @@ def test_fp8_attention_emulation() -> None:
         assert 0 < err < 0.125 * float(ref.abs().max()), (qkv8, p8, err)
         outs[(qkv8, p8)] = out
     assert not torch.equal(outs[(True, False)], outs[(False, True)])
+    # Per token and head scales for Q and K, per head for V: closer than one per tensor
+    # when the heads' magnitudes differ (e4m3 is floating point: not by much).
+    spread = qkv * torch.tensor([0.1, 1.0, 4.0, 0.5]).repeat_interleave(32).repeat(3)
+    coarse = fp8_attention(spread, bias, cu, 129, 3, 4, p8=False)
+    fine = fp8_attention(spread, bias, cu, 129, 3, 4, p8=False, fine=True)
+    exact_s = torch_ops.attention_varlen(spread, bias, cu, 129, 3, 4)
+    assert (fine - exact_s).abs().mean() < 0.9 * (coarse - exact_s).abs().mean()
     scale = torch.tensor([0.01])
     q8 = fp8_attention(qkv, bias, cu, 129, 3, 4, fp8_scale=scale)
     assert q8.dtype == torch.float8_e4m3fn
