@@ -18,9 +18,9 @@ Timer = Callable[[Callable[[], object], int], float]
 def capture_stream() -> Any:
     """The one stream the tools warm up and capture their timed CUDA graphs on
     (:func:`capture_graph`, for ``attn_backends``, ``bench_gpu.graph_time_ms`` and
-    ``cutlass_ffn1``): cuBLASLt keeps a
-    workspace per stream it has run on (32 MiB each), and the first call on a stream must
-    come before its capture, so a new stream per timing would pile them up."""
+    ``cutlass_ffn1``): cuBLASLt keeps a workspace per stream it has run on (32 MiB each),
+    and the first call on a stream must come before its capture, so a new stream per
+    timing would pile them up."""
     import torch
 
     return torch.cuda.Stream()
