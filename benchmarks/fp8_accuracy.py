@@ -192,6 +192,14 @@ def fp8_attention(qkv: Any, qkv_bias: Any, cu_seqlens: Any, max_seqlen: int, n_s
     return out.to(qkv.dtype) if fp8_scale is None else quantize_static(out, fp8_scale).data
 
 
+def attention_flags(scheme: str) -> dict[str, bool] | None:
+    """:func:`fp8_attention`'s flags for a ``calibrated_attn_fp8*`` scheme, else None."""
+    if not scheme.startswith("calibrated_attn_fp8"):
+        return None
+    return {"qkv8": not scheme.endswith("_p"), "p8": not scheme.endswith("_qkv"),
+            "fine": scheme.endswith("_fine")}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -318,10 +326,8 @@ def main() -> None:
         """(module, attribute, replacement) that scheme runs with (itself where none)."""
         if scheme == "calibrated_erf":
             return encoder, "calibrated_ffn1", ffn1_erf(eng)
-        if scheme.startswith("calibrated_attn_fp8"):
-            return eng.ops, "attention_varlen", functools.partial(
-                fp8_attention, qkv8=not scheme.endswith("_p"), p8=not scheme.endswith("_qkv"),
-                fine=scheme.endswith("_fine"))
+        if (flags := attention_flags(scheme)) is not None:
+            return eng.ops, "attention_varlen", functools.partial(fp8_attention, **flags)
         if scheme.startswith("calibrated_attn_"):
             return encoder, "_linear", attn_rows(eng, grid, {
                 "calibrated_attn_rows": "xw", "calibrated_attn_w8": "w",

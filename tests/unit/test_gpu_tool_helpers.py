@@ -4,6 +4,8 @@ attention emulation."""
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 
@@ -35,35 +37,85 @@ def test_gemm_workspace_child_environments(monkeypatch: pytest.MonkeyPatch) -> N
     assert set(CONFIGS) == {"default", "lt0", "lt0_torch0"}
 
 
+def _attention_spec(qkv, bias, cu, heads, q_round, k_round, v_round, p_round):  # type: ignore[no-untyped-def]
+    """Attention written out per sequence with the given roundings of Q (bias and softmax
+    scale in), K, V and P (row sums from the unrounded P; V bias added after)."""
+    import math
+
+    import torch
+
+    n, d = qkv.shape[0], qkv.shape[1] // 3
+    hd = d // heads
+    x = qkv.float().view(n, 3, heads, hd)
+    b = bias.float().view(3, heads, hd)
+    q, k, v = q_round((x[:, 0] + b[0]) / math.sqrt(hd)), k_round(x[:, 1]), v_round(x[:, 2])
+    out = torch.zeros(n, d)
+    c = cu.tolist()
+    for a, e in itertools.pairwise(c):
+        qs, ks, vs = (t[a:e].transpose(0, 1) for t in (q, k, v))
+        sc = qs @ ks.transpose(1, 2)
+        p = torch.exp(sc - sc.amax(-1, keepdim=True))
+        out[a:e] = ((p_round(p) @ vs) / p.sum(-1, keepdim=True)).transpose(0, 1).reshape(-1, d)
+    return out + b[2].reshape(d)
+
+
 def test_fp8_attention_emulation() -> None:
-    """``fp8_accuracy.fp8_attention``: without rounding it is the engine's attention spec
-    (``torch_ops.attention_varlen``); with Q/K/V and P in e4m3 it stays within e4m3's
-    error of it (relative step 2**-3), and each rounding alone changes the output."""
+    """``fp8_accuracy.fp8_attention`` against attention written out with each rounding:
+    none (then also the engine's spec, ``torch_ops.attention_varlen``), Q/K/V per tensor,
+    P in e4m3, both, and Q/K per token and head with V per head; its e4m3 output equals
+    the spec's with the same scale; the schemes map to their flags."""
     torch = pytest.importorskip("torch")
-    from benchmarks.fp8_accuracy import fp8_attention
+    from benchmarks.fp8_accuracy import _e4m3_tensor, attention_flags, fp8_attention
     from engine.fused import torch_ops
+    from engine.fused.fp8 import FP8_DTYPE
 
     g = torch.Generator().manual_seed(0)
     cu = torch.tensor([0, 70, 71, 200], dtype=torch.int32)
     qkv = torch.randn(200, 3 * 128, generator=g)
+    qkv = qkv * torch.tensor([0.1, 1.0, 4.0, 0.5]).repeat_interleave(32).repeat(3)
     bias = torch.randn(3 * 128, generator=g) * 0.1
-    ref = torch_ops.attention_varlen(qkv, bias, cu, 129, 3, 4)
+
+    def keep(t):  # type: ignore[no-untyped-def]
+        return t
+
+    def tensor(t):  # type: ignore[no-untyped-def]
+        return _e4m3_tensor(t)
+
+    def p8(t):  # type: ignore[no-untyped-def]
+        return t.to(FP8_DTYPE).float()
+
+    def rows(t):  # type: ignore[no-untyped-def]
+        return _e4m3_tensor(t, (2,))
+
+    def heads(t):  # type: ignore[no-untyped-def]
+        return _e4m3_tensor(t, (0, 2))
+
     exact = fp8_attention(qkv, bias, cu, 129, 3, 4, qkv8=False, p8=False)
-    assert torch.allclose(exact, ref, atol=1e-5)
+    # (the spec adds the K bias that softmax cancels: float32 rounding apart)
+    assert torch.allclose(exact, torch_ops.attention_varlen(qkv, bias, cu, 129, 3, 4),
+                          atol=1e-4)
+    cases = {
+        (False, False, False): (keep, keep, keep, keep),
+        (True, False, False): (tensor, tensor, tensor, keep),
+        (False, True, False): (keep, keep, keep, p8),
+        (True, True, False): (tensor, tensor, tensor, p8),
+        (True, False, True): (rows, rows, heads, keep),
+    }
     outs = {}
-    for qkv8, p8 in ((True, False), (False, True), (True, True)):
-        out = fp8_attention(qkv, bias, cu, 129, 3, 4, config=None, tiles=None, qkv8=qkv8, p8=p8)
-        err = float((out - ref).abs().max())
-        assert 0 < err < 0.125 * float(ref.abs().max()), (qkv8, p8, err)
-        outs[(qkv8, p8)] = out
-    assert not torch.equal(outs[(True, False)], outs[(False, True)])
-    # Per token and head scales for Q and K, per head for V: closer than one per tensor
-    # when the heads' magnitudes differ (e4m3 is floating point: not by much).
-    spread = qkv * torch.tensor([0.1, 1.0, 4.0, 0.5]).repeat_interleave(32).repeat(3)
-    coarse = fp8_attention(spread, bias, cu, 129, 3, 4, p8=False)
-    fine = fp8_attention(spread, bias, cu, 129, 3, 4, p8=False, fine=True)
-    exact_s = torch_ops.attention_varlen(spread, bias, cu, 129, 3, 4)
-    assert (fine - exact_s).abs().mean() < 0.9 * (coarse - exact_s).abs().mean()
+    for (qkv8, p_8, fine), rounds in cases.items():
+        out = fp8_attention(qkv, bias, cu, 129, 3, 4, config=None, tiles=None, qkv8=qkv8,
+                            p8=p_8, fine=fine)
+        assert torch.allclose(out, _attention_spec(qkv, bias, cu, 4, *rounds), atol=1e-5)
+        outs[(qkv8, p_8, fine)] = out
+    assert len({o.sum().item() for o in outs.values()}) == len(outs)  # each rounding counts
     scale = torch.tensor([0.01])
-    q8 = fp8_attention(qkv, bias, cu, 129, 3, 4, fp8_scale=scale)
-    assert q8.dtype == torch.float8_e4m3fn
+    q8 = fp8_attention(qkv, bias, cu, 129, 3, 4, fp8_scale=scale, qkv8=False, p8=False)
+    ref8 = torch_ops.attention_varlen(qkv, bias, cu, 129, 3, 4, fp8_scale=scale)
+    assert q8.dtype == FP8_DTYPE and torch.equal(q8.view(torch.uint8), ref8.view(torch.uint8))
+    assert attention_flags("calibrated_attn_fp8") == {"qkv8": True, "p8": True, "fine": False}
+    assert attention_flags("calibrated_attn_fp8_qkv") == {"qkv8": True, "p8": False,
+                                                         "fine": False}
+    assert attention_flags("calibrated_attn_fp8_p") == {"qkv8": False, "p8": True,
+                                                       "fine": False}
+    assert attention_flags("calibrated_attn_fp8_fine")["fine"] is True
+    assert attention_flags("calibrated_attn_rows") is None
