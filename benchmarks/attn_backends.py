@@ -153,12 +153,26 @@ def _time_graph(fn: Callable[[], Any], layers: int, replays: int) -> tuple[float
     return statistics.median(times), graphed
 
 
+def packed_qkv(lengths: list[int], hidden: int) -> tuple[Any, Any, Any]:
+    """Random attention inputs on the GPU for sequences of ``lengths``: ``cu_seqlens``
+    (int32), a packed fp16 QKV GEMM output [tokens, 3 * hidden] and its bias."""
+    import numpy as np
+    import torch
+
+    cu = torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int32,
+                      device="cuda")
+    g = torch.Generator(device="cuda").manual_seed(0)
+    qkv = torch.randn((sum(lengths), 3 * hidden), generator=g, device="cuda",
+                      dtype=torch.float16)
+    bias = torch.randn((3 * hidden,), generator=g, device="cuda", dtype=torch.float16) * 0.1
+    return cu, qkv, bias
+
+
 def run_shape(name: str, batch: int, seq: int | None, layers: int, replays: int,
               tiles: tuple[tuple[int, int, int, int], ...] = (),
               backends: tuple[str, ...] = BACKENDS,
               split_caps: tuple[int, ...] = ()) -> dict[str, Any]:
     import numpy as np
-    import torch
 
     from benchmarks.bench_gpu import MODELS, squad_lengths
     from engine.fused.kernels import attention_tiles, attention_varlen
@@ -169,11 +183,7 @@ def run_shape(name: str, batch: int, seq: int | None, layers: int, replays: int,
     lengths = ([int(v) for v in rng.choice(squad_lengths(), batch)] if seq is None
                else [seq] * batch)
     t, max_len = sum(lengths), max(lengths)
-    cu = torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int32,
-                      device="cuda")
-    g = torch.Generator(device="cuda").manual_seed(0)
-    qkv = torch.randn((t, 3 * d), generator=g, device="cuda", dtype=torch.float16)
-    bias = torch.randn((3 * d,), generator=g, device="cuda", dtype=torch.float16) * 0.1
+    cu, qkv, bias = packed_qkv(lengths, d)
     qkv_b = qkv + bias
     scale = (d // heads) ** -0.5
     label = f"{name} {'mix' if seq is None else 'x'.join(map(str, (batch, seq)))}"

@@ -26,7 +26,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +44,7 @@ def child(windows: int) -> dict[str, Any]:
     from torch.profiler import ProfilerActivity, profile
 
     from benchmarks.bench_gpu import device_packed, mix_engine, mix_windows
+    from benchmarks.rounds import wall_ms
     from engine.fused import cublaslt
 
     if "LT_WORKSPACE_BYTES" in os.environ:
@@ -61,14 +61,12 @@ def child(windows: int) -> dict[str, Any]:
             engine._run_device(*batches[1])
             torch.cuda.synchronize()
         names = [e.name for e in prof.events() if e.device_type.name == "CUDA"]
-        rounds = []
-        for _ in range(3):
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
+
+        def twelve() -> None:
             for i in range(12):
                 engine._run_device(*batches[i % 4])
-            torch.cuda.synchronize()
-            rounds.append((time.perf_counter() - t0) / 12 * 1e3)
+
+        rounds = [wall_ms(twelve, 1) / 12 for _ in range(3)]
     return {"memsets": sum("memset" in n.lower() for n in names),
             "gemm_kernels": sorted({n for n in names if "nvjet" in n or "gemm" in n.lower()}),
             "ms_rounds": rounds, "windows_per_s": windows / min(rounds) * 1e3}

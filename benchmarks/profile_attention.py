@@ -34,18 +34,14 @@ def main() -> None:
     import numpy as np
     import torch
 
+    from benchmarks.attn_backends import packed_qkv
     from benchmarks.bench_gpu import squad_lengths
     from engine.fused.kernels import attention_tiles, attention_varlen
 
     rng = np.random.default_rng(3)
     lengths = [int(v) for v in rng.choice(squad_lengths(), args.windows)]
     t, max_len, n = sum(lengths), max(lengths), len(lengths)
-    d = args.heads * args.head_dim
-    cu = torch.tensor(np.concatenate([[0], np.cumsum(lengths)]), dtype=torch.int32,
-                      device="cuda")
-    g = torch.Generator(device="cuda").manual_seed(0)
-    qkv = torch.randn((t, 3 * d), generator=g, device="cuda", dtype=torch.float16)
-    bias = torch.randn((3 * d,), generator=g, device="cuda", dtype=torch.float16) * 0.1
+    cu, qkv, bias = packed_qkv(lengths, args.heads * args.head_dim)
     tiles = attention_tiles(cu, t, n, max_len, args.heads, args.head_dim)
     variants = [("tile list", tiles), ("grid", None)]
     for _, tl_ in variants:  # compile (the profiler skips these)

@@ -59,6 +59,21 @@ def cuda_ms(fn: Callable[[], object], reps: int) -> float:
     return float(start.elapsed_time(end)) / reps
 
 
+def wall_ms(fn: Callable[[], object], reps: int) -> float:
+    """Wall-clock time of ``reps`` calls of ``fn`` between two device synchronizations, ms
+    per call: what a caller waits for, host work and every stream included."""
+    import time
+
+    import torch
+
+    torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - t0) * 1e3 / reps
+
+
 def interleaved(variants: Mapping[str, Callable[[], object]], rounds: int, reps: int,
                 warm: int = 1, prepare: Callable[[str], None] | None = None,
                 report: Callable[[int, dict[str, float]], None] | None = None,

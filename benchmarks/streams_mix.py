@@ -50,7 +50,7 @@ def main() -> None:
     import torch
 
     from benchmarks.bench_gpu import device_packed, mix_engine, mix_windows, static_everywhere
-    from benchmarks.rounds import interleaved
+    from benchmarks.rounds import interleaved, wall_ms
     from engine.fused import cublaslt
     from engine.fused.engine import FusedEngine
 
@@ -99,18 +99,12 @@ def main() -> None:
                       f"of {len(diffs)} passes", flush=True)
                 variants[name] = run
 
-        def wall_ms(fn: Callable[[], object], reps: int) -> float:
-            torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            for _ in range(reps):
-                fn()
-            return (time.perf_counter() - t0) * 1e3 / (reps * args.passes)
-
-        def report(r: int, ms: dict[str, float]) -> None:
-            print(f"round {r}: " + "  ".join(f"{k} {args.windows / v * 1e3:.0f}/s"
+        def report(r: int, ms: dict[str, float]) -> None:  # ms: per round of passes
+            print(f"round {r}: " + "  ".join(f"{k} {args.windows * args.passes / v * 1e3:.0f}/s"
                                               for k, v in ms.items()), flush=True)
 
-        times = interleaved(variants, args.rounds, 1, report=report, timer=wall_ms)
+        times = {name: [t / args.passes for t in ms] for name, ms in interleaved(
+            variants, args.rounds, 1, report=report, timer=wall_ms).items()}
     print(f"\n{args.model} mix x{args.windows}, windows/s (median of {args.rounds} rounds, "
           f"{args.passes} passes each{', one shared workspace' * args.shared_workspace}):")
     for name, t in times.items():
