@@ -1,3 +1,4 @@
+# mypy: disable-error-code="no-untyped-def,untyped-decorator,no-untyped-call"
 """What a handoff between dependent kernels costs at batch-1 sizes, and whether per-row-block
 readiness flags beat the grid-wide wait of programmatic dependent launch (PDL).
 
