@@ -34,7 +34,7 @@ from typing import Any
 import triton
 import triton.language as tl
 
-MODES = ("plain", "pdl", "flags")
+MODES = ("plain", "pdl", "flags", "flags_late")
 
 
 
@@ -60,11 +60,13 @@ def _step_kernel(x_ptr, w_ptr, y_ptr, flags_ptr, step, M, H: tl.constexpr,
     if MODE == 1 and HW:
         tl.extra.cuda.gdc_wait()
         tl.extra.cuda.gdc_launch_dependents()
-    if MODE == 2:
-        if HW:
+    if MODE >= 2:
+        if HW and MODE == 2:
             tl.extra.cuda.gdc_launch_dependents()
         if step > 0:
             _wait_count(flags_ptr + (step - 1) * row_blocks + rb, tl.num_programs(1), HW)
+        if HW and MODE == 3:
+            tl.extra.cuda.gdc_launch_dependents()
     offs_m = rb * BM + tl.arange(0, BM)
     offs_n = cb * BN + tl.arange(0, BN)
     rmask = offs_m < M
@@ -81,7 +83,7 @@ def _step_kernel(x_ptr, w_ptr, y_ptr, flags_ptr, step, M, H: tl.constexpr,
         acc = a.to(tl.float32)[:, None] + offs_n[None, :].to(tl.float32) * 1e-3
     tl.store(y_ptr + offs_m[:, None] * H + offs_n[None, :], acc.to(y_ptr.dtype.element_ty),
              mask=rmask[:, None])
-    if MODE == 2:
+    if MODE >= 2:
         tl.debug_barrier()  # every thread's stores happen before the release
         tl.atomic_add(flags_ptr + step * row_blocks + rb, 1, sem="release", scope="gpu")
 
