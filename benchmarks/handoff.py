@@ -6,7 +6,7 @@ The small-batch path (BERT-base 1x128) is a chain of ~60 dependent kernels, each
 of which about 2 µs is the handoff (v5: grid drain, memory flush, ``griddepcontrol.wait``).
 Here a chain of ``--steps`` GEMM kernels ``x_{k+1} = x_k W_k`` (``--tokens`` rows, hidden
 ``--hidden``, tile BM x BN, K loop over the hidden size), captured in one CUDA graph, runs
-in three modes:
+in four modes:
 
 - ``plain``: ordinary launches; each kernel starts after the previous one has finished.
 - ``pdl``: ``launch_pdl``; each program waits on ``griddepcontrol.wait`` (the whole previous
@@ -15,8 +15,11 @@ in three modes:
   a counter of its row block of the previous kernel (one release add per finished tile,
   acquire once the count is reached). A program waits for its own rows only, not for the
   grid, and nothing waits for the flush of a grid's exit.
+- ``flags_late``: as ``flags``, but the next kernel may launch only once the flag wait is
+  over, so at most two kernels' programs are resident (with ``flags`` every kernel of the
+  chain launches at once and all but one spin).
 
-All three compute the same thing in the same order, so their outputs must be equal bit for
+All four compute the same thing in the same order, so their outputs must be equal bit for
 bit (checked each run: a flag that released too early would show). The per-kernel time is
 the graph's time over the steps. ``--work none`` drops the K loop (one row read per
 program): the handoff alone.
