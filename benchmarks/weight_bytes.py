@@ -140,7 +140,7 @@ def measure(tokens: int, steps: int, rounds: int, reps: int, shapes: list[str],
         x = (torch.randn(tokens, k, device="cuda", generator=gen) * 0.5).half()
         dst = torch.empty((splits, tokens, n) if splits > 1 else (tokens, n), device="cuda",
                           dtype=torch.float32 if splits > 1 else torch.float16)
-        runs, check = {}, {}
+        runs, check, alive = {}, {}, []
         for variant in variants:
             dtype, _, form = variant.partition(":")
             indexed = form == "indexed"
@@ -151,15 +151,16 @@ def measure(tokens: int, steps: int, rounds: int, reps: int, shapes: list[str],
             gemm(x, w0, s0, dst, splits, config, pdl=False, indexed=indexed)
             got = dst.float().sum(0) if splits > 1 else dst.float()
             check[variant] = float((got - ref).abs().max() / ref.abs().max())
-            runs[variant] = capture_graph(
-                functools.partial(chain, x, ws, dst, splits, config, indexed), 1).replay
+            fn = functools.partial(chain, x, ws, dst, splits, config, indexed)
+            alive.append(fn)  # the graph reads its weights: keep them until it is done
+            runs[variant] = capture_graph(fn, 1).replay
         times = interleaved(runs, rounds, reps, timer=cuda_ms)
         us = {d: statistics.median(t) * 1e3 / steps for d, t in times.items()}
         out[name] = {"k": k, "n": n, "splits": splits, "config": list(config),
                      "us_per_kernel": us, "rounds_ms": times, "max_rel_err": check}
         print(f"{name} K={k} N={n} /{splits}: " + " ".join(
             f"{d} {v:.2f} us" for d, v in us.items()) + f"  err={check}", flush=True)
-        del runs
+        del runs, alive
         torch.cuda.empty_cache()
     return out
 

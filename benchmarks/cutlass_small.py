@@ -1,0 +1,135 @@
+"""Batch-1 GEMMs with thread-block clusters: do CUTLASS kernels whose clusters share operand
+tiles through TMA multicast beat the engine's Triton GEMM at 128 tokens?
+
+    engine/fused/cuda/build.sh small     # nvcc, no GPU needed
+    python3 -m benchmarks.cutlass_small --lib build/cuda/libqa_small_gemm.so --out small.json
+
+``handoff.py`` put a PDL handoff at ~0.9 µs and a 768x768 GEMM chain with L2-resident
+weights at ~3.1 µs a kernel, about 5.5 TB/s of L2-to-SM traffic: at 128 tokens each
+GEMM's programs pull its row blocks of activations once per column tile and its weight
+tiles once per row tile, several times the weight bytes. ``weight_bytes.py`` found
+one-byte weights slower, so halving the weight bytes is not the lever; cutting the re-reads
+might be. A cluster of (cm, cn) CTAs loads each activation tile once for its cn column
+tiles and each weight tile once for its cm row tiles (``benchmarks/cutlass/small_gemm.cu``).
+
+Per shape of a BERT-base layer (``weight_bytes.SHAPES``, unsplit here: CUTLASS's kernels
+take no split-K partials), a chain of ``--steps`` GEMMs over as many distinct weight
+copies (HBM-resident, as in a real pass), launched with PDL, captured in one CUDA graph:
+every CUTLASS variant against ``weight_bytes``'s Triton kernel (the engine's K loop and
+L2 weight prefetch) with the same tiles, interleaved rounds, µs per GEMM. Every variant's
+output is checked against float32 math on the same operands. Random data.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import functools
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_LIB = REPO / "build" / "cuda" / "libqa_small_gemm.so"
+
+
+def load(lib_path: Path) -> ctypes.CDLL:
+    lib = ctypes.CDLL(str(lib_path))
+    lib.qa_small_gemm_variants.restype = ctypes.c_int
+    lib.qa_small_gemm_name.restype = ctypes.c_char_p
+    lib.qa_small_gemm_name.argtypes = [ctypes.c_int]
+    lib.qa_small_gemm.restype = ctypes.c_int
+    lib.qa_small_gemm.argtypes = ([ctypes.c_int] + [ctypes.c_void_p] * 3 + [ctypes.c_int] * 4
+                                  + [ctypes.c_void_p])
+    return lib
+
+
+def cutlass_chain(lib: ctypes.CDLL, variant: int, x: Any, ws: list[Any], out: Any,
+                  pdl: bool = True) -> None:
+    """One CUTLASS GEMM per weight copy on the current stream (raises on a nonzero code)."""
+    import torch
+
+    stream = torch.cuda.current_stream().cuda_stream
+    m, k = x.shape
+    for w in ws:
+        rc = lib.qa_small_gemm(variant, x.data_ptr(), w.data_ptr(), out.data_ptr(), m,
+                               w.shape[0], k, int(pdl), stream)
+        if rc:
+            raise RuntimeError(f"qa_small_gemm variant {variant} returned {rc}")
+
+
+def measure(lib: ctypes.CDLL, tokens: int, steps: int, rounds: int, reps: int,
+            shapes: list[str], variants: list[int]) -> dict[str, Any]:
+    import torch
+
+    from benchmarks.rounds import capture_graph, cuda_ms, interleaved
+    from benchmarks.weight_bytes import SHAPES, chain, gemm
+
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    out: dict[str, Any] = {}
+    for name in shapes:
+        k, n, _, _ = SHAPES[name]
+        x = (torch.randn(tokens, k, device="cuda", generator=gen) * 0.5).half()
+        ws = [(torch.randn(n, k, device="cuda", generator=gen) * 0.02).half()
+              for _ in range(steps)]
+        dst = torch.empty(tokens, n, device="cuda", dtype=torch.float16)
+        ref = x.float() @ ws[0].float().t()
+        ones = torch.ones(n, device="cuda")
+        fns: dict[str, Any] = {}
+        errors: dict[str, float] = {}
+        for cfg in ((64, 64, 64, 4, 4), (64, 64, 128, 4, 3)):
+            label = "triton " + "x".join(map(str, cfg[:3]))
+
+            gemm(x, ws[0], ones, dst, 1, cfg, pdl=False)
+            errors[label] = float((dst.float() - ref).abs().max() / ref.abs().max())
+            fns[label] = functools.partial(chain, x, [(w, ones) for w in ws], dst, 1, cfg,
+                                           False)
+        for v in variants:
+            label = "cutlass " + lib.qa_small_gemm_name(v).decode()
+            cutlass_chain(lib, v, x, ws[:1], dst, pdl=False)
+            torch.cuda.synchronize()
+            errors[label] = float((dst.float() - ref).abs().max() / ref.abs().max())
+            fns[label] = functools.partial(cutlass_chain, lib, v, x, ws, dst)
+        graphs = {label: capture_graph(fn, 1) for label, fn in fns.items()}
+        times = interleaved({label: g.replay for label, g in graphs.items()}, rounds, reps,
+                            timer=cuda_ms)
+        us = {label: statistics.median(t) * 1e3 / steps for label, t in times.items()}
+        out[name] = {"k": k, "n": n, "us_per_gemm": us, "rounds_ms": times,
+                     "max_rel_err": errors}
+        print(f"{name} K={k} N={n}:", flush=True)
+        for label, v_us in sorted(us.items(), key=lambda kv: kv[1]):
+            print(f"  {label:32s} {v_us:6.2f} us  err {errors[label]:.1e}", flush=True)
+        del graphs, fns, ws
+        torch.cuda.empty_cache()
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--lib", type=Path, default=DEFAULT_LIB)
+    p.add_argument("--tokens", type=int, default=128)
+    p.add_argument("--steps", type=int, default=48)
+    p.add_argument("--shapes", default="qkv,out,ffn1,ffn2")
+    p.add_argument("--variants", default="", help="CUTLASS variant numbers (default: all)")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--reps", type=int, default=50)
+    p.add_argument("--commit", default="")
+    p.add_argument("--out", default="")
+    a = p.parse_args(argv)
+    import torch
+
+    lib = load(a.lib)
+    variants = ([int(v) for v in a.variants.split(",")] if a.variants
+                else list(range(lib.qa_small_gemm_variants())))
+    res = {"gpu": torch.cuda.get_device_name(), "commit": a.commit, "tokens": a.tokens,
+           "steps": a.steps,
+           "results": measure(lib, a.tokens, a.steps, a.rounds, a.reps, a.shapes.split(","),
+                              variants)}
+    if a.out:
+        with open(a.out, "w") as f:
+            json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
