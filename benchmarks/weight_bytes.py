@@ -33,7 +33,8 @@ import triton.language as tl
 from engine.fused.kernels.common import launch_options, pdl_enter
 from engine.fused.kernels.matmul import grouped_tile, prefetch_slices
 
-# weight dtypes; ``:indexed`` = the loop-index pointer form (:func:`_wq_gemm_kernel`)
+# weight dtypes; ``:indexed`` = the loop-index pointer form (:func:`_wq_gemm_kernel`);
+# ``@BMxBNxBK/warps/stages`` = other tiles than the shape's (e.g. ``float16@64x64x64/4/8``)
 VARIANTS = ("float16", "float16:indexed", "int8", "e4m3", "e4m3:indexed")
 # name: (K, N, splits, (BM, BN, BK, warps, stages)) -- the engine's small_batch_plan at 128
 SHAPES: dict[str, tuple[int, int, int, tuple[int, ...]]] = {
@@ -120,6 +121,12 @@ def gemm(x: Any, w: Any, s: Any, out: Any, splits: int, config: tuple[int, ...],
                           **launch_options(pdl))
 
 
+def parse_config(text: str) -> tuple[int, ...]:
+    """``"64x64x64/4/8"`` -> (64, 64, 64, 4, 8): tile, warps, stages."""
+    tile, warps, stages = text.split("/")
+    return (*(int(v) for v in tile.split("x")), int(warps), int(stages))
+
+
 def chain(x: Any, ws: list[tuple[Any, Any]], dst: Any, splits: int,
           config: tuple[int, ...], indexed: bool) -> None:
     """One kernel per weight copy, each waiting for the one before (PDL)."""
@@ -142,16 +149,18 @@ def measure(tokens: int, steps: int, rounds: int, reps: int, shapes: list[str],
                           dtype=torch.float32 if splits > 1 else torch.float16)
         runs, check, alive = {}, {}, []
         for variant in variants:
-            dtype, _, form = variant.partition(":")
+            head, _, tiles = variant.partition("@")
+            dtype, _, form = head.partition(":")
             indexed = form == "indexed"
+            cfg = parse_config(tiles) if tiles else config
             ws = [quantize(torch.randn(n, k, device="cuda", generator=gen) * 0.02, dtype)
                   for _ in range(steps)]
             w0, s0 = ws[0]
             ref = x.float() @ (w0.float() * s0[:, None]).t()
-            gemm(x, w0, s0, dst, splits, config, pdl=False, indexed=indexed)
+            gemm(x, w0, s0, dst, splits, cfg, pdl=False, indexed=indexed)
             got = dst.float().sum(0) if splits > 1 else dst.float()
             check[variant] = float((got - ref).abs().max() / ref.abs().max())
-            fn = functools.partial(chain, x, ws, dst, splits, config, indexed)
+            fn = functools.partial(chain, x, ws, dst, splits, cfg, indexed)
             alive.append(fn)  # the graph reads its weights: keep them until it is done
             runs[variant] = capture_graph(fn, 1).replay
         times = interleaved(runs, rounds, reps, timer=cuda_ms)
