@@ -1,0 +1,123 @@
+"""The Triton kernels of the batch-1 GPU experiments (``benchmarks/handoff.py``,
+``benchmarks/weight_bytes.py``), run on the CPU through Triton's interpreter, and their
+host-side helpers.
+
+``@triton.jit`` reads ``TRITON_INTERPRET`` when a kernel is defined, so the kernel checks run
+in one child process started with it (as ``test_fused_kernels`` does), which prints one JSON
+object of results. References are float32 torch products of the same fp16 inputs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+_CHILD = r"""
+import json
+import torch
+from benchmarks.handoff import MODES, chain
+from benchmarks.weight_bytes import gemm, quantize
+
+out = {}
+g = torch.Generator().manual_seed(0)
+x0 = torch.randn(70, 64, generator=g).half()           # a partial second row block
+ws = [(torch.randn(64, 64, generator=g) / 8).half() for _ in range(3)]
+ref = x0.clone()
+for k in range(4):
+    ref = (ref.float() @ ws[k % 3].float()).half()
+for mode in MODES:
+    for work in (True, False):
+        bufs, run = chain(x0, ws, 4, mode, work, bm=64, bn=32, bk=32)
+        y = run()
+        out[f"handoff {mode} {work}"] = {
+            "err": float((y.float() - ref.float()).abs().max()) if work else 0.0,
+            "y": y.float().sum().item(),
+            "is_last_buffer": y.data_ptr() == bufs[4 % 2].data_ptr(),
+        }
+x = (torch.randn(70, 256, generator=g) * 0.5).half()
+for dtype in ("float16", "int8", "e4m3"):
+    w, s = quantize(torch.randn(96, 256, generator=g) * 0.02, dtype)
+    ref = x.float() @ (w.float() * s[:, None]).t()
+    for indexed in (False, True):
+        for splits, cfg in ((1, (64, 32, 64, 4, 3)), (2, (64, 32, 64, 4, 4))):
+            shape = (splits, 70, 96) if splits > 1 else (70, 96)
+            dst = torch.full(shape, float("nan"),
+                             dtype=torch.float32 if splits > 1 else torch.float16)
+            gemm(x, w, s, dst, splits, cfg, pdl=False, indexed=indexed)
+            got = dst.float().sum(0) if splits > 1 else dst.float()
+            out[f"weight_bytes {dtype} {indexed} {splits}"] = float(
+                (got - ref).abs().max() / ref.abs().max())
+print(json.dumps(out))
+"""
+
+
+@pytest.fixture(scope="module")
+def child() -> dict[str, object]:
+    pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="")
+    proc = subprocess.run([sys.executable, "-c", _CHILD], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])  # type: ignore[no-any-return]
+
+
+def test_handoff_modes_compute_the_same_chain(child: dict[str, object]) -> None:
+    """Every handoff mode runs the same GEMM chain (fp16 rounding per step, so within one
+    fp16 step of the float32 reference) and returns the last step's buffer; without the K
+    loop all modes still produce one identical output."""
+    from benchmarks.handoff import MODES
+
+    for mode in MODES:
+        gemm = child[f"handoff {mode} True"]
+        assert isinstance(gemm, dict)
+        assert gemm["is_last_buffer"]
+        assert gemm["err"] <= 4e-3, (mode, gemm)
+    none = {child[f"handoff {mode} False"]["y"] for mode in MODES}  # type: ignore[index]
+    assert len(none) == 1
+
+
+def test_weight_bytes_gemm_matches_dequantized_product(child: dict[str, object]) -> None:
+    """``weight_bytes.gemm``: fp16, int8 and e4m3 weights, both pointer forms, whole and
+    split-K (float32 partials summed) against float32 math on the dequantized weights."""
+    for dtype in ("float16", "int8", "e4m3"):
+        for indexed in (False, True):
+            for splits in (1, 2):
+                err = child[f"weight_bytes {dtype} {indexed} {splits}"]
+                assert isinstance(err, float)
+                assert err < 2e-3, (dtype, indexed, splits, err)
+
+
+def test_weight_bytes_quantize() -> None:
+    """One scale per output row: int8 uses the full +-127, e4m3 reaches 448, and the
+    dequantized weight is within half a step of the original."""
+    torch = pytest.importorskip("torch")
+    from benchmarks.weight_bytes import quantize
+
+    w = torch.randn(16, 64, generator=torch.Generator().manual_seed(1))
+    w[3] *= 100.0  # one row far larger: its scale must not leak into the others
+    q8, s8 = quantize(w, "int8")
+    assert q8.dtype == torch.int8 and s8.shape == (16,)
+    assert (q8.abs().amax(dim=1) == 127).all()
+    assert ((q8.float() * s8[:, None] - w).abs() <= s8[:, None] / 2 + 1e-6).all()
+    qf, sf = quantize(w, "e4m3")
+    assert torch.allclose(qf.float().abs().amax(dim=1), torch.full((16,), 448.0))
+    rel = (qf.float() * sf[:, None] - w).abs() / w.abs().clamp_min(1e-3)
+    assert float(rel[w.abs() > 1e-2 * w.abs().amax(dim=1, keepdim=True)].max()) <= 2 ** -4
+    h, ones = quantize(w, "float16")
+    assert h.dtype == torch.float16 and (ones == 1).all()
+
+
+def test_weight_bytes_parse_config() -> None:
+    from benchmarks.weight_bytes import parse_config
+
+    assert parse_config("64x64x128/4/3") == (64, 64, 128, 4, 3)
+    with pytest.raises(ValueError):
+        parse_config("64x64x128/4")
