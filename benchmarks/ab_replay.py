@@ -14,7 +14,9 @@ with the first variant's.
 ``--dtype fp8`` builds the e4m3 engine; a variant's ``"fp8_scaling": "blocks"`` packs its
 own block-scaled weights, and ``"calibrate": true`` calibrates its static FP8 scales
 (``FusedEngine.calibrate``) on 256 other windows of the same lengths first.
-``--set NAME:module.ATTR=VALUE`` sets a module constant (a Python literal) while variant
+``--setup module:function`` calls that function once, before any engine is built (e.g.
+``benchmarks.cutlass_small:install``, which swaps kernels that ``--set`` then picks per
+variant). ``--set NAME:module.ATTR=VALUE`` sets a module constant (a Python literal) while variant
 NAME's graph is captured, and restores it after: launch choices that are not engine
 options (e.g. the row kernels' tiles, ``engine.fused.kernels.rows.ROW_TILE_LARGE``) are
 fixed into the graph at capture. Set the module that *reads* the constant (a re-export
@@ -73,6 +75,7 @@ def main() -> None:
     p.add_argument("--dtype", default="float16", help="float16, bfloat16 or fp8")
     p.add_argument("--set", type=_setting, action="append", default=[],
                    help="NAME:module.ATTR=VALUE while variant NAME is captured")
+    p.add_argument("--setup", default=None, help="module:function to call before the engines")
     p.add_argument("--variant", type=_variant, action="append", required=True,
                    help="NAME=JSON engine options (the first is the reference)")
     p.add_argument("--rounds", type=int, default=5)
@@ -87,6 +90,9 @@ def main() -> None:
     for _, module, attr, _ in args.set:  # a typo would silently A/B identical graphs
         if not hasattr(importlib.import_module(module), attr):
             p.error(f"--set: {module} has no attribute {attr!r}")
+    if args.setup:
+        module, _, func = args.setup.partition(":")
+        getattr(importlib.import_module(module), func)()
     import numpy as np
     import torch
 

@@ -18,6 +18,20 @@ copies (HBM-resident, as in a real pass), launched with PDL, captured in one CUD
 every CUTLASS variant against ``weight_bytes``'s Triton kernel (the engine's K loop and
 L2 weight prefetch) with the same tiles, interleaved rounds, µs per GEMM. Every variant's
 output is checked against float32 math on the same operands. Random data.
+
+**In a pass** (:func:`install`, for ``ab_replay.py --setup``): the same 64x64x64 kernel, with
+a bias + exact-GELU epilogue for FFN1 and float32 split-K partials (a batched GEMM over K
+slices) for the out-projection and FFN2, takes the place of the Triton GEMMs of the
+engine's *seven-kernel* small-batch layer (the layer with LayerNorm kernels, whose GEMMs
+have plain epilogues; the default BERT-base layer folds its LayerNorms into the GEMMs and
+is not covered). ``PASS_GEMMS`` names which calls go to CUTLASS (``plain``: QKV,
+``gelu``: FFN1, ``partial``: out-projection and FFN2); ``ab_replay.py --set`` sets it per
+variant while that variant's graph is captured:
+
+    python3 benchmarks/ab_replay.py --model bert-large --shape 1x128 \
+        --setup benchmarks.cutlass_small:install \
+        --variant triton='{}' --variant ffn1='{}' \
+        --set 'ffn1:benchmarks.cutlass_small.PASS_GEMMS=("gelu",)'
 """
 
 from __future__ import annotations
@@ -43,6 +57,54 @@ def load(lib_path: Path) -> ctypes.CDLL:
     lib.qa_small_gemm.argtypes = ([ctypes.c_int] + [ctypes.c_void_p] * 3 + [ctypes.c_int] * 4
                                   + [ctypes.c_void_p])
     return lib
+
+
+PASS_GEMMS: tuple[str, ...] = ()  # see the module docstring; () = the engine's own kernels
+_PASS_KINDS = {"plain": 0, "gelu": 1, "partial": 2}
+
+
+def pass_kind(bias: Any, act: str | None, splits: int) -> str | None:
+    """Which ``qa_small_gemm_pass`` kind a ``kernels.linear`` call is, or None where CUTLASS
+    has no such kernel here (tanh GELU, bias without GELU)."""
+    if splits > 1:
+        return "partial" if bias is None and act is None else None
+    if act is None:
+        return "plain" if bias is None else None
+    return "gelu" if act == "gelu" and bias is not None else None
+
+
+def install(lib_path: Path = DEFAULT_LIB) -> None:
+    """Route ``engine.fused.kernels.linear`` calls of the kinds in :data:`PASS_GEMMS` to
+    ``qa_small_gemm_pass`` (fp16 operands only; anything else stays on Triton)."""
+    import torch
+
+    from engine.fused import kernels
+
+    lib = load(lib_path)
+    lib.qa_small_gemm_pass.restype = ctypes.c_int
+    lib.qa_small_gemm_pass.argtypes = ([ctypes.c_int] + [ctypes.c_void_p] * 4
+                                       + [ctypes.c_int] * 5 + [ctypes.c_void_p])
+    triton_linear = kernels.linear
+
+    def linear(x: Any, w: Any, bias: Any = None, act: str | None = None, splits: int = 1,
+               config: Any = None, pdl: bool = False, prefetch: bool = False) -> Any:
+        kind = pass_kind(bias, act, splits)
+        if kind not in PASS_GEMMS or x.dtype != torch.float16:
+            return triton_linear(x, w, bias, act=act, splits=splits, config=config, pdl=pdl,
+                                 prefetch=prefetch)
+        m, k = x.shape
+        n = w.shape[0]
+        out = (torch.empty((splits, m, n), device=x.device, dtype=torch.float32)
+               if kind == "partial" else torch.empty((m, n), device=x.device, dtype=x.dtype))
+        rc = lib.qa_small_gemm_pass(_PASS_KINDS[kind], x.data_ptr(), w.data_ptr(),
+                                    0 if bias is None else bias.data_ptr(), out.data_ptr(),
+                                    m, n, k, splits, int(pdl),
+                                    torch.cuda.current_stream().cuda_stream)
+        if rc:
+            raise RuntimeError(f"qa_small_gemm_pass {kind} returned {rc}")
+        return out
+
+    kernels.linear = linear
 
 
 def cutlass_chain(lib: ctypes.CDLL, variant: int, x: Any, ws: list[Any], out: Any,

@@ -13,6 +13,9 @@
 // benchmarks/cutlass_small.py against the engine's Triton GEMM. Built by
 // engine/fused/cuda/build.sh small (nvcc, sm_90a). Return codes: 0 ok, 1 bad shape or
 // variant, 2 CUTLASS refused the problem, 3 needs a workspace, 4 launch failed.
+// ``qa_small_gemm_pass`` runs the three kinds a small-batch pass needs (plain, bias + GELU,
+// split-K partials) for ``cutlass_small.py --pass``, which swaps them into the engine's
+// seven-kernel small-batch layer.
 
 #include <cstddef>
 #include <cstdint>
@@ -31,13 +34,16 @@ using namespace cute;
 
 using Element = cutlass::half_t;
 
-template <class Tile, class Cluster>
+template <class Tile, class Cluster, class ElementD = Element,
+          class Fusion = cutlass::epilogue::fusion::LinearCombination<ElementD, float>,
+          bool kBias = false>
 struct SmallGemm {
+  static constexpr int kAlignD = 16 / sizeof(ElementD);
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, Cluster,
       cutlass::epilogue::collective::EpilogueTileAuto, float, float, void,
-      cutlass::layout::RowMajor, 8, Element, cutlass::layout::RowMajor, 8,
-      cutlass::epilogue::TmaWarpSpecialized>::CollectiveOp;
+      cutlass::layout::RowMajor, kAlignD, ElementD, cutlass::layout::RowMajor, kAlignD,
+      cutlass::epilogue::TmaWarpSpecialized, Fusion>::CollectiveOp;
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, cutlass::layout::RowMajor,
       8, Element, cutlass::layout::ColumnMajor, 8, float, Tile, Cluster,
@@ -48,29 +54,47 @@ struct SmallGemm {
                                                       Epilogue>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
 
-  static typename Gemm::Arguments arguments(const void* a, const void* b, void* d, int m, int n,
-                                            int k) {
-    auto stride_a = cutlass::make_cute_packed_stride(typename Kernel::StrideA{}, make_shape(m, k, 1));
-    auto stride_b = cutlass::make_cute_packed_stride(typename Kernel::StrideB{}, make_shape(n, k, 1));
-    auto stride_d = cutlass::make_cute_packed_stride(typename Kernel::StrideD{}, make_shape(m, n, 1));
+  // Batch l of L multiplies K slice l of A and B (columns l*ks .. l*ks+ks of both) into
+  // D[l] ([M, N]): split-K as a batched GEMM, so each batch's D is one split's partial.
+  static typename Gemm::Arguments arguments(const void* a, const void* b, const void* bias,
+                                            void* d, int m, int n, int k, int splits) {
+    int ks = k / splits;
+    typename Kernel::StrideA stride_a{};
+    typename Kernel::StrideB stride_b{};
+    typename Kernel::StrideD stride_d{};
+    cute::get<0>(stride_a) = k;
+    cute::get<2>(stride_a) = ks;
+    cute::get<0>(stride_b) = k;
+    cute::get<2>(stride_b) = ks;
+    cute::get<0>(stride_d) = n;
+    cute::get<2>(stride_d) = static_cast<int64_t>(m) * n;
     typename Gemm::Arguments args{
-        cutlass::gemm::GemmUniversalMode::kGemm,
-        {m, n, k, 1},
+        cutlass::gemm::GemmUniversalMode::kBatched,
+        {m, n, ks, splits},
         {static_cast<const Element*>(a), stride_a, static_cast<const Element*>(b), stride_b},
-        {{}, nullptr, stride_d, static_cast<Element*>(d), stride_d}};
+        {{}, nullptr, stride_d, static_cast<ElementD*>(d), stride_d}};
     args.epilogue.thread.alpha = 1.f;
     args.epilogue.thread.beta = 0.f;
+    if constexpr (kBias) {
+      args.epilogue.thread.bias_ptr = static_cast<const Element*>(bias);
+    }
     return args;
   }
 
-  static int run(const void* a, const void* b, void* d, int m, int n, int k, bool pdl,
-                 cudaStream_t stream) {
-    auto args = arguments(a, b, d, m, n, k);
+  static int run(const void* a, const void* b, const void* bias, void* d, int m, int n, int k,
+                 int splits, bool pdl, cudaStream_t stream) {
+    if (splits < 1 || k % splits || (k / splits) % 8) return 1;
+    auto args = arguments(a, b, bias, d, m, n, k, splits);
     Gemm gemm;
     if (gemm.can_implement(args) != cutlass::Status::kSuccess) return 2;
     if (Gemm::get_workspace_size(args) != 0) return 3;
     if (gemm.initialize(args, nullptr, stream) != cutlass::Status::kSuccess) return 4;
     return gemm.run(stream, nullptr, pdl) == cutlass::Status::kSuccess ? 0 : 4;
+  }
+
+  static int run(const void* a, const void* b, void* d, int m, int n, int k, bool pdl,
+                 cudaStream_t stream) {
+    return run(a, b, nullptr, d, m, n, k, 1, pdl, stream);
   }
 };
 
@@ -88,6 +112,15 @@ const char* const kNames[] = {
     "64x64x64 cluster 2x2", "64x64x64 cluster 2x4", "64x128x64 cluster 1x1",
     "64x128x64 cluster 2x2", "128x64x64 cluster 1x4"};
 constexpr int kVariants = 8;
+
+// The kernels a small-batch pass can swap in (``qa_small_gemm_pass``), 64x64x64, no cluster:
+// plain (QKV), bias + exact GELU (FFN1), float32 split-K partials (out-projection, FFN2).
+using PassPlain = V0;
+using PassBiasGelu = SmallGemm<Shape<_64, _64, _64>, Shape<_1, _1, _1>, Element,
+                               cutlass::epilogue::fusion::LinCombPerColBiasEltAct<
+                                   cutlass::epilogue::thread::GELU, Element, float, Element>,
+                               true>;
+using PassPartial = SmallGemm<Shape<_64, _64, _64>, Shape<_1, _1, _1>, float>;
 
 bool shape_ok(int m, int n, int k) { return m > 0 && n > 0 && k > 0 && n % 8 == 0 && k % 8 == 0; }
 
@@ -116,6 +149,22 @@ int qa_small_gemm(int variant, const void* a, const void* b, void* d, int m, int
     case 5: return V5::run(a, b, d, m, n, k, p, s);
     case 6: return V6::run(a, b, d, m, n, k, p, s);
     case 7: return V7::run(a, b, d, m, n, k, p, s);
+    default: return 1;
+  }
+}
+
+// One GEMM of a small-batch pass: kind 0 D = A B^T (fp16), kind 1 D = GELU_erf(A B^T + bias)
+// (fp16, bias fp16 [N]), kind 2 D[s] = A[:, s-th K slice] B[:, s-th K slice]^T for s <
+// splits (float32 [splits, M, N]).
+int qa_small_gemm_pass(int kind, const void* a, const void* b, const void* bias, void* d,
+                       int m, int n, int k, int splits, int pdl, void* stream) {
+  if (!shape_ok(m, n, k)) return 1;
+  auto s = static_cast<cudaStream_t>(stream);
+  bool p = pdl != 0;
+  switch (kind) {
+    case 0: return splits == 1 ? PassPlain::run(a, b, nullptr, d, m, n, k, 1, p, s) : 1;
+    case 1: return splits == 1 ? PassBiasGelu::run(a, b, bias, d, m, n, k, 1, p, s) : 1;
+    case 2: return PassPartial::run(a, b, nullptr, d, m, n, k, splits, p, s);
     default: return 1;
   }
 }

@@ -121,3 +121,19 @@ def test_weight_bytes_parse_config() -> None:
     assert parse_config("64x64x128/4/3") == (64, 64, 128, 4, 3)
     with pytest.raises(ValueError):
         parse_config("64x64x128/4")
+
+
+def test_cutlass_small_pass_kinds() -> None:
+    """Which ``kernels.linear`` calls ``cutlass_small.install`` may swap: QKV (plain), FFN1
+    with the exact GELU and a bias, split-K partials; never a tanh GELU, a bias without
+    GELU, or partials with an epilogue (the engine's kernel keeps those)."""
+    from benchmarks.cutlass_small import pass_kind
+
+    bias = object()
+    assert pass_kind(None, None, 1) == "plain"
+    assert pass_kind(bias, "gelu", 1) == "gelu"
+    assert pass_kind(None, None, 4) == "partial"
+    assert pass_kind(bias, "gelu_tanh", 1) is None
+    assert pass_kind(bias, None, 1) is None
+    assert pass_kind(None, "gelu", 1) is None
+    assert pass_kind(bias, None, 4) is None
