@@ -75,7 +75,8 @@ def pass_kind(bias: Any, act: str | None, splits: int) -> str | None:
 
 def install(lib_path: Path = DEFAULT_LIB) -> None:
     """Route ``engine.fused.kernels.linear`` calls of the kinds in :data:`PASS_GEMMS` to
-    ``qa_small_gemm_pass`` (fp16 operands only; anything else stays on Triton)."""
+    ``qa_small_gemm_pass`` (fp16 operands and a float32 bias, as the engine keeps them;
+    anything else stays on Triton)."""
     import torch
 
     from engine.fused import kernels
@@ -89,7 +90,8 @@ def install(lib_path: Path = DEFAULT_LIB) -> None:
     def linear(x: Any, w: Any, bias: Any = None, act: str | None = None, splits: int = 1,
                config: Any = None, pdl: bool = False, prefetch: bool = False) -> Any:
         kind = pass_kind(bias, act, splits)
-        if kind not in PASS_GEMMS or x.dtype != torch.float16:
+        if (kind not in PASS_GEMMS or x.dtype != torch.float16
+                or (bias is not None and bias.dtype != torch.float32)):
             return triton_linear(x, w, bias, act=act, splits=splits, config=config, pdl=pdl,
                                  prefetch=prefetch)
         m, k = x.shape
@@ -105,6 +107,40 @@ def install(lib_path: Path = DEFAULT_LIB) -> None:
         return out
 
     kernels.linear = linear
+
+
+def check_pass(lib_path: Path = DEFAULT_LIB, m: int = 128, k: int = 768, n: int = 3072,
+               splits: int = 4) -> dict[str, float]:
+    """Max relative error of each ``qa_small_gemm_pass`` kind against float32 torch math
+    (through :func:`install`'s routing, so the swap itself is what is checked)."""
+    import torch
+
+    import benchmarks.cutlass_small as me
+    from engine.fused import kernels
+
+    install(lib_path)
+    g = torch.Generator(device="cuda").manual_seed(3)
+    x = (torch.randn(m, k, device="cuda", generator=g) * 0.5).half()
+    w = (torch.randn(n, k, device="cuda", generator=g) * 0.05).half()
+    b = torch.randn(n, device="cuda", generator=g) * 0.5
+    prod = x.float() @ w.float().t()
+    ks = k // splits
+    parts = torch.stack([x[:, i * ks:(i + 1) * ks].float() @ w[:, i * ks:(i + 1) * ks].float().t()
+                         for i in range(splits)])
+    refs = {"plain": prod, "gelu": torch.nn.functional.gelu(prod + b), "partial": parts}
+    calls = {"plain": lambda: kernels.linear(x, w),
+             "gelu": lambda: kernels.linear(x, w, b, act="gelu"),
+             "partial": lambda: kernels.linear(x, w, splits=splits)}
+    errors = {}
+    for kind, call in calls.items():
+        me.PASS_GEMMS = (kind,)
+        try:
+            out = call().float()
+        finally:
+            me.PASS_GEMMS = ()
+        ref = refs[kind]
+        errors[kind] = float((out - ref).abs().max() / ref.abs().max())
+    return errors
 
 
 def cutlass_chain(lib: ctypes.CDLL, variant: int, x: Any, ws: list[Any], out: Any,
@@ -176,11 +212,16 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--variants", default="", help="CUTLASS variant numbers (default: all)")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--reps", type=int, default=50)
+    p.add_argument("--check-pass", action="store_true",
+                   help="only check the pass kernels (install()'s swap) against torch")
     p.add_argument("--commit", default="")
     p.add_argument("--out", default="")
     a = p.parse_args(argv)
     import torch
 
+    if a.check_pass:
+        print(json.dumps(check_pass(a.lib)))
+        return
     lib = load(a.lib)
     variants = ([int(v) for v in a.variants.split(",")] if a.variants
                 else list(range(lib.qa_small_gemm_variants())))

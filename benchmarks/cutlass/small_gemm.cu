@@ -76,7 +76,7 @@ struct SmallGemm {
     args.epilogue.thread.alpha = 1.f;
     args.epilogue.thread.beta = 0.f;
     if constexpr (kBias) {
-      args.epilogue.thread.bias_ptr = static_cast<const Element*>(bias);
+      args.epilogue.thread.bias_ptr = static_cast<const typename Fusion::ElementBias*>(bias);
     }
     return args;
   }
@@ -118,7 +118,7 @@ constexpr int kVariants = 8;
 using PassPlain = V0;
 using PassBiasGelu = SmallGemm<Shape<_64, _64, _64>, Shape<_1, _1, _1>, Element,
                                cutlass::epilogue::fusion::LinCombPerColBiasEltAct<
-                                   cutlass::epilogue::thread::GELU, Element, float, Element>,
+                                   cutlass::epilogue::thread::GELU, Element, float, float>,
                                true>;
 using PassPartial = SmallGemm<Shape<_64, _64, _64>, Shape<_1, _1, _1>, float>;
 
@@ -154,7 +154,7 @@ int qa_small_gemm(int variant, const void* a, const void* b, void* d, int m, int
 }
 
 // One GEMM of a small-batch pass: kind 0 D = A B^T (fp16), kind 1 D = GELU_erf(A B^T + bias)
-// (fp16, bias fp16 [N]), kind 2 D[s] = A[:, s-th K slice] B[:, s-th K slice]^T for s <
+// (fp16, bias float32 [N], as the engine keeps its biases), kind 2 D[s] = A[:, s-th K slice] B[:, s-th K slice]^T for s <
 // splits (float32 [splits, M, N]).
 int qa_small_gemm_pass(int kind, const void* a, const void* b, const void* bias, void* d,
                        int m, int n, int k, int splits, int pdl, void* stream) {
