@@ -19,6 +19,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "cute/tensor.hpp"
 #include "cutlass/cutlass.h"
@@ -34,9 +35,22 @@ using namespace cute;
 
 using Element = cutlass::half_t;
 
+// CUTLASS's kernel lets the next kernel launch (griddepcontrol.launch_dependents) only
+// after its main loop; the engine's Triton kernels do it right after their wait, so the
+// next kernel's weight prefetch overlaps this one. This main loop does the same: it
+// triggers as its producer warp starts loading (after the wait).
+template <class Base>
+struct EarlyTrigger : Base {
+  template <class... Args>
+  CUTLASS_DEVICE void load(Args&&... args) {
+    cutlass::arch::launch_dependent_grids();
+    Base::load(static_cast<Args&&>(args)...);
+  }
+};
+
 template <class Tile, class Cluster, class ElementD = Element,
           class Fusion = cutlass::epilogue::fusion::LinearCombination<ElementD, float>,
-          bool kBias = false>
+          bool kBias = false, bool kEarly = false>
 struct SmallGemm {
   static constexpr int kAlignD = 16 / sizeof(ElementD);
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
@@ -44,12 +58,13 @@ struct SmallGemm {
       cutlass::epilogue::collective::EpilogueTileAuto, float, float, void,
       cutlass::layout::RowMajor, kAlignD, ElementD, cutlass::layout::RowMajor, kAlignD,
       cutlass::epilogue::TmaWarpSpecialized, Fusion>::CollectiveOp;
-  using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
+  using BaseMainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Element, cutlass::layout::RowMajor,
       8, Element, cutlass::layout::ColumnMajor, 8, float, Tile, Cluster,
       cutlass::gemm::collective::StageCountAutoCarveout<static_cast<int>(
           sizeof(typename Epilogue::SharedStorage))>,
       cutlass::gemm::KernelTmaWarpSpecialized>::CollectiveOp;
+  using Mainloop = std::conditional_t<kEarly, EarlyTrigger<BaseMainloop>, BaseMainloop>;
   using Kernel = cutlass::gemm::kernel::GemmUniversal<Shape<int, int, int, int>, Mainloop,
                                                       Epilogue>;
   using Gemm = cutlass::gemm::device::GemmUniversalAdapter<Kernel>;
@@ -114,13 +129,22 @@ const char* const kNames[] = {
 constexpr int kVariants = 8;
 
 // The kernels a small-batch pass can swap in (``qa_small_gemm_pass``), 64x64x64, no cluster:
-// plain (QKV), bias + exact GELU (FFN1), float32 split-K partials (out-projection, FFN2).
-using PassPlain = V0;
+// plain (QKV), bias + exact GELU (FFN1), float32 split-K partials (out-projection, FFN2);
+// each also with the early trigger.
+template <bool kEarly>
+using PassPlain = SmallGemm<Shape<_64, _64, _64>, Shape<_1, _1, _1>, Element,
+                            cutlass::epilogue::fusion::LinearCombination<Element, float>, false,
+                            kEarly>;
+template <bool kEarly>
 using PassBiasGelu = SmallGemm<Shape<_64, _64, _64>, Shape<_1, _1, _1>, Element,
                                cutlass::epilogue::fusion::LinCombPerColBiasEltAct<
                                    cutlass::epilogue::thread::GELU, Element, float, float>,
-                               true>;
-using PassPartial = SmallGemm<Shape<_64, _64, _64>, Shape<_1, _1, _1>, float>;
+                               true, kEarly>;
+template <bool kEarly>
+using PassPartial = SmallGemm<Shape<_64, _64, _64>, Shape<_1, _1, _1>, float,
+                              cutlass::epilogue::fusion::LinearCombination<float, float>,
+                              false, kEarly>;
+
 
 bool shape_ok(int m, int n, int k) { return m > 0 && n > 0 && k > 0 && n % 8 == 0 && k % 8 == 0; }
 
@@ -155,16 +179,19 @@ int qa_small_gemm(int variant, const void* a, const void* b, void* d, int m, int
 
 // One GEMM of a small-batch pass: kind 0 D = A B^T (fp16), kind 1 D = GELU_erf(A B^T + bias)
 // (fp16, bias float32 [N], as the engine keeps its biases), kind 2 D[s] = A[:, s-th K slice] B[:, s-th K slice]^T for s <
-// splits (float32 [splits, M, N]).
+// splits (float32 [splits, M, N]); kinds 3-5 are 0-2 with the early trigger (EarlyTrigger).
 int qa_small_gemm_pass(int kind, const void* a, const void* b, const void* bias, void* d,
                        int m, int n, int k, int splits, int pdl, void* stream) {
   if (!shape_ok(m, n, k)) return 1;
   auto s = static_cast<cudaStream_t>(stream);
   bool p = pdl != 0;
   switch (kind) {
-    case 0: return splits == 1 ? PassPlain::run(a, b, nullptr, d, m, n, k, 1, p, s) : 1;
-    case 1: return splits == 1 ? PassBiasGelu::run(a, b, bias, d, m, n, k, 1, p, s) : 1;
-    case 2: return PassPartial::run(a, b, nullptr, d, m, n, k, splits, p, s);
+    case 0: return splits == 1 ? PassPlain<false>::run(a, b, nullptr, d, m, n, k, 1, p, s) : 1;
+    case 1: return splits == 1 ? PassBiasGelu<false>::run(a, b, bias, d, m, n, k, 1, p, s) : 1;
+    case 2: return PassPartial<false>::run(a, b, nullptr, d, m, n, k, splits, p, s);
+    case 3: return splits == 1 ? PassPlain<true>::run(a, b, nullptr, d, m, n, k, 1, p, s) : 1;
+    case 4: return splits == 1 ? PassBiasGelu<true>::run(a, b, bias, d, m, n, k, 1, p, s) : 1;
+    case 5: return PassPartial<true>::run(a, b, nullptr, d, m, n, k, splits, p, s);
     default: return 1;
   }
 }
