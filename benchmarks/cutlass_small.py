@@ -5,19 +5,21 @@ tiles through TMA multicast beat the engine's Triton GEMM at 128 tokens?
     python3 -m benchmarks.cutlass_small --lib build/cuda/libqa_small_gemm.so --out small.json
 
 ``handoff.py`` put a PDL handoff at ~0.9 µs and a 768x768 GEMM chain with L2-resident
-weights at ~3.1 µs a kernel, about 5.5 TB/s of L2-to-SM traffic: at 128 tokens each
-GEMM's programs pull its row blocks of activations once per column tile and its weight
-tiles once per row tile, several times the weight bytes. ``weight_bytes.py`` found
+weights at ~3.1 µs a kernel: at 128 tokens each GEMM's programs pull its row blocks of
+activations once per column tile and its weight tiles once per row tile, several times
+the weight bytes (2.3-3.6 TB/s of L2-to-SM traffic over the whole step, ~5.7 TB/s net of
+the handoff at 96 programs). ``weight_bytes.py`` found
 one-byte weights slower, so halving the weight bytes is not the lever; cutting the re-reads
 might be. A cluster of (cm, cn) CTAs loads each activation tile once for its cn column
 tiles and each weight tile once for its cm row tiles (``benchmarks/cutlass/small_gemm.cu``).
 
-Per shape of a BERT-base layer (``weight_bytes.SHAPES``, unsplit here: CUTLASS's kernels
-take no split-K partials), a chain of ``--steps`` GEMMs over as many distinct weight
-copies (HBM-resident, as in a real pass), launched with PDL, captured in one CUDA graph:
-every CUTLASS variant against ``weight_bytes``'s Triton kernel (the engine's K loop and
-L2 weight prefetch) with the same tiles, interleaved rounds, µs per GEMM. Every variant's
-output is checked against float32 math on the same operands. Random data.
+Per shape of a BERT-base layer (``weight_bytes.SHAPES``, every GEMM unsplit here, also the
+out-projection and FFN2 that the engine splits 4 ways), a chain of ``--steps`` GEMMs over
+as many distinct weight copies (HBM-resident, as in a real pass), launched with PDL,
+captured in one CUDA graph: every CUTLASS variant against ``weight_bytes``'s Triton kernel
+(the engine's K loop and L2 weight prefetch) with the same tiles, interleaved rounds, µs
+per GEMM. Every variant's output is checked against float32 math on the same operands.
+Random data.
 
 **In a pass** (:func:`install`, for ``ab_replay.py --setup``): the same 64x64x64 kernel, with
 a bias + exact-GELU epilogue for FFN1 and float32 split-K partials (a batched GEMM over K
@@ -43,6 +45,7 @@ import ctypes
 import functools
 import json
 import statistics
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -76,24 +79,34 @@ def pass_kind(bias: Any, act: str | None, splits: int) -> str | None:
     return "gelu" if act == "gelu" and bias is not None else None
 
 
-def install(lib_path: Path = DEFAULT_LIB) -> None:
+def _current_stream() -> int:
+    import torch
+
+    return int(torch.cuda.current_stream().cuda_stream)
+
+
+def install(lib_path: Path = DEFAULT_LIB, lib: Any = None,
+            stream: Callable[[], int] = _current_stream) -> None:
     """Route ``engine.fused.kernels.linear`` calls of the kinds in :data:`PASS_GEMMS` to
-    ``qa_small_gemm_pass`` (fp16 operands and a float32 bias, as the engine keeps them;
-    anything else stays on Triton)."""
+    ``qa_small_gemm_pass`` where the operands are what its kernels take (fp16 activations
+    and weights, a float32 bias, as the engine keeps them); every other call stays on
+    Triton. A shape CUTLASS refuses raises (this is an experiment, not a fallback path).
+    ``lib`` and ``stream`` replace the loaded library and the current CUDA stream (tests)."""
     import torch
 
     from engine.fused import kernels
 
-    lib = load(lib_path)
-    lib.qa_small_gemm_pass.restype = ctypes.c_int
-    lib.qa_small_gemm_pass.argtypes = ([ctypes.c_int] + [ctypes.c_void_p] * 4
-                                       + [ctypes.c_int] * 5 + [ctypes.c_void_p])
+    if lib is None:
+        lib = load(lib_path)
+        lib.qa_small_gemm_pass.restype = ctypes.c_int
+        lib.qa_small_gemm_pass.argtypes = ([ctypes.c_int] + [ctypes.c_void_p] * 4
+                                           + [ctypes.c_int] * 5 + [ctypes.c_void_p])
     triton_linear = kernels.linear
 
     def linear(x: Any, w: Any, bias: Any = None, act: str | None = None, splits: int = 1,
                config: Any = None, pdl: bool = False, prefetch: bool = False) -> Any:
         kind = pass_kind(bias, act, splits)
-        if (kind not in PASS_GEMMS or x.dtype != torch.float16
+        if (kind not in PASS_GEMMS or x.dtype != torch.float16 or w.dtype != torch.float16
                 or (bias is not None and bias.dtype != torch.float32)):
             return triton_linear(x, w, bias, act=act, splits=splits, config=config, pdl=pdl,
                                  prefetch=prefetch)
@@ -103,8 +116,7 @@ def install(lib_path: Path = DEFAULT_LIB) -> None:
                if kind == "partial" else torch.empty((m, n), device=x.device, dtype=x.dtype))
         rc = lib.qa_small_gemm_pass(_PASS_KINDS[kind] + 3 * EARLY, x.data_ptr(), w.data_ptr(),
                                     0 if bias is None else bias.data_ptr(), out.data_ptr(),
-                                    m, n, k, splits, int(pdl),
-                                    torch.cuda.current_stream().cuda_stream)
+                                    m, n, k, splits, int(pdl), stream())
         if rc:
             raise RuntimeError(f"qa_small_gemm_pass {kind} returned {rc}")
         return out
@@ -115,10 +127,11 @@ def install(lib_path: Path = DEFAULT_LIB) -> None:
 def check_pass(lib_path: Path = DEFAULT_LIB, m: int = 128, k: int = 768, n: int = 3072,
                splits: int = 4) -> dict[str, float]:
     """Max relative error of each ``qa_small_gemm_pass`` kind against float32 torch math
-    (through :func:`install`'s routing, so the swap itself is what is checked)."""
+    (through :func:`install`'s routing, so the swap itself is what is checked). Call it
+    on the imported module (``main`` does): the routing reads this module's globals."""
+    global PASS_GEMMS, EARLY
     import torch
 
-    import benchmarks.cutlass_small as me
     from engine.fused import kernels
 
     install(lib_path)
@@ -137,11 +150,11 @@ def check_pass(lib_path: Path = DEFAULT_LIB, m: int = 128, k: int = 768, n: int 
     errors = {}
     for early in (False, True):
         for kind, call in calls.items():
-            me.PASS_GEMMS, me.EARLY = (kind,), early
+            PASS_GEMMS, EARLY = (kind,), early
             try:
                 out = call().float()
             finally:
-                me.PASS_GEMMS, me.EARLY = (), False
+                PASS_GEMMS, EARLY = (), False
             ref = refs[kind]
             errors[kind + (" early" if early else "")] = float((out - ref).abs().max()
                                                                / ref.abs().max())
@@ -224,8 +237,10 @@ def main(argv: list[str] | None = None) -> None:
     a = p.parse_args(argv)
     import torch
 
-    if a.check_pass:
-        print(json.dumps(check_pass(a.lib)))
+    if a.check_pass:  # (through the imported module, not __main__'s copy: see check_pass)
+        from benchmarks import cutlass_small
+
+        print(json.dumps(cutlass_small.check_pass(a.lib)))
         return
     lib = load(a.lib)
     variants = ([int(v) for v in a.variants.split(",")] if a.variants

@@ -21,7 +21,8 @@ in four modes:
 
 All four compute the same thing in the same order, so their outputs must be equal bit for
 bit (checked each run: a flag that released too early would show). The per-kernel time is
-the graph's time over the steps. ``--work none`` drops the K loop (one row read per
+the graph's time, less that of the chain's two resets (timed as a graph of their own),
+over the steps. ``--work none`` drops the K loop (one row read per
 program): the handoff alone.
 
     python -m benchmarks.handoff --out benchmarks/gpu-handoff.json
@@ -93,9 +94,10 @@ def _step_kernel(x_ptr, w_ptr, y_ptr, flags_ptr, step, M, H: tl.constexpr,
 
 def chain(x0: Any, weights: list[Any], steps: int, mode: str, work: bool,
           bm: int = 64, bn: int = 32, bk: int = 64, warps: int = 4, stages: int = 3
-          ) -> tuple[Any, Any]:
-    """The buffers and a function running ``steps`` kernels from ``x0`` (step k uses
-    ``weights[k % len(weights)]``); the function returns the last output."""
+          ) -> tuple[Any, Any, Any]:
+    """The buffers, the flag counters (one per step and row block) and a function running
+    ``steps`` kernels from ``x0`` (step k uses ``weights[k % len(weights)]``); the function
+    returns the last output."""
     import torch
 
     m, h = x0.shape
@@ -115,7 +117,7 @@ def chain(x0: Any, weights: list[Any], steps: int, mode: str, work: bool,
                                bk, code, work, hw, num_warps=warps, num_stages=stages, **extra)
         return bufs[steps % 2]
 
-    return bufs, run
+    return bufs, flags, run
 
 
 def measure(tokens: int, hidden: int, steps: int, works: list[bool], rounds: int, reps: int,
@@ -135,7 +137,7 @@ def measure(tokens: int, hidden: int, steps: int, works: list[bool], rounds: int
         graphs, results = {}, {}
         alive = []  # the graphs read these buffers: keep them until the graphs are done
         for mode in MODES:
-            bufs, run = chain(x0, weights, steps, mode, work, bn=bn)
+            bufs, flags, run = chain(x0, weights, steps, mode, work, bn=bn)
             alive.append(run)
             results[mode] = run().clone()
             g = capture_graph(run, 1)
@@ -146,10 +148,16 @@ def measure(tokens: int, hidden: int, steps: int, works: list[bool], rounds: int
             results[mode + "_graph"] = bufs[steps % 2].clone()
         ref = results["plain"]
         equal = {k: bool(torch.equal(v, ref)) for k, v in results.items()}
+        # the chain's own resets (flags zeroed, first buffer restored) as a graph alone,
+        # timed with the others and taken off their time
+        setup = capture_graph(lambda f=flags, b=bufs: (f.zero_(), b[0].copy_(x0)), 1)
+        graphs["_setup"] = setup
         times = interleaved({m: g.replay for m, g in graphs.items()}, rounds, reps,
                             timer=cuda_ms)
-        per_kernel = {m: statistics.median(t) * 1e3 / steps for m, t in times.items()}
-        out[label] = {"us_per_kernel": per_kernel, "rounds_ms": times,
+        fixed = statistics.median(times.pop("_setup"))
+        per_kernel = {m: (statistics.median(t) - fixed) * 1e3 / steps
+                      for m, t in times.items()}
+        out[label] = {"us_per_kernel": per_kernel, "rounds_ms": times, "setup_ms": fixed,
                       "outputs_equal_plain": equal}
         print(f"work={label}: " + " ".join(f"{m} {v:.2f} us" for m, v in per_kernel.items())
               + f"  equal={equal}", flush=True)

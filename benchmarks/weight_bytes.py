@@ -11,7 +11,8 @@ the deferred LayerNorm's algebra still holds) would halve it.
 
 Per shape of a BERT-base layer (QKV, attention output, FFN1, FFN2; the engine's tiles and
 K splits, split GEMMs storing float32 partials), a chain of ``--steps`` kernels over as
-many distinct weight copies (more bytes than L2 holds, in every dtype), each launched with
+many distinct weight copies (more bytes than the 50 MB L2 holds, except the attention
+output's one-byte copies: 28 MB at 48 steps), each launched with
 PDL and its L2 weight prefetch as the engine does, captured in one CUDA graph; µs per
 kernel, median over interleaved rounds. Every dtype's first kernel is checked against a
 float32 product of the dequantized weights.
@@ -114,11 +115,13 @@ def gemm(x: Any, w: Any, s: Any, out: Any, splits: int, config: tuple[int, ...],
     m, k = x.shape
     n = w.shape[0]
     bm, bn, bk, warps, stages = config
+    if k % (splits * bk):  # (the K loop would run into the next slice and past each row)
+        raise ValueError(f"K={k} does not split into {splits} multiples of {bk}")
     grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn), splits)
     _wq_gemm_kernel[grid](x, w, s, out, m, n, k, k // splits, BM=bm, BN=bn, BK=bk,
                           QUANT=w.dtype != x.dtype, PARTIAL=splits > 1, USE_PDL=pdl,
-                          W_BYTES=w.element_size(), INDEXED=indexed, num_warps=warps, num_stages=stages,
-                          **launch_options(pdl))
+                          W_BYTES=w.element_size(), INDEXED=indexed, num_warps=warps,
+                          num_stages=stages, **launch_options(pdl))
 
 
 def parse_config(text: str) -> tuple[int, ...]:

@@ -9,13 +9,15 @@
 // it (multicast along N) and each B tile once for the cm CTAs (along M). Variants differ
 // only in tile and cluster. Launched with programmatic dependent launch when asked (built
 // with CUTLASS_ENABLE_GDC_FOR_SM90: each CTA waits on griddepcontrol before its first load
-// and lets the next kernel launch after its main loop). Timed by
+// and lets the next kernel launch after its main loop, or, for the pass kinds 3-5, as its
+// loads start: EarlyTrigger). Timed by
 // benchmarks/cutlass_small.py against the engine's Triton GEMM. Built by
 // engine/fused/cuda/build.sh small (nvcc, sm_90a). Return codes: 0 ok, 1 bad shape or
 // variant, 2 CUTLASS refused the problem, 3 needs a workspace, 4 launch failed.
 // ``qa_small_gemm_pass`` runs the three kinds a small-batch pass needs (plain, bias + GELU,
-// split-K partials) for ``cutlass_small.py --pass``, which swaps them into the engine's
-// seven-kernel small-batch layer.
+// split-K partials); ``cutlass_small.install`` swaps them into the engine's seven-kernel
+// small-batch layer (``ab_replay.py --setup``) and ``cutlass_small.py --check-pass``
+// checks them against torch.
 
 #include <cstddef>
 #include <cstdint>

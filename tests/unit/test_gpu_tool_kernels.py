@@ -34,12 +34,13 @@ for k in range(4):
     ref = (ref.float() @ ws[k % 3].float()).half()
 for mode in MODES:
     for work in (True, False):
-        bufs, run = chain(x0, ws, 4, mode, work, bm=64, bn=32, bk=32)
+        bufs, flags, run = chain(x0, ws, 4, mode, work, bm=64, bn=32, bk=32)
         y = run()
         out[f"handoff {mode} {work}"] = {
             "err": float((y.float() - ref.float()).abs().max()) if work else 0.0,
             "y": y.float().sum().item(),
             "is_last_buffer": y.data_ptr() == bufs[4 % 2].data_ptr(),
+            "flags": flags.tolist(),
         }
 x = (torch.randn(70, 256, generator=g) * 0.5).half()
 for dtype in ("float16", "int8", "e4m3"):
@@ -72,7 +73,10 @@ def child() -> dict[str, object]:
 def test_handoff_modes_compute_the_same_chain(child: dict[str, object]) -> None:
     """Every handoff mode runs the same GEMM chain (fp16 rounding per step, so within one
     fp16 step of the float32 reference) and returns the last step's buffer; without the K
-    loop all modes still produce one identical output."""
+    loop all modes still produce one identical output. The flag modes release each (step,
+    row block) counter once per column tile (2 here: 64 columns in tiles of 32), the
+    others never touch them. (The interpreter runs programs one at a time, so a wait that
+    does not wait cannot show here; the GPU run compares every mode's output bit for bit.)"""
     from benchmarks.handoff import MODES
 
     for mode in MODES:
@@ -80,6 +84,8 @@ def test_handoff_modes_compute_the_same_chain(child: dict[str, object]) -> None:
         assert isinstance(gemm, dict)
         assert gemm["is_last_buffer"]
         assert gemm["err"] <= 4e-3, (mode, gemm)
+        released = 2 if mode.startswith("flags") else 0
+        assert gemm["flags"] == [released] * 8, (mode, gemm["flags"])  # 4 steps x 2 blocks
     none = {child[f"handoff {mode} False"]["y"] for mode in MODES}  # type: ignore[index]
     assert len(none) == 1
 
@@ -125,8 +131,8 @@ def test_weight_bytes_parse_config() -> None:
 
 def test_cutlass_small_pass_kinds() -> None:
     """Which ``kernels.linear`` calls ``cutlass_small.install`` may swap: QKV (plain), FFN1
-    with the exact GELU and a bias, split-K partials; never a tanh GELU, a bias without
-    GELU, or partials with an epilogue (the engine's kernel keeps those)."""
+    with the exact GELU and a bias, split-K partials; never a tanh GELU or a bias without
+    GELU (and partials with an epilogue, which the engine's ``linear`` refuses anyway)."""
     from benchmarks.cutlass_small import pass_kind
 
     bias = object()
@@ -137,3 +143,64 @@ def test_cutlass_small_pass_kinds() -> None:
     assert pass_kind(bias, None, 1) is None
     assert pass_kind(None, "gelu", 1) is None
     assert pass_kind(bias, None, 4) is None
+
+
+def test_weight_bytes_refuses_a_split_off_the_k_tile() -> None:
+    """A K slice that is not a whole number of K tiles would run the loop past it."""
+    torch = pytest.importorskip("torch")
+    from benchmarks.weight_bytes import gemm
+
+    x = torch.zeros(64, 768, dtype=torch.float16)
+    w = torch.zeros(768, 768, dtype=torch.float16)
+    with pytest.raises(ValueError, match="does not split"):
+        gemm(x, w, torch.ones(768), torch.empty(4, 64, 768), 4, (64, 64, 128, 4, 4), pdl=False)
+
+
+class _FakeLib:
+    """Stands in for ``libqa_small_gemm.so``: records each ``qa_small_gemm_pass`` call."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[int, ...]] = []
+
+    def qa_small_gemm_pass(self, kind, a, b, bias, d, m, n, k, splits, pdl, stream):  # type: ignore[no-untyped-def]
+        self.calls.append((kind, m, n, k, splits, pdl, stream, bias != 0))
+        return 0
+
+
+def test_cutlass_small_install_routes_by_kind(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``install``: only the kinds in ``PASS_GEMMS`` go to the library (kind + 3 when
+    ``EARLY``), with the shape, splits, PDL flag and stream; outputs are allocated as the
+    engine's ``linear`` would (fp16 [M, N], float32 [splits, M, N]); a tanh GELU, fp32
+    weights or an fp16 bias stay on the engine's kernel."""
+    torch = pytest.importorskip("torch")
+    from benchmarks import cutlass_small
+    from engine.fused import kernels
+
+    triton_calls: list[str] = []
+
+    def engine_linear(x, w, bias=None, act=None, splits=1, config=None, pdl=False,  # type: ignore[no-untyped-def]
+                      prefetch=False):
+        triton_calls.append(str(act))
+        return "triton"
+
+    monkeypatch.setattr(kernels, "linear", engine_linear)
+    monkeypatch.setattr(cutlass_small, "PASS_GEMMS", ("gelu", "partial"))
+    monkeypatch.setattr(cutlass_small, "EARLY", False)
+    lib = _FakeLib()
+    cutlass_small.install(lib=lib, stream=lambda: 7)
+    x = torch.zeros(128, 768, dtype=torch.float16)
+    w = torch.zeros(3072, 768, dtype=torch.float16)
+    b32 = torch.zeros(3072)
+    h = kernels.linear(x, w, b32, act="gelu", pdl=True)
+    assert h.shape == (128, 3072) and h.dtype == torch.float16
+    p = kernels.linear(x, w, splits=4)
+    assert p.shape == (4, 128, 3072) and p.dtype == torch.float32
+    assert lib.calls == [(1, 128, 3072, 768, 1, 1, 7, True), (2, 128, 3072, 768, 4, 0, 7, False)]
+    assert kernels.linear(x, w) == "triton"  # plain: not in PASS_GEMMS
+    assert kernels.linear(x, w, b32, act="gelu_tanh") == "triton"
+    assert kernels.linear(x, w, b32.half(), act="gelu") == "triton"
+    assert kernels.linear(x, w.float(), b32, act="gelu") == "triton"
+    monkeypatch.setattr(cutlass_small, "EARLY", True)
+    kernels.linear(x, w, b32, act="gelu")
+    assert lib.calls[-1][0] == 4
+    assert len(lib.calls) == 3 and len(triton_calls) == 4
