@@ -66,6 +66,7 @@ def load(lib_path: Path) -> ctypes.CDLL:
 
 PASS_GEMMS: tuple[str, ...] = ()  # see the module docstring; () = the engine's own kernels
 EARLY = False  # swapped kernels let the next kernel launch as their loads start (EarlyTrigger)
+LIB_CALLS = 0  # GEMMs routed to the library since install() (check_pass reports it)
 _PASS_KINDS = {"plain": 0, "gelu": 1, "partial": 2}
 
 
@@ -114,6 +115,8 @@ def install(lib_path: Path = DEFAULT_LIB, lib: Any = None,
         n = w.shape[0]
         out = (torch.empty((splits, m, n), device=x.device, dtype=torch.float32)
                if kind == "partial" else torch.empty((m, n), device=x.device, dtype=x.dtype))
+        global LIB_CALLS
+        LIB_CALLS += 1
         rc = lib.qa_small_gemm_pass(_PASS_KINDS[kind] + 3 * EARLY, x.data_ptr(), w.data_ptr(),
                                     0 if bias is None else bias.data_ptr(), out.data_ptr(),
                                     m, n, k, splits, int(pdl), stream())
@@ -147,7 +150,8 @@ def check_pass(lib_path: Path = DEFAULT_LIB, m: int = 128, k: int = 768, n: int 
     calls = {"plain": lambda: kernels.linear(x, w),
              "gelu": lambda: kernels.linear(x, w, b, act="gelu"),
              "partial": lambda: kernels.linear(x, w, splits=splits)}
-    errors = {}
+    errors: dict[str, float] = {}
+    calls_before = LIB_CALLS
     for early in (False, True):
         for kind, call in calls.items():
             PASS_GEMMS, EARLY = (kind,), early
@@ -158,6 +162,7 @@ def check_pass(lib_path: Path = DEFAULT_LIB, m: int = 128, k: int = 768, n: int 
             ref = refs[kind]
             errors[kind + (" early" if early else "")] = float((out - ref).abs().max()
                                                                / ref.abs().max())
+    errors["library_calls"] = LIB_CALLS - calls_before  # 6 when every kind went to CUTLASS
     return errors
 
 
