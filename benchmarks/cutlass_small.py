@@ -201,7 +201,6 @@ def measure(lib: ctypes.CDLL, tokens: int, steps: int, rounds: int, reps: int,
         errors: dict[str, float] = {}
         for cfg in ((64, 64, 64, 4, 4), (64, 64, 128, 4, 3)):
             label = "triton " + "x".join(map(str, cfg[:3]))
-
             gemm(x, ws[0], ones, dst, 1, cfg, pdl=False)
             errors[label] = float((dst.float() - ref).abs().max() / ref.abs().max())
             fns[label] = functools.partial(chain, x, [(w, ones) for w in ws], dst, 1, cfg,

@@ -3,7 +3,8 @@
 readiness flags beat the grid-wide wait of programmatic dependent launch (PDL).
 
 The small-batch path (BERT-base 1x128) is a chain of ~60 dependent kernels, each 2-7 µs,
-of which about 2 µs is the handoff (v5: grid drain, memory flush, ``griddepcontrol.wait``).
+of which v5 put about 2 µs on the handoff (grid drain, memory flush, ``griddepcontrol.wait``;
+this tool measured 0.85 µs, NOTES v16).
 Here a chain of ``--steps`` GEMM kernels ``x_{k+1} = x_k W_k`` (``--tokens`` rows, hidden
 ``--hidden``, tile BM x BN, K loop over the hidden size), captured in one CUDA graph, runs
 in four modes:
@@ -16,14 +17,14 @@ in four modes:
   acquire once the count is reached). A program waits for its own rows only, not for the
   grid, and nothing waits for the flush of a grid's exit.
 - ``flags_late``: as ``flags``, but the next kernel may launch only once the flag wait is
-  over, so at most two kernels' programs are resident (with ``flags`` every kernel of the
-  chain launches at once and all but one spin).
+  over, so at most two kernels' programs are resident (with ``flags`` as many of the
+  chain's kernels as fit launch at once, and all but one spin).
 
 All four compute the same thing in the same order, so their outputs must be equal bit for
 bit (checked each run: a flag that released too early would show). The per-kernel time is
 the graph's time, less that of the chain's two resets (timed as a graph of their own),
-over the steps. ``--work none`` drops the K loop (one row read per
-program): the handoff alone.
+over the steps. ``--work none`` drops the K loop (one row read per program): the handoff
+alone.
 
     python -m benchmarks.handoff --out benchmarks/gpu-handoff.json
 """
@@ -39,7 +40,6 @@ import triton
 import triton.language as tl
 
 MODES = ("plain", "pdl", "flags", "flags_late")
-
 
 
 @triton.jit
