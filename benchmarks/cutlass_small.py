@@ -1,8 +1,8 @@
 """Batch-1 GEMMs with thread-block clusters: do CUTLASS kernels whose clusters share operand
 tiles through TMA multicast beat the engine's Triton GEMM at 128 tokens?
 
-    engine/fused/cuda/build.sh small     # nvcc, no GPU needed
-    python3 -m benchmarks.cutlass_small --lib build/cuda/libqa_small_gemm.so --out small.json
+    engine/fused/cuda/build.sh small-bench     # nvcc, no GPU needed
+    python3 -m benchmarks.cutlass_small --lib build/cuda/libqa_small_gemm_bench.so --out small.json
 
 ``handoff.py`` put a PDL handoff at ~0.9 µs and a 768x768 GEMM chain with L2-resident
 weights at ~3.1 µs a kernel: at 128 tokens each GEMM's programs pull its row blocks of
@@ -50,7 +50,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-DEFAULT_LIB = REPO / "build" / "cuda" / "libqa_small_gemm.so"
+DEFAULT_LIB = REPO / "build" / "cuda" / "libqa_small_gemm_bench.so"
 
 
 def load(lib_path: Path) -> ctypes.CDLL:

@@ -45,6 +45,7 @@ from types import ModuleType
 
 import torch
 
+from engine.fused import small_gemm
 from engine.fused.fp8 import Quantized, calibrated_ffn1, scaled_linear, static_linear
 from engine.fused.weights import BertQAWeights, Linear
 
@@ -103,6 +104,9 @@ class EncodeOptions:
     calibrated per-tensor scale; the others keep a scale per token, as uncalibrated FP8
     has them (QKV and FFN row-scaled, the attention output in the model dtype). The
     default leaves out the attention output (``FP8_STATIC_INPUTS``).
+    ``cutlass_small_gemms`` (of ``small_gemm.GEMMS``) runs those GEMMs of the seven-kernel
+    small-batch layer as CUTLASS kernels (``engine.fused.small_gemm``; the engine checks
+    that they can run).
     """
 
     fp8_out_dtype: torch.dtype | None = None
@@ -120,6 +124,7 @@ class EncodeOptions:
     attn_config: tuple[int, int, int, int] | None = None
     attn_tile_list: bool = True
     gemm_plans: tuple[tuple[str, GemmPlan], ...] = ()
+    cutlass_small_gemms: tuple[str, ...] = ()
 
 
 def _linear(x: torch.Tensor | None, xq: Quantized | None, lin: Linear,
@@ -224,7 +229,9 @@ def encode_packed(
                                  d // cfg.num_heads, config=opts.attn_config)
              if opts.attn_tile_list and not small else None)
     for i, layer in enumerate(layers):
-        if small:
+        if small and "qkv" in opts.cutlass_small_gemms:
+            qkv = small_gemm.linear(x, layer.qkv.weight, pdl=pdl)
+        elif small:
             qkv = ops.linear(x, layer.qkv.weight, config=c_qkv, pdl=pdl, prefetch=pf)
         else:
             qkv = large(i, "qkv", x, xq, layer.qkv)
@@ -247,6 +254,9 @@ def encode_packed(
             # One GEMM: FFN1 + bias + GELU + e4m3, calibrated scales.
             assert xq is not None
             h, hq = None, calibrated_ffn1(xq, cal[i], fast)
+        elif small and "ffn1" in opts.cutlass_small_gemms:
+            h, hq = small_gemm.linear(x, layer.ffn_in.weight, layer.ffn_in.bias, gelu=True,
+                                      pdl=pdl), None
         elif fuse_ffn1 and not wants8(layer.ffn_in) and not wants8(layer.ffn_out):
             h, hq = ops.linear(x, layer.ffn_in.weight, layer.ffn_in.bias, act=act,
                                config=c_ff1 if small else None, pdl=pdl, prefetch=pf), None

@@ -339,16 +339,21 @@ def test_graph_and_eager_agree_across_buckets() -> None:
 
 @pytest.mark.parametrize("variant", ["large_path", "no_pdl", "no_prefetch", "ffn1_unfused",
                                      "attn_64x32", "persistent", "seven_kernels",
-                                     "seven_kernels_no_pdl", "seven_kernels_tma"])
+                                     "seven_kernels_no_pdl", "seven_kernels_tma",
+                                     "seven_kernels_cutlass"])
 def test_small_batch_paths_agree(variant: str) -> None:
     """Batches of up to 512 tokens through the small-batch path (all-Triton GEMMs, no
     LayerNorm kernels, FFN2 split-K by atomics, PDL + L2 prefetch) agree with the
     large-batch path (cuBLAS + epilogue kernels), with themselves without PDL or
     prefetching, with the seven-kernel small-batch path (LayerNorm kernels summing split-K
-    partials; also with every GEMM loading through TMA) and with the persistent kernel,
-    to fp16 rounding, over graph replays. Also checks an imposed attention tile."""
+    partials; also with every GEMM loading through TMA, or with QKV and FFN1 as CUTLASS
+    kernels: ``cutlass_small_gemms``, skipped without its library) and with the persistent
+    kernel, to fp16 rounding, over graph replays. Also checks an imposed attention tile."""
+    from engine.fused import small_gemm
     from engine.fused.engine import FusedEngine
 
+    if variant == "seven_kernels_cutlass" and not small_gemm.available():
+        pytest.skip(f"no {small_gemm.library_path()}: {small_gemm.BUILD_HINT}")
     default = FusedEngine.from_pretrained(CHECKPOINT, device="cuda", dtype="float16",
                                           small_batch_max_tokens=512)
     options: dict[str, object] = {
@@ -363,6 +368,8 @@ def test_small_batch_paths_agree(variant: str) -> None:
         "seven_kernels_tma": {"deferred_ln_max_hidden": None, "gemm_plans": {  # TMA loads
             "qkv": ((64, 64, 128, 4, 3, 1), 1), "out": ((64, 64, 64, 4, 4, 1), 2),
             "ffn1": ((64, 64, 128, 4, 3, 1), 1), "ffn2": ((128, 64, 64, 4, 4, 1), 8)}},
+        "seven_kernels_cutlass": {"deferred_ln_max_hidden": None,
+                                  "cutlass_small_gemms": ("qkv", "ffn1")},
     }[variant]
     other = FusedEngine(default.weights, "cuda", **{"small_batch_max_tokens": 512, **options})  # type: ignore[arg-type]
     rng = np.random.default_rng(13)

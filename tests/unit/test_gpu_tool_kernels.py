@@ -157,7 +157,7 @@ def test_weight_bytes_refuses_a_split_off_the_k_tile() -> None:
 
 
 class _FakeLib:
-    """Stands in for ``libqa_small_gemm.so``: records each ``qa_small_gemm_pass`` call."""
+    """Stands in for ``libqa_small_gemm_bench.so``: records each ``qa_small_gemm_pass`` call."""
 
     def __init__(self) -> None:
         self.calls: list[tuple[int, ...]] = []

@@ -4,9 +4,11 @@
 #   build/cuda/libqa_fp8_blockwise.so    engine/fused/cuda/fp8_blockwise.cu (ctypes C API)
 #   build/cuda/fp8_blockwise_gemm        benchmarks/cutlass/fp8_blockwise_gemm.cu (with "bench")
 #   build/cuda/libqa_fp8_ffn1.so         benchmarks/cutlass/fp8_ffn1.cu (with "ffn1")
-#   build/cuda/libqa_small_gemm.so       benchmarks/cutlass/small_gemm.cu (with "small")
+#   build/cuda/libqa_small_gemm.so       engine/fused/cuda/small_gemm.cu (with "small")
+#   build/cuda/libqa_small_gemm_bench.so benchmarks/cutlass/small_gemm.cu (with "small-bench")
 # Needs nvcc from CUDA 12.8+ (NVCC=... to choose one), no GPU; the outputs run on a Hopper
-# GPU. Usage: engine/fused/cuda/build.sh [lib] [bench] [ffn1] [small]   (default: lib)
+# GPU. Usage: engine/fused/cuda/build.sh [lib] [bench] [ffn1] [small] [small-bench]
+# (default: lib)
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/../../.." && pwd)"
 out="$repo/build/cuda"
@@ -43,8 +45,12 @@ for t in "${targets[@]}"; do
             -o "$out/libqa_fp8_ffn1.so" "$repo/benchmarks/cutlass/fp8_ffn1.cu"
           echo "built $out/libqa_fp8_ffn1.so" ;;
     small) "$nvcc" "${flags[@]}" -DCUTLASS_ENABLE_GDC_FOR_SM90 -shared -Xcompiler -fPIC \
-             -cudart static -o "$out/libqa_small_gemm.so" "$repo/benchmarks/cutlass/small_gemm.cu"
+             -cudart static -o "$out/libqa_small_gemm.so" "$repo/engine/fused/cuda/small_gemm.cu"
            echo "built $out/libqa_small_gemm.so" ;;
-    *) echo "unknown target $t (lib, bench, ffn1, small)" >&2; exit 2 ;;
+    small-bench) "$nvcc" "${flags[@]}" -DCUTLASS_ENABLE_GDC_FOR_SM90 -I"$repo/engine/fused/cuda" \
+                   -shared -Xcompiler -fPIC -cudart static -o "$out/libqa_small_gemm_bench.so" \
+                   "$repo/benchmarks/cutlass/small_gemm.cu"
+                 echo "built $out/libqa_small_gemm_bench.so" ;;
+    *) echo "unknown target $t (lib, bench, ffn1, small, small-bench)" >&2; exit 2 ;;
   esac
 done

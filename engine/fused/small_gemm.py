@@ -1,0 +1,80 @@
+"""CUTLASS GEMMs for the small-batch layer's QKV and FFN1 (engine option
+``cutlass_small_gemms``).
+
+At 128 tokens CUTLASS's TMA warp-specialized kernel runs these two GEMMs faster than the
+engine's Triton K loop, and on BERT-large at 1x128 the seven-kernel layer's pass with both
+swapped in measured 6.0-6.2% faster (H200, ``NOTES.md`` v16; no gain on BERT-base, whose
+default layer folds its LayerNorms into the GEMMs and is not covered). The kernels are CUDA
+C++ (``engine/fused/cuda/small_gemm.cu``), built with nvcc into
+``build/cuda/libqa_small_gemm.so`` by ``engine/fused/cuda/build.sh small`` (or the library
+at ``$QA_SMALL_GEMM_LIB``), and called through ctypes on torch's current stream, so they
+run inside the engine's CUDA graphs and join its programmatic-dependent-launch chain.
+Nothing is loaded until first use.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+from pathlib import Path
+
+import torch
+
+LIB_NAME = "libqa_small_gemm.so"
+BUILD_HINT = "build it with engine/fused/cuda/build.sh small (needs nvcc from CUDA 12.8+)"
+GEMMS = ("qkv", "ffn1")  # the small-batch GEMMs it can run
+_PLAIN, _BIAS_GELU = 0, 1
+_ERRORS = {1: "bad shape (N and K multiples of 8) or kind", 2: "CUTLASS refused the problem",
+           3: "needs a workspace", 4: "launch failed"}
+
+
+def library_path() -> Path:
+    """Where the library is looked for: ``$QA_SMALL_GEMM_LIB``, else ``build/cuda``."""
+    env = os.environ.get("QA_SMALL_GEMM_LIB")
+    return Path(env) if env else Path(__file__).resolve().parents[2] / "build" / "cuda" / LIB_NAME
+
+
+@functools.cache
+def _library() -> ctypes.CDLL:
+    path = library_path()
+    if not path.is_file():
+        raise RuntimeError(f"cutlass_small_gemms needs {path}: {BUILD_HINT}")
+    lib = ctypes.CDLL(str(path))
+    lib.qa_small_gemm_linear.restype = ctypes.c_int
+    lib.qa_small_gemm_linear.argtypes = ([ctypes.c_int] + [ctypes.c_void_p] * 4
+                                         + [ctypes.c_int] * 4 + [ctypes.c_void_p])
+    return lib
+
+
+def available() -> bool:
+    """True when the library can be loaded."""
+    try:
+        _library()
+    except (RuntimeError, OSError):
+        return False
+    return True
+
+
+def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
+           gelu: bool = False, pdl: bool = False) -> torch.Tensor:
+    """``x @ w.T`` [M, N] fp16, or with ``gelu`` ``GELU_erf(x @ w.T + bias)``: ``x`` [M, K]
+    and ``w`` [N, K] contiguous fp16, ``bias`` [N] float32 (as the engine keeps biases)."""
+    m, k = x.shape
+    n = w.shape[0]
+    if (x.dtype != torch.float16 or w.dtype != torch.float16 or w.shape[1] != k
+            or not x.is_contiguous() or not w.is_contiguous()
+            or gelu != (bias is not None)
+            or (bias is not None and (bias.dtype != torch.float32 or bias.shape != (n,)))):
+        raise ValueError(f"small GEMM: x {tuple(x.shape)} {x.dtype}, w {tuple(w.shape)} "
+                         f"{w.dtype}, bias {None if bias is None else bias.dtype}, gelu {gelu}")
+    out = torch.empty((m, n), device=x.device, dtype=torch.float16)
+    if m == 0:
+        return out
+    code = _library().qa_small_gemm_linear(
+        _BIAS_GELU if gelu else _PLAIN, x.data_ptr(), w.data_ptr(),
+        0 if bias is None else bias.data_ptr(), out.data_ptr(), m, n, k, int(pdl),
+        torch.cuda.current_stream(x.device).cuda_stream)
+    if code:
+        raise RuntimeError(f"small GEMM {m}x{n}x{k}: {_ERRORS.get(code, code)}")
+    return out
