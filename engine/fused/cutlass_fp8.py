@@ -9,13 +9,12 @@ inside the engine's CUDA graphs like any kernel. Nothing is loaded until first u
 from __future__ import annotations
 
 import ctypes
-import functools
-import os
 from pathlib import Path
 
 import torch
 
 from engine.fused.fp8 import BLOCK, Quantized
+from engine.fused.native import NativeLibrary
 
 LIB_NAME = "libqa_fp8_blockwise.so"
 BUILD_HINT = "build it with engine/fused/cuda/build.sh (needs nvcc from CUDA 12.8+)"
@@ -24,18 +23,7 @@ _ERRORS = {1: "bad shape (rows % 4, cols % 128)", 2: "CUTLASS refused the proble
            3: "workspace too small", 4: "launch failed"}
 
 
-def library_path() -> Path:
-    """Where the library is looked for: ``$QA_FP8_BLOCKWISE_LIB``, else ``build/cuda``."""
-    env = os.environ.get("QA_FP8_BLOCKWISE_LIB")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / "build" / "cuda" / LIB_NAME
-
-
-@functools.cache
-def _library() -> ctypes.CDLL:
-    path = library_path()
-    if not path.is_file():
-        raise RuntimeError(f"block-wise FP8 needs {path}: {BUILD_HINT}")
-    lib = ctypes.CDLL(str(path))
+def _declare(lib: ctypes.CDLL) -> None:
     lib.qa_fp8_workspace.restype = ctypes.c_size_t
     lib.qa_fp8_workspace.argtypes = [ctypes.c_int] * 3
     lib.qa_fp8_sf_offsets.restype = None
@@ -43,23 +31,27 @@ def _library() -> ctypes.CDLL:
     lib.qa_fp8_gemm.restype = ctypes.c_int
     lib.qa_fp8_gemm.argtypes = ([ctypes.c_void_p] * 5 + [ctypes.c_int] * 4
                                 + [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p])
-    return lib
+
+
+LIBRARY = NativeLibrary(LIB_NAME, "QA_FP8_BLOCKWISE_LIB", "block-wise FP8", BUILD_HINT,
+                        _declare)
+
+
+def library_path() -> Path:
+    """Where the library is looked for: ``$QA_FP8_BLOCKWISE_LIB``, else ``build/cuda``."""
+    return LIBRARY.path()
 
 
 def available() -> bool:
     """True when the library can be loaded."""
-    try:
-        _library()
-    except (RuntimeError, OSError):
-        return False
-    return True
+    return LIBRARY.available()
 
 
 def scale_offsets(m: int, n: int, k: int) -> tuple[int, int, int, int]:
     """The kernel's scale layouts, as offsets of SFA (m+1), SFA (kb+1), SFB (nb+1), SFB
     (kb+1) from the origin: ``(1, m, k/128, 1)`` is what ``fp8`` writes."""
     out = (ctypes.c_longlong * 4)()
-    _library().qa_fp8_sf_offsets(m, n, k, out)
+    LIBRARY.load().qa_fp8_sf_offsets(m, n, k, out)
     return out[0], out[1], out[2], out[3]
 
 
@@ -75,7 +67,7 @@ def blockwise_gemm(xq: Quantized, w8: torch.Tensor, w_scale: torch.Tensor,
         raise ValueError(f"block-wise GEMM: x {tuple(xq.data.shape)} (scales "
                          f"{tuple(xq.scale.shape)}), w {tuple(w8.shape)} (scales "
                          f"{tuple(w_scale.shape)}), out {out_dtype}")
-    lib = _library()
+    lib = LIBRARY.load()
     out = torch.empty((m4, n), device=w8.device, dtype=out_dtype)
     size = lib.qa_fp8_workspace(m4, n, k)
     workspace = torch.empty((max(size, 1),), device=w8.device, dtype=torch.uint8)

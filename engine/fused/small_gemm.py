@@ -15,11 +15,11 @@ Nothing is loaded until first use.
 from __future__ import annotations
 
 import ctypes
-import functools
-import os
 from pathlib import Path
 
 import torch
+
+from engine.fused.native import NativeLibrary
 
 LIB_NAME = "libqa_small_gemm.so"
 BUILD_HINT = "build it with engine/fused/cuda/build.sh small (needs nvcc from CUDA 12.8+)"
@@ -29,31 +29,24 @@ _ERRORS = {1: "bad shape (N and K multiples of 8) or kind", 2: "CUTLASS refused 
            3: "needs a workspace", 4: "launch failed"}
 
 
-def library_path() -> Path:
-    """Where the library is looked for: ``$QA_SMALL_GEMM_LIB``, else ``build/cuda``."""
-    env = os.environ.get("QA_SMALL_GEMM_LIB")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / "build" / "cuda" / LIB_NAME
-
-
-@functools.cache
-def _library() -> ctypes.CDLL:
-    path = library_path()
-    if not path.is_file():
-        raise RuntimeError(f"cutlass_small_gemms needs {path}: {BUILD_HINT}")
-    lib = ctypes.CDLL(str(path))
+def _declare(lib: ctypes.CDLL) -> None:
     lib.qa_small_gemm_linear.restype = ctypes.c_int
     lib.qa_small_gemm_linear.argtypes = ([ctypes.c_int] + [ctypes.c_void_p] * 4
                                          + [ctypes.c_int] * 4 + [ctypes.c_void_p])
-    return lib
+
+
+LIBRARY = NativeLibrary(LIB_NAME, "QA_SMALL_GEMM_LIB", "cutlass_small_gemms", BUILD_HINT,
+                        _declare)
+
+
+def library_path() -> Path:
+    """Where the library is looked for: ``$QA_SMALL_GEMM_LIB``, else ``build/cuda``."""
+    return LIBRARY.path()
 
 
 def available() -> bool:
     """True when the library can be loaded."""
-    try:
-        _library()
-    except (RuntimeError, OSError):
-        return False
-    return True
+    return LIBRARY.available()
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
@@ -71,7 +64,7 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
     out = torch.empty((m, n), device=x.device, dtype=torch.float16)
     if m == 0:
         return out
-    code = _library().qa_small_gemm_linear(
+    code = LIBRARY.load().qa_small_gemm_linear(
         _BIAS_GELU if gelu else _PLAIN, x.data_ptr(), w.data_ptr(),
         0 if bias is None else bias.data_ptr(), out.data_ptr(), m, n, k, int(pdl),
         torch.cuda.current_stream(x.device).cuda_stream)

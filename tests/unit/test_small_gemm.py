@@ -19,9 +19,9 @@ def no_library(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):  # type: ignore
     from engine.fused import small_gemm
 
     monkeypatch.setenv("QA_SMALL_GEMM_LIB", str(tmp_path / "missing.so"))
-    small_gemm._library.cache_clear()
+    small_gemm.LIBRARY.forget()
     yield small_gemm
-    small_gemm._library.cache_clear()
+    small_gemm.LIBRARY.forget()
 
 
 def test_library_path_and_a_missing_library(no_library) -> None:  # type: ignore[no-untyped-def]
@@ -29,7 +29,7 @@ def test_library_path_and_a_missing_library(no_library) -> None:  # type: ignore
     assert small_gemm.library_path().name == "missing.so"
     assert not small_gemm.available()
     with pytest.raises(RuntimeError, match=r"build\.sh small"):
-        small_gemm._library()
+        small_gemm.LIBRARY.load()
 
 
 def test_default_library_path(monkeypatch: pytest.MonkeyPatch) -> None:
