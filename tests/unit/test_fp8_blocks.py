@@ -93,13 +93,13 @@ def test_gemm_binding_checks_shapes_before_touching_the_library() -> None:
 def test_missing_library_is_a_clear_error(tmp_path: Path,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("QA_FP8_BLOCKWISE_LIB", str(tmp_path / "absent.so"))
-    cutlass_fp8._library.cache_clear()
+    cutlass_fp8.LIBRARY.forget()
     try:
         assert not cutlass_fp8.available()
         with pytest.raises(RuntimeError, match=r"build\.sh"):
-            cutlass_fp8._library()
+            cutlass_fp8.LIBRARY.load()
     finally:
-        cutlass_fp8._library.cache_clear()
+        cutlass_fp8.LIBRARY.forget()
 
 
 @pytest.fixture(scope="module")
@@ -122,7 +122,7 @@ def test_library_scale_layouts_match_what_the_kernels_write(
     """SFA M-major (``block * M4 + row``), SFB K-major (``n_block * K/128 + k_block``):
     the layouts ``quantize_blocks``/``quantize_weight_blocks`` and the row kernels write."""
     monkeypatch.setenv("QA_FP8_BLOCKWISE_LIB", str(built_library))
-    cutlass_fp8._library.cache_clear()
+    cutlass_fp8.LIBRARY.forget()
     try:
         for m, n, k in ((48, 256, 384), (47392, 1024, 4096)):
             assert cutlass_fp8.scale_offsets(m, n, k) == (1, m, k // BLOCK, 1)
@@ -131,4 +131,4 @@ def test_library_scale_layouts_match_what_the_kernels_write(
         _, s = quantize_weight_blocks(torch.randn(256, 384))
         assert s.stride() == (384 // BLOCK, 1)
     finally:
-        cutlass_fp8._library.cache_clear()
+        cutlass_fp8.LIBRARY.forget()
