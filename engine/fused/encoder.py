@@ -21,7 +21,8 @@ rides in the kernel that reads the GEMM's output anyway. Two paths:
   bias slices into L1) while the kernel before it runs.
   At around a hundred tokens the pass is bound by kernel boundaries and by weight streaming
   through few multiprocessors, which this path attacks; cuBLAS cannot take part (it does
-  not wait on ``griddepcontrol``).
+  not wait on ``griddepcontrol``). With ``cutlass_small_gemms`` (opt-in), QKV and/or FFN1
+  are CUTLASS kernels instead (``small_gemm``; they do wait on it).
 * **Small batches without LayerNorm kernels** (models up to ``deferred_ln_max_hidden``
   wide, with ``w.folded``): the same path with five kernels a layer instead of seven. The
   GEMM before each residual LayerNorm leaves the un-normalised sum (and its row sums) and

@@ -183,10 +183,9 @@ class FusedEngine:
         self.backend = "triton" if self.ops.__name__.endswith("kernels") else "torch"
         self.fp8 = weights.fp8
         if weights.fp8_blocks and self.device.type == "cuda":
-            from engine.fused.cutlass_fp8 import BUILD_HINT, available, library_path
+            from engine.fused.cutlass_fp8 import LIBRARY
 
-            if not available():
-                raise RuntimeError(f"block-wise FP8 needs {library_path()}: {BUILD_HINT}")
+            LIBRARY.load()  # a missing or stale library: RuntimeError naming the build
         self.cuda_graphs = cuda_graphs and self.device.type == "cuda"
         self.max_graph_tokens = max_graph_tokens
         try:
@@ -198,7 +197,8 @@ class FusedEngine:
         cutlass_small_gemms = _gemm_names("cutlass_small_gemms", cutlass_small_gemms,
                                           small_gemm.GEMMS)
         if cutlass_small_gemms:
-            self._check_small_gemms(cutlass_small_gemms, weights)
+            self._check_small_gemms(cutlass_small_gemms, weights, deferred_ln_max_hidden,
+                                    gemm_plans or {})
         self.options = EncodeOptions(
             fp8_out_dtype=(weights.dtype if weights.fp8_blocks  # the CUTLASS kernel: fp16/bf16
                            else rowwise_out_dtype(self.device, weights.dtype) if self.fp8
@@ -227,19 +227,32 @@ class FusedEngine:
             self.load_calibration(fp8_calibration if isinstance(fp8_calibration, Calibration)
                                   else Calibration.load(Path(fp8_calibration)))
 
-    def _check_small_gemms(self, gemms: Sequence[str], weights: BertQAWeights) -> None:
-        """What ``cutlass_small_gemms`` needs: CUDA with the Triton kernels, fp16 weights,
-        the exact GELU for FFN1, and the library."""
-        if self.device.type != "cuda" or self.backend != "triton":
-            raise ValueError("cutlass_small_gemms runs on CUDA with the Triton kernels")
+    def _check_small_gemms(self, gemms: Sequence[str], weights: BertQAWeights,
+                           deferred_ln_max_hidden: int | None,
+                           gemm_plans: dict[str, GemmPlan]) -> None:
+        """What ``cutlass_small_gemms`` needs: fp16 weights, the exact GELU for FFN1, a
+        model that takes the seven-kernel layer, no Triton plan for the same GEMMs, CUDA
+        with the Triton kernels on an sm_90 GPU (what the library is built for), and the
+        library itself. Model checks first, so each is testable without a GPU."""
         if weights.dtype != torch.float16:
             raise ValueError(f"cutlass_small_gemms takes float16 weights, not {weights.dtype}")
         if "ffn1" in gemms and self.config.gelu != "erf":
             raise ValueError("cutlass_small_gemms: FFN1's kernel has the exact GELU only, "
                              f"this model uses {self.config.gelu}")
-        if not small_gemm.available():
-            raise RuntimeError(f"cutlass_small_gemms needs {small_gemm.library_path()}: "
-                               f"{small_gemm.BUILD_HINT}")
+        hidden = self.config.hidden_size
+        if deferred_ln_max_hidden is not None and hidden <= deferred_ln_max_hidden:
+            raise ValueError(
+                f"cutlass_small_gemms applies to the seven-kernel small-batch layer: this "
+                f"model (hidden {hidden} <= deferred_ln_max_hidden {deferred_ln_max_hidden}) "
+                "takes the deferred one (deferred_ln_max_hidden=None to change that)")
+        if both := sorted(set(gemms) & set(gemm_plans)):
+            raise ValueError(f"gemm_plans {both}: those GEMMs run as CUTLASS kernels here")
+        if self.device.type != "cuda" or self.backend != "triton":
+            raise ValueError("cutlass_small_gemms runs on CUDA with the Triton kernels")
+        if torch.cuda.get_device_capability(self.device)[0] != 9:
+            raise ValueError("cutlass_small_gemms: the library is built for sm_90 (Hopper), "
+                             f"not {torch.cuda.get_device_name(self.device)}")
+        small_gemm.LIBRARY.load()  # a missing or stale library: RuntimeError naming the build
 
     def _new_graphs(self) -> GraphCache | None:
         if not self.cuda_graphs:

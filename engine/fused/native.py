@@ -35,14 +35,20 @@ class NativeLibrary:
         return Path(value) if value else BUILD_DIR / self.name
 
     def load(self) -> ctypes.CDLL:
-        """The loaded library (loaded once); RuntimeError naming the build if it is missing."""
+        """The loaded library (loaded once); RuntimeError naming the build if it is missing,
+        cannot be loaded, or lacks the functions ``declare`` names (built from other
+        sources)."""
         with self._lock:
             if self._lib is None:
                 path = self.path()
                 if not path.is_file():
                     raise RuntimeError(f"{self.feature} needs {path}: {self.hint}")
-                lib = ctypes.CDLL(str(path))
-                self._declare(lib)
+                try:
+                    lib = ctypes.CDLL(str(path))
+                    self._declare(lib)  # AttributeError: a stale or foreign library
+                except (OSError, AttributeError) as exc:
+                    raise RuntimeError(f"{self.feature} could not load {path} ({exc}): "
+                                       f"rebuild it; {self.hint}") from exc
                 self._lib = lib
             return self._lib
 

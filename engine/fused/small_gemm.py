@@ -52,15 +52,12 @@ def available() -> bool:
 def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
            gelu: bool = False, pdl: bool = False) -> torch.Tensor:
     """``x @ w.T`` [M, N] fp16, or with ``gelu`` ``GELU_erf(x @ w.T + bias)``: ``x`` [M, K]
-    and ``w`` [N, K] contiguous fp16, ``bias`` [N] float32 (as the engine keeps biases)."""
+    and ``w`` [N, K] contiguous fp16 on one CUDA device, ``bias`` [N] contiguous float32 (as
+    the engine keeps biases), N and K multiples of 8, 16-byte aligned. Anything else is a
+    ValueError before the library is touched."""
+    _check(x, w, bias, gelu)
     m, k = x.shape
     n = w.shape[0]
-    if (x.dtype != torch.float16 or w.dtype != torch.float16 or w.shape[1] != k
-            or not x.is_contiguous() or not w.is_contiguous()
-            or gelu != (bias is not None)
-            or (bias is not None and (bias.dtype != torch.float32 or bias.shape != (n,)))):
-        raise ValueError(f"small GEMM: x {tuple(x.shape)} {x.dtype}, w {tuple(w.shape)} "
-                         f"{w.dtype}, bias {None if bias is None else bias.dtype}, gelu {gelu}")
     out = torch.empty((m, n), device=x.device, dtype=torch.float16)
     if m == 0:
         return out
@@ -71,3 +68,33 @@ def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,
     if code:
         raise RuntimeError(f"small GEMM {m}x{n}x{k}: {_ERRORS.get(code, code)}")
     return out
+
+
+def _check(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None, gelu: bool,
+           on_device: bool = True) -> None:
+    """ValueError naming every way the operands differ from what the kernels take
+    (``on_device=False`` skips the CUDA placement check: CPU tests)."""
+    tensors = {"x": x, "w": w} | ({} if bias is None else {"bias": bias})
+    problems = [f"{name} is {t.dim()}-D" for name, t in (("x", x), ("w", w)) if t.dim() != 2]
+    if not problems:
+        k = x.shape[1]
+        n, kw = w.shape
+        problems += [f"{name} is {t.dtype}, not float16" for name, t in (("x", x), ("w", w))
+                     if t.dtype != torch.float16]
+        if kw != k:
+            problems.append(f"w has K={kw}, x K={k}")
+        if n % 8 or k % 8:
+            problems.append(f"N={n} and K={k} must be multiples of 8")
+        if gelu != (bias is not None):
+            problems.append("a bias goes with gelu, and only with it")
+        if bias is not None and (bias.dtype != torch.float32 or bias.shape != (n,)):
+            problems.append(f"bias is {bias.dtype} {tuple(bias.shape)}, not float32 ({n},)")
+        problems += [f"{name} is not contiguous" for name, t in tensors.items()
+                     if not t.is_contiguous()]
+        problems += [f"{name} is not 16-byte aligned" for name, t in tensors.items()
+                     if t.data_ptr() % 16]
+    if on_device:
+        problems += [f"{name} is on {t.device}, not {x.device} (CUDA)"
+                     for name, t in tensors.items() if not t.is_cuda or t.device != x.device]
+    if problems:
+        raise ValueError("small GEMM: " + "; ".join(problems))

@@ -341,7 +341,7 @@ def test_graph_and_eager_agree_across_buckets() -> None:
                                      "attn_64x32", "persistent", "seven_kernels",
                                      "seven_kernels_no_pdl", "seven_kernels_tma",
                                      "seven_kernels_cutlass"])
-def test_small_batch_paths_agree(variant: str) -> None:
+def test_small_batch_paths_agree(variant: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Batches of up to 512 tokens through the small-batch path (all-Triton GEMMs, no
     LayerNorm kernels, FFN2 split-K by atomics, PDL + L2 prefetch) agree with the
     large-batch path (cuBLAS + epilogue kernels), with themselves without PDL or
@@ -352,8 +352,17 @@ def test_small_batch_paths_agree(variant: str) -> None:
     from engine.fused import small_gemm
     from engine.fused.engine import FusedEngine
 
-    if variant == "seven_kernels_cutlass" and not small_gemm.available():
-        pytest.skip(f"no {small_gemm.library_path()}: {small_gemm.BUILD_HINT}")
+    calls: list[bool] = []
+    if variant == "seven_kernels_cutlass":
+        if not small_gemm.available():
+            pytest.skip(f"no {small_gemm.library_path()}: {small_gemm.BUILD_HINT}")
+        library_linear = small_gemm.linear
+
+        def counted(*args: Any, **kwargs: Any) -> Any:  # the CUTLASS kernels really run
+            calls.append(bool(kwargs.get("gelu")))
+            return library_linear(*args, **kwargs)
+
+        monkeypatch.setattr(small_gemm, "linear", counted)
     default = FusedEngine.from_pretrained(CHECKPOINT, device="cuda", dtype="float16",
                                           small_batch_max_tokens=512)
     options: dict[str, object] = {
@@ -379,6 +388,8 @@ def test_small_batch_paths_agree(variant: str) -> None:
         keep = mask.astype(bool)
         assert np.abs(a[0][keep] - b[0][keep]).max() < 3e-2
         assert np.abs(a[1][keep] - b[1][keep]).max() < 3e-2
+    if variant == "seven_kernels_cutlass":  # QKV and FFN1 of every layer went to CUTLASS
+        assert calls.count(False) >= 6 and calls.count(True) >= 6, calls
 
 
 @pytest.mark.parametrize(("windows", "seq"), [(1, 128), (2, 100), (1, 256), (7, 30)])
@@ -651,3 +662,41 @@ def test_split_attention_loop_matches_masked_loop(heads: int, lengths: Any) -> N
                         for split in (False, True)]
                 assert torch.equal(outs[0].view(torch.uint8), outs[1].view(torch.uint8)), (
                     config, tl_ is not None, fp8 is not None)
+
+
+@pytest.mark.parametrize("rows", [1, 63, 128, 400])
+def test_small_gemm_kernels_match_torch(rows: int) -> None:
+    """``small_gemm.linear`` (CUTLASS, ``cutlass_small_gemms``) on BERT-large's QKV and FFN1
+    shapes against float32 torch math on the same fp16 operands: plain and bias + exact
+    GELU, with and without PDL, eager and replayed from a CUDA graph (skipped without the
+    library: engine/fused/cuda/build.sh small)."""
+    from engine.fused import small_gemm
+
+    if not small_gemm.available():
+        pytest.skip(f"no {small_gemm.library_path()}: {small_gemm.BUILD_HINT}")
+    g = torch.Generator(device="cuda").manual_seed(rows)
+    for n in (3072, 4096):
+        x = (torch.randn(rows, 1024, device="cuda", generator=g) * 0.5).half()
+        w = (torch.randn(n, 1024, device="cuda", generator=g) * 0.03).half()
+        b = torch.randn(n, device="cuda", generator=g) * 0.5
+        prod = x.float() @ w.float().t()
+        for gelu in (False, True):
+            ref = torch.nn.functional.gelu(prod + b) if gelu else prod
+            bias = b if gelu else None
+            for pdl in (False, True):
+                out = small_gemm.linear(x, w, bias, gelu=gelu, pdl=pdl)
+                err = float((out.float() - ref).abs().max() / ref.abs().max())
+                assert out.dtype == torch.float16 and out.shape == (rows, n)
+                assert err < 2e-3, (rows, n, gelu, pdl, err)
+            graph = torch.cuda.CUDAGraph()
+            stream = torch.cuda.Stream()
+            stream.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(stream):
+                small_gemm.linear(x, w, bias, gelu=gelu, pdl=True)  # warm-up on the stream
+                with torch.cuda.graph(graph, stream=stream):
+                    captured = small_gemm.linear(x, w, bias, gelu=gelu, pdl=True)
+            torch.cuda.current_stream().wait_stream(stream)
+            captured.zero_()
+            graph.replay()
+            torch.cuda.synchronize()
+            assert torch.equal(captured, small_gemm.linear(x, w, bias, gelu=gelu))

@@ -1,35 +1,60 @@
 """``engine.fused.small_gemm`` and the engine option ``cutlass_small_gemms`` without a GPU:
-where the library is looked for, what a missing one says, which calls are refused before
-any kernel runs, and the option's checks (its kernels are checked on the GPU:
-``tests/gpu/test_fused_gpu.py::test_small_batch_paths_agree[seven_kernels_cutlass]``)."""
+where the library is looked for, what a missing or stale one says, which operands are
+refused before any kernel runs, and the option's checks (its kernels are checked on the
+GPU: ``tests/gpu/test_fused_gpu.py``, ``test_small_gemm_kernels_match_torch`` and
+``test_small_batch_paths_agree[seven_kernels_cutlass]``)."""
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Iterator
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
 from engine.config import REPO_ROOT
 
 torch = pytest.importorskip("torch")
+MODEL = REPO_ROOT / "models" / "minilm-l6-squad"
 
 
 @pytest.fixture
-def no_library(monkeypatch: pytest.MonkeyPatch, tmp_path: Path):  # type: ignore[no-untyped-def]
+def library_at(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[ModuleType, object]]:
+    """``small_gemm`` and a setter of the path its library is looked for at."""
     from engine.fused import small_gemm
 
-    monkeypatch.setenv("QA_SMALL_GEMM_LIB", str(tmp_path / "missing.so"))
-    small_gemm.LIBRARY.forget()
-    yield small_gemm
+    def at(path: Path) -> None:
+        monkeypatch.setenv("QA_SMALL_GEMM_LIB", str(path))
+        small_gemm.LIBRARY.forget()
+
+    yield small_gemm, at
     small_gemm.LIBRARY.forget()
 
 
-def test_library_path_and_a_missing_library(no_library) -> None:  # type: ignore[no-untyped-def]
-    small_gemm = no_library
+def test_missing_library(library_at, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    small_gemm, at = library_at
+    at(tmp_path / "missing.so")
     assert small_gemm.library_path().name == "missing.so"
     assert not small_gemm.available()
-    with pytest.raises(RuntimeError, match=r"build\.sh small"):
+    with pytest.raises(RuntimeError, match=r"needs .*missing\.so: build it with .*build\.sh small"):
         small_gemm.LIBRARY.load()
+
+
+def test_stale_or_broken_library(library_at, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    """A shared library without the engine's function (e.g. the benchmark's build of the
+    same name from before) or a file that is no library: a RuntimeError saying it could not
+    be loaded, never an AttributeError, and ``available()`` is False."""
+    import _ctypes  # a real shared library without qa_small_gemm_linear
+
+    small_gemm, at = library_at
+    garbage = tmp_path / "garbage.so"
+    garbage.write_bytes(b"not an ELF file")
+    for path in (Path(_ctypes.__file__), garbage):
+        at(path)
+        assert not small_gemm.available()
+        with pytest.raises(RuntimeError, match=r"could not load .*rebuild it"):
+            small_gemm.LIBRARY.load()
 
 
 def test_default_library_path(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -39,40 +64,77 @@ def test_default_library_path(monkeypatch: pytest.MonkeyPatch) -> None:
     assert small_gemm.library_path() == REPO_ROOT / "build" / "cuda" / "libqa_small_gemm.so"
 
 
-@pytest.mark.parametrize("case", ["fp32 x", "fp32 w", "bias without gelu", "gelu without bias",
-                                  "fp16 bias", "K mismatch", "strided x"])
-def test_linear_refuses_what_its_kernels_do_not_take(case: str) -> None:
-    """Each of these is a ValueError before the library is touched (none exists here)."""
+def _operands() -> dict[str, object]:
+    return {"x": torch.zeros(8, 64, dtype=torch.float16),
+            "w": torch.zeros(32, 64, dtype=torch.float16), "bias": None, "gelu": False}
+
+
+@pytest.mark.parametrize(("case", "change", "message"), [
+    ("fp32 x", {"x": torch.zeros(8, 64)}, "x is torch.float32"),
+    ("fp32 w", {"w": torch.zeros(32, 64)}, "w is torch.float32"),
+    ("3-D x", {"x": torch.zeros(2, 8, 64, dtype=torch.float16)}, "x is 3-D"),
+    ("K mismatch", {"w": torch.zeros(32, 32, dtype=torch.float16)}, "w has K=32"),
+    ("N off 8", {"w": torch.zeros(30, 64, dtype=torch.float16)}, "multiples of 8"),
+    ("bias without gelu", {"bias": torch.zeros(32)}, "a bias goes with gelu"),
+    ("gelu without bias", {"gelu": True}, "a bias goes with gelu"),
+    ("fp16 bias", {"bias": torch.zeros(32, dtype=torch.float16), "gelu": True},
+     "bias is torch.float16"),
+    ("short bias", {"bias": torch.zeros(16), "gelu": True}, r"not float32 \(32,\)"),
+    ("strided x", {"x": torch.zeros(8, 128, dtype=torch.float16)[:, ::2]}, "x is not contig"),
+    ("misaligned w", {"w": torch.zeros(32 * 64 + 1, dtype=torch.float16)[1:].view(32, 64)},
+     "w is not 16-byte aligned"),
+])
+def test_operands_the_kernels_do_not_take(case: str, change: dict[str, object],
+                                         message: str) -> None:
+    """Each is a ValueError naming the problem, before the library is touched."""
     from engine.fused import small_gemm
 
-    x = torch.zeros(8, 64, dtype=torch.float16)
-    w = torch.zeros(32, 64, dtype=torch.float16)
-    b = torch.zeros(32)
-    kwargs: dict[str, object] = {
-        "fp32 x": {"x": x.float(), "w": w},
-        "fp32 w": {"x": x, "w": w.float()},
-        "bias without gelu": {"x": x, "w": w, "bias": b},
-        "gelu without bias": {"x": x, "w": w, "gelu": True},
-        "fp16 bias": {"x": x, "w": w, "bias": b.half(), "gelu": True},
-        "K mismatch": {"x": x, "w": torch.zeros(32, 32, dtype=torch.float16)},
-        "strided x": {"x": torch.zeros(8, 128, dtype=torch.float16)[:, ::2], "w": w},
-    }[case]
-    with pytest.raises(ValueError, match="small GEMM"):
-        small_gemm.linear(**kwargs)  # type: ignore[arg-type]
+    small_gemm._check(**_operands(), on_device=False)  # type: ignore[arg-type]  # the good case
+    with pytest.raises(ValueError, match=message):
+        small_gemm._check(**{**_operands(), **change}, on_device=False)  # type: ignore[arg-type]
 
 
-def test_engine_option_is_checked() -> None:
-    """``cutlass_small_gemms`` takes names (a sequence or text; None, "" or () for none),
-    refuses unknown ones, and refuses to run where its kernels cannot: without CUDA."""
+def test_operands_must_be_on_one_cuda_device() -> None:
+    from engine.fused import small_gemm
+
+    with pytest.raises(ValueError, match=r"x is on cpu, not cpu \(CUDA\)"):
+        small_gemm.linear(**_operands())  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def fp16_weights():  # type: ignore[no-untyped-def]
     from engine.fused.engine import FusedEngine
 
-    base = FusedEngine.from_pretrained(REPO_ROOT / "models" / "minilm-l6-squad", device="cpu",
-                                       backend="torch")
+    return FusedEngine.from_pretrained(MODEL, device="cpu", dtype="float16",
+                                       backend="torch").weights
+
+
+def test_engine_option_is_checked(fp16_weights) -> None:  # type: ignore[no-untyped-def]
+    """``cutlass_small_gemms`` takes names (a sequence or text; None, "" or () for none),
+    refuses unknown ones, and each thing its kernels need is a clear error, model checks
+    first: fp16 weights, the exact GELU for FFN1, a model on the seven-kernel layer, no
+    Triton plan for the same GEMM, then CUDA."""
+    from engine.fused.engine import FusedEngine
+
+    def make(weights=fp16_weights, **kw):  # type: ignore[no-untyped-def]
+        return FusedEngine(weights, "cpu", backend="torch", **kw)
+
     for empty in (None, "", ()):
-        engine = FusedEngine(base.weights, "cpu", backend="torch", cutlass_small_gemms=empty)
-        assert engine.options.cutlass_small_gemms == ()
+        assert make(cutlass_small_gemms=empty).options.cutlass_small_gemms == ()
     with pytest.raises(ValueError, match="unknown GEMMs"):
-        FusedEngine(base.weights, "cpu", backend="torch", cutlass_small_gemms="qkv,ffn2")
-    for names in ("ffn1, qkv", ("qkv",)):
-        with pytest.raises(ValueError, match="runs on CUDA"):
-            FusedEngine(base.weights, "cpu", backend="torch", cutlass_small_gemms=names)
+        make(cutlass_small_gemms="qkv,ffn2")
+    fp32 = FusedEngine.from_pretrained(MODEL, device="cpu", dtype="float32",
+                                       backend="torch").weights
+    with pytest.raises(ValueError, match="takes float16 weights"):
+        make(fp32, cutlass_small_gemms="qkv")
+    tanh = dataclasses.replace(
+        fp16_weights, config=dataclasses.replace(fp16_weights.config, gelu="tanh"))
+    with pytest.raises(ValueError, match="exact GELU only"):
+        make(tanh, cutlass_small_gemms="ffn1", deferred_ln_max_hidden=None)
+    with pytest.raises(ValueError, match="takes the deferred one"):
+        make(cutlass_small_gemms=("qkv",))  # MiniLM: hidden 384 <= 768
+    with pytest.raises(ValueError, match=r"gemm_plans \['ffn1'\]"):
+        make(cutlass_small_gemms="ffn1, qkv", deferred_ln_max_hidden=None,
+             gemm_plans={"ffn1": ((64, 64, 64, 4, 4), 1)})
+    with pytest.raises(ValueError, match="runs on CUDA"):
+        make(cutlass_small_gemms="ffn1, qkv", deferred_ln_max_hidden=None)

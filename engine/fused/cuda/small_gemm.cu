@@ -1,5 +1,5 @@
 // The small-batch layer's QKV and FFN1 GEMMs as CUTLASS kernels, behind a C API for ctypes
-// (engine/fused/cutlass_small.py; engine option ``cutlass_small_gemms``):
+// (engine/fused/small_gemm.py; engine option ``cutlass_small_gemms``):
 //
 //   kind 0:  D[M, N] fp16 = A[M, K] . B[N, K]^T
 //   kind 1:  D[M, N] fp16 = GELU_erf(A[M, K] . B[N, K]^T + bias[N])   (bias float32)
