@@ -71,7 +71,7 @@ def measure(name: str, n: int, k: int, t: int, g: Any, replays: int) -> dict[str
     from engine.fused.fp8 import quantize_blocks as quantize_act_blocks
     from engine.fused.fp8 import quantize_weight_blocks
 
-    if cutlass_fp8.available():  # the engine's block-wise path, on the same operands
+    if cutlass_fp8.LIBRARY.available():  # the engine's block-wise path, on the same operands
         xq = quantize_act_blocks(x)
         w8, ws = quantize_weight_blocks(w)
         schemes["cutlass_1x128_128x128"] = [("engine layouts", lambda: cutlass_fp8.blockwise_gemm(

@@ -135,10 +135,8 @@ def measure(tokens: int, hidden: int, steps: int, works: list[bool], rounds: int
     for work in works:
         label = "gemm" if work else "none"
         graphs, results = {}, {}
-        alive = []  # the graphs read these buffers: keep them until the graphs are done
         for mode in MODES:
             bufs, flags, run = chain(x0, weights, steps, mode, work, bn=bn)
-            alive.append(run)
             results[mode] = run().clone()
             g = capture_graph(run, 1)
             graphs[mode] = g

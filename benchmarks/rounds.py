@@ -29,7 +29,8 @@ def capture_stream() -> Any:
 def capture_graph(fn: Callable[[], object], calls: int, warm: int = 3) -> Any:
     """``calls`` calls of ``fn`` as one CUDA graph, captured on :func:`capture_stream`
     after ``warm`` calls there (cuBLASLt's workspace for that stream must exist before the
-    capture)."""
+    capture). The graph keeps ``fn``: replays read the buffers ``fn`` holds, which must not
+    be freed (and reused) while the graph lives."""
     import torch
 
     s = capture_stream()
@@ -43,6 +44,7 @@ def capture_graph(fn: Callable[[], object], calls: int, warm: int = 3) -> Any:
     with torch.cuda.graph(g, stream=s):
         for _ in range(calls):
             fn()
+    g.captured_fn = fn
     return g
 
 

@@ -32,7 +32,7 @@ import triton
 import triton.language as tl
 
 from engine.fused.kernels.common import launch_options, pdl_enter
-from engine.fused.kernels.matmul import grouped_tile, prefetch_slices
+from engine.fused.kernels.matmul import check_k_split, grouped_tile, prefetch_slices
 
 # weight dtypes; ``:indexed`` = the loop-index pointer form (:func:`_wq_gemm_kernel`);
 # ``@BMxBNxBK/warps/stages`` = other tiles than the shape's (e.g. ``float16@64x64x64/4/8``)
@@ -115,8 +115,7 @@ def gemm(x: Any, w: Any, s: Any, out: Any, splits: int, config: tuple[int, ...],
     m, k = x.shape
     n = w.shape[0]
     bm, bn, bk, warps, stages = config
-    if k % (splits * bk):  # (the K loop would run into the next slice and past each row)
-        raise ValueError(f"K={k} does not split into {splits} multiples of {bk}")
+    check_k_split(k, splits, bk)
     grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn), splits)
     _wq_gemm_kernel[grid](x, w, s, out, m, n, k, k // splits, BM=bm, BN=bn, BK=bk,
                           QUANT=w.dtype != x.dtype, PARTIAL=splits > 1, USE_PDL=pdl,
@@ -150,7 +149,7 @@ def measure(tokens: int, steps: int, rounds: int, reps: int, shapes: list[str],
         x = (torch.randn(tokens, k, device="cuda", generator=gen) * 0.5).half()
         dst = torch.empty((splits, tokens, n) if splits > 1 else (tokens, n), device="cuda",
                           dtype=torch.float32 if splits > 1 else torch.float16)
-        runs, check, alive = {}, {}, []
+        runs, check = {}, {}
         for variant in variants:
             head, _, tiles = variant.partition("@")
             dtype, _, form = head.partition(":")
@@ -163,16 +162,15 @@ def measure(tokens: int, steps: int, rounds: int, reps: int, shapes: list[str],
             gemm(x, w0, s0, dst, splits, cfg, pdl=False, indexed=indexed)
             got = dst.float().sum(0) if splits > 1 else dst.float()
             check[variant] = float((got - ref).abs().max() / ref.abs().max())
-            fn = functools.partial(chain, x, ws, dst, splits, cfg, indexed)
-            alive.append(fn)  # the graph reads its weights: keep them until it is done
-            runs[variant] = capture_graph(fn, 1).replay
+            runs[variant] = capture_graph(
+                functools.partial(chain, x, ws, dst, splits, cfg, indexed), 1).replay
         times = interleaved(runs, rounds, reps, timer=cuda_ms)
         us = {d: statistics.median(t) * 1e3 / steps for d, t in times.items()}
         out[name] = {"k": k, "n": n, "splits": splits, "config": list(config),
                      "us_per_kernel": us, "rounds_ms": times, "max_rel_err": check}
         print(f"{name} K={k} N={n} /{splits}: " + " ".join(
             f"{d} {v:.2f} us" for d, v in us.items()) + f"  err={check}", flush=True)
-        del runs, alive
+        del runs
         torch.cuda.empty_cache()
     return out
 

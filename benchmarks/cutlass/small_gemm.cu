@@ -25,6 +25,13 @@ namespace {
 
 using namespace qa_small;
 
+// Float32 split-K partials (the out-projection's and FFN2's, as the engine's Triton GEMMs
+// leave them): a batched GEMM over K slices (SmallGemm::arguments).
+template <bool kEarly>
+using PassPartial = SmallGemm<Shape<_64, _64, _64>, Shape<_1, _1, _1>, float,
+                              cutlass::epilogue::fusion::LinearCombination<float, float>,
+                              false, kEarly>;
+
 using V0 = SmallGemm<Shape<_64, _64, _64>, Shape<_1, _1, _1>>;
 using V1 = SmallGemm<Shape<_64, _64, _64>, Shape<_1, _2, _1>>;
 using V2 = SmallGemm<Shape<_64, _64, _64>, Shape<_1, _4, _1>>;

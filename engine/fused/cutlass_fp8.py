@@ -9,7 +9,6 @@ inside the engine's CUDA graphs like any kernel. Nothing is loaded until first u
 from __future__ import annotations
 
 import ctypes
-from pathlib import Path
 
 import torch
 
@@ -35,16 +34,6 @@ def _declare(lib: ctypes.CDLL) -> None:
 
 LIBRARY = NativeLibrary(LIB_NAME, "QA_FP8_BLOCKWISE_LIB", "block-wise FP8", BUILD_HINT,
                         _declare)
-
-
-def library_path() -> Path:
-    """Where the library is looked for: ``$QA_FP8_BLOCKWISE_LIB``, else ``build/cuda``."""
-    return LIBRARY.path()
-
-
-def available() -> bool:
-    """True when the library can be loaded."""
-    return LIBRARY.available()
 
 
 def scale_offsets(m: int, n: int, k: int) -> tuple[int, int, int, int]:

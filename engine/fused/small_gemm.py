@@ -15,7 +15,6 @@ Nothing is loaded until first use.
 from __future__ import annotations
 
 import ctypes
-from pathlib import Path
 
 import torch
 
@@ -37,16 +36,6 @@ def _declare(lib: ctypes.CDLL) -> None:
 
 LIBRARY = NativeLibrary(LIB_NAME, "QA_SMALL_GEMM_LIB", "cutlass_small_gemms", BUILD_HINT,
                         _declare)
-
-
-def library_path() -> Path:
-    """Where the library is looked for: ``$QA_SMALL_GEMM_LIB``, else ``build/cuda``."""
-    return LIBRARY.path()
-
-
-def available() -> bool:
-    """True when the library can be loaded."""
-    return LIBRARY.available()
 
 
 def linear(x: torch.Tensor, w: torch.Tensor, bias: torch.Tensor | None = None,

@@ -105,8 +105,8 @@ def test_block_scaled_fp8_parity(graphs: bool) -> None:
     from engine.fused.config import BertQAConfig
     from engine.fused.engine import FusedEngine
 
-    if not cutlass_fp8.available():
-        pytest.skip(f"no {cutlass_fp8.library_path()}: {cutlass_fp8.BUILD_HINT}")
+    if not cutlass_fp8.LIBRARY.available():
+        pytest.skip(f"no {cutlass_fp8.LIBRARY.path()}: {cutlass_fp8.BUILD_HINT}")
     model, cfg = _random_hf_bert(layers=4, hidden=768, heads=12)
     qa = BertQAConfig.from_dict(cfg.to_dict())
     engines = {s: FusedEngine.from_state_dict(model.state_dict(), qa, device="cuda",
@@ -354,8 +354,8 @@ def test_small_batch_paths_agree(variant: str, monkeypatch: pytest.MonkeyPatch) 
 
     calls: list[bool] = []
     if variant == "seven_kernels_cutlass":
-        if not small_gemm.available():
-            pytest.skip(f"no {small_gemm.library_path()}: {small_gemm.BUILD_HINT}")
+        if not small_gemm.LIBRARY.available():
+            pytest.skip(f"no {small_gemm.LIBRARY.path()}: {small_gemm.BUILD_HINT}")
         library_linear = small_gemm.linear
 
         def counted(*args: Any, **kwargs: Any) -> Any:  # the CUTLASS kernels really run
@@ -672,8 +672,8 @@ def test_small_gemm_kernels_match_torch(rows: int) -> None:
     library: engine/fused/cuda/build.sh small)."""
     from engine.fused import small_gemm
 
-    if not small_gemm.available():
-        pytest.skip(f"no {small_gemm.library_path()}: {small_gemm.BUILD_HINT}")
+    if not small_gemm.LIBRARY.available():
+        pytest.skip(f"no {small_gemm.LIBRARY.path()}: {small_gemm.BUILD_HINT}")
     g = torch.Generator(device="cuda").manual_seed(rows)
     for n in (3072, 4096):
         x = (torch.randn(rows, 1024, device="cuda", generator=g) * 0.5).half()

@@ -95,7 +95,7 @@ def test_missing_library_is_a_clear_error(tmp_path: Path,
     monkeypatch.setenv("QA_FP8_BLOCKWISE_LIB", str(tmp_path / "absent.so"))
     cutlass_fp8.LIBRARY.forget()
     try:
-        assert not cutlass_fp8.available()
+        assert not cutlass_fp8.LIBRARY.available()
         with pytest.raises(RuntimeError, match=r"build\.sh"):
             cutlass_fp8.LIBRARY.load()
     finally:

@@ -35,8 +35,8 @@ def library_at(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[ModuleType, ob
 def test_missing_library(library_at, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     small_gemm, at = library_at
     at(tmp_path / "missing.so")
-    assert small_gemm.library_path().name == "missing.so"
-    assert not small_gemm.available()
+    assert small_gemm.LIBRARY.path().name == "missing.so"
+    assert not small_gemm.LIBRARY.available()
     with pytest.raises(RuntimeError, match=r"needs .*missing\.so: build it with .*build\.sh small"):
         small_gemm.LIBRARY.load()
 
@@ -52,7 +52,7 @@ def test_stale_or_broken_library(library_at, tmp_path: Path) -> None:  # type: i
     garbage.write_bytes(b"not an ELF file")
     for path in (Path(_ctypes.__file__), garbage):
         at(path)
-        assert not small_gemm.available()
+        assert not small_gemm.LIBRARY.available()
         with pytest.raises(RuntimeError, match=r"could not load .*rebuild it"):
             small_gemm.LIBRARY.load()
 
@@ -61,7 +61,7 @@ def test_default_library_path(monkeypatch: pytest.MonkeyPatch) -> None:
     from engine.fused import small_gemm
 
     monkeypatch.delenv("QA_SMALL_GEMM_LIB", raising=False)
-    assert small_gemm.library_path() == REPO_ROOT / "build" / "cuda" / "libqa_small_gemm.so"
+    assert small_gemm.LIBRARY.path() == REPO_ROOT / "build" / "cuda" / "libqa_small_gemm.so"
 
 
 def _operands() -> dict[str, object]:

@@ -103,9 +103,8 @@ struct SmallGemm {
   }
 };
 
-// The kernels a small-batch pass can swap in (``qa_small_gemm_pass``), 64x64x64, no cluster:
-// plain (QKV), bias + exact GELU (FFN1), float32 split-K partials (out-projection, FFN2);
-// each also with the early trigger.
+// The engine's small-batch kernels (64x64x64, no cluster): plain (QKV) and bias + exact
+// GELU (FFN1); ``kEarly`` variants for the benchmark (benchmarks/cutlass/small_gemm.cu).
 template <bool kEarly>
 using PassPlain = SmallGemm<Shape<_64, _64, _64>, Shape<_1, _1, _1>, Element,
                             cutlass::epilogue::fusion::LinearCombination<Element, float>, false,
@@ -115,9 +114,5 @@ using PassBiasGelu = SmallGemm<Shape<_64, _64, _64>, Shape<_1, _1, _1>, Element,
                                cutlass::epilogue::fusion::LinCombPerColBiasEltAct<
                                    cutlass::epilogue::thread::GELU, Element, float, float>,
                                true, kEarly>;
-template <bool kEarly>
-using PassPartial = SmallGemm<Shape<_64, _64, _64>, Shape<_1, _1, _1>, float,
-                              cutlass::epilogue::fusion::LinearCombination<float, float>,
-                              false, kEarly>;
 
 }  // namespace qa_small

@@ -44,6 +44,7 @@ from engine.fused.kernels.common import (
 from engine.fused.kernels.matmul import (
     LOADS_POINTER,
     GemmConfig,
+    check_k_split,
     grouped_tile,
     most_splits,
     small_batch_plan,
@@ -220,8 +221,7 @@ def _launch(x, w, out, *, config, pdl, prefetch, u=None, bias=None, out16=None, 
     bm, bn, bk, warps, stages, loads = unpack_config(config)
     if loads != LOADS_POINTER:
         raise ValueError("the deferred-LayerNorm GEMMs take pointer-load tiles only")
-    if k % (splits * bk):
-        raise ValueError(f"K={k} does not split into {splits} multiples of {bk}")
+    check_k_split(k, splits, bk)
     atomic = out.dtype == torch.float32 and out16 is not None
     tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
     if atomic and (counters is None or counters.numel() < tiles):

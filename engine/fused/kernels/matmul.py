@@ -237,8 +237,7 @@ def linear(
     m, k = x.shape
     n = w.shape[0]
     bm, bn, bk, warps, stages, loads = unpack_config(config or gemm_config(m))
-    if k % (splits * bk):
-        raise ValueError(f"K={k} does not split into {splits} multiples of {bk}")
+    check_k_split(k, splits, bk)
     if splits > 1 and (bias is not None or act is not None):
         raise ValueError("split-K partials take no bias or activation (the consumer adds them)")
     if act not in (None, "gelu", "gelu_tanh"):
@@ -266,6 +265,13 @@ def linear(
         w_desc = TensorDescriptor.from_tensor(w, [bn, bk])
         _gemm_tma_kernel[grid](x_desc, w_desc, w, b, out, m, n, k, k // splits, **meta)
     return out
+
+
+def check_k_split(k: int, splits: int, bk: int) -> None:
+    """ValueError unless K cuts into ``splits`` slices of whole BLOCK_K tiles (the K loops
+    have no masks: a partial tile would read into the next slice and past each row)."""
+    if k % (splits * bk):
+        raise ValueError(f"K={k} does not split into {splits} multiples of {bk}")
 
 
 def unpack_config(config: GemmConfig) -> tuple[int, int, int, int, int, int]:
