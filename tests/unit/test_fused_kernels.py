@@ -819,7 +819,8 @@ def test_deferred_gemms_refuse_tma_tiles() -> None:
 
 
 def test_gemm_config_sixth_entry_picks_the_loads() -> None:
-    """A GEMM config is 5 entries (pointer loads) or 6 (the last one LOADS_*); others fail."""
+    """A GEMM config is 5 entries (pointer loads) or 6 (the last one LOADS_*); others fail.
+    K must cut into the splits' slices of whole K tiles (``check_k_split``)."""
     pytest.importorskip("triton")
     from engine.fused.kernels import matmul as mm
 
@@ -828,6 +829,10 @@ def test_gemm_config_sixth_entry_picks_the_loads() -> None:
     for bad in [(64, 64, 64, 4), (64, 64, 64, 4, 4, 2), (64, 64, 64, 4, 4, 1, 0)]:
         with pytest.raises(ValueError, match="bad GEMM config"):
             mm.unpack_config(bad)
+    mm.check_k_split(768, 4, 64)  # 4 slices of 3 tiles
+    for k, splits, bk in [(768, 4, 128), (768, 5, 64), (700, 1, 64)]:
+        with pytest.raises(ValueError, match=f"K={k} does not split into {splits}"):
+            mm.check_k_split(k, splits, bk)
 
 
 @pytest.mark.parametrize(("m", "n", "k", "partial"), [
