@@ -143,13 +143,10 @@ def _static_inputs(scheme: str) -> tuple[str, ...] | None:
 def _e4m3_tensor(t: Any, dims: tuple[int, ...] | None = None) -> Any:
     """``t`` rounded to e4m3, dequantized: one scale (amax / 448) for the tensor, or one per
     slice that ``dims`` reduce over (e.g. ``(0, 2)`` of [tokens, heads, dim]: per head)."""
-    import torch
-
-    from engine.fused.fp8 import FP8_DTYPE, FP8_MAX
+    from engine.fused.fp8 import FP8_MAX, dequantize, quantize_static
 
     amax = t.abs().amax() if dims is None else t.abs().amax(dim=dims, keepdim=True)
-    scale = amax.clamp_min(1e-12) / FP8_MAX
-    return (t / scale).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE).to(torch.float32) * scale
+    return dequantize(quantize_static(t, amax.clamp_min(1e-12) / FP8_MAX))
 
 
 def fp8_attention(qkv: Any, qkv_bias: Any, cu_seqlens: Any, max_seqlen: int, n_seqs: int,
