@@ -6,8 +6,9 @@
 #   build/cuda/libqa_fp8_ffn1.so         benchmarks/cutlass/fp8_ffn1.cu (with "ffn1")
 #   build/cuda/libqa_small_gemm.so       engine/fused/cuda/small_gemm.cu (with "small")
 #   build/cuda/libqa_small_gemm_bench.so benchmarks/cutlass/small_gemm.cu (with "small-bench")
+#   build/cuda/libqa_qkv_attention.so    benchmarks/cutlass/qkv_attention.cu (with "qkv-attn")
 # Needs nvcc from CUDA 12.8+ (NVCC=... to choose one), no GPU; the outputs run on a Hopper
-# GPU. Usage: engine/fused/cuda/build.sh [lib] [bench] [ffn1] [small] [small-bench]
+# GPU. Usage: engine/fused/cuda/build.sh [lib] [bench] [ffn1] [small] [small-bench] [qkv-attn]
 # (default: lib)
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/../../.." && pwd)"
@@ -51,6 +52,9 @@ for t in "${targets[@]}"; do
                    -shared -Xcompiler -fPIC -cudart static -o "$out/libqa_small_gemm_bench.so" \
                    "$repo/benchmarks/cutlass/small_gemm.cu"
                  echo "built $out/libqa_small_gemm_bench.so" ;;
-    *) echo "unknown target $t (lib, bench, ffn1, small, small-bench)" >&2; exit 2 ;;
+    qkv-attn) "$nvcc" "${flags[@]}" -shared -Xcompiler -fPIC -cudart static \
+                -o "$out/libqa_qkv_attention.so" "$repo/benchmarks/cutlass/qkv_attention.cu"
+              echo "built $out/libqa_qkv_attention.so" ;;
+    *) echo "unknown target $t (lib, bench, ffn1, small, small-bench, qkv-attn)" >&2; exit 2 ;;
   esac
 done
