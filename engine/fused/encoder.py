@@ -21,8 +21,9 @@ rides in the kernel that reads the GEMM's output anyway. Two paths:
   bias slices into L1) while the kernel before it runs.
   At around a hundred tokens the pass is bound by kernel boundaries and by weight streaming
   through few multiprocessors, which this path attacks; cuBLAS cannot take part (it does
-  not wait on ``griddepcontrol``). With ``cutlass_small_gemms`` (opt-in), QKV and/or FFN1
-  are CUTLASS kernels instead (``small_gemm``; they do wait on it).
+  not wait on ``griddepcontrol``). With ``cutlass_small_gemms`` (the engine's default on
+  models of hidden size ``AUTO_SMALL_GEMMS_MIN_HIDDEN`` and up where the library is built),
+  QKV and/or FFN1 are CUTLASS kernels instead (``small_gemm``; they do wait on it).
 * **Small batches without LayerNorm kernels** (models up to ``deferred_ln_max_hidden``
   wide, with ``w.folded``): the same path with five kernels a layer instead of seven. The
   GEMM before each residual LayerNorm leaves the un-normalised sum (and its row sums) and
@@ -82,6 +83,12 @@ SMALL_BATCH_MAX_TOKENS: int | None = 128
 # (its whole-row out-projection and FFN2's tile fix-up cost more than the two LayerNorm
 # steps they replace).
 DEFERRED_LN_MAX_HIDDEN: int | None = 768
+# ``cutlass_small_gemms="auto"`` (the engine's default) runs QKV and FFN1 of the seven-kernel
+# layer as CUTLASS kernels on models of at least this hidden size, where the library is
+# built. H200, 2026-11-30, graph replay, BERT-large (1024): 2.8-17% faster at each of 1x16,
+# 1x32, 1x64, 1x96, 1x128, 2x64, 4x32, 8x16 (v17); BERT-base (768) forced onto that layer:
+# no gain (v16).
+AUTO_SMALL_GEMMS_MIN_HIDDEN = 1024
 
 # Tiles and K splits of one GEMM: (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages[, loads]),
 # splits (``kernels.matmul.GemmConfig``; the optional ``loads`` only for ``linear``).

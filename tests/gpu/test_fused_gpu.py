@@ -96,6 +96,39 @@ def test_random_bert_base_parity(dtype: str, graphs: bool, windows: int, tol: fl
 
 
 @pytest.mark.parametrize("graphs", [True, False])
+def test_wide_model_default_small_gemms(graphs: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A BERT-large-wide model (hidden 1024) with the engine's defaults: where the CUTLASS
+    library is built, ``cutlass_small_gemms="auto"`` runs QKV and FFN1 of small batches
+    through it (and they really run), elsewhere the Triton kernels; either way parity
+    with HF fp32 on fresh batches of up to 128 tokens (the seven-kernel layer)."""
+    from engine.fused import small_gemm
+    from engine.fused.config import BertQAConfig
+    from engine.fused.engine import FusedEngine
+
+    model, cfg = _random_hf_bert(layers=2, hidden=1024, heads=16, seed=3)
+    calls: list[bool] = []
+    library_linear = small_gemm.linear
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(bool(kwargs.get("gelu")))
+        return library_linear(*args, **kwargs)
+
+    monkeypatch.setattr(small_gemm, "linear", counted)
+    engine = FusedEngine.from_state_dict(model.state_dict(), BertQAConfig.from_dict(cfg.to_dict()),
+                                         device="cuda", dtype="float16", cuda_graphs=graphs)
+    runs = small_gemm.LIBRARY.available() and torch.cuda.get_device_capability()[0] == 9
+    assert engine.options.cutlass_small_gemms == (("qkv", "ffn1") if runs else ())
+    rng = np.random.default_rng(14)
+    for windows, seq in [(1, 128), (2, 60), (4, 32), (1, 17)]:
+        ids, mask, tt = _random_batch(rng, windows, seq, cfg.vocab_size)
+        worst = _report(f"hidden-1024-2L fp16 graphs={graphs} {windows}x{seq} "
+                        f"cutlass={runs}", engine.infer(ids, mask, tt),
+                        _hf_logits(model, ids, mask, tt), mask.astype(bool))
+        assert worst < 2e-2
+    assert (calls.count(False) >= 2 and calls.count(True) >= 2) if runs else not calls
+
+
+@pytest.mark.parametrize("graphs", [True, False])
 def test_block_scaled_fp8_parity(graphs: bool) -> None:
     """FP8 with 1x128 x 128x128 block scales through the CUTLASS kernel (built by
     engine/fused/cuda/build.sh; skipped without it), against HF fp32 and against the

@@ -138,3 +138,45 @@ def test_engine_option_is_checked(fp16_weights) -> None:  # type: ignore[no-unty
              gemm_plans={"ffn1": ((64, 64, 64, 4, 4), 1)})
     with pytest.raises(ValueError, match="runs on CUDA"):
         make(cutlass_small_gemms="ffn1, qkv", deferred_ln_max_hidden=None)
+
+
+def test_odd_widths_are_refused(fp16_weights) -> None:  # type: ignore[no-untyped-def]
+    """The kernels take N and K in multiples of 8: a model whose widths are not is refused
+    when the engine is built, not at its first batch."""
+    from engine.fused.engine import FusedEngine
+
+    odd = dataclasses.replace(
+        fp16_weights, config=dataclasses.replace(fp16_weights.config, intermediate_size=1530))
+    with pytest.raises(ValueError, match="must be multiples of 8"):
+        FusedEngine(odd, "cpu", backend="torch", cutlass_small_gemms="qkv",
+                    deferred_ln_max_hidden=None)
+
+
+def test_auto_picks_what_can_run(fp16_weights, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    """The default, ``"auto"``, is never an error: none where a check fails (here the CPU,
+    or a model narrower than ``AUTO_SMALL_GEMMS_MIN_HIDDEN``); where every check passes,
+    QKV and FFN1, leaving out FFN1 without the exact GELU and any GEMM with a Triton plan."""
+    from engine.fused import engine as engine_module
+    from engine.fused.engine import FusedEngine
+
+    def make(weights=fp16_weights, **kw):  # type: ignore[no-untyped-def]
+        return FusedEngine(weights, "cpu", backend="torch", deferred_ln_max_hidden=None,
+                           **kw).options.cutlass_small_gemms
+
+    assert FusedEngine(fp16_weights, "cpu", backend="torch").options.cutlass_small_gemms == ()
+    monkeypatch.setattr(engine_module, "AUTO_SMALL_GEMMS_MIN_HIDDEN", 0)
+    assert make() == ()  # the checks fail on the CPU: no error
+    assert make(cutlass_small_gemms="auto") == ()
+    checked: list[tuple[str, ...]] = []
+    monkeypatch.setattr(FusedEngine, "_check_small_gemms",
+                        lambda self, gemms, *rest: checked.append(tuple(gemms)))
+    assert make() == ("qkv", "ffn1")
+    tanh = dataclasses.replace(
+        fp16_weights, config=dataclasses.replace(fp16_weights.config, gelu="tanh"))
+    assert make(tanh) == ("qkv",)
+    assert make(gemm_plans={"qkv": ((64, 64, 64, 4, 4), 1)}) == ("ffn1",)
+    assert checked == [("qkv", "ffn1"), ("qkv",), ("ffn1",)]
+    monkeypatch.setattr(engine_module, "AUTO_SMALL_GEMMS_MIN_HIDDEN",
+                        fp16_weights.config.hidden_size + 1)
+    assert make() == ()
+    assert checked == [("qkv", "ffn1"), ("qkv",), ("ffn1",)]  # narrower: not even checked
