@@ -114,7 +114,8 @@ class EncodeOptions:
     default leaves out the attention output (``FP8_STATIC_INPUTS``).
     ``cutlass_small_gemms`` (of ``small_gemm.GEMMS``) runs those GEMMs of the seven-kernel
     small-batch layer as CUTLASS kernels (``engine.fused.small_gemm``; the engine checks
-    that they can run).
+    that they can run). ``qkv_late_release``: the small-batch QKV GEMM lets attention
+    launch (PDL) only after its K loop, not before it.
     """
 
     fp8_out_dtype: torch.dtype | None = None
@@ -133,6 +134,7 @@ class EncodeOptions:
     attn_tile_list: bool = True
     gemm_plans: tuple[tuple[str, GemmPlan], ...] = ()
     cutlass_small_gemms: tuple[str, ...] = ()
+    qkv_late_release: bool = False
 
 
 def _linear(x: torch.Tensor | None, xq: Quantized | None, lin: Linear,
@@ -240,7 +242,8 @@ def encode_packed(
         if small and "qkv" in opts.cutlass_small_gemms:
             qkv = small_gemm.linear(x, layer.qkv.weight, pdl=pdl)
         elif small:
-            qkv = ops.linear(x, layer.qkv.weight, config=c_qkv, pdl=pdl, prefetch=pf)
+            qkv = ops.linear(x, layer.qkv.weight, config=c_qkv, pdl=pdl, prefetch=pf,
+                             late_release=opts.qkv_late_release)
         else:
             qkv = large(i, "qkv", x, xq, layer.qkv)
         ctx_scale = x_scale(i, "attn_out")
@@ -348,7 +351,8 @@ def _encode_deferred(
     for i, (layer, fold) in enumerate(zip(w.layers, w.folded, strict=True)):
         p, q = i % 2, (i + 1) % 2  # this layer's scratch, the previous one's
         qkv = ops.folded_linear(z16, fold.qkv.weight, fold.qkv.colsum, None, z_sums[q], eps,
-                                zero=scratch[p], config=c_qkv, pdl=pdl, prefetch=pf)
+                                zero=scratch[p], config=c_qkv, pdl=pdl, prefetch=pf,
+                                late_release=opts.qkv_late_release)
         ctx = ops.attention_varlen(qkv, fold.qkv.bias, cu_seqlens, max_seqlen, n_seqs,
                                    cfg.num_heads, config=opts.attn_config, pdl=pdl,
                                    prefetch=pf)

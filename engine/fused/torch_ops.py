@@ -127,6 +127,7 @@ def linear(
     config: tuple[int, ...] | None = None,  # tile sizes: meaningless here
     pdl: bool = False,
     prefetch: bool = False,
+    late_release: bool = False,  # launch order: meaningless here
 ) -> torch.Tensor:
     """``x @ w.T`` (+ bias) (then GELU) in ``x``'s dtype from a float32 product (one
     rounding), or float32 partials [splits, M, N] over equal K slices."""
@@ -187,6 +188,7 @@ def folded_linear(
     config: tuple[int, ...] | None = None,
     pdl: bool = False,
     prefetch: bool = False,
+    late_release: bool = False,
 ) -> torch.Tensor:
     """``r * (x @ w^T - mean * colsum) (+ bias) (then act)`` = ``LN(x) @ W^T ...`` for a
     folded ``w`` (``engine.fused.folding``), moments from the rows' sums ``stats``;

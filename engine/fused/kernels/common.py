@@ -52,10 +52,19 @@ def launch_options(pdl: bool) -> dict[str, bool]:
 
 
 @triton.jit
-def pdl_enter(USE_PDL: tl.constexpr):
-    """Wait for the previous kernel's results, then let the next kernel launch."""
+def pdl_enter(USE_PDL: tl.constexpr, RELEASE: tl.constexpr = True):
+    """Wait for the previous kernel's results, then (``RELEASE``) let the next kernel
+    launch; without it the kernel calls :func:`pdl_release` itself, later."""
     if USE_PDL:
         tl.extra.cuda.gdc_wait()
+        if RELEASE:
+            tl.extra.cuda.gdc_launch_dependents()
+
+
+@triton.jit
+def pdl_release(USE_PDL: tl.constexpr):
+    """Let the next kernel launch (after a :func:`pdl_enter` without ``RELEASE``)."""
+    if USE_PDL:
         tl.extra.cuda.gdc_launch_dependents()
 
 

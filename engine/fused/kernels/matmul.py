@@ -35,6 +35,7 @@ from engine.fused.kernels.common import (
     gelu,
     launch_options,
     pdl_enter,
+    pdl_release,
     prefetch_l1,
     prefetch_rows_l2,
 )
@@ -105,9 +106,11 @@ def gemm_tile(
     M, N, K, k0, k_len, pid_m, pid_n, split,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     EPILOGUE: tl.constexpr, HAS_BIAS: tl.constexpr, TANH: tl.constexpr,
+    LATE_RELEASE: tl.constexpr = False,
 ):
     """Output tile (pid_m, pid_n) of ``x[:, k0:k0+k_len] @ w[:, k0:k0+k_len]^T``, then
-    :func:`gemm_epilogue`.
+    :func:`gemm_epilogue`. ``LATE_RELEASE``: let the next kernel launch (PDL) between the
+    two, not before the K loop.
 
     ``x`` [M, K], ``w`` [N, K] row-major, ``k_len`` a multiple of BLOCK_K. Rows/columns
     past the edge are clamped on load (no masks in the K loop) and masked on store.
@@ -118,6 +121,7 @@ def gemm_tile(
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     acc = tile_product(x_ptr, w_ptr, M, N, K, k0, k_len, offs_m, offs_n, BLOCK_M, BLOCK_N,
                        BLOCK_K)
+    pdl_release(LATE_RELEASE)
     gemm_epilogue(acc, bias_ptr, out_ptr, M, N, offs_m, offs_n, split, EPILOGUE, HAS_BIAS,
                   TANH)
 
@@ -151,16 +155,18 @@ def prefetch_slices(w_ptr, bias_ptr, N, K, k0, k_len, pid_n, BLOCK_N: tl.constex
 @triton.jit
 def gemm_program(w_ptr, bias_ptr, M, N, K, k_split, BLOCK_M: tl.constexpr,
                  BLOCK_N: tl.constexpr, GROUP_M: tl.constexpr, HAS_BIAS: tl.constexpr,
-                 USE_PDL: tl.constexpr, PREFETCH: tl.constexpr, W_BYTES: tl.constexpr):
+                 USE_PDL: tl.constexpr, PREFETCH: tl.constexpr, W_BYTES: tl.constexpr,
+                 LATE_RELEASE: tl.constexpr):
     """(row tile, column tile, split, K start) of this program of a ``linear`` launch, once
-    its prefetches are issued and the previous kernel is done (``pdl_enter``)."""
+    its prefetches are issued and the previous kernel is done (``pdl_enter``; the next
+    kernel may launch from then on, or with ``LATE_RELEASE`` after the K loop)."""
     pid = tl.program_id(0)
     split = tl.program_id(1)
     pid_m, pid_n = grouped_tile(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
     k0 = split * k_split
     if PREFETCH:
         prefetch_slices(w_ptr, bias_ptr, N, K, k0, k_split, pid_n, BLOCK_N, HAS_BIAS, W_BYTES)
-    pdl_enter(USE_PDL)
+    pdl_enter(USE_PDL, not LATE_RELEASE)
     return pid_m, pid_n, split, k0
 
 
@@ -171,13 +177,14 @@ def _gemm_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, EPILOGUE: tl.constexpr, HAS_BIAS: tl.constexpr,
     TANH: tl.constexpr, USE_PDL: tl.constexpr, PREFETCH: tl.constexpr,
-    W_BYTES: tl.constexpr,
+    W_BYTES: tl.constexpr, LATE_RELEASE: tl.constexpr,
 ):
     """Program (tile, split) of ``gemm_tile`` (tiles in :func:`grouped_tile` order)."""
     pid_m, pid_n, split, k0 = gemm_program(w_ptr, bias_ptr, M, N, K, k_split, BLOCK_M, BLOCK_N,
-                                           GROUP_M, HAS_BIAS, USE_PDL, PREFETCH, W_BYTES)
+                                           GROUP_M, HAS_BIAS, USE_PDL, PREFETCH, W_BYTES,
+                                           LATE_RELEASE)
     gemm_tile(x_ptr, w_ptr, bias_ptr, out_ptr, M, N, K, k0, k_split, pid_m, pid_n, split,
-              BLOCK_M, BLOCK_N, BLOCK_K, EPILOGUE, HAS_BIAS, TANH)
+              BLOCK_M, BLOCK_N, BLOCK_K, EPILOGUE, HAS_BIAS, TANH, LATE_RELEASE)
 
 
 @triton.jit
@@ -187,13 +194,14 @@ def _gemm_tma_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, EPILOGUE: tl.constexpr, HAS_BIAS: tl.constexpr,
     TANH: tl.constexpr, USE_PDL: tl.constexpr, PREFETCH: tl.constexpr,
-    W_BYTES: tl.constexpr,
+    W_BYTES: tl.constexpr, LATE_RELEASE: tl.constexpr,
 ):
     """:func:`_gemm_kernel` with tiles loaded by the tensor-memory accelerator (TMA, sm_90):
     ``x_desc``/``w_desc`` describe ``x`` [M, K] and ``w`` [N, K] in [BLOCK_M, BLOCK_K] and
     [BLOCK_N, BLOCK_K] boxes; the hardware zero-fills past the edges, so no clamping."""
     pid_m, pid_n, split, k0 = gemm_program(w_ptr, bias_ptr, M, N, K, k_split, BLOCK_M, BLOCK_N,
-                                           GROUP_M, HAS_BIAS, USE_PDL, PREFETCH, W_BYTES)
+                                           GROUP_M, HAS_BIAS, USE_PDL, PREFETCH, W_BYTES,
+                                           LATE_RELEASE)
     off_m = pid_m * BLOCK_M
     off_n = pid_n * BLOCK_N
     acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
@@ -201,6 +209,7 @@ def _gemm_tma_kernel(
         a = x_desc.load([off_m, k])
         b = w_desc.load([off_n, k])
         acc = tl.dot(a, b.T, acc)
+    pdl_release(LATE_RELEASE)
     gemm_epilogue(acc, bias_ptr, out_ptr, M, N, off_m + tl.arange(0, BLOCK_M),
                   off_n + tl.arange(0, BLOCK_N), split, EPILOGUE, HAS_BIAS, TANH)
 
@@ -225,6 +234,7 @@ def linear(
     config: GemmConfig | None = None,
     pdl: bool = False,
     prefetch: bool = False,
+    late_release: bool = False,
 ) -> torch.Tensor:
     """``x @ w.T`` (+ ``bias``) (then ``act``: None, "gelu" or "gelu_tanh") in ``x``'s dtype,
     or, with ``splits > 1``, float32 split-K partials ``[splits, M, N]`` (no bias, no act).
@@ -232,7 +242,9 @@ def linear(
     ``x`` [M, K] and ``w`` [N, K] contiguous; K must split into ``splits`` multiples of the
     tile's BLOCK_K. ``pdl`` launches with programmatic dependent launch; ``prefetch`` (with
     ``pdl``) pulls each program's weight slice into L2 before waiting for the previous
-    kernel. ``config``'s optional sixth entry picks the K loop's loads (``LOADS_*``).
+    kernel; ``late_release`` (with ``pdl``) lets the next kernel launch only after each
+    program's K loop instead of before it. ``config``'s optional sixth entry picks the K
+    loop's loads (``LOADS_*``).
     """
     m, k = x.shape
     n = w.shape[0]
@@ -254,7 +266,7 @@ def linear(
     meta = dict(
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, EPILOGUE=epilogue,
         HAS_BIAS=bias is not None, TANH=act == "gelu_tanh", USE_PDL=pdl,
-        PREFETCH=pdl and prefetch, W_BYTES=w.element_size(),
+        PREFETCH=pdl and prefetch, W_BYTES=w.element_size(), LATE_RELEASE=pdl and late_release,
         num_warps=warps, num_stages=stages, **launch_options(pdl),
     )
     b = bias if bias is not None else w
