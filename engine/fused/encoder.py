@@ -89,6 +89,13 @@ DEFERRED_LN_MAX_HIDDEN: int | None = 768
 # 1x32, 1x64, 1x96, 1x128, 2x64, 4x32, 8x16 (v17); BERT-base (768) forced onto that layer:
 # no gain (v16).
 AUTO_SMALL_GEMMS_MIN_HIDDEN = 1024
+# In batches of at least this many sequences (None: never) the seven-kernel layer's Triton
+# QKV GEMM lets attention launch (PDL) only after its K loop, as CUTLASS's kernels do:
+# launched at once, attention's programs (sequences x heads x query blocks, many of them
+# empty) crowd the few multiprocessors the GEMM leaves free. H200, 2026-11-30, graph
+# replay, BERT-large: 2x64 -3.2%, 4x32 -10.7%, 8x16 -10.6%; 1x128 +0.6% (within the
+# rounds' spread); the deferred layer (BERT-base) gained nothing at any of them (v17).
+QKV_LATE_RELEASE_MIN_SEQS: int | None = 2
 
 # Tiles and K splits of one GEMM: (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages[, loads]),
 # splits (``kernels.matmul.GemmConfig``; the optional ``loads`` only for ``linear``).
@@ -114,8 +121,9 @@ class EncodeOptions:
     default leaves out the attention output (``FP8_STATIC_INPUTS``).
     ``cutlass_small_gemms`` (of ``small_gemm.GEMMS``) runs those GEMMs of the seven-kernel
     small-batch layer as CUTLASS kernels (``engine.fused.small_gemm``; the engine checks
-    that they can run). ``qkv_late_release``: the small-batch QKV GEMM lets attention
-    launch (PDL) only after its K loop, not before it.
+    that they can run). The seven-kernel layer's Triton QKV GEMM lets attention launch
+    (PDL) only after its K loop, not before it, in batches of at least
+    ``qkv_late_release_min_seqs`` sequences (None: never).
     """
 
     fp8_out_dtype: torch.dtype | None = None
@@ -134,7 +142,7 @@ class EncodeOptions:
     attn_tile_list: bool = True
     gemm_plans: tuple[tuple[str, GemmPlan], ...] = ()
     cutlass_small_gemms: tuple[str, ...] = ()
-    qkv_late_release: bool = False
+    qkv_late_release_min_seqs: int | None = QKV_LATE_RELEASE_MIN_SEQS
 
 
 def _linear(x: torch.Tensor | None, xq: Quantized | None, lin: Linear,
@@ -207,6 +215,8 @@ def encode_packed(
                                 n_seqs, max_seqlen, opts, pdl)
     if small:
         (c_qkv, _), (c_out, s_out) = plan("qkv", 3 * d, d, False), plan("out", d, d, True)
+        late_qkv = (opts.qkv_late_release_min_seqs is not None
+                    and n_seqs >= opts.qkv_late_release_min_seqs)
         (c_ff1, _), (c_ff2, s_ff2) = plan("ffn1", f, d, False), plan("ffn2", d, f, True)
     fuse_ffn1 = small or (opts.ffn1_fused_max_tokens is not None
                           and tokens <= opts.ffn1_fused_max_tokens
@@ -243,7 +253,7 @@ def encode_packed(
             qkv = small_gemm.linear(x, layer.qkv.weight, pdl=pdl)
         elif small:
             qkv = ops.linear(x, layer.qkv.weight, config=c_qkv, pdl=pdl, prefetch=pf,
-                             late_release=opts.qkv_late_release)
+                             late_release=late_qkv)
         else:
             qkv = large(i, "qkv", x, xq, layer.qkv)
         ctx_scale = x_scale(i, "attn_out")
@@ -351,8 +361,7 @@ def _encode_deferred(
     for i, (layer, fold) in enumerate(zip(w.layers, w.folded, strict=True)):
         p, q = i % 2, (i + 1) % 2  # this layer's scratch, the previous one's
         qkv = ops.folded_linear(z16, fold.qkv.weight, fold.qkv.colsum, None, z_sums[q], eps,
-                                zero=scratch[p], config=c_qkv, pdl=pdl, prefetch=pf,
-                                late_release=opts.qkv_late_release)
+                                zero=scratch[p], config=c_qkv, pdl=pdl, prefetch=pf)
         ctx = ops.attention_varlen(qkv, fold.qkv.bias, cu_seqlens, max_seqlen, n_seqs,
                                    cfg.num_heads, config=opts.attn_config, pdl=pdl,
                                    prefetch=pf)

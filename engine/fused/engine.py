@@ -43,6 +43,7 @@ from engine.fused.encoder import (
     FP8_CALIBRATED_MIN_TOKENS,
     FP8_MIN_TOKENS,
     FP8_STATIC_INPUTS,
+    QKV_LATE_RELEASE_MIN_SEQS,
     SMALL_BATCH_MAX_TOKENS,
     EncodeOptions,
     GemmPlan,
@@ -144,7 +145,7 @@ class FusedEngine:
         attention_tile_list: bool = True,
         gemm_plans: dict[str, GemmPlan] | None = None,
         cutlass_small_gemms: Sequence[str] | str | None = "auto",
-        qkv_late_release: bool = False,
+        qkv_late_release_min_seqs: int | None = QKV_LATE_RELEASE_MIN_SEQS,
     ) -> None:
         """FP8 weights (if packed) are used for batches of at least ``fp8_min_tokens``
         tokens, and once calibrated (:meth:`calibrating`) from ``fp8_calibrated_min_tokens``
@@ -175,8 +176,9 @@ class FusedEngine:
         (the default) picks those that can run here on models of hidden size
         ``encoder.AUTO_SMALL_GEMMS_MIN_HIDDEN`` and up, none elsewhere (no error): on
         BERT-large both measured 2.8-17% faster at every shape from 1x16 to 8x16.
-        ``qkv_late_release``: the small-batch QKV GEMM lets attention launch only after its
-        K loop (programmatic dependent launch), not before it.
+        ``qkv_late_release_min_seqs``: batches of at least that many sequences (None: none)
+        on the seven-kernel small-batch layer let attention launch only after the QKV
+        GEMM's K loop (programmatic dependent launch), not before it.
         ``graph_buckets_per_octave``: token buckets per power of two of the
         graphs, itself a power of two (``packing.round_tokens``: padding under 1/that of
         the tokens from 64 x that many tokens up; more buckets pad less but capture more
@@ -221,7 +223,7 @@ class FusedEngine:
             attn_tile_list=attention_tile_list,
             gemm_plans=tuple(sorted((gemm_plans or {}).items())),
             cutlass_small_gemms=tuple(g for g in small_gemm.GEMMS if g in cutlass_small_gemms),
-            qkv_late_release=qkv_late_release,
+            qkv_late_release_min_seqs=qkv_late_release_min_seqs,
         )
         self.graph_staging = graph_staging
         self._graphs = self._new_graphs()

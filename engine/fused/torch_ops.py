@@ -188,7 +188,6 @@ def folded_linear(
     config: tuple[int, ...] | None = None,
     pdl: bool = False,
     prefetch: bool = False,
-    late_release: bool = False,
 ) -> torch.Tensor:
     """``r * (x @ w^T - mean * colsum) (+ bias) (then act)`` = ``LN(x) @ W^T ...`` for a
     folded ``w`` (``engine.fused.folding``), moments from the rows' sums ``stats``;

@@ -373,16 +373,17 @@ def test_graph_and_eager_agree_across_buckets() -> None:
 @pytest.mark.parametrize("variant", ["large_path", "no_pdl", "no_prefetch", "ffn1_unfused",
                                      "attn_64x32", "persistent", "seven_kernels",
                                      "seven_kernels_no_pdl", "seven_kernels_tma",
-                                     "seven_kernels_cutlass", "late_release",
-                                     "seven_kernels_late_release"])
+                                     "seven_kernels_cutlass", "seven_kernels_late_release",
+                                     "seven_kernels_early_release"])
 def test_small_batch_paths_agree(variant: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Batches of up to 512 tokens through the small-batch path (all-Triton GEMMs, no
     LayerNorm kernels, FFN2 split-K by atomics, PDL + L2 prefetch) agree with the
     large-batch path (cuBLAS + epilogue kernels), with themselves without PDL or
     prefetching, with the seven-kernel small-batch path (LayerNorm kernels summing split-K
     partials; also with every GEMM loading through TMA, or with QKV and FFN1 as CUTLASS
-    kernels: ``cutlass_small_gemms``, skipped without its library), with QKV letting
-    attention launch only after its K loop (``qkv_late_release``) and with the persistent
+    kernels: ``cutlass_small_gemms``, skipped without its library; QKV letting attention
+    launch only after its K loop at any batch, or never: ``qkv_late_release_min_seqs``)
+    and with the persistent
     kernel, to fp16 rounding, over graph replays. Also checks an imposed attention tile."""
     from engine.fused import small_gemm
     from engine.fused.engine import FusedEngine
@@ -414,8 +415,10 @@ def test_small_batch_paths_agree(variant: str, monkeypatch: pytest.MonkeyPatch) 
             "ffn1": ((64, 64, 128, 4, 3, 1), 1), "ffn2": ((128, 64, 64, 4, 4, 1), 8)}},
         "seven_kernels_cutlass": {"deferred_ln_max_hidden": None,
                                   "cutlass_small_gemms": ("qkv", "ffn1")},
-        "late_release": {"qkv_late_release": True},
-        "seven_kernels_late_release": {"deferred_ln_max_hidden": None, "qkv_late_release": True},
+        "seven_kernels_late_release": {"deferred_ln_max_hidden": None,
+                                       "qkv_late_release_min_seqs": 1},
+        "seven_kernels_early_release": {"deferred_ln_max_hidden": None,
+                                        "qkv_late_release_min_seqs": None},
     }[variant]
     other = FusedEngine(default.weights, "cuda", **{"small_batch_max_tokens": 512, **options})  # type: ignore[arg-type]
     rng = np.random.default_rng(13)
