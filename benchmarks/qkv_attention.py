@@ -74,22 +74,23 @@ def fused(lib: Any, x: Any, w: Any, bias: Any, cu: Any, n_seqs: int, heads: int,
         ptr(x), ptr(w), ptr(u), ptr(stats), ptr(bias), ptr(cu), ptr(out), ptr(zero),
         0 if zero is None else zero.numel(), ptr(timing), m, d, heads, n_seqs, eps,
         softmax_scale(HEAD_DIM), int(u is not None), int(pdl),
-        torch.cuda.current_stream(x.device).cuda_stream)
+        torch.cuda.current_stream(x.device).cuda_stream if x.is_cuda else 0)
     if rc:
         raise RuntimeError(f"qa_qkv_attention {m}x{d} returned {rc}")
     return out
 
 
-def install(lib_path: Path = DEFAULT_LIB) -> None:
+def install(lib_path: Path = DEFAULT_LIB, lib: Any = None) -> None:
     """Route the engine's small-batch QKV GEMM + attention pairs of the kinds in
     :data:`FUSE` to the fused kernel. The GEMM's wrapper returns a placeholder and records
     its operands; the attention call that receives the placeholder runs the fused kernel.
-    Shapes the kernel does not take stay on Triton."""
+    Shapes the kernel does not take stay on Triton. ``lib`` replaces the loaded library
+    (tests)."""
     import torch
 
     from engine.fused import kernels
 
-    lib = load(lib_path)
+    lib = load(lib_path) if lib is None else lib
     pending: dict[int, tuple[Any, ...]] = {}
     tri_folded, tri_linear, tri_attn = (kernels.folded_linear, kernels.linear,
                                         kernels.attention_varlen)
