@@ -37,8 +37,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 
 
-def load(lib_path: Path) -> ctypes.CDLL:
-    lib = ctypes.CDLL(str(lib_path))
+def _declare(lib: ctypes.CDLL) -> None:
     lib.qa_ffn1_variants.restype = ctypes.c_int
     lib.qa_ffn1_name.restype = ctypes.c_char_p
     lib.qa_ffn1_name.argtypes = [ctypes.c_int]
@@ -47,7 +46,13 @@ def load(lib_path: Path) -> ctypes.CDLL:
     lib.qa_ffn1_gemm.restype = ctypes.c_int
     lib.qa_ffn1_gemm.argtypes = ([ctypes.c_int] + [ctypes.c_void_p] * 7 + [ctypes.c_int] * 3
                                  + [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p])
-    return lib
+
+
+def load(lib_path: Path) -> ctypes.CDLL:
+    from engine.fused.native import load_library
+
+    return load_library(lib_path, _declare, "benchmarks/cutlass_ffn1.py",
+                        "build it with engine/fused/cuda/build.sh ffn1")
 
 
 def operands(m: int, d: int, f: int, seed: int = 0) -> dict[str, Any]:

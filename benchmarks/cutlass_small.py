@@ -53,15 +53,23 @@ REPO = Path(__file__).resolve().parents[1]
 DEFAULT_LIB = REPO / "build" / "cuda" / "libqa_small_gemm_bench.so"
 
 
-def load(lib_path: Path) -> ctypes.CDLL:
-    lib = ctypes.CDLL(str(lib_path))
+def _declare(lib: ctypes.CDLL) -> None:
     lib.qa_small_gemm_variants.restype = ctypes.c_int
     lib.qa_small_gemm_name.restype = ctypes.c_char_p
     lib.qa_small_gemm_name.argtypes = [ctypes.c_int]
     lib.qa_small_gemm.restype = ctypes.c_int
     lib.qa_small_gemm.argtypes = ([ctypes.c_int] + [ctypes.c_void_p] * 3 + [ctypes.c_int] * 4
                                   + [ctypes.c_void_p])
-    return lib
+    lib.qa_small_gemm_pass.restype = ctypes.c_int
+    lib.qa_small_gemm_pass.argtypes = ([ctypes.c_int] + [ctypes.c_void_p] * 4
+                                       + [ctypes.c_int] * 5 + [ctypes.c_void_p])
+
+
+def load(lib_path: Path) -> ctypes.CDLL:
+    from engine.fused.native import load_library
+
+    return load_library(lib_path, _declare, "benchmarks.cutlass_small",
+                        "build it with engine/fused/cuda/build.sh small-bench")
 
 
 PASS_GEMMS: tuple[str, ...] = ()  # see the module docstring; () = the engine's own kernels
@@ -99,18 +107,16 @@ def install(lib_path: Path = DEFAULT_LIB, lib: Any = None,
 
     if lib is None:
         lib = load(lib_path)
-        lib.qa_small_gemm_pass.restype = ctypes.c_int
-        lib.qa_small_gemm_pass.argtypes = ([ctypes.c_int] + [ctypes.c_void_p] * 4
-                                           + [ctypes.c_int] * 5 + [ctypes.c_void_p])
     triton_linear = kernels.linear
 
     def linear(x: Any, w: Any, bias: Any = None, act: str | None = None, splits: int = 1,
-               config: Any = None, pdl: bool = False, prefetch: bool = False) -> Any:
+               config: Any = None, pdl: bool = False, prefetch: bool = False,
+               late_release: bool = False) -> Any:
         kind = pass_kind(bias, act, splits)
         if (kind not in PASS_GEMMS or x.dtype != torch.float16 or w.dtype != torch.float16
                 or (bias is not None and bias.dtype != torch.float32)):
             return triton_linear(x, w, bias, act=act, splits=splits, config=config, pdl=pdl,
-                                 prefetch=prefetch)
+                                 prefetch=prefetch, late_release=late_release)
         m, k = x.shape
         n = w.shape[0]
         out = (torch.empty((splits, m, n), device=x.device, dtype=torch.float32)

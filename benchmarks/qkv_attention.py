@@ -27,7 +27,6 @@ import ctypes
 import itertools
 import json
 import statistics
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -41,15 +40,18 @@ FUSE: tuple[str, ...] = ()  # which layer kinds install() fuses: "folded", "plai
 CALLS = 0  # fused launches made by install()'s wrappers
 
 
-def load(lib_path: Path = DEFAULT_LIB) -> ctypes.CDLL:
-    if not lib_path.is_file():
-        sys.exit(f"{lib_path} missing: run engine/fused/cuda/build.sh qkv-attn")
-    lib = ctypes.CDLL(str(lib_path))
+def _declare(lib: ctypes.CDLL) -> None:
     lib.qa_qkv_attention.restype = ctypes.c_int
     lib.qa_qkv_attention.argtypes = ([ctypes.c_void_p] * 8 + [ctypes.c_longlong, ctypes.c_void_p]
                                      + [ctypes.c_int] * 4 + [ctypes.c_float] * 2
                                      + [ctypes.c_int] * 2 + [ctypes.c_void_p])
-    return lib
+
+
+def load(lib_path: Path = DEFAULT_LIB) -> ctypes.CDLL:
+    from engine.fused.native import load_library
+
+    return load_library(lib_path, _declare, "benchmarks/qkv_attention.py",
+                        "build it with engine/fused/cuda/build.sh qkv-attn")
 
 
 def supported(m: int, d: int, heads: int) -> bool:
@@ -110,13 +112,14 @@ def install(lib_path: Path = DEFAULT_LIB, lib: Any = None) -> None:
                           pdl=pdl, prefetch=prefetch)
 
     def linear(x: Any, w: Any, bias: Any = None, act: str | None = None, splits: int = 1,
-               config: Any = None, pdl: bool = False, prefetch: bool = False) -> Any:
+               config: Any = None, pdl: bool = False, prefetch: bool = False,
+               late_release: bool = False) -> Any:
         if ("plain" in FUSE and bias is None and act is None and splits == 1
                 and w.shape[0] == 3 * x.shape[1] and x.dtype == torch.float16
                 and supported(x.shape[0], x.shape[1], x.shape[1] // 64)):
             return placeholder(x, (x, w, None, None, 0.0, None, pdl))
         return tri_linear(x, w, bias, act=act, splits=splits, config=config, pdl=pdl,
-                          prefetch=prefetch)
+                          prefetch=prefetch, late_release=late_release)
 
     def attention_varlen(qkv: Any, qkv_bias: Any, cu_seqlens: Any, max_seqlen: int,
                          n_seqs: int, num_heads: int, **kw: Any) -> Any:

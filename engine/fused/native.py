@@ -18,6 +18,22 @@ from pathlib import Path
 BUILD_DIR = Path(__file__).resolve().parents[2] / "build" / "cuda"
 
 
+def load_library(path: Path, declare: Callable[[ctypes.CDLL], None], feature: str,
+                 hint: str) -> ctypes.CDLL:
+    """The library at ``path`` with ``declare`` run on it; RuntimeError naming ``hint`` (the
+    build) if it is missing, cannot be loaded, or lacks the functions ``declare`` names
+    (built from other sources). Also for the benchmarks' own libraries."""
+    if not path.is_file():
+        raise RuntimeError(f"{feature} needs {path}: {hint}")
+    try:
+        lib = ctypes.CDLL(str(path))
+        declare(lib)  # AttributeError: a stale or foreign library
+    except (OSError, AttributeError) as exc:
+        raise RuntimeError(f"{feature} could not load {path} ({exc}): rebuild it; {hint}"
+                           ) from exc
+    return lib
+
+
 class NativeLibrary:
     """One library: ``name`` in ``build/cuda`` (or at ``$env``), needed by ``feature``;
     ``declare`` sets the C functions' argument and result types once it is loaded."""
@@ -35,21 +51,10 @@ class NativeLibrary:
         return Path(value) if value else BUILD_DIR / self.name
 
     def load(self) -> ctypes.CDLL:
-        """The loaded library (loaded once); RuntimeError naming the build if it is missing,
-        cannot be loaded, or lacks the functions ``declare`` names (built from other
-        sources)."""
+        """The loaded library, loaded once (:func:`load_library`'s errors)."""
         with self._lock:
             if self._lib is None:
-                path = self.path()
-                if not path.is_file():
-                    raise RuntimeError(f"{self.feature} needs {path}: {self.hint}")
-                try:
-                    lib = ctypes.CDLL(str(path))
-                    self._declare(lib)  # AttributeError: a stale or foreign library
-                except (OSError, AttributeError) as exc:
-                    raise RuntimeError(f"{self.feature} could not load {path} ({exc}): "
-                                       f"rebuild it; {self.hint}") from exc
-                self._lib = lib
+                self._lib = load_library(self.path(), self._declare, self.feature, self.hint)
             return self._lib
 
     def available(self) -> bool:

@@ -1,10 +1,12 @@
 """CUTLASS GEMMs for the small-batch layer's QKV and FFN1 (engine option
-``cutlass_small_gemms``).
+``cutlass_small_gemms``: by default used where they can run, on models of hidden size
+``encoder.AUTO_SMALL_GEMMS_MIN_HIDDEN`` and up).
 
 At 128 tokens CUTLASS's TMA warp-specialized kernel runs these two GEMMs faster than the
 engine's Triton K loop, and on BERT-large at 1x128 the seven-kernel layer's pass with both
-swapped in measured 6.0-6.2% faster (H200, ``NOTES.md`` v16; no gain on BERT-base, whose
-default layer folds its LayerNorms into the GEMMs and is not covered). The kernels are CUDA
+swapped in measured 6.0-6.2% faster, and 2.8-17% from 1x16 to 8x16 (H200, ``NOTES.md``
+v16-v17; no gain on BERT-base, whose default layer folds its LayerNorms into the GEMMs and
+is not covered). The kernels are CUDA
 C++ (``engine/fused/cuda/small_gemm.cu``), built with nvcc into
 ``build/cuda/libqa_small_gemm.so`` by ``engine/fused/cuda/build.sh small`` (or the library
 at ``$QA_SMALL_GEMM_LIB``), and called through ctypes on torch's current stream, so they

@@ -177,10 +177,12 @@ def test_cutlass_small_install_routes_by_kind(monkeypatch: pytest.MonkeyPatch) -
     from engine.fused import kernels
 
     triton_calls: list[str] = []
+    late: list[bool] = []
 
     def engine_linear(x, w, bias=None, act=None, splits=1, config=None, pdl=False,  # type: ignore[no-untyped-def]
-                      prefetch=False):
+                      prefetch=False, late_release=False):
         triton_calls.append(str(act))
+        late.append(late_release)
         return "triton"
 
     monkeypatch.setattr(kernels, "linear", engine_linear)
@@ -196,7 +198,8 @@ def test_cutlass_small_install_routes_by_kind(monkeypatch: pytest.MonkeyPatch) -
     p = kernels.linear(x, w, splits=4)
     assert p.shape == (4, 128, 3072) and p.dtype == torch.float32
     assert lib.calls == [(1, 128, 3072, 768, 1, 1, 7, True), (2, 128, 3072, 768, 4, 0, 7, False)]
-    assert kernels.linear(x, w) == "triton"  # plain: not in PASS_GEMMS
+    assert kernels.linear(x, w, late_release=True) == "triton"  # plain: not in PASS_GEMMS
+    assert late == [True]  # the engine's launch choice reaches its kernel
     assert kernels.linear(x, w, b32, act="gelu_tanh") == "triton"
     assert kernels.linear(x, w, b32.half(), act="gelu") == "triton"
     assert kernels.linear(x, w.float(), b32, act="gelu") == "triton"
@@ -204,3 +207,20 @@ def test_cutlass_small_install_routes_by_kind(monkeypatch: pytest.MonkeyPatch) -
     kernels.linear(x, w, b32, act="gelu")
     assert lib.calls[-1][0] == 4
     assert len(lib.calls) == 3 and len(triton_calls) == 4
+
+
+@pytest.mark.parametrize(("module", "target"), [("cutlass_small", "small-bench"),
+                                                ("cutlass_ffn1", "ffn1"),
+                                                ("qkv_attention", "qkv-attn")])
+def test_tool_libraries_fail_clearly(module: str, target: str, tmp_path: Path) -> None:
+    """The CUDA tools' libraries load through the engine's ``native.load_library``: a
+    missing file names its build target, and a library without the tool's functions (built
+    from other sources) says to rebuild it, never an AttributeError."""
+    import _ctypes  # a real shared library without the tools' functions
+    import importlib
+
+    load = importlib.import_module(f"benchmarks.{module}").load
+    with pytest.raises(RuntimeError, match=rf"needs .*missing\.so: .*build\.sh {target}"):
+        load(tmp_path / "missing.so")
+    with pytest.raises(RuntimeError, match=rf"could not load .*rebuild it; .*build\.sh {target}"):
+        load(Path(_ctypes.__file__))

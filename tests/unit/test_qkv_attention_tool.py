@@ -26,13 +26,14 @@ class FakeLibrary:
 @pytest.fixture
 def engine_calls(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The engine's three kernels replaced by recorders (restored after the test, with
-    whatever ``install`` put in their place)."""
+    whatever ``install`` put in their place); a call with ``late_release`` is recorded
+    with a ``+late`` suffix."""
     from engine.fused import kernels
 
     calls: list[str] = []
     for name in ("folded_linear", "linear", "attention_varlen"):
         def record(*args: Any, _name: str = name, **kw: Any) -> Any:
-            calls.append(_name)
+            calls.append(_name + ("+late" if kw.get("late_release") else ""))
             return torch.zeros((args[0].shape[0], 3 * args[0].shape[1]))
         monkeypatch.setattr(kernels, name, record)
     return calls
@@ -89,9 +90,9 @@ def test_plain_pairs_and_switching_off(engine_calls: list[str],
     assert args[2] == 0 and args[3] == 0 and args[16:18] == (0, 0)  # no fold, no PDL
     kernels.folded_linear(o["x"], o["w"], o["u"], None, o["stats"], 1e-5)  # not "folded"
     monkeypatch.setattr(tool, "FUSE", ())
-    qkv = kernels.linear(o["x"], o["w"])
+    qkv = kernels.linear(o["x"], o["w"], late_release=True)
     kernels.attention_varlen(qkv, o["bias"], o["cu"], 16, 1, 16)
-    assert engine_calls == ["folded_linear", "linear", "attention_varlen"]
+    assert engine_calls == ["folded_linear", "linear+late", "attention_varlen"]
     lib.rc = 1
     monkeypatch.setattr(tool, "FUSE", ("plain",))
     qkv = kernels.linear(o["x"], o["w"])
