@@ -96,6 +96,11 @@ AUTO_SMALL_GEMMS_MIN_HIDDEN = 1024
 # replay, BERT-large: 2x64 -3.2%, 4x32 -10.7%, 8x16 -10.6%; 1x128 +0.6% (within the
 # rounds' spread); the deferred layer (BERT-base) gained nothing at any of them (v17).
 QKV_LATE_RELEASE_MIN_SEQS: int | None = 2
+# The small-batch layers' kernels by the names ``EncodeOptions.late_release`` takes: the
+# deferred layer runs qkv, attention, out, ffn1, ffn2; the seven-kernel layer adds the
+# LayerNorms ln1 (after the out-projection) and ln2 (after FFN2; the last layer's, which
+# feeds the QA head, has no successor to release).
+LATE_RELEASE_KERNELS = ("qkv", "attention", "out", "ln1", "ffn1", "ffn2", "ln2")
 
 # Tiles and K splits of one GEMM: (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages[, loads]),
 # splits (``kernels.matmul.GemmConfig``; the optional ``loads`` only for ``linear``).
@@ -123,7 +128,11 @@ class EncodeOptions:
     small-batch layer as CUTLASS kernels (``engine.fused.small_gemm``; the engine checks
     that they can run). The seven-kernel layer's Triton QKV GEMM lets attention launch
     (PDL) only after its K loop, not before it, in batches of at least
-    ``qkv_late_release_min_seqs`` sequences (None: never).
+    ``qkv_late_release_min_seqs`` sequences (None: never). ``late_release`` names kernels
+    of either small-batch layer (of ``LATE_RELEASE_KERNELS``) that do so in every batch:
+    their Triton kernels let the next kernel launch after their main loop (the K loop;
+    attention and the LayerNorms after their stores), not right after their wait. The
+    CUTLASS kernels keep their own placement.
     """
 
     fp8_out_dtype: torch.dtype | None = None
@@ -143,6 +152,7 @@ class EncodeOptions:
     gemm_plans: tuple[tuple[str, GemmPlan], ...] = ()
     cutlass_small_gemms: tuple[str, ...] = ()
     qkv_late_release_min_seqs: int | None = QKV_LATE_RELEASE_MIN_SEQS
+    late_release: tuple[str, ...] = ()
 
 
 def _linear(x: torch.Tensor | None, xq: Quantized | None, lin: Linear,
@@ -199,6 +209,7 @@ def encode_packed(
     # 2026-11-30: BERT-large 1x384 1.479 ms with it, 1.218 without; mix -1 to -2%).
     pdl = small and opts.pdl and ops.pdl_available(input_ids)
     pf = pdl and opts.prefetch
+    late = frozenset(opts.late_release)
     d, f = cfg.hidden_size, cfg.intermediate_size
     plans = dict(opts.gemm_plans)
 
@@ -215,8 +226,8 @@ def encode_packed(
                                 n_seqs, max_seqlen, opts, pdl)
     if small:
         (c_qkv, _), (c_out, s_out) = plan("qkv", 3 * d, d, False), plan("out", d, d, True)
-        late_qkv = (opts.qkv_late_release_min_seqs is not None
-                    and n_seqs >= opts.qkv_late_release_min_seqs)
+        late_qkv = "qkv" in late or (opts.qkv_late_release_min_seqs is not None
+                                     and n_seqs >= opts.qkv_late_release_min_seqs)
         (c_ff1, _), (c_ff2, s_ff2) = plan("ffn1", f, d, False), plan("ffn2", d, f, True)
     fuse_ffn1 = small or (opts.ffn1_fused_max_tokens is not None
                           and tokens <= opts.ffn1_fused_max_tokens
@@ -259,17 +270,18 @@ def encode_packed(
         ctx_scale = x_scale(i, "attn_out")
         ctx = ops.attention_varlen(qkv, layer.qkv.bias, cu_seqlens, max_seqlen, n_seqs,
                                    cfg.num_heads, config=opts.attn_config, pdl=pdl,
-                                   prefetch=pf, fp8_scale=ctx_scale, tiles=tiles)
+                                   prefetch=pf, fp8_scale=ctx_scale, tiles=tiles,
+                                   late_release="attention" in late)
         if small:
             a = ops.linear(ctx, layer.attn_out.weight, splits=s_out, config=c_out, pdl=pdl,
-                           prefetch=pf)
+                           prefetch=pf, late_release="out" in late)
         else:
             a = large(i, "attn_out", ctx, None if ctx_scale is None
                       else Quantized(ctx, ctx_scale), layer.attn_out)
         x, xq = ops.bias_residual_layernorm(
             a, layer.attn_out.bias, x, layer.ln1_weight, layer.ln1_bias, eps,
             fp8=wants8(layer.ffn_in), pdl=pdl, fp8_blocks=w.fp8_blocks,
-            fp8_scale=x_scale(i, "ffn_in"),
+            fp8_scale=x_scale(i, "ffn_in"), late_release="ln1" in late,
         )
         if cal is not None and {"ffn_in", "ffn_out"} <= static:
             # One GEMM: FFN1 + bias + GELU + e4m3, calibrated scales.
@@ -280,7 +292,8 @@ def encode_packed(
                                       pdl=pdl), None
         elif fuse_ffn1 and not wants8(layer.ffn_in) and not wants8(layer.ffn_out):
             h, hq = ops.linear(x, layer.ffn_in.weight, layer.ffn_in.bias, act=act,
-                               config=c_ff1 if small else None, pdl=pdl, prefetch=pf), None
+                               config=c_ff1 if small else None, pdl=pdl, prefetch=pf,
+                               late_release="ffn1" in late), None
         else:
             h = large(i, "ffn_in", x, xq, layer.ffn_in)
             h, hq = ops.bias_gelu(h, layer.ffn_in.bias, fp8=wants8(layer.ffn_out),
@@ -288,7 +301,7 @@ def encode_packed(
                                   fp8_blocks=w.fp8_blocks, fp8_scale=x_scale(i, "ffn_out"))
         if small:
             a = ops.linear(h, layer.ffn_out.weight, splits=s_ff2, config=c_ff2, pdl=pdl,
-                           prefetch=pf)
+                           prefetch=pf, late_release="ffn2" in late)
         else:
             a = large(i, "ffn_out", h, hq, layer.ffn_out)
         if i == len(layers) - 1:
@@ -300,6 +313,7 @@ def encode_packed(
             a, layer.ffn_out.bias, x, layer.ln2_weight, layer.ln2_bias, eps,
             fp8=wants8(layers[i + 1].qkv), pdl=pdl,
             fp8_blocks=w.fp8_blocks, fp8_scale=x_scale(i + 1, "qkv"),
+            late_release="ln2" in late,
         )
     raise ValueError("a BERT encoder needs at least one layer")
 
@@ -339,6 +353,7 @@ def _encode_deferred(
     t = input_ids.shape[0]
     d, f = cfg.hidden_size, cfg.intermediate_size
     pf = pdl and opts.prefetch
+    late = frozenset(opts.late_release)
     plans = dict(opts.gemm_plans)
 
     def plan(name: str, n: int, k: int, kind: str) -> GemmPlan:
@@ -361,19 +376,21 @@ def _encode_deferred(
     for i, (layer, fold) in enumerate(zip(w.layers, w.folded, strict=True)):
         p, q = i % 2, (i + 1) % 2  # this layer's scratch, the previous one's
         qkv = ops.folded_linear(z16, fold.qkv.weight, fold.qkv.colsum, None, z_sums[q], eps,
-                                zero=scratch[p], config=c_qkv, pdl=pdl, prefetch=pf)
+                                zero=scratch[p], config=c_qkv, pdl=pdl, prefetch=pf,
+                                late_release="qkv" in late)
         ctx = ops.attention_varlen(qkv, fold.qkv.bias, cu_seqlens, max_seqlen, n_seqs,
                                    cfg.num_heads, config=opts.attn_config, pdl=pdl,
-                                   prefetch=pf)
+                                   prefetch=pf, late_release="attention" in late)
         y = ops.residual_linear(ctx, layer.attn_out.weight, layer.attn_out.bias, z32[q],
                                 z_sums[q], ln_g, ln_b, eps, y_sums[p], config=c_out, pdl=pdl,
-                                prefetch=pf)
+                                prefetch=pf, late_release="out" in late)
         h = ops.folded_linear(y, fold.ffn_in.weight, fold.ffn_in.colsum, fold.ffn_in.bias,
-                              y_sums[p], eps, act=act, config=c_ff1, pdl=pdl, prefetch=pf)
+                              y_sums[p], eps, act=act, config=c_ff1, pdl=pdl, prefetch=pf,
+                              late_release="ffn1" in late)
         ops.residual_linear(h, layer.ffn_out.weight, layer.ffn_out.bias, y, y_sums[p],
                             layer.ln1_weight, layer.ln1_bias, eps, z_sums[p], out=z32[p],
                             out16=z16, counters=counters[p], splits=s_ff2, config=c_ff2,
-                            pdl=pdl, prefetch=pf)
+                            pdl=pdl, prefetch=pf, late_release="ffn2" in late)
         ln_g, ln_b = layer.ln2_weight, layer.ln2_bias
     return ops.layernorm_qa(z32[(len(w.layers) - 1) % 2], ln_g, ln_b, eps,  # type: ignore[no-any-return]
                             w.qa_weight, w.qa_bias, pdl=pdl)

@@ -43,6 +43,7 @@ from engine.fused.encoder import (
     FP8_CALIBRATED_MIN_TOKENS,
     FP8_MIN_TOKENS,
     FP8_STATIC_INPUTS,
+    LATE_RELEASE_KERNELS,
     QKV_LATE_RELEASE_MIN_SEQS,
     SMALL_BATCH_MAX_TOKENS,
     EncodeOptions,
@@ -84,15 +85,15 @@ def parse_dtype(name: str, fp8: bool = False) -> tuple[torch.dtype, bool]:
 
 
 def _gemm_names(option: str, value: Sequence[str] | str | None,
-                allowed: Sequence[str]) -> list[str]:
-    """An option naming GEMMs, as a sequence or as text (``"qkv,ffn_in"``; None or ``""``:
-    none), checked against ``allowed``."""
+                allowed: Sequence[str], what: str = "GEMMs") -> list[str]:
+    """An option naming GEMMs (or other ``what``), as a sequence or as text
+    (``"qkv,ffn_in"``; None or ``""``: none), checked against ``allowed``."""
     if value is None:
         return []
     names = ([g.strip() for g in value.split(",") if g.strip()] if isinstance(value, str)
              else list(value))
     if unknown := set(names) - set(allowed):
-        raise ValueError(f"{option}: unknown GEMMs {sorted(unknown)}; "
+        raise ValueError(f"{option}: unknown {what} {sorted(unknown)}; "
                          f"choose from {', '.join(allowed)}")
     return names
 
@@ -146,6 +147,7 @@ class FusedEngine:
         gemm_plans: dict[str, GemmPlan] | None = None,
         cutlass_small_gemms: Sequence[str] | str | None = "auto",
         qkv_late_release_min_seqs: int | None = QKV_LATE_RELEASE_MIN_SEQS,
+        late_release: Sequence[str] | str | None = None,
     ) -> None:
         """FP8 weights (if packed) are used for batches of at least ``fp8_min_tokens``
         tokens, and once calibrated (:meth:`calibrating`) from ``fp8_calibrated_min_tokens``
@@ -179,6 +181,9 @@ class FusedEngine:
         ``qkv_late_release_min_seqs``: batches of at least that many sequences (None: none)
         on the seven-kernel small-batch layer let attention launch only after the QKV
         GEMM's K loop (programmatic dependent launch), not before it.
+        ``late_release`` (of ``encoder.LATE_RELEASE_KERNELS``, or as text) names the
+        small-batch layers' Triton kernels that let the next kernel launch only after
+        their main loop, in every batch (an A/B knob; none by default).
         ``graph_buckets_per_octave``: token buckets per power of two of the
         graphs, itself a power of two (``packing.round_tokens``: padding under 1/that of
         the tokens from 64 x that many tokens up; more buckets pad less but capture more
@@ -224,6 +229,8 @@ class FusedEngine:
             gemm_plans=tuple(sorted((gemm_plans or {}).items())),
             cutlass_small_gemms=tuple(g for g in small_gemm.GEMMS if g in cutlass_small_gemms),
             qkv_late_release_min_seqs=qkv_late_release_min_seqs,
+            late_release=tuple(k for k in LATE_RELEASE_KERNELS if k in _gemm_names(
+                "late_release", late_release, LATE_RELEASE_KERNELS, "kernels")),
         )
         self.graph_staging = graph_staging
         self._graphs = self._new_graphs()

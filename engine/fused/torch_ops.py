@@ -77,6 +77,7 @@ def bias_residual_layernorm(
     pdl: bool = False,
     fp8_blocks: bool = False,
     fp8_scale: torch.Tensor | None = None,
+    late_release: bool = False,  # launch order: meaningless here
 ) -> tuple[torch.Tensor, Quantized | None]:
     y = _residual_ln(a, bias, residual, gamma, beta, eps)
     return y.to(residual.dtype), _quantize(y, fp8, fp8_blocks, fp8_scale)
@@ -188,6 +189,7 @@ def folded_linear(
     config: tuple[int, ...] | None = None,
     pdl: bool = False,
     prefetch: bool = False,
+    late_release: bool = False,  # launch order: meaningless here
 ) -> torch.Tensor:
     """``r * (x @ w^T - mean * colsum) (+ bias) (then act)`` = ``LN(x) @ W^T ...`` for a
     folded ``w`` (``engine.fused.folding``), moments from the rows' sums ``stats``;
@@ -220,6 +222,7 @@ def residual_linear(
     config: tuple[int, ...] | None = None,
     pdl: bool = False,
     prefetch: bool = False,
+    late_release: bool = False,  # launch order: meaningless here
 ) -> torch.Tensor:
     """``x @ w^T + bias + LN(residual)`` (moments from ``res_stats``): stored in ``x``'s
     dtype, or added into the float32 ``out`` with its copy in ``out16``; the result's
@@ -295,6 +298,7 @@ def attention_varlen(
     prefetch: bool = False,
     fp8_scale: torch.Tensor | None = None,
     tiles: object = None,  # the Triton kernel's tile list: meaningless here
+    late_release: bool = False,  # launch order: meaningless here
 ) -> torch.Tensor:
     n, three_d = qkv.shape
     d = three_d // 3

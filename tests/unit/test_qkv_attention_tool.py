@@ -67,11 +67,12 @@ def test_folded_pairs_go_to_the_fused_kernel(engine_calls: list[str],
     assert args[8] == 100 and args[10:14] == (16, 768, 12, 1)  # zero numel, m, d, heads, seqs
     assert args[16:18] == (1, 1)  # folded, PDL
     # Not the QKV (an activation), or wider than the kernel's 128 rows: the engine's kernels.
-    kernels.folded_linear(o["x"], o["w"], o["u"], None, o["stats"], 1e-5, act="gelu")
+    kernels.folded_linear(o["x"], o["w"], o["u"], None, o["stats"], 1e-5, act="gelu",
+                          late_release=True)
     big = _operands(m=200)
     qkv = kernels.folded_linear(big["x"], big["w"], big["u"], None, big["stats"], 1e-5)
-    kernels.attention_varlen(qkv, big["bias"], big["cu"], 200, 1, 12)
-    assert engine_calls == ["folded_linear", "folded_linear", "attention_varlen"]
+    kernels.attention_varlen(qkv, big["bias"], big["cu"], 200, 1, 12, late_release=True)
+    assert engine_calls == ["folded_linear+late", "folded_linear", "attention_varlen+late"]
     assert len(lib.calls) == 1
 
 

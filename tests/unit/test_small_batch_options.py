@@ -50,3 +50,74 @@ def test_qkv_releases_attention_late_in_multi_sequence_batches(
     engine.infer(ids, np.ones_like(ids), np.zeros_like(ids))
     assert [late for qkv, late in seen if qkv] == [late, late]  # one QKV a layer
     assert not any(late for qkv, late in seen if not qkv)
+
+
+def _record_launches(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, bool]]:
+    """The torch spec backend's small-batch ops replaced by recorders of (kernel role,
+    ``late_release``), each role named as ``LATE_RELEASE_KERNELS`` names it; the ops still
+    compute. A GEMM's role comes from its weight's shape, a LayerNorm's from the order."""
+    from engine.fused import torch_ops
+
+    seen: list[tuple[str, bool]] = []
+    lns = 0
+
+    def gemm_role(x: Any, w: Any) -> str:
+        d = x.shape[1]
+        return {3 * d: "qkv", 2 * d: "ffn1"}.get(w.shape[0], "ffn2" if d == 96 else "out")
+
+    def wrap(name: str) -> None:
+        spec = getattr(torch_ops, name)
+
+        def launch(*args: Any, late_release: bool = False, **kw: Any) -> Any:
+            nonlocal lns
+            if name == "attention_varlen":
+                role = "attention"
+            elif name == "bias_residual_layernorm":
+                role, lns = ("ln1", "ln2")[lns % 2], lns + 1
+            else:
+                role = gemm_role(args[0], args[1])
+            seen.append((role, late_release))
+            return spec(*args, **kw)
+
+        monkeypatch.setattr(torch_ops, name, launch)
+
+    for name in ("linear", "folded_linear", "residual_linear", "attention_varlen",
+                 "bias_residual_layernorm"):
+        wrap(name)
+    return seen
+
+
+@pytest.mark.parametrize("layer", ["deferred", "seven"])
+@pytest.mark.parametrize("kernel", ["qkv", "attention", "out", "ln1", "ffn1", "ffn2", "ln2"])
+def test_late_release_reaches_the_named_kernel_only(
+        tiny: Any, monkeypatch: pytest.MonkeyPatch, layer: str, kernel: str) -> None:
+    """``late_release`` makes exactly the named kernel of every layer release late, on
+    either small-batch layer (the deferred one has no LayerNorm kernels: naming them
+    changes nothing there)."""
+    from engine.fused.encoder import LATE_RELEASE_KERNELS
+    from engine.fused.engine import FusedEngine
+
+    assert kernel in LATE_RELEASE_KERNELS
+    seen = _record_launches(monkeypatch)
+    engine = FusedEngine(tiny, "cpu", backend="torch", qkv_late_release_min_seqs=None,
+                         deferred_ln_max_hidden=48 if layer == "deferred" else None,
+                         late_release=kernel)
+    ids = np.random.default_rng(7).integers(1, 100, (1, 20)).astype(np.int32)
+    engine.infer(ids, np.ones_like(ids), np.zeros_like(ids))
+    roles = {"deferred": ["qkv", "attention", "out", "ffn1", "ffn2"],
+             "seven": ["qkv", "attention", "out", "ln1", "ffn1", "ffn2", "ln2"]}[layer]
+    layers = 2
+    # The last layer's LN2 is the QA head's kernel (bias_residual_layernorm_qa), not recorded.
+    expected = (roles * layers)[: -1 if layer == "seven" else None]
+    assert [role for role, _ in seen] == expected
+    assert [role for role, late in seen if late] == [r for r in expected if r == kernel]
+
+
+def test_late_release_option_is_checked(tiny: Any) -> None:
+    from engine.fused.engine import FusedEngine
+
+    engine = FusedEngine(tiny, "cpu", backend="torch", late_release=" ffn2, out")
+    assert engine.options.late_release == ("out", "ffn2")  # canonical order
+    assert FusedEngine(tiny, "cpu", backend="torch").options.late_release == ()
+    with pytest.raises(ValueError, match="late_release: unknown kernels"):
+        FusedEngine(tiny, "cpu", backend="torch", late_release=("qkv", "softmax"))

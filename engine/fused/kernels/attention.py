@@ -11,7 +11,14 @@ import triton
 import triton.language as tl
 
 from engine.fused.fp8 import FP8_DTYPE
-from engine.fused.kernels.common import LOG2E, launch_options, pdl_enter, prefetch_l1, to_e4m3
+from engine.fused.kernels.common import (
+    LOG2E,
+    launch_options,
+    pdl_enter,
+    pdl_release,
+    prefetch_l1,
+    to_e4m3,
+)
 
 # Attention tiles (BLOCK_M queries x BLOCK_N keys, warps, pipeline stages). 64 x 64 with
 # 4 warps by default: on the H200 it beats 64 x 32 by 7% on full windows of 192 and 384
@@ -169,15 +176,17 @@ def _attn_varlen_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_DH: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_PDL: tl.constexpr,
     PREFETCH: tl.constexpr, FP8_OUT: tl.constexpr, TILED: tl.constexpr,
-    SPLIT: tl.constexpr,
+    SPLIT: tl.constexpr, LATE_RELEASE: tl.constexpr,
 ):
-    """Grid (query blocks, sequences, heads), or with ``TILED`` (tile-list slots, heads)."""
+    """Grid (query blocks, sequences, heads), or with ``TILED`` (tile-list slots, heads).
+    With ``USE_PDL`` the next kernel may launch right after the wait, or with
+    ``LATE_RELEASE`` once the program has stored its rows."""
     head = tl.program_id(1) if TILED else tl.program_id(2)
     if PREFETCH:  # this head's Q and V biases into L1 while the QKV GEMM still runs
         v = head * HEAD_DIM + tl.minimum(tl.arange(0, BLOCK_DH // 16) * 16, HEAD_DIM - 1)
         prefetch_l1(bias_ptr + v)
         prefetch_l1(bias_ptr + 2 * D + v)
-    pdl_enter(USE_PDL)
+    pdl_enter(USE_PDL, not LATE_RELEASE)
     if TILED:
         slot = tiles_ptr + tl.program_id(0) * 3
         start = tl.load(slot, cache_modifier=".cg")
@@ -192,6 +201,7 @@ def _attn_varlen_kernel(
                        tl.program_id(0), tl.program_id(1), head,
                        qk_scale, stride_qkv, stride_out, D, HEAD_DIM, BLOCK_DH, BLOCK_M,
                        BLOCK_N, scale_ptr, FP8_OUT, SPLIT)
+    pdl_release(LATE_RELEASE)
 
 
 @triton.jit
@@ -316,6 +326,7 @@ def attention_varlen(
     fp8_scale: torch.Tensor | None = None,
     tiles: AttnTiles | None = None,
     split: bool | None = None,
+    late_release: bool = False,
 ) -> torch.Tensor:
     """Bidirectional multi-head attention over packed sequences; returns [T, hidden], in
     ``qkv``'s dtype or, given ``fp8_scale`` (float32 [1], calibrated), in e4m3 with that
@@ -330,7 +341,8 @@ def attention_varlen(
     slot of the list instead of ceil(max_seqlen / BLOCK_M) per sequence. ``split`` (None:
     ``ATTN_SPLIT_LOOP``) runs the key loop split into unmasked full blocks and a masked
     tail, with registers capped where programs outnumber what the multiprocessors hold
-    (:func:`register_cap`); the output is the same.
+    (:func:`register_cap`); the output is the same. ``late_release`` (with ``pdl``) lets the
+    next kernel launch only after each program's stores, not right after its wait.
     """
     n, three_d = qkv.shape
     d = three_d // 3
@@ -355,7 +367,7 @@ def attention_varlen(
         HEAD_DIM=head_dim, BLOCK_DH=head_block(head_dim),
         BLOCK_M=bm, BLOCK_N=bn, USE_PDL=pdl, PREFETCH=pdl and prefetch,
         FP8_OUT=fp8_scale is not None, TILED=tiles is not None, SPLIT=split,
-        num_warps=warps, num_stages=stages,
+        LATE_RELEASE=pdl and late_release, num_warps=warps, num_stages=stages,
         **launch_options(pdl), **maxnreg,
     )
     return out

@@ -38,6 +38,7 @@ from engine.fused.kernels.common import (
     layernorm_rows,
     load_vector,
     pdl_enter,
+    pdl_release,
     prefetch_l1,
     prefetch_rows_l2,
 )
@@ -121,7 +122,7 @@ def _deferred_gemm_kernel(
     GROUP_M: tl.constexpr, FOLD_LN: tl.constexpr, GELU: tl.constexpr, TANH: tl.constexpr,
     HAS_BIAS: tl.constexpr, RESIDUAL: tl.constexpr, ATOMIC: tl.constexpr,
     STATS_OUT: tl.constexpr, ZERO: tl.constexpr, USE_PDL: tl.constexpr,
-    PREFETCH: tl.constexpr, W_BYTES: tl.constexpr,
+    PREFETCH: tl.constexpr, W_BYTES: tl.constexpr, LATE_RELEASE: tl.constexpr,
 ):
     """Output tile of ``x @ w^T`` over K slice ``program_id(1)``, then:
 
@@ -133,6 +134,9 @@ def _deferred_gemm_kernel(
       dtype and adds its row sums into ``stats_out``. Without ``ATOMIC``: store in
       ``out``'s dtype, and with ``STATS_OUT`` add the stored values' row sums;
     * ``ZERO``: then the programs zero ``zero_ptr[:zero_numel]`` (float32) between them.
+
+    With ``USE_PDL`` the next kernel may launch right after the wait, or with
+    ``LATE_RELEASE`` after the K loop.
 
     Everything the epilogue reads is loaded after the K loop. Loading the bias and
     residual terms before it (to hide their latency) shortened the out-projection's step
@@ -156,7 +160,7 @@ def _deferred_gemm_kernel(
         if RESIDUAL:
             prefetch_l1(res_g_ptr + vec_at)
             prefetch_l1(res_b_ptr + vec_at)
-    pdl_enter(USE_PDL)
+    pdl_enter(USE_PDL, not LATE_RELEASE)
     rmask = offs_m < M
     nmask = offs_n < N
     lead = 1  # 1 where this program adds bias and residual (ATOMIC: K slice 0 only), else 0
@@ -164,6 +168,7 @@ def _deferred_gemm_kernel(
         lead = (split == 0).to(tl.int32)
     acc = tile_product(x_ptr, w_ptr, M, N, K, k0, k_split, offs_m, offs_n, BLOCK_M, BLOCK_N,
                        BLOCK_K)
+    pdl_release(LATE_RELEASE)
     omask = rmask[:, None] & nmask[None, :]
     o_offs = offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
     y = acc
@@ -215,7 +220,7 @@ def deferred_plan(m: int, n: int, k: int, kind: str) -> tuple[GemmConfig, int]:
 
 def _launch(x, w, out, *, config, pdl, prefetch, u=None, bias=None, out16=None, stats=None,
             stats_out=None, counters=None, residual=None, res_gamma=None, res_beta=None,
-            zero=None, eps=0.0, act=None, splits=1, fold=False) -> None:
+            zero=None, eps=0.0, act=None, splits=1, fold=False, late_release=False) -> None:
     m, k = x.shape
     n = w.shape[0]
     bm, bn, bk, warps, stages, loads = unpack_config(config)
@@ -240,7 +245,8 @@ def _launch(x, w, out, *, config, pdl, prefetch, u=None, bias=None, out16=None, 
         GELU=act is not None, TANH=act == "gelu_tanh", HAS_BIAS=bias is not None,
         RESIDUAL=residual is not None, ATOMIC=atomic, STATS_OUT=stats_out is not None,
         ZERO=zero is not None, USE_PDL=pdl, PREFETCH=pdl and prefetch,
-        W_BYTES=w.element_size(), num_warps=warps, num_stages=stages, **launch_options(pdl),
+        W_BYTES=w.element_size(), LATE_RELEASE=pdl and late_release, num_warps=warps,
+        num_stages=stages, **launch_options(pdl),
     )
 
 
@@ -256,19 +262,21 @@ def folded_linear(
     config: GemmConfig | None = None,
     pdl: bool = False,
     prefetch: bool = False,
+    late_release: bool = False,
 ) -> torch.Tensor:
     """``LN(x) @ W^T (+ bias) (then act)`` in ``x``'s dtype, from un-normalised rows ``x``
     [M, K], their (sum, sum of squares) ``stats`` [M, 2] float32, and the folded weight
     ``w = W diag(gamma)`` with ``colsum`` its row sums (``engine.fused.folding``; ``bias``
     already holds ``W beta``). If given, also zeroes the float32 tensor ``zero`` (what
-    later GEMMs of the layer accumulate into), after its own tile."""
+    later GEMMs of the layer accumulate into), after its own tile. ``late_release`` (with
+    ``pdl``) lets the next kernel launch only after each program's K loop."""
     if act not in (None, "gelu", "gelu_tanh"):
         raise ValueError(f"unknown activation {act!r}")
     m, n = x.shape[0], w.shape[0]
     out = torch.empty((m, n), device=x.device, dtype=x.dtype)
     _launch(x, w, out, u=colsum, bias=bias, stats=stats, zero=zero, eps=eps, act=act,
             config=config or deferred_plan(m, n, x.shape[1], "folded")[0], pdl=pdl,
-            prefetch=prefetch, fold=True)
+            prefetch=prefetch, fold=True, late_release=late_release)
     return out
 
 
@@ -289,6 +297,7 @@ def residual_linear(
     config: GemmConfig | None = None,
     pdl: bool = False,
     prefetch: bool = False,
+    late_release: bool = False,
 ) -> torch.Tensor:
     """``v = x @ w^T + bias + LN(residual)`` (LN's moments from ``res_stats``, the rows'
     (sum, sum of squares)), whose rows' sums are added into ``stats_out`` [M, 2].
@@ -296,7 +305,8 @@ def residual_linear(
     Without ``out``: ``v`` stored in ``x``'s dtype (one K slice) and returned. With
     ``out`` (float32 [M, N], zeroed), ``out16`` ([M, N], model dtype) and ``counters``
     (int32, zeroed, one per output tile): ``v`` added into ``out`` over ``splits`` K
-    slices, its copy left in ``out16``; returns ``out16``.
+    slices, its copy left in ``out16``; returns ``out16``. ``late_release`` as for
+    :func:`folded_linear`.
     """
     m, n = x.shape[0], w.shape[0]
     if out is None:
@@ -311,7 +321,7 @@ def residual_linear(
     _launch(x, w, out, out16=out16, bias=bias, stats=res_stats, stats_out=stats_out,
             counters=counters, residual=residual, res_gamma=gamma, res_beta=beta, eps=eps,
             splits=splits, config=config or deferred_plan(m, n, x.shape[1], kind)[0],
-            pdl=pdl, prefetch=prefetch)
+            pdl=pdl, prefetch=prefetch, late_release=late_release)
     return out if out16 is None else out16
 
 

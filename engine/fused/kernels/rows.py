@@ -18,6 +18,7 @@ from engine.fused.kernels.common import (
     layernorm_rows,
     load_vector,
     pdl_enter,
+    pdl_release,
     store_rows_fp8,
 )
 
@@ -137,19 +138,21 @@ def residual_ln_rows(
     out_ptr, q_ptr, qs_ptr, qa_w_ptr, qa_b_ptr, logits_ptr,
     n_rows, logits_stride, split_stride, D, eps,
     BLOCK_D: tl.constexpr, SPLITS: tl.constexpr, FP8_OUT: tl.constexpr, QA_HEAD: tl.constexpr,
-    USE_PDL: tl.constexpr,
+    USE_PDL: tl.constexpr, LATE_RELEASE: tl.constexpr = False,
 ):
     """LayerNorm(sum of SPLITS partials of ``a`` + bias + residual) of rows ``rows``;
-    with ``USE_PDL`` it waits for the previous kernel between the two halves.
+    with ``USE_PDL`` it waits for the previous kernel between the two halves, and lets the
+    next kernel launch right after that wait or, with ``LATE_RELEASE``, after its stores.
 
     ``out_ptr`` may be ``res_ptr`` (in place): each row is read before it is written,
     by the same program.
     """
     c, g, b = residual_ln_pre(rows, bias_ptr, res_ptr, g_ptr, b_ptr, n_rows, D, BLOCK_D)
-    pdl_enter(USE_PDL)  # only the GEMM's output is read after this
+    pdl_enter(USE_PDL, not LATE_RELEASE)  # only the GEMM's output is read after this
     residual_ln_finish(rows, a_ptr, c, g, b, out_ptr, q_ptr, qs_ptr, qa_w_ptr, qa_b_ptr,
                        logits_ptr, n_rows, logits_stride, split_stride, D, eps,
                        BLOCK_D, SPLITS, FP8_OUT, QA_HEAD)
+    pdl_release(LATE_RELEASE)
 
 
 @triton.jit
@@ -160,11 +163,12 @@ def _residual_ln_kernel(
     n_rows, logits_stride, split_stride, D, eps,
     BLOCK_D: tl.constexpr, ROWS: tl.constexpr, SPLITS: tl.constexpr,
     FP8_OUT: tl.constexpr, QA_HEAD: tl.constexpr, USE_PDL: tl.constexpr,
+    LATE_RELEASE: tl.constexpr,
 ):
     residual_ln_rows(tl.program_id(0) * ROWS + tl.arange(0, ROWS), a_ptr, bias_ptr, res_ptr,
                      g_ptr, b_ptr, out_ptr, q_ptr, qs_ptr, qa_w_ptr, qa_b_ptr, logits_ptr,
                      n_rows, logits_stride, split_stride, D, eps,
-                     BLOCK_D, SPLITS, FP8_OUT, QA_HEAD, USE_PDL)
+                     BLOCK_D, SPLITS, FP8_OUT, QA_HEAD, USE_PDL, LATE_RELEASE)
 
 
 @triton.jit
@@ -303,11 +307,12 @@ def embed_layernorm(
 def _residual_ln(a: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor,
                  gamma: torch.Tensor, beta: torch.Tensor, eps: float, fp8: bool, pdl: bool,
                  qa: tuple[torch.Tensor, torch.Tensor] | None, fp8_blocks: bool = False,
-                 fp8_scale: torch.Tensor | None = None,
+                 fp8_scale: torch.Tensor | None = None, late_release: bool = False,
                  ) -> tuple[torch.Tensor, _Fp8Out]:
     """Launch ``_residual_ln_kernel``: (LayerNorm output, its e4m3 copy), or with ``qa``
     (head weight, bias) the float32 [2, T] logits (nothing else is stored).
-    ``fp8_scale`` (float32 [1]): the e4m3 copy takes this one scale, given, not computed."""
+    ``fp8_scale`` (float32 [1]): the e4m3 copy takes this one scale, given, not computed.
+    ``late_release`` (with ``pdl``): the next kernel launches after the stores."""
     n, d = a.shape[-2:]
     splits, split_stride = _splits(a)
     if qa is None:
@@ -323,7 +328,8 @@ def _residual_ln(a: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor,
         a, bias, residual, gamma, beta, out, f8.q, f8.qs, qa_w, qa_b, logits,
         n, logits.stride(0), split_stride, d, eps,
         BLOCK_D=block, ROWS=rows, SPLITS=splits, FP8_OUT=f8.mode,
-        QA_HEAD=qa is not None, USE_PDL=pdl, num_warps=warps, **launch_options(pdl),
+        QA_HEAD=qa is not None, USE_PDL=pdl, LATE_RELEASE=pdl and late_release,
+        num_warps=warps, **launch_options(pdl),
     )
     return out, f8
 
@@ -339,15 +345,18 @@ def bias_residual_layernorm(
     pdl: bool = False,
     fp8_blocks: bool = False,
     fp8_scale: torch.Tensor | None = None,
+    late_release: bool = False,
 ) -> tuple[torch.Tensor, Quantized | None]:
     """LayerNorm(a + bias + residual), in ``residual``'s dtype (+ e4m3 copy: per-row
     scales, 1x128 block scales with ``fp8_blocks``, or the one calibrated scale
     ``fp8_scale``, float32 [1], values beyond it saturating).
 
     ``a`` is a GEMM output [T, D], or [S, T, D] float32 split-K partials to be summed.
+    ``late_release`` (with ``pdl``) lets the next kernel launch only after the stores,
+    not right after the wait.
     """
     out, f8 = _residual_ln(a, bias, residual, gamma, beta, eps, fp8, pdl, None, fp8_blocks,
-                           fp8_scale)
+                           fp8_scale, late_release)
     return out, f8.result()
 
 
