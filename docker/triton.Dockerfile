@@ -6,7 +6,8 @@
 #   docker build -f docker/triton.Dockerfile -t squad-serve/triton:dev-gpu .    # runtime-gpu
 #
 # Stages: export (runs `python -m training.export_onnx`, as `make model` does) -> runtime-cpu
-# (ONNX Runtime engine) -> runtime-gpu (adds torch + OpenAI Triton for the fused engine).
+# (ONNX Runtime engine) -> runtime-gpu (adds torch + OpenAI Triton for the fused engine, and
+# its CUDA C++ libraries from cutlass-headers -> cuda-libs).
 
 # ONNX Runtime that serves: 1.23.2 is the newest release with wheels for Python 3.10, the
 # python backend's interpreter in the Triton image below.
@@ -113,6 +114,33 @@ CMD ["tritonserver", \
      "--exit-on-error=true"]
 
 # ---------------------------------------------------------------------------------------------
+# cutlass-headers -> cuda-libs: the fused engine's CUDA C++ libraries, as
+# `engine/fused/cuda/build.sh lib small` builds them in a checkout: block-wise FP8 GEMMs
+# (`fp8_scaling="blocks"`) and the small-batch CUTLASS GEMMs that `cutlass_small_gemms="auto"`
+# picks for models of hidden size 1024 and up (BERT-large). sm_90a (Hopper) only, the CUDA
+# runtime linked statically; without them the engine runs its Triton kernels and says so.
+# The headers come from the nvidia-cutlass wheel (pip: a Python stage). nvcc is CUDA 13.0's,
+# the compiler the libraries are built and GPU-tested with (13.0.88); their static CUDA 13
+# runtime needs the same host driver (>= 580) as the CUDA 13 torch wheels below.
+FROM python:3.11-slim-bookworm AS cutlass-headers
+ARG CUTLASS_VERSION=4.2.0.0
+ENV PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    CUTLASS_VERSION=${CUTLASS_VERSION}
+WORKDIR /src
+COPY engine/fused/cuda/build.sh engine/fused/cuda/build.sh
+RUN engine/fused/cuda/build.sh headers \
+    && test -f build/cuda/cutlass/include/cutlass/cutlass.h
+
+FROM nvidia/cuda:13.0.1-devel-ubuntu24.04 AS cuda-libs
+WORKDIR /src
+COPY engine/fused/cuda/ engine/fused/cuda/
+COPY --from=cutlass-headers /src/build/cuda/cutlass/ build/cuda/cutlass/
+RUN engine/fused/cuda/build.sh lib small \
+    && test -s build/cuda/libqa_fp8_blockwise.so \
+    && test -s build/cuda/libqa_small_gemm.so
+
+# ---------------------------------------------------------------------------------------------
 # runtime-gpu (default target): adds the fused GPU engine's torch + OpenAI Triton.
 # torch 2.11.0 / triton 3.6.0 are the versions the fused engine is developed and benchmarked with
 # on the H200. Its PyPI wheels bundle their own CUDA 13 runtime (independent of the image's
@@ -128,6 +156,10 @@ RUN python3 -m pip install --no-cache-dir --index-url "${TORCH_INDEX_URL}" \
         "torch==${TORCH_VERSION}" \
         "triton==${TRITON_LANG_VERSION}" \
     && python3 -m pip install --no-cache-dir "safetensors==0.8.0"
+# Where the engine looks for them (engine/fused/native.py): build/cuda under /opt/qa.
+COPY --from=cuda-libs /src/build/cuda/libqa_fp8_blockwise.so \
+     /src/build/cuda/libqa_small_gemm.so \
+     build/cuda/
 ENV BERT_QA_ENGINE=fused \
     BERT_QA_DEVICE=cuda
 USER 10001:10001

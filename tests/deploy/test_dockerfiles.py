@@ -72,6 +72,8 @@ def test_pinned_images_are_the_documented_ones() -> None:
     assert stage(TRITON, "export").image == "python:3.11-slim-bookworm"
     assert stage(TRITON, "runtime-cpu").image == "nvcr.io/nvidia/tritonserver:24.10-py3"
     assert stage(TRITON, "runtime-gpu").image == "runtime-cpu"
+    assert stage(TRITON, "cutlass-headers").image == "python:3.11-slim-bookworm"
+    assert stage(TRITON, "cuda-libs").image == "nvidia/cuda:13.0.1-devel-ubuntu24.04"
     assert stages_of(TRITON)[-1].name == "runtime-gpu", "the default target is the GPU image"
 
 
@@ -251,3 +253,44 @@ def test_export_stage_installs_what_the_export_imports() -> None:
         pytest.fail("training/export_onnx.py is missing: the export stage runs it")
     graph = import_graph([entry], lazy=True)  # its parity check runs engine.reference
     assert_image_runs(graph, [stage(TRITON, "export")])
+
+
+def _build_outputs() -> dict[str, str]:
+    """``engine/fused/cuda/build.sh``'s targets -> the library each writes into build/cuda."""
+    text = (REPO / "engine/fused/cuda/build.sh").read_text()
+    arms = re.split(r"\n\s+(?=[a-z0-9-]+\) )", text.split('case "$t" in', 1)[1])
+    outputs = {}
+    for arm in arms:
+        target = re.match(r"([a-z0-9-]+)\) ", arm)
+        built = re.search(r'-o "\$out/(\S+)"', arm)
+        if target and built:
+            outputs[target.group(1)] = built.group(1)
+    return outputs
+
+
+def test_triton_gpu_image_ships_the_engines_cuda_libraries() -> None:
+    """The GPU image holds the libraries the fused engine loads (block-wise FP8, the
+    small-batch CUTLASS GEMMs) where it looks for them, built by the stage that runs
+    ``build.sh`` for exactly those targets on CUTLASS headers fetched by ``headers``."""
+    from engine.fused import cutlass_fp8, native, small_gemm
+
+    outputs = _build_outputs()
+    assert outputs["lib"] == cutlass_fp8.LIB_NAME and outputs["small"] == small_gemm.LIB_NAME
+    headers = stage(TRITON, "cutlass-headers")
+    assert any("build.sh headers" in i.args for i in headers.all("RUN"))
+    libs = stage(TRITON, "cuda-libs")
+    (build,) = [i for i in libs.all("RUN") if "build.sh" in i.args]
+    targets = re.search(r"build\.sh ([a-z0-9 -]+?)(?:\s*&&|$)", build.args)
+    assert targets and targets.group(1).split() == ["lib", "small"]
+    (from_headers,) = [i for i in libs.all("COPY") if "--from=cutlass-headers" in i.args]
+    assert from_headers.args.split()[-1] == "build/cuda/cutlass/"
+    gpu = stage(TRITON, "runtime-gpu")
+    (shipped,) = [i for i in gpu.all("COPY") if "--from=cuda-libs" in i.args]
+    *sources, dest = shipped.args.split()[1:]
+    assert sorted(Path(s).name for s in sources) == sorted([cutlass_fp8.LIB_NAME,
+                                                            small_gemm.LIB_NAME])
+    for source in sources:
+        assert f"test -s {source.removeprefix('/src/')}" in build.args
+    # /opt/qa is the repository root in the image: the engine's build/cuda resolves there.
+    assert stage(TRITON, "runtime-cpu").all("WORKDIR")[-1].args == "/opt/qa"
+    assert native.BUILD_DIR.relative_to(native.BUILD_DIR.parents[1]).as_posix() + "/" == dest

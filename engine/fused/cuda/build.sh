@@ -8,8 +8,11 @@
 #   build/cuda/libqa_small_gemm_bench.so benchmarks/cutlass/small_gemm.cu (with "small-bench")
 #   build/cuda/libqa_qkv_attention.so    benchmarks/cutlass/qkv_attention.cu (with "qkv-attn")
 # Needs nvcc from CUDA 12.8+ (NVCC=... to choose one), no GPU; the outputs run on a Hopper
-# GPU. Usage: engine/fused/cuda/build.sh [lib] [bench] [ffn1] [small] [small-bench] [qkv-attn]
-# (default: lib)
+# GPU. The CUTLASS headers land in build/cuda/cutlass first (python3 and pip, once); the
+# target "headers" stops there (no nvcc needed: docker/triton.Dockerfile fetches them in a
+# Python stage and compiles in a CUDA one).
+# Usage: engine/fused/cuda/build.sh [headers] [lib] [bench] [ffn1] [small] [small-bench]
+# [qkv-attn] (default: lib)
 set -euo pipefail
 repo="$(cd "$(dirname "$0")/../../.." && pwd)"
 out="$repo/build/cuda"
@@ -36,6 +39,7 @@ flags=(-std=c++17 -O3 -gencode arch=compute_90a,code=sm_90a --expt-relaxed-const
        -I"$out/cutlass/include" -I"$out/cutlass/tools/util/include")
 for t in "${targets[@]}"; do
   case "$t" in
+    headers) echo "CUTLASS headers in $out/cutlass" ;;
     lib) "$nvcc" "${flags[@]}" -shared -Xcompiler -fPIC -cudart static \
            -o "$out/libqa_fp8_blockwise.so" "$repo/engine/fused/cuda/fp8_blockwise.cu"
          echo "built $out/libqa_fp8_blockwise.so" ;;
@@ -55,6 +59,7 @@ for t in "${targets[@]}"; do
     qkv-attn) "$nvcc" "${flags[@]}" -shared -Xcompiler -fPIC -cudart static \
                 -o "$out/libqa_qkv_attention.so" "$repo/benchmarks/cutlass/qkv_attention.cu"
               echo "built $out/libqa_qkv_attention.so" ;;
-    *) echo "unknown target $t (lib, bench, ffn1, small, small-bench, qkv-attn)" >&2; exit 2 ;;
+    *) echo "unknown target $t (headers, lib, bench, ffn1, small, small-bench, qkv-attn)" >&2
+       exit 2 ;;
   esac
 done
