@@ -210,6 +210,8 @@ class FusedEngine:
         fp8_static_inputs = _gemm_names("fp8_static_inputs", fp8_static_inputs, GEMMS)
         cutlass_small_gemms = self._small_gemms(cutlass_small_gemms, weights,
                                                 deferred_ln_max_hidden, gemm_plans or {})
+        late_release = _gemm_names("late_release", late_release, LATE_RELEASE_KERNELS,
+                                   "kernels")
         self.options = EncodeOptions(
             fp8_out_dtype=(weights.dtype if weights.fp8_blocks  # the CUTLASS kernel: fp16/bf16
                            else rowwise_out_dtype(self.device, weights.dtype) if self.fp8
@@ -229,8 +231,7 @@ class FusedEngine:
             gemm_plans=tuple(sorted((gemm_plans or {}).items())),
             cutlass_small_gemms=tuple(g for g in small_gemm.GEMMS if g in cutlass_small_gemms),
             qkv_late_release_min_seqs=qkv_late_release_min_seqs,
-            late_release=tuple(k for k in LATE_RELEASE_KERNELS if k in _gemm_names(
-                "late_release", late_release, LATE_RELEASE_KERNELS, "kernels")),
+            late_release=tuple(k for k in LATE_RELEASE_KERNELS if k in late_release),
         )
         self.graph_staging = graph_staging
         self._graphs = self._new_graphs()
