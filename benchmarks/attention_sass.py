@@ -36,13 +36,11 @@ REPO = Path(__file__).resolve().parents[1]
 DEFAULT_MODULE = REPO / "engine" / "fused" / "kernels" / "attention.py"
 _SIGNATURE = {
     "qkv_ptr": "*fp16", "bias_ptr": "*fp16", "out_ptr": "*fp16", "cu_ptr": "*i32",
-    "scale_ptr": "*fp16", "tiles_ptr": "*i32", "ahead_ptr": "*fp16", "qk_scale": "fp32",
-    "stride_qkv": "i32", "stride_out": "i32", "D": "i32", "ahead_numel": "i32",
-    "HEAD_DIM": "constexpr", "BLOCK_DH": "constexpr",
+    "scale_ptr": "*fp16", "tiles_ptr": "*i32", "qk_scale": "fp32", "stride_qkv": "i32",
+    "stride_out": "i32", "D": "i32", "HEAD_DIM": "constexpr", "BLOCK_DH": "constexpr",
     "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "USE_PDL": "constexpr",
     "PREFETCH": "constexpr", "FP8_OUT": "constexpr", "TILED": "constexpr",
-    "SPLIT": "constexpr", "LATE_RELEASE": "constexpr", "AHEAD_CHUNKS": "constexpr",
-    "AHEAD_BYTES": "constexpr",
+    "SPLIT": "constexpr", "LATE_RELEASE": "constexpr",
 }
 _DIVISIBLE = ("qkv_ptr", "bias_ptr", "out_ptr", "cu_ptr", "scale_ptr", "tiles_ptr",
               "stride_qkv", "stride_out", "D")
@@ -110,8 +108,7 @@ def compile_stats(module: ModuleType, bm: int, bn: int, warps: int,
                     constexprs={"HEAD_DIM": 64, "BLOCK_DH": 64, "BLOCK_M": bm, "BLOCK_N": bn,
                                 "USE_PDL": False, "PREFETCH": False, "FP8_OUT": False,
                                 "TILED": True, "SPLIT": split,
-                                "LATE_RELEASE": False, "AHEAD_CHUNKS": 0,
-                                "AHEAD_BYTES": 2})
+                                "LATE_RELEASE": False})
     options: dict[str, object] = {"num_warps": warps, "num_stages": 3,
                                   "enable_fp_fusion": True}  # as the launcher does
     if maxnreg:

@@ -105,13 +105,12 @@ def install(lib_path: Path = DEFAULT_LIB, lib: Any = None) -> None:
     def folded_linear(x: Any, w: Any, colsum: Any, bias: Any, stats: Any, eps: float,
                       act: str | None = None, zero: Any = None, config: Any = None,
                       pdl: bool = False, prefetch: bool = False,
-                      late_release: bool = False, ahead: Any = None) -> Any:
+                      late_release: bool = False) -> Any:
         if ("folded" in FUSE and act is None and bias is None and w.shape[0] == 3 * x.shape[1]
                 and x.dtype == torch.float16 and supported(x.shape[0], x.shape[1], x.shape[1] // 64)):
             return placeholder(x, (x, w, colsum, stats, eps, zero, pdl))
         return tri_folded(x, w, colsum, bias, stats, eps, act=act, zero=zero, config=config,
-                          pdl=pdl, prefetch=prefetch, late_release=late_release,
-                          ahead=ahead)
+                          pdl=pdl, prefetch=prefetch, late_release=late_release)
 
     def linear(x: Any, w: Any, bias: Any = None, act: str | None = None, splits: int = 1,
                config: Any = None, pdl: bool = False, prefetch: bool = False,

@@ -101,8 +101,6 @@ QKV_LATE_RELEASE_MIN_SEQS: int | None = 2
 # LayerNorms ln1 (after the out-projection) and ln2 (after FFN2; the last layer's, which
 # feeds the QA head, has no successor to release).
 LATE_RELEASE_KERNELS = ("qkv", "attention", "out", "ln1", "ffn1", "ffn2", "ln2")
-# The deferred layer's kernels by the names ``EncodeOptions.prefetch_ahead`` takes.
-PREFETCH_AHEAD_KERNELS = ("qkv", "attention", "out", "ffn1", "ffn2")
 
 # Tiles and K splits of one GEMM: (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages[, loads]),
 # splits (``kernels.matmul.GemmConfig``; the optional ``loads`` only for ``linear``).
@@ -134,11 +132,7 @@ class EncodeOptions:
     of either small-batch layer (of ``LATE_RELEASE_KERNELS``) that do so in every batch:
     their Triton kernels let the next kernel launch after their main loop (the K loop;
     attention and the LayerNorms after their stores), not right after their wait. The
-    CUTLASS kernels keep their own placement. ``prefetch_ahead`` names kernels of the
-    deferred layer (of ``PREFETCH_AHEAD_KERNELS``) that pull the weight of the GEMM after
-    their successor into L2 (after their wait; the GEMMs after their K loop): QKV the
-    out-projection's, attention FFN1's, the out-projection FFN2's, FFN1 the next layer's
-    QKV, FFN2 the next layer's out-projection.
+    CUTLASS kernels keep their own placement.
     """
 
     fp8_out_dtype: torch.dtype | None = None
@@ -159,7 +153,6 @@ class EncodeOptions:
     cutlass_small_gemms: tuple[str, ...] = ()
     qkv_late_release_min_seqs: int | None = QKV_LATE_RELEASE_MIN_SEQS
     late_release: tuple[str, ...] = ()
-    prefetch_ahead: tuple[str, ...] = ()
 
 
 def _linear(x: torch.Tensor | None, xq: Quantized | None, lin: Linear,
@@ -362,16 +355,6 @@ def _encode_deferred(
     pf = pdl and opts.prefetch
     late = frozenset(opts.late_release)
     plans = dict(opts.gemm_plans)
-    n_layers = len(w.layers)
-
-    def ahead(kernel: str, i: int, weight: str) -> torch.Tensor | None:
-        """The weight that ``kernel`` of layer ``i`` pulls into L2, if it is asked to:
-        ``weight`` (qkv, out, ffn1, ffn2) of layer ``i`` (None past the last layer)."""
-        if not pdl or kernel not in opts.prefetch_ahead or i >= n_layers:
-            return None
-        assert w.folded is not None
-        return {"qkv": w.folded[i].qkv.weight, "out": w.layers[i].attn_out.weight,
-                "ffn1": w.folded[i].ffn_in.weight, "ffn2": w.layers[i].ffn_out.weight}[weight]
 
     def plan(name: str, n: int, k: int, kind: str) -> GemmPlan:
         return plans.get(name) or ops.deferred_plan(t, n, k, kind)
@@ -394,23 +377,20 @@ def _encode_deferred(
         p, q = i % 2, (i + 1) % 2  # this layer's scratch, the previous one's
         qkv = ops.folded_linear(z16, fold.qkv.weight, fold.qkv.colsum, None, z_sums[q], eps,
                                 zero=scratch[p], config=c_qkv, pdl=pdl, prefetch=pf,
-                                late_release="qkv" in late, ahead=ahead("qkv", i, "out"))
+                                late_release="qkv" in late)
         ctx = ops.attention_varlen(qkv, fold.qkv.bias, cu_seqlens, max_seqlen, n_seqs,
                                    cfg.num_heads, config=opts.attn_config, pdl=pdl,
-                                   prefetch=pf, late_release="attention" in late,
-                                   ahead=ahead("attention", i, "ffn1"))
+                                   prefetch=pf, late_release="attention" in late)
         y = ops.residual_linear(ctx, layer.attn_out.weight, layer.attn_out.bias, z32[q],
                                 z_sums[q], ln_g, ln_b, eps, y_sums[p], config=c_out, pdl=pdl,
-                                prefetch=pf, late_release="out" in late,
-                                ahead=ahead("out", i, "ffn2"))
+                                prefetch=pf, late_release="out" in late)
         h = ops.folded_linear(y, fold.ffn_in.weight, fold.ffn_in.colsum, fold.ffn_in.bias,
                               y_sums[p], eps, act=act, config=c_ff1, pdl=pdl, prefetch=pf,
-                              late_release="ffn1" in late, ahead=ahead("ffn1", i + 1, "qkv"))
+                              late_release="ffn1" in late)
         ops.residual_linear(h, layer.ffn_out.weight, layer.ffn_out.bias, y, y_sums[p],
                             layer.ln1_weight, layer.ln1_bias, eps, z_sums[p], out=z32[p],
                             out16=z16, counters=counters[p], splits=s_ff2, config=c_ff2,
-                            pdl=pdl, prefetch=pf, late_release="ffn2" in late,
-                            ahead=ahead("ffn2", i + 1, "out"))
+                            pdl=pdl, prefetch=pf, late_release="ffn2" in late)
         ln_g, ln_b = layer.ln2_weight, layer.ln2_bias
     return ops.layernorm_qa(z32[(len(w.layers) - 1) % 2], ln_g, ln_b, eps,  # type: ignore[no-any-return]
                             w.qa_weight, w.qa_bias, pdl=pdl)

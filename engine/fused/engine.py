@@ -44,7 +44,6 @@ from engine.fused.encoder import (
     FP8_MIN_TOKENS,
     FP8_STATIC_INPUTS,
     LATE_RELEASE_KERNELS,
-    PREFETCH_AHEAD_KERNELS,
     QKV_LATE_RELEASE_MIN_SEQS,
     SMALL_BATCH_MAX_TOKENS,
     EncodeOptions,
@@ -149,7 +148,6 @@ class FusedEngine:
         cutlass_small_gemms: Sequence[str] | str | None = "auto",
         qkv_late_release_min_seqs: int | None = QKV_LATE_RELEASE_MIN_SEQS,
         late_release: Sequence[str] | str | None = None,
-        prefetch_ahead: Sequence[str] | str | None = None,
     ) -> None:
         """FP8 weights (if packed) are used for batches of at least ``fp8_min_tokens``
         tokens, and once calibrated (:meth:`calibrating`) from ``fp8_calibrated_min_tokens``
@@ -186,9 +184,6 @@ class FusedEngine:
         ``late_release`` (of ``encoder.LATE_RELEASE_KERNELS``, or as text) names the
         small-batch layers' Triton kernels that let the next kernel launch only after
         their main loop, in every batch (an A/B knob; none by default).
-        ``prefetch_ahead`` (of ``encoder.PREFETCH_AHEAD_KERNELS``, or as text) names the
-        deferred small-batch layer's kernels that pull the weight of the GEMM after their
-        successor into L2 (an A/B knob; none by default).
         ``graph_buckets_per_octave``: token buckets per power of two of the
         graphs, itself a power of two (``packing.round_tokens``: padding under 1/that of
         the tokens from 64 x that many tokens up; more buckets pad less but capture more
@@ -217,8 +212,6 @@ class FusedEngine:
                                                 deferred_ln_max_hidden, gemm_plans or {})
         late_release = _gemm_names("late_release", late_release, LATE_RELEASE_KERNELS,
                                    "kernels")
-        prefetch_ahead = _gemm_names("prefetch_ahead", prefetch_ahead,
-                                     PREFETCH_AHEAD_KERNELS, "kernels")
         self.options = EncodeOptions(
             fp8_out_dtype=(weights.dtype if weights.fp8_blocks  # the CUTLASS kernel: fp16/bf16
                            else rowwise_out_dtype(self.device, weights.dtype) if self.fp8
@@ -239,7 +232,6 @@ class FusedEngine:
             cutlass_small_gemms=tuple(g for g in small_gemm.GEMMS if g in cutlass_small_gemms),
             qkv_late_release_min_seqs=qkv_late_release_min_seqs,
             late_release=tuple(k for k in LATE_RELEASE_KERNELS if k in late_release),
-            prefetch_ahead=tuple(k for k in PREFETCH_AHEAD_KERNELS if k in prefetch_ahead),
         )
         self.graph_staging = graph_staging
         self._graphs = self._new_graphs()

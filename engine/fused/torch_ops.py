@@ -190,7 +190,6 @@ def folded_linear(
     pdl: bool = False,
     prefetch: bool = False,
     late_release: bool = False,  # launch order: meaningless here
-    ahead: torch.Tensor | None = None,  # an L2 prefetch: meaningless here
 ) -> torch.Tensor:
     """``r * (x @ w^T - mean * colsum) (+ bias) (then act)`` = ``LN(x) @ W^T ...`` for a
     folded ``w`` (``engine.fused.folding``), moments from the rows' sums ``stats``;
@@ -224,7 +223,6 @@ def residual_linear(
     pdl: bool = False,
     prefetch: bool = False,
     late_release: bool = False,  # launch order: meaningless here
-    ahead: torch.Tensor | None = None,  # an L2 prefetch: meaningless here
 ) -> torch.Tensor:
     """``x @ w^T + bias + LN(residual)`` (moments from ``res_stats``): stored in ``x``'s
     dtype, or added into the float32 ``out`` with its copy in ``out16``; the result's
@@ -301,7 +299,6 @@ def attention_varlen(
     fp8_scale: torch.Tensor | None = None,
     tiles: object = None,  # the Triton kernel's tile list: meaningless here
     late_release: bool = False,  # launch order: meaningless here
-    ahead: torch.Tensor | None = None,  # an L2 prefetch: meaningless here
 ) -> torch.Tensor:
     n, three_d = qkv.shape
     d = three_d // 3

@@ -13,12 +13,10 @@ import triton.language as tl
 from engine.fused.fp8 import FP8_DTYPE
 from engine.fused.kernels.common import (
     LOG2E,
-    ahead_chunks,
     launch_options,
     pdl_enter,
     pdl_release,
     prefetch_l1,
-    prefetch_share_l2,
     to_e4m3,
 )
 
@@ -173,28 +171,22 @@ def attention_rows(
 
 @triton.jit
 def _attn_varlen_kernel(
-    qkv_ptr, bias_ptr, out_ptr, cu_ptr, scale_ptr, tiles_ptr, ahead_ptr,
-    qk_scale, stride_qkv, stride_out, D, ahead_numel,
+    qkv_ptr, bias_ptr, out_ptr, cu_ptr, scale_ptr, tiles_ptr,
+    qk_scale, stride_qkv, stride_out, D,
     HEAD_DIM: tl.constexpr, BLOCK_DH: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_PDL: tl.constexpr,
     PREFETCH: tl.constexpr, FP8_OUT: tl.constexpr, TILED: tl.constexpr,
-    SPLIT: tl.constexpr, LATE_RELEASE: tl.constexpr, AHEAD_CHUNKS: tl.constexpr,
-    AHEAD_BYTES: tl.constexpr,
+    SPLIT: tl.constexpr, LATE_RELEASE: tl.constexpr,
 ):
     """Grid (query blocks, sequences, heads), or with ``TILED`` (tile-list slots, heads).
     With ``USE_PDL`` the next kernel may launch right after the wait, or with
-    ``LATE_RELEASE`` once the program has stored its rows. ``AHEAD_CHUNKS``: after the
-    wait, each program asks L2 for its share of ``ahead_ptr[:ahead_numel]``."""
+    ``LATE_RELEASE`` once the program has stored its rows."""
     head = tl.program_id(1) if TILED else tl.program_id(2)
     if PREFETCH:  # this head's Q and V biases into L1 while the QKV GEMM still runs
         v = head * HEAD_DIM + tl.minimum(tl.arange(0, BLOCK_DH // 16) * 16, HEAD_DIM - 1)
         prefetch_l1(bias_ptr + v)
         prefetch_l1(bias_ptr + 2 * D + v)
     pdl_enter(USE_PDL, not LATE_RELEASE)
-    if AHEAD_CHUNKS > 0:
-        pid = tl.program_id(0) + tl.num_programs(0) * (
-            tl.program_id(1) + tl.num_programs(1) * tl.program_id(2))
-        prefetch_share_l2(ahead_ptr, ahead_numel, pid, AHEAD_CHUNKS, AHEAD_BYTES)
     if TILED:
         slot = tiles_ptr + tl.program_id(0) * 3
         start = tl.load(slot, cache_modifier=".cg")
@@ -335,7 +327,6 @@ def attention_varlen(
     tiles: AttnTiles | None = None,
     split: bool | None = None,
     late_release: bool = False,
-    ahead: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Bidirectional multi-head attention over packed sequences; returns [T, hidden], in
     ``qkv``'s dtype or, given ``fp8_scale`` (float32 [1], calibrated), in e4m3 with that
@@ -352,8 +343,6 @@ def attention_varlen(
     tail, with registers capped where programs outnumber what the multiprocessors hold
     (:func:`register_cap`); the output is the same. ``late_release`` (with ``pdl``) lets the
     next kernel launch only after each program's stores, not right after its wait.
-    ``ahead`` (a weight, e.g. of the GEMM after the next one): the programs pull it into
-    L2 between them after their wait.
     """
     n, three_d = qkv.shape
     d = three_d // 3
@@ -369,21 +358,16 @@ def attention_varlen(
     split = ATTN_SPLIT_LOOP if split is None else split
     grid = ((triton.cdiv(max_seqlen, bm), n_seqs, num_heads) if tiles is None
             else (tiles.slots.shape[0], num_heads))
-    programs = grid[0] * grid[1] * (grid[2] if len(grid) == 3 else 1)
-    cap = register_cap(programs, warps)
-    chunks = ahead_chunks(ahead.numel(), programs) if ahead is not None else 0
+    cap = register_cap(grid[0] * grid[1] * (grid[2] if len(grid) == 3 else 1), warps)
     maxnreg = {"maxnreg": cap} if split and cap else {}
     _attn_varlen_kernel[grid](
         qkv, qkv_bias, out, cu_seqlens, out if fp8_scale is None else fp8_scale,
-        cu_seqlens if tiles is None else tiles.slots, qkv if ahead is None else ahead,
+        cu_seqlens if tiles is None else tiles.slots,
         softmax_scale(head_dim), qkv.stride(0), out.stride(0), d,
-        ahead.numel() if ahead is not None else 0,
         HEAD_DIM=head_dim, BLOCK_DH=head_block(head_dim),
         BLOCK_M=bm, BLOCK_N=bn, USE_PDL=pdl, PREFETCH=pdl and prefetch,
         FP8_OUT=fp8_scale is not None, TILED=tiles is not None, SPLIT=split,
-        LATE_RELEASE=pdl and late_release, AHEAD_CHUNKS=chunks,
-        AHEAD_BYTES=ahead.element_size() if ahead is not None else 2,
-        num_warps=warps, num_stages=stages,
+        LATE_RELEASE=pdl and late_release, num_warps=warps, num_stages=stages,
         **launch_options(pdl), **maxnreg,
     )
     return out

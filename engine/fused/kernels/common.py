@@ -80,30 +80,6 @@ def prefetch_rows_l2(row_ptrs, nbytes, SHAPE: tl.constexpr):
     )
 
 
-# Elements per L2 prefetch of :func:`prefetch_share_l2` (4 KB of fp16).
-AHEAD_CHUNK = 2048
-_AHEAD_CHUNK = tl.constexpr(AHEAD_CHUNK)
-
-
-def ahead_chunks(numel: int, programs: int) -> int:
-    """Prefetches per program (a power of two) for ``programs`` programs to cover a span of
-    ``numel`` elements in ``AHEAD_CHUNK`` pieces (0 for an empty span)."""
-    if numel <= 0:
-        return 0
-    return int(triton.next_power_of_2(triton.cdiv(triton.cdiv(numel, AHEAD_CHUNK), programs)))
-
-
-@triton.jit
-def prefetch_share_l2(ptr, numel, pid, CHUNKS: tl.constexpr, W_BYTES: tl.constexpr):
-    """Program ``pid``'s share of ``ptr[:numel]`` (a weight no kernel writes) into L2:
-    ``CHUNKS`` consecutive pieces of ``AHEAD_CHUNK`` elements (the last ones clamped to the
-    span's end, so shares past it repeat it). ``numel`` at least one piece and a multiple
-    of 8, ``ptr`` 16-byte aligned."""
-    offs = tl.minimum((pid * CHUNKS + tl.arange(0, CHUNKS)) * _AHEAD_CHUNK,
-                      numel - _AHEAD_CHUNK)
-    prefetch_rows_l2(ptr + offs, _AHEAD_CHUNK * W_BYTES, [CHUNKS])
-
-
 @triton.jit
 def prefetch_l1(ptrs):
     """Ask this multiprocessor's L1 for the lines at ``ptrs`` (``prefetch.global.L1``): one

@@ -33,7 +33,6 @@ import triton
 import triton.language as tl
 
 from engine.fused.kernels.common import (
-    ahead_chunks,
     gelu,
     launch_options,
     layernorm_rows,
@@ -42,7 +41,6 @@ from engine.fused.kernels.common import (
     pdl_release,
     prefetch_l1,
     prefetch_rows_l2,
-    prefetch_share_l2,
 )
 from engine.fused.kernels.matmul import (
     LOADS_POINTER,
@@ -118,14 +116,13 @@ def epilogue_addend(bias_ptr, res_ptr, stats_ptr, g_ptr, b_ptr, offs_m, offs_n, 
 @triton.jit
 def _deferred_gemm_kernel(
     x_ptr, w_ptr, u_ptr, bias_ptr, out_ptr, out16_ptr, stats_ptr, stats_out_ptr, cnt_ptr,
-    res_ptr, res_g_ptr, res_b_ptr, zero_ptr, ahead_ptr,
-    M, N, K, k_split, zero_numel, eps, ahead_numel,
+    res_ptr, res_g_ptr, res_b_ptr, zero_ptr,
+    M, N, K, k_split, zero_numel, eps,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, FOLD_LN: tl.constexpr, GELU: tl.constexpr, TANH: tl.constexpr,
     HAS_BIAS: tl.constexpr, RESIDUAL: tl.constexpr, ATOMIC: tl.constexpr,
     STATS_OUT: tl.constexpr, ZERO: tl.constexpr, USE_PDL: tl.constexpr,
     PREFETCH: tl.constexpr, W_BYTES: tl.constexpr, LATE_RELEASE: tl.constexpr,
-    AHEAD_CHUNKS: tl.constexpr,
 ):
     """Output tile of ``x @ w^T`` over K slice ``program_id(1)``, then:
 
@@ -139,8 +136,7 @@ def _deferred_gemm_kernel(
     * ``ZERO``: then the programs zero ``zero_ptr[:zero_numel]`` (float32) between them.
 
     With ``USE_PDL`` the next kernel may launch right after the wait, or with
-    ``LATE_RELEASE`` after the K loop. ``AHEAD_CHUNKS``: after the K loop each program
-    asks L2 for its share of ``ahead_ptr[:ahead_numel]`` (a later GEMM's weight).
+    ``LATE_RELEASE`` after the K loop.
 
     Everything the epilogue reads is loaded after the K loop. Loading the bias and
     residual terms before it (to hide their latency) shortened the out-projection's step
@@ -173,9 +169,6 @@ def _deferred_gemm_kernel(
     acc = tile_product(x_ptr, w_ptr, M, N, K, k0, k_split, offs_m, offs_n, BLOCK_M, BLOCK_N,
                        BLOCK_K)
     pdl_release(LATE_RELEASE)
-    if AHEAD_CHUNKS > 0:
-        prefetch_share_l2(ahead_ptr, ahead_numel, pid + split * tl.num_programs(0),
-                          AHEAD_CHUNKS, W_BYTES)
     omask = rmask[:, None] & nmask[None, :]
     o_offs = offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
     y = acc
@@ -227,8 +220,7 @@ def deferred_plan(m: int, n: int, k: int, kind: str) -> tuple[GemmConfig, int]:
 
 def _launch(x, w, out, *, config, pdl, prefetch, u=None, bias=None, out16=None, stats=None,
             stats_out=None, counters=None, residual=None, res_gamma=None, res_beta=None,
-            zero=None, eps=0.0, act=None, splits=1, fold=False, late_release=False,
-            ahead=None) -> None:
+            zero=None, eps=0.0, act=None, splits=1, fold=False, late_release=False) -> None:
     m, k = x.shape
     n = w.shape[0]
     bm, bn, bk, warps, stages, loads = unpack_config(config)
@@ -247,16 +239,13 @@ def _launch(x, w, out, *, config, pdl, prefetch, u=None, bias=None, out16=None, 
 
     _deferred_gemm_kernel[(tiles, splits)](
         x, w, arg(u), arg(bias), out, arg(out16), arg(stats), arg(stats_out), arg(counters),
-        arg(residual), arg(res_gamma), arg(res_beta), arg(zero), arg(ahead),
+        arg(residual), arg(res_gamma), arg(res_beta), arg(zero),
         m, n, k, k // splits, zero.numel() if zero is not None else 0, eps,
-        ahead.numel() if ahead is not None else 0,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, FOLD_LN=fold,
         GELU=act is not None, TANH=act == "gelu_tanh", HAS_BIAS=bias is not None,
         RESIDUAL=residual is not None, ATOMIC=atomic, STATS_OUT=stats_out is not None,
         ZERO=zero is not None, USE_PDL=pdl, PREFETCH=pdl and prefetch,
-        W_BYTES=w.element_size(), LATE_RELEASE=pdl and late_release,
-        AHEAD_CHUNKS=ahead_chunks(ahead.numel(), tiles * splits) if ahead is not None else 0,
-        num_warps=warps,
+        W_BYTES=w.element_size(), LATE_RELEASE=pdl and late_release, num_warps=warps,
         num_stages=stages, **launch_options(pdl),
     )
 
@@ -274,23 +263,20 @@ def folded_linear(
     pdl: bool = False,
     prefetch: bool = False,
     late_release: bool = False,
-    ahead: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``LN(x) @ W^T (+ bias) (then act)`` in ``x``'s dtype, from un-normalised rows ``x``
     [M, K], their (sum, sum of squares) ``stats`` [M, 2] float32, and the folded weight
     ``w = W diag(gamma)`` with ``colsum`` its row sums (``engine.fused.folding``; ``bias``
     already holds ``W beta``). If given, also zeroes the float32 tensor ``zero`` (what
     later GEMMs of the layer accumulate into), after its own tile. ``late_release`` (with
-    ``pdl``) lets the next kernel launch only after each program's K loop. ``ahead`` (a
-    later GEMM's weight, in ``w``'s dtype): the programs pull it into L2 between them
-    after their K loops."""
+    ``pdl``) lets the next kernel launch only after each program's K loop."""
     if act not in (None, "gelu", "gelu_tanh"):
         raise ValueError(f"unknown activation {act!r}")
     m, n = x.shape[0], w.shape[0]
     out = torch.empty((m, n), device=x.device, dtype=x.dtype)
     _launch(x, w, out, u=colsum, bias=bias, stats=stats, zero=zero, eps=eps, act=act,
             config=config or deferred_plan(m, n, x.shape[1], "folded")[0], pdl=pdl,
-            prefetch=prefetch, fold=True, late_release=late_release, ahead=ahead)
+            prefetch=prefetch, fold=True, late_release=late_release)
     return out
 
 
@@ -312,7 +298,6 @@ def residual_linear(
     pdl: bool = False,
     prefetch: bool = False,
     late_release: bool = False,
-    ahead: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``v = x @ w^T + bias + LN(residual)`` (LN's moments from ``res_stats``, the rows'
     (sum, sum of squares)), whose rows' sums are added into ``stats_out`` [M, 2].
@@ -320,8 +305,8 @@ def residual_linear(
     Without ``out``: ``v`` stored in ``x``'s dtype (one K slice) and returned. With
     ``out`` (float32 [M, N], zeroed), ``out16`` ([M, N], model dtype) and ``counters``
     (int32, zeroed, one per output tile): ``v`` added into ``out`` over ``splits`` K
-    slices, its copy left in ``out16``; returns ``out16``. ``late_release`` and ``ahead``
-    as for :func:`folded_linear`.
+    slices, its copy left in ``out16``; returns ``out16``. ``late_release`` as for
+    :func:`folded_linear`.
     """
     m, n = x.shape[0], w.shape[0]
     if out is None:
@@ -336,7 +321,7 @@ def residual_linear(
     _launch(x, w, out, out16=out16, bias=bias, stats=res_stats, stats_out=stats_out,
             counters=counters, residual=residual, res_gamma=gamma, res_beta=beta, eps=eps,
             splits=splits, config=config or deferred_plan(m, n, x.shape[1], kind)[0],
-            pdl=pdl, prefetch=prefetch, late_release=late_release, ahead=ahead)
+            pdl=pdl, prefetch=prefetch, late_release=late_release)
     return out if out16 is None else out16
 
 
