@@ -14,6 +14,10 @@ with the first variant's.
 ``--dtype fp8`` builds the e4m3 engine; a variant's ``"fp8_scaling": "blocks"`` packs its
 own block-scaled weights, and ``"calibrate": true`` calibrates its static FP8 scales
 (``FusedEngine.calibrate``) on 256 other windows of the same lengths first.
+``"repeat_layers": N`` runs the model with its first N layers repeated up to its depth
+(the same tensors, so for small N the weights stay in L2 between uses): the time a pass
+would take if no weight had to come from HBM, an upper bound of any saving on the weight
+stream (its logits differ from the other variants', being another model's).
 ``--setup module:function`` calls that function once, before any engine is built (e.g.
 ``benchmarks.cutlass_small:install``, which swaps kernels that ``--set`` then picks per
 variant). ``--set NAME:module.ATTR=VALUE`` sets a module constant (a Python literal) while variant
@@ -54,6 +58,24 @@ def _variant(text: str) -> tuple[str, dict[str, Any]]:
     if not name or not isinstance(parsed, dict):
         raise argparse.ArgumentTypeError(f"expected NAME=JSON-object, got {text!r}")
     return name, _tuples(parsed)
+
+
+def repeated_layers(weights: Any, n: int) -> Any:
+    """``weights`` (``BertQAWeights``) with layer ``i`` replaced by layer ``i % n``, the
+    same tensors (folded and calibrated copies too); no flat storage, which holds distinct
+    layers."""
+    import dataclasses
+
+    depth = len(weights.layers)
+    if not 1 <= n <= depth:
+        raise ValueError(f"repeat_layers must be 1..{depth}, got {n}")
+
+    def cycle(per_layer: Any) -> Any:
+        return None if per_layer is None else tuple(per_layer[i % n] for i in range(depth))
+
+    return dataclasses.replace(weights, layers=cycle(weights.layers), flat=None,
+                               folded=cycle(weights.folded),
+                               calibrated=cycle(weights.calibrated))
 
 
 def _setting(text: str) -> tuple[str, str, str, Any]:
@@ -114,10 +136,12 @@ def main() -> None:
         opts = dict(opts)
         scaling = opts.pop("fp8_scaling", "rows")
         calibrate = opts.pop("calibrate", False)
+        repeat = opts.pop("repeat_layers", None)
         if scaling not in weights:
             weights[scaling] = make_ours(model, cfg, dtype=args.dtype,
                                          fp8_scaling=scaling).weights
-        engines[name] = FusedEngine(weights[scaling], "cuda",  # type: ignore[arg-type]
+        used = weights[scaling] if repeat is None else repeated_layers(weights[scaling], repeat)
+        engines[name] = FusedEngine(used, "cuda",  # type: ignore[arg-type]
                                     **{"max_graph_tokens": 65536, **opts})
         if calibrate:
             cal_rng = np.random.default_rng(6)

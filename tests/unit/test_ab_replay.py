@@ -168,3 +168,28 @@ def test_table_entries_need_every_round_faster() -> None:
     assert [e["measured"] for e in made] == [
         {"8 windows (100-120 tokens)": {"heuristic_ms": 10.0, "ms": 8.6}}]
 
+
+
+def test_repeated_layers_cycle_the_first_n_layers() -> None:
+    """``repeat_layers``: layer i becomes layer i % n, folded and calibrated copies alike
+    (the same tensors), without the flat storage of distinct layers."""
+    import dataclasses
+
+    from benchmarks.ab_replay import repeated_layers
+
+    @dataclasses.dataclass(frozen=True)
+    class W:  # the fields repeated_layers touches
+        layers: tuple[str, ...]
+        folded: tuple[str, ...] | None
+        calibrated: tuple[str, ...] | None
+        flat: object
+
+    w = W(("l0", "l1", "l2", "l3", "l4"), ("f0", "f1", "f2", "f3", "f4"), None, object())
+    r = repeated_layers(w, 2)
+    assert r.layers == ("l0", "l1", "l0", "l1", "l0")
+    assert r.folded == ("f0", "f1", "f0", "f1", "f0")
+    assert r.calibrated is None and r.flat is None
+    assert repeated_layers(w, 5).layers == w.layers
+    for bad in (0, 6):
+        with pytest.raises(ValueError, match="repeat_layers"):
+            repeated_layers(w, bad)
