@@ -1,7 +1,7 @@
 """Where one batch-1 forward pass spends its time: a CUPTI kernel trace of real passes.
 
     python benchmarks/trace_pass.py --out DIR [--shapes bert-base:1x128,bert-large:1x384]
-        [--dtype fp8 [--calibrate]] [--option KEY=VALUE ...]
+        [--dtype fp8 [--calibrate]] [--option KEY=VALUE ...] [--repeat-layers N]
 
 Each shape runs ``FusedEngine._run_device`` (what a call on device tensors pays per batch:
 one CUDA-graph launch whose first and last kernels stage the inputs and copy the logits
@@ -20,8 +20,11 @@ kernels (graph kernels are traced one by one) it reports:
   include the host's launch gaps between them, or the call table's two kernels ("call
   table") inside it.
 
-``--calibrate`` gives the engine static FP8 scales first (``FusedEngine.calibrate`` on
-256 windows of SQuAD dev lengths, not the traced ones). Writes
+``--repeat-layers N`` traces the model with its first N layers repeated to its depth
+(``ab_replay.repeated_layers``: with N = 1 its weights stay in L2, which shows what each
+kernel pays for its weight stream). ``--calibrate`` gives the engine static FP8 scales
+first (``FusedEngine.calibrate`` on 256 windows of SQuAD dev lengths, not the traced
+ones). Writes
 ``DIR/trace_<model>_<shape>.json`` (the raw kernel list of the last pass) and
 ``DIR/trace.md`` (one table per shape). Random weights; timings of a traced pass run a
 little slower than untraced ones.
@@ -75,7 +78,7 @@ def steps(kernels: list[dict[str, Any]]) -> dict[str, Any]:
 
 def trace_shape(name: str, batch: int, seq: int, options: dict[str, Any],
                 out: Path, mix: bool = False, dtype: str = "float16",
-                calibrate: bool = False) -> dict[str, Any]:
+                calibrate: bool = False, repeat_layers: int | None = None) -> dict[str, Any]:
     import numpy as np
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -93,13 +96,19 @@ def trace_shape(name: str, batch: int, seq: int, options: dict[str, Any],
         raise SystemExit(f"--calibrate needs fp8 (the {name} {batch}x{seq} item is {dtype})")
     model, cfg = make_hf(name)
     eng = make_ours(model, cfg, dtype=dtype, **options)
+    if repeat_layers is not None:
+        from benchmarks.ab_replay import repeated_layers
+        from engine.fused.engine import FusedEngine
+
+        eng = FusedEngine(repeated_layers(eng.weights, repeat_layers), "cuda", **options)
     rng = np.random.default_rng(4)
     if calibrate:
         eng.calibrate(*mix_windows(rng, 256))
     lengths = rng.choice(squad_lengths(), batch) if mix else None
     x = device_packed(*random_padded(rng, batch, seq, lengths))
     shape = (f"{batch}x{'mix' if mix else seq}" + ("" if dtype == "float16" else f"_{dtype}")
-             + ("_calibrated" if calibrate else ""))
+             + ("_calibrated" if calibrate else "")
+             + (f"_repeat{repeat_layers}" if repeat_layers is not None else ""))
     with torch.inference_mode():
         for _ in range(5):
             eng._run_device(*x)
@@ -157,6 +166,8 @@ def main() -> None:
                    help="static FP8 scales first (fp8 engines; see the docstring)")
     p.add_argument("--option", action="append", default=[],
                    help="FusedEngine keyword for every shape, KEY=VALUE (repeatable)")
+    p.add_argument("--repeat-layers", type=int, default=None,
+                   help="the first N layers repeated to the model's depth (see above)")
     args = p.parse_args()
     sys.path.insert(0, str(REPO))
     from engine.registry import _option_value
@@ -166,13 +177,14 @@ def main() -> None:
     from benchmarks.bench_gpu import parse_shapes
 
     results = [trace_shape(name, b, s, options, args.out, dtype=args.dtype,
-                           calibrate=args.calibrate)
+                           calibrate=args.calibrate, repeat_layers=args.repeat_layers)
                for name, b, s in (parse_shapes(args.shapes) if args.shapes else [])]
     for item in args.mix:
         name, windows, *dtype = item.split(":")
         results.append(trace_shape(name, int(windows), 384, options, args.out, mix=True,
                                    dtype=dtype[0] if dtype else "float16",
-                                   calibrate=args.calibrate))
+                                   calibrate=args.calibrate,
+                                   repeat_layers=args.repeat_layers))
     (args.out / "trace.md").write_text(markdown(results))
     print(markdown(results))
 
