@@ -76,6 +76,34 @@ def steps(kernels: list[dict[str, Any]]) -> dict[str, Any]:
             "by_kind": dict(sorted(per.items(), key=lambda kv: -kv[1]["step_us"]))}
 
 
+# Kernel kinds that make up the encoder layers (everything between the embeddings and the
+# last LayerNorm + QA head).
+_LAYER_KINDS = ("deferred-LN GEMM", "attention", "Triton GEMM", "cuBLAS GEMM", "residual LN",
+                "bias GELU")
+
+
+def layer_positions(kernels: list[dict[str, Any]], layers: int) -> list[dict[str, Any]]:
+    """Mean step and own time (us) of each kernel position within a layer: the layer
+    kernels (``_LAYER_KINDS``, in end order) cut into ``layers`` equal runs, position ``i``
+    named by its kind in the first layer (e.g. the deferred layer: QKV, attention,
+    out-projection, FFN1, FFN2 as "1 deferred-LN GEMM", "2 attention", ...). Empty if the
+    kernels do not divide evenly into ``layers``."""
+    ks = sorted(kernels, key=lambda e: e["ts"] + e["dur"])
+    step: list[tuple[str, float, float]] = []
+    prev_end = min(e["ts"] for e in ks) if ks else 0.0
+    for e in ks:
+        end = e["ts"] + e["dur"]
+        step.append((kind(e["name"]), end - prev_end, e["dur"]))
+        prev_end = end
+    ours = [t for t in step if t[0] in _LAYER_KINDS]
+    if not ours or len(ours) % layers:
+        return []
+    per = len(ours) // layers
+    return [{"position": f"{i + 1} {ours[i][0]}",
+             "step_us": sum(t[1] for t in ours[i::per]) / layers,
+             "own_us": sum(t[2] for t in ours[i::per]) / layers} for i in range(per)]
+
+
 def trace_shape(name: str, batch: int, seq: int, options: dict[str, Any],
                 out: Path, mix: bool = False, dtype: str = "float16",
                 calibrate: bool = False, repeat_layers: int | None = None) -> dict[str, Any]:
@@ -129,7 +157,8 @@ def trace_shape(name: str, batch: int, seq: int, options: dict[str, Any],
     path.write_text(json.dumps([{k: e[k] for k in ("name", "ts", "dur")} for e in last]))
     graph = [e for e in last if kind(e["name"]) != "copy/fill"]
     res = {"model": name, "shape": shape, "options": options, **steps(last),
-           "graph_span_us": steps(graph)["span_us"]}
+           "graph_span_us": steps(graph)["span_us"],
+           "per_layer": layer_positions(last, cfg.num_hidden_layers)}
     print(f"trace {name} {shape}: span {res['span_us']:.1f} us (graph "
           f"{res['graph_span_us']:.1f}), {res['kernels']} "
           "kernels; " + ", ".join(f"{k} {v['count']}x {v['step_us']:.1f}"
@@ -149,6 +178,12 @@ def markdown(results: list[dict[str, Any]]) -> str:
             lines.append(f"| {k} | {v['count']} | {v['step_us']:.1f} | "
                          f"{v['step_us'] / v['count']:.2f} | {v['own_us']:.1f} |")
         lines.append("")
+        if r.get("per_layer"):
+            lines += ["| position in a layer | step us (mean over layers) | own us |",
+                      "|---|---|---|"]
+            lines += [f"| {q['position']} | {q['step_us']:.2f} | {q['own_us']:.2f} |"
+                      for q in r["per_layer"]]
+            lines.append("")
     return "\n".join(lines)
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.trace_pass import kind, steps
+from benchmarks.trace_pass import kind, layer_positions, steps
 
 
 def test_kinds_of_kernel_names() -> None:
@@ -36,3 +36,21 @@ def test_steps_charge_overlap_and_gaps_to_the_later_kernel() -> None:
     assert by["attention"]["step_us"] == pytest.approx(1.5)
     assert sum(v["step_us"] for v in by.values()) == pytest.approx(res["span_us"])
     assert next(iter(by)) == "Triton GEMM"  # largest step total first
+
+
+def test_layer_positions_average_each_kernel_of_a_layer() -> None:
+    """Two layers of (GEMM, attention) between an embedding and a QA head kernel: each
+    position's mean step and own time over the layers; uneven runs give nothing."""
+    events = [
+        {"name": "_embed_sum_kernel", "ts": 0.0, "dur": 1.0},
+        {"name": "_deferred_gemm_kernel", "ts": 0.5, "dur": 3.0},   # step 2.5
+        {"name": "_attn_varlen_kernel", "ts": 3.0, "dur": 2.0},     # step 1.5
+        {"name": "_deferred_gemm_kernel", "ts": 4.0, "dur": 4.5},   # step 3.5
+        {"name": "_attn_varlen_kernel", "ts": 8.0, "dur": 2.5},     # step 2.0
+        {"name": "_layernorm_qa_kernel", "ts": 10.0, "dur": 1.0},
+    ]
+    pos = layer_positions(events, 2)
+    assert [q["position"] for q in pos] == ["1 deferred-LN GEMM", "2 attention"]
+    assert pos[0]["step_us"] == pytest.approx(3.0) and pos[0]["own_us"] == pytest.approx(3.75)
+    assert pos[1]["step_us"] == pytest.approx(1.75) and pos[1]["own_us"] == pytest.approx(2.25)
+    assert layer_positions(events, 3) == []
