@@ -76,9 +76,9 @@ def moments_of_sums(s1, s2, D, eps):
 @triton.jit
 def tile_product_f32(x_ptr, w_ptr, M, N, K, offs_m, offs_n, BLOCK_M: tl.constexpr,
                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """``(acc, sums)``: float32 ``x[offs_m] @ w[offs_n]^T`` over the whole K of float32
+    """``(acc, s1, s2)``: float32 ``x[offs_m] @ w[offs_n]^T`` over the whole K of float32
     rows ``x``, each tile converted to ``w``'s dtype for the dot (as a stored copy would
-    be), with the rows' sum and sum of squares of their float32 values ([BLOCK_M, 2]). Rows and columns
+    be), with the rows' sum and sum of squares of their float32 values. Rows and columns
     past the edge are clamped, activations loaded past L1 (``.cg``)."""
     offs_k = tl.arange(0, BLOCK_K)
     rows = tl.minimum(offs_m, M - 1).to(tl.int64)
@@ -96,10 +96,7 @@ def tile_product_f32(x_ptr, w_ptr, M, N, K, offs_m, offs_n, BLOCK_M: tl.constexp
         acc = tl.dot(a.to(b.dtype), tl.trans(b), acc)
         x_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
-    # One use per loop-carried sum: triton 3.6's thread-locality pass asserts that a sum
-    # reduced in a loop has exactly one use after it.
-    sums = tl.join(s1, s2)
-    return acc, sums
+    return acc, s1, s2
 
 
 @triton.jit
@@ -204,9 +201,8 @@ def _deferred_gemm_kernel(
     if ATOMIC:
         lead = (split == 0).to(tl.int32)
     if X_F32:
-        acc, sums = tile_product_f32(x_ptr, w_ptr, M, N, K, offs_m, offs_n, BLOCK_M, BLOCK_N,
-                                     BLOCK_K)
-        s1, s2 = tl.split(sums)
+        acc, s1, s2 = tile_product_f32(x_ptr, w_ptr, M, N, K, offs_m, offs_n, BLOCK_M, BLOCK_N,
+                                       BLOCK_K)
     else:
         acc = tile_product(x_ptr, w_ptr, M, N, K, k0, k_split, offs_m, offs_n, BLOCK_M,
                            BLOCK_N, BLOCK_K)
