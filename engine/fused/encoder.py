@@ -132,10 +132,7 @@ class EncodeOptions:
     of either small-batch layer (of ``LATE_RELEASE_KERNELS``) that do so in every batch:
     their Triton kernels let the next kernel launch after their main loop (the K loop;
     attention and the LayerNorms after their stores), not right after their wait. The
-    CUTLASS kernels keep their own placement. ``ffn2_fixup``: the deferred layer's FFN2
-    has each tile's last program store the fp16 copy of the summed rows and their row
-    sums for the next QKV; without it FFN2 only adds, and the next QKV reads the float32
-    rows and takes their sums in its K loop.
+    CUTLASS kernels keep their own placement.
     """
 
     fp8_out_dtype: torch.dtype | None = None
@@ -156,7 +153,6 @@ class EncodeOptions:
     cutlass_small_gemms: tuple[str, ...] = ()
     qkv_late_release_min_seqs: int | None = QKV_LATE_RELEASE_MIN_SEQS
     late_release: tuple[str, ...] = ()
-    ffn2_fixup: bool = True
 
 
 def _linear(x: torch.Tensor | None, xq: Quantized | None, lin: Linear,
@@ -377,11 +373,9 @@ def _encode_deferred(
                   w.position_embeddings, w.token_type_embeddings, z32[1], z16, z_sums[1],
                   pdl=pdl)
     ln_g, ln_b = w.emb_ln_weight, w.emb_ln_bias
-    fixup = opts.ffn2_fixup
     for i, (layer, fold) in enumerate(zip(w.layers, w.folded, strict=True)):
         p, q = i % 2, (i + 1) % 2  # this layer's scratch, the previous one's
-        qkv = ops.folded_linear(z16 if fixup else z32[q], fold.qkv.weight, fold.qkv.colsum,
-                                None, z_sums[q], eps,
+        qkv = ops.folded_linear(z16, fold.qkv.weight, fold.qkv.colsum, None, z_sums[q], eps,
                                 zero=scratch[p], config=c_qkv, pdl=pdl, prefetch=pf,
                                 late_release="qkv" in late)
         ctx = ops.attention_varlen(qkv, fold.qkv.bias, cu_seqlens, max_seqlen, n_seqs,
@@ -394,10 +388,8 @@ def _encode_deferred(
                               y_sums[p], eps, act=act, config=c_ff1, pdl=pdl, prefetch=pf,
                               late_release="ffn1" in late)
         ops.residual_linear(h, layer.ffn_out.weight, layer.ffn_out.bias, y, y_sums[p],
-                            layer.ln1_weight, layer.ln1_bias, eps,
-                            z_sums[p] if fixup else None, out=z32[p],
-                            out16=z16 if fixup else None,
-                            counters=counters[p] if fixup else None, splits=s_ff2, config=c_ff2,
+                            layer.ln1_weight, layer.ln1_bias, eps, z_sums[p], out=z32[p],
+                            out16=z16, counters=counters[p], splits=s_ff2, config=c_ff2,
                             pdl=pdl, prefetch=pf, late_release="ffn2" in late)
         ln_g, ln_b = layer.ln2_weight, layer.ln2_bias
     return ops.layernorm_qa(z32[(len(w.layers) - 1) % 2], ln_g, ln_b, eps,  # type: ignore[no-any-return]

@@ -192,12 +192,8 @@ def folded_linear(
     late_release: bool = False,  # launch order: meaningless here
 ) -> torch.Tensor:
     """``r * (x @ w^T - mean * colsum) (+ bias) (then act)`` = ``LN(x) @ W^T ...`` for a
-    folded ``w`` (``engine.fused.folding``), moments from the rows' sums ``stats`` (a
-    float32 ``x``: taken from ``x`` and stored there; the product of ``x`` rounded to
-    ``w``'s dtype); zeroes ``zero`` if given."""
-    if x.dtype == torch.float32:
-        stats.copy_(_row_sums(x))
-        x = x.to(w.dtype)
+    folded ``w`` (``engine.fused.folding``), moments from the rows' sums ``stats``;
+    zeroes ``zero`` if given."""
     mean, rstd = _moments(stats, x.shape[1], eps)
     y = rstd * (x.float() @ w.float().t() - mean * colsum.float())
     if bias is not None:
@@ -206,7 +202,7 @@ def folded_linear(
         y = gelu(y, tanh=act == "gelu_tanh")
     if zero is not None:
         zero.zero_()
-    return y.to(w.dtype)
+    return y.to(x.dtype)
 
 
 def residual_linear(
@@ -218,7 +214,7 @@ def residual_linear(
     gamma: torch.Tensor,
     beta: torch.Tensor,
     eps: float,
-    stats_out: torch.Tensor | None,
+    stats_out: torch.Tensor,
     out: torch.Tensor | None = None,
     out16: torch.Tensor | None = None,
     counters: torch.Tensor | None = None,
@@ -230,22 +226,17 @@ def residual_linear(
 ) -> torch.Tensor:
     """``x @ w^T + bias + LN(residual)`` (moments from ``res_stats``): stored in ``x``'s
     dtype, or added into the float32 ``out`` with its copy in ``out16``; the result's
-    row sums go into ``stats_out``. With ``out`` and neither ``out16`` nor
-    ``stats_out``: only added into ``out``, which is returned."""
+    row sums go into ``stats_out``."""
     mean, rstd = _moments(res_stats, residual.shape[1], eps)
     ln = (residual.float() - mean) * rstd * gamma.float() + beta.float()
     y = x.float() @ w.float().t() + bias.float() + ln
     if out is None:
-        if stats_out is None:
-            raise ValueError("a stored result needs `stats_out` for its row sums")
         stored = y.to(x.dtype)
         stats_out += _row_sums(stored.float())
         return stored
-    if (out16 is None) != (stats_out is None):
-        raise ValueError("`out16` and `stats_out` go together (the tiles' fix-up)")
+    if out16 is None:
+        raise ValueError("`out` needs an `out16` copy")
     out += y
-    if out16 is None or stats_out is None:
-        return out
     out16.copy_(out)
     stats_out += _row_sums(out)
     return out16

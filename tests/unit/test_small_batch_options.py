@@ -121,17 +121,3 @@ def test_late_release_option_is_checked(tiny: Any) -> None:
     assert FusedEngine(tiny, "cpu", backend="torch").options.late_release == ()
     with pytest.raises(ValueError, match="late_release: unknown kernels"):
         FusedEngine(tiny, "cpu", backend="torch", late_release=("qkv", "softmax"))
-
-
-def test_ffn2_without_fixup_gives_the_same_logits(tiny: Any) -> None:
-    """The deferred layer with FFN2 only adding (QKV reading the float32 rows and taking
-    their sums) against the default fix-up, through the torch spec backend."""
-    from engine.fused.engine import FusedEngine
-
-    ids = np.random.default_rng(8).integers(1, 100, (3, 20)).astype(np.int32)
-    batch = (ids, np.ones_like(ids), np.zeros_like(ids))
-    runs = [FusedEngine(tiny, "cpu", backend="torch", deferred_ln_max_hidden=48,
-                        ffn2_fixup=fixup).infer(*batch) for fixup in (True, False)]
-    for a, b in zip(*runs, strict=True):
-        assert np.abs(a - b).max() < 2e-2
-    assert FusedEngine(tiny, "cpu", backend="torch").options.ffn2_fixup

@@ -63,40 +63,9 @@ def row_moments(stats_ptr, offs_m, M, D, eps):
     rmask = offs_m < M
     s1 = tl.load(stats_ptr + 2 * offs_m, mask=rmask, other=0.0, cache_modifier=".cg")
     s2 = tl.load(stats_ptr + 2 * offs_m + 1, mask=rmask, other=0.0, cache_modifier=".cg")
-    return moments_of_sums(s1, s2, D, eps)
-
-
-@triton.jit
-def moments_of_sums(s1, s2, D, eps):
-    """(mean, 1/std) of rows from their (sum, sum of squares) over ``D``."""
     mean = s1 / D
-    return mean, 1.0 / tl.sqrt(tl.maximum(s2 / D - mean * mean, 0.0) + eps)
-
-
-@triton.jit
-def tile_product_f32(x_ptr, w_ptr, M, N, K, offs_m, offs_n, BLOCK_M: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
-    """``(acc, s1, s2)``: float32 ``x[offs_m] @ w[offs_n]^T`` over the whole K of float32
-    rows ``x``, each tile converted to ``w``'s dtype for the dot (as a stored copy would
-    be), with the rows' sum and sum of squares of their float32 values. Rows and columns
-    past the edge are clamped, activations loaded past L1 (``.cg``)."""
-    offs_k = tl.arange(0, BLOCK_K)
-    rows = tl.minimum(offs_m, M - 1).to(tl.int64)
-    cols = tl.minimum(offs_n, N - 1).to(tl.int64)
-    x_ptrs = x_ptr + rows[:, None] * K + offs_k[None, :]
-    w_ptrs = w_ptr + cols[:, None] * K + offs_k[None, :]
-    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
-    s1 = tl.zeros((BLOCK_M,), tl.float32)
-    s2 = tl.zeros((BLOCK_M,), tl.float32)
-    for _ in range(0, K, BLOCK_K):
-        a = tl.load(x_ptrs, cache_modifier=".cg")
-        s1 += tl.sum(a, axis=1)
-        s2 += tl.sum(a * a, axis=1)
-        b = tl.load(w_ptrs)
-        acc = tl.dot(a.to(b.dtype), tl.trans(b), acc)
-        x_ptrs += BLOCK_K
-        w_ptrs += BLOCK_K
-    return acc, s1, s2
+    rstd = 1.0 / tl.sqrt(tl.maximum(s2 / D - mean * mean, 0.0) + eps)
+    return mean, rstd
 
 
 @triton.jit
@@ -154,13 +123,10 @@ def _deferred_gemm_kernel(
     HAS_BIAS: tl.constexpr, RESIDUAL: tl.constexpr, ATOMIC: tl.constexpr,
     STATS_OUT: tl.constexpr, ZERO: tl.constexpr, USE_PDL: tl.constexpr,
     PREFETCH: tl.constexpr, W_BYTES: tl.constexpr, LATE_RELEASE: tl.constexpr,
-    X_F32: tl.constexpr,
 ):
     """Output tile of ``x @ w^T`` over K slice ``program_id(1)``, then:
 
-    * ``FOLD_LN``: ``r * (acc - mean * u)``, the rows' moments from ``stats_ptr`` or,
-      with ``X_F32`` (``x`` float32, one K slice), from the sums the K loop takes of
-      ``x``'s rows, which the programs of column tile 0 then store into ``stats_ptr``;
+    * ``FOLD_LN``: ``r * (acc - mean * u)``, the rows' moments from ``stats_ptr``;
     * ``HAS_BIAS`` / ``RESIDUAL`` (+ bias, + LN(res) with the moments of ``stats_ptr``;
       with ``ATOMIC`` in K slice 0 only), then ``GELU``;
     * ``ATOMIC``: add into float32 ``out``; with ``STATS_OUT`` the tile's last program
@@ -200,24 +166,14 @@ def _deferred_gemm_kernel(
     lead = 1  # 1 where this program adds bias and residual (ATOMIC: K slice 0 only), else 0
     if ATOMIC:
         lead = (split == 0).to(tl.int32)
-    if X_F32:
-        acc, s1, s2 = tile_product_f32(x_ptr, w_ptr, M, N, K, offs_m, offs_n, BLOCK_M, BLOCK_N,
-                                       BLOCK_K)
-    else:
-        acc = tile_product(x_ptr, w_ptr, M, N, K, k0, k_split, offs_m, offs_n, BLOCK_M,
-                           BLOCK_N, BLOCK_K)
+    acc = tile_product(x_ptr, w_ptr, M, N, K, k0, k_split, offs_m, offs_n, BLOCK_M, BLOCK_N,
+                       BLOCK_K)
     pdl_release(LATE_RELEASE)
     omask = rmask[:, None] & nmask[None, :]
     o_offs = offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
     y = acc
     if FOLD_LN:
-        if X_F32:
-            mean, rstd = moments_of_sums(s1, s2, K, eps)
-            if pid_n == 0:
-                tl.store(stats_ptr + 2 * offs_m, s1, mask=rmask)
-                tl.store(stats_ptr + 2 * offs_m + 1, s2, mask=rmask)
-        else:
-            mean, rstd = row_moments(stats_ptr, offs_m, M, K, eps)
+        mean, rstd = row_moments(stats_ptr, offs_m, M, K, eps)
         u = load_vector(u_ptr, offs_n, nmask)
         y = rstd[:, None] * (acc - mean[:, None] * u[None, :])
     y += epilogue_addend(bias_ptr, res_ptr, stats_ptr, res_g_ptr, res_b_ptr, offs_m, offs_n,
@@ -271,12 +227,9 @@ def _launch(x, w, out, *, config, pdl, prefetch, u=None, bias=None, out16=None, 
     if loads != LOADS_POINTER:
         raise ValueError("the deferred-LayerNorm GEMMs take pointer-load tiles only")
     check_k_split(k, splits, bk)
-    atomic = out.dtype == torch.float32
-    x_f32 = x.dtype == torch.float32
-    if x_f32 and not (fold and splits == 1):
-        raise ValueError("a float32 input is for the folded GEMMs, in one K slice")
+    atomic = out.dtype == torch.float32 and out16 is not None
     tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
-    if atomic and stats_out is not None and (counters is None or counters.numel() < tiles):
+    if atomic and (counters is None or counters.numel() < tiles):
         raise ValueError(f"split-K accumulation needs {tiles} zeroed tile counters")
     if m == 0:
         return
@@ -292,8 +245,7 @@ def _launch(x, w, out, *, config, pdl, prefetch, u=None, bias=None, out16=None, 
         GELU=act is not None, TANH=act == "gelu_tanh", HAS_BIAS=bias is not None,
         RESIDUAL=residual is not None, ATOMIC=atomic, STATS_OUT=stats_out is not None,
         ZERO=zero is not None, USE_PDL=pdl, PREFETCH=pdl and prefetch,
-        W_BYTES=w.element_size(), LATE_RELEASE=pdl and late_release, X_F32=x_f32,
-        num_warps=warps,
+        W_BYTES=w.element_size(), LATE_RELEASE=pdl and late_release, num_warps=warps,
         num_stages=stages, **launch_options(pdl),
     )
 
@@ -312,18 +264,16 @@ def folded_linear(
     prefetch: bool = False,
     late_release: bool = False,
 ) -> torch.Tensor:
-    """``LN(x) @ W^T (+ bias) (then act)`` in ``w``'s dtype, from un-normalised rows ``x``
+    """``LN(x) @ W^T (+ bias) (then act)`` in ``x``'s dtype, from un-normalised rows ``x``
     [M, K], their (sum, sum of squares) ``stats`` [M, 2] float32, and the folded weight
     ``w = W diag(gamma)`` with ``colsum`` its row sums (``engine.fused.folding``; ``bias``
-    already holds ``W beta``). A float32 ``x`` is rounded to ``w``'s dtype for the
-    product, and its rows' sums are taken on the way and stored into ``stats`` (not
-    read from it). If given, also zeroes the float32 tensor ``zero`` (what
+    already holds ``W beta``). If given, also zeroes the float32 tensor ``zero`` (what
     later GEMMs of the layer accumulate into), after its own tile. ``late_release`` (with
     ``pdl``) lets the next kernel launch only after each program's K loop."""
     if act not in (None, "gelu", "gelu_tanh"):
         raise ValueError(f"unknown activation {act!r}")
     m, n = x.shape[0], w.shape[0]
-    out = torch.empty((m, n), device=x.device, dtype=w.dtype)
+    out = torch.empty((m, n), device=x.device, dtype=x.dtype)
     _launch(x, w, out, u=colsum, bias=bias, stats=stats, zero=zero, eps=eps, act=act,
             config=config or deferred_plan(m, n, x.shape[1], "folded")[0], pdl=pdl,
             prefetch=prefetch, fold=True, late_release=late_release)
@@ -339,7 +289,7 @@ def residual_linear(
     gamma: torch.Tensor,
     beta: torch.Tensor,
     eps: float,
-    stats_out: torch.Tensor | None,
+    stats_out: torch.Tensor,
     out: torch.Tensor | None = None,
     out16: torch.Tensor | None = None,
     counters: torch.Tensor | None = None,
@@ -355,23 +305,17 @@ def residual_linear(
     Without ``out``: ``v`` stored in ``x``'s dtype (one K slice) and returned. With
     ``out`` (float32 [M, N], zeroed), ``out16`` ([M, N], model dtype) and ``counters``
     (int32, zeroed, one per output tile): ``v`` added into ``out`` over ``splits`` K
-    slices, its copy left in ``out16``; returns ``out16``. With ``out`` and neither
-    ``out16`` nor ``stats_out``: only added into ``out`` (its readers take the float32
-    sums and their row sums themselves: ``folded_linear``); returns ``out``. ``late_release`` as for
+    slices, its copy left in ``out16``; returns ``out16``. ``late_release`` as for
     :func:`folded_linear`.
     """
     m, n = x.shape[0], w.shape[0]
     if out is None:
         if splits != 1:
             raise ValueError("split-K needs a float32 `out` to accumulate into")
-        if stats_out is None:
-            raise ValueError("a stored result needs `stats_out` for its row sums")
         out = torch.empty((m, n), device=x.device, dtype=x.dtype)
         kind = "residual"
-    elif out.dtype != torch.float32 or out.shape != (m, n):
-        raise ValueError("`out` must be float32 [M, N]")
-    elif (out16 is None) != (stats_out is None):
-        raise ValueError("`out16` and `stats_out` go together (the tiles' fix-up)")
+    elif out.dtype != torch.float32 or out.shape != (m, n) or out16 is None:
+        raise ValueError("`out` must be float32 [M, N], with an `out16` copy")
     else:
         kind = "accumulate"
     _launch(x, w, out, out16=out16, bias=bias, stats=res_stats, stats_out=stats_out,
