@@ -133,6 +133,13 @@ RUN engine/fused/cuda/build.sh headers \
     && test -f build/cuda/cutlass/include/cutlass/cutlass.h
 
 FROM nvidia/cuda:13.0.1-devel-ubuntu24.04 AS cuda-libs
+# nvcc needs a host C++ compiler; the devel image's packages do not promise one. This stage
+# only compiles (nothing of it ships but the two .so files), so the compiler follows the
+# base image's Ubuntu release rather than a pinned version.
+# hadolint ignore=DL3008
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends g++ \
+    && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY engine/fused/cuda/ engine/fused/cuda/
 COPY --from=cutlass-headers /src/build/cuda/cutlass/ build/cuda/cutlass/
