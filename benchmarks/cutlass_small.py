@@ -110,13 +110,13 @@ def install(lib_path: Path = DEFAULT_LIB, lib: Any = None,
     triton_linear = kernels.linear
 
     def linear(x: Any, w: Any, bias: Any = None, act: str | None = None, splits: int = 1,
-               config: Any = None, pdl: bool = False, prefetch: bool = False,
-               late_release: bool = False) -> Any:
+               pdl: bool = False, **kw: Any) -> Any:
+        # The engine's other launch keywords (tiles, prefetch, release placement) pass
+        # through to Triton untouched, so new ones need no change here.
         kind = pass_kind(bias, act, splits)
         if (kind not in PASS_GEMMS or x.dtype != torch.float16 or w.dtype != torch.float16
                 or (bias is not None and bias.dtype != torch.float32)):
-            return triton_linear(x, w, bias, act=act, splits=splits, config=config, pdl=pdl,
-                                 prefetch=prefetch, late_release=late_release)
+            return triton_linear(x, w, bias, act=act, splits=splits, pdl=pdl, **kw)
         m, k = x.shape
         n = w.shape[0]
         out = (torch.empty((splits, m, n), device=x.device, dtype=torch.float32)

@@ -102,25 +102,23 @@ def install(lib_path: Path = DEFAULT_LIB, lib: Any = None) -> None:
         pending[out.data_ptr()] = args
         return out
 
+    # The engine's other launch keywords (tiles, prefetch, release placement) pass through
+    # to its kernels untouched, so new ones need no change here.
     def folded_linear(x: Any, w: Any, colsum: Any, bias: Any, stats: Any, eps: float,
-                      act: str | None = None, zero: Any = None, config: Any = None,
-                      pdl: bool = False, prefetch: bool = False,
-                      late_release: bool = False) -> Any:
+                      act: str | None = None, zero: Any = None, pdl: bool = False,
+                      **kw: Any) -> Any:
         if ("folded" in FUSE and act is None and bias is None and w.shape[0] == 3 * x.shape[1]
                 and x.dtype == torch.float16 and supported(x.shape[0], x.shape[1], x.shape[1] // 64)):
             return placeholder(x, (x, w, colsum, stats, eps, zero, pdl))
-        return tri_folded(x, w, colsum, bias, stats, eps, act=act, zero=zero, config=config,
-                          pdl=pdl, prefetch=prefetch, late_release=late_release)
+        return tri_folded(x, w, colsum, bias, stats, eps, act=act, zero=zero, pdl=pdl, **kw)
 
     def linear(x: Any, w: Any, bias: Any = None, act: str | None = None, splits: int = 1,
-               config: Any = None, pdl: bool = False, prefetch: bool = False,
-               late_release: bool = False) -> Any:
+               pdl: bool = False, **kw: Any) -> Any:
         if ("plain" in FUSE and bias is None and act is None and splits == 1
                 and w.shape[0] == 3 * x.shape[1] and x.dtype == torch.float16
                 and supported(x.shape[0], x.shape[1], x.shape[1] // 64)):
             return placeholder(x, (x, w, None, None, 0.0, None, pdl))
-        return tri_linear(x, w, bias, act=act, splits=splits, config=config, pdl=pdl,
-                          prefetch=prefetch, late_release=late_release)
+        return tri_linear(x, w, bias, act=act, splits=splits, pdl=pdl, **kw)
 
     def attention_varlen(qkv: Any, qkv_bias: Any, cu_seqlens: Any, max_seqlen: int,
                          n_seqs: int, num_heads: int, **kw: Any) -> Any:

@@ -58,21 +58,30 @@ def kind(name: str) -> str:
     return next((label for key, label in _KINDS if key in name), name[:40])
 
 
-def steps(kernels: list[dict[str, Any]]) -> dict[str, Any]:
-    """Span and per-kind step times (us) of one pass's kernels (``ts``/``dur`` in us)."""
+def kernel_steps(kernels: list[dict[str, Any]]) -> list[tuple[str, float, float]]:
+    """(kind, step, own time) of each kernel in end order, us: a kernel's step runs from
+    the previous kernel's end (the first one's start, for the first) to its own end."""
     ks = sorted(kernels, key=lambda e: e["ts"] + e["dur"])
-    start = min(e["ts"] for e in ks)
-    per: dict[str, dict[str, float]] = defaultdict(lambda: {"count": 0, "step_us": 0.0,
-                                                            "own_us": 0.0})
-    prev_end = start
+    prev_end = min((e["ts"] for e in ks), default=0.0)
+    out = []
     for e in ks:
         end = e["ts"] + e["dur"]
-        p = per[kind(e["name"])]
-        p["count"] += 1
-        p["step_us"] += end - prev_end
-        p["own_us"] += e["dur"]
+        out.append((kind(e["name"]), end - prev_end, e["dur"]))
         prev_end = end
-    return {"span_us": prev_end - start, "kernels": len(ks),
+    return out
+
+
+def steps(kernels: list[dict[str, Any]]) -> dict[str, Any]:
+    """Span and per-kind step times (us) of one pass's kernels (``ts``/``dur`` in us)."""
+    per: dict[str, dict[str, float]] = defaultdict(lambda: {"count": 0, "step_us": 0.0,
+                                                            "own_us": 0.0})
+    each = kernel_steps(kernels)
+    for name, step, own in each:
+        p = per[name]
+        p["count"] += 1
+        p["step_us"] += step
+        p["own_us"] += own
+    return {"span_us": sum(step for _, step, _ in each), "kernels": len(each),
             "by_kind": dict(sorted(per.items(), key=lambda kv: -kv[1]["step_us"]))}
 
 
@@ -88,14 +97,7 @@ def layer_positions(kernels: list[dict[str, Any]], layers: int) -> list[dict[str
     named by its kind in the first layer (e.g. the deferred layer: QKV, attention,
     out-projection, FFN1, FFN2 as "1 deferred-LN GEMM", "2 attention", ...). Empty if the
     kernels do not divide evenly into ``layers``."""
-    ks = sorted(kernels, key=lambda e: e["ts"] + e["dur"])
-    step: list[tuple[str, float, float]] = []
-    prev_end = min(e["ts"] for e in ks) if ks else 0.0
-    for e in ks:
-        end = e["ts"] + e["dur"]
-        step.append((kind(e["name"]), end - prev_end, e["dur"]))
-        prev_end = end
-    ours = [t for t in step if t[0] in _LAYER_KINDS]
+    ours = [t for t in kernel_steps(kernels) if t[0] in _LAYER_KINDS]
     if not ours or len(ours) % layers:
         return []
     per = len(ours) // layers

@@ -124,9 +124,9 @@ CMD ["tritonserver", \
 # runtime needs the same host driver (>= 580) as the CUDA 13 torch wheels below.
 FROM python:3.11-slim-bookworm AS cutlass-headers
 ARG CUTLASS_VERSION=4.2.0.0
+# (build.sh reads CUTLASS_VERSION; an ARG is in RUN's environment already.)
 ENV PIP_NO_CACHE_DIR=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1 \
-    CUTLASS_VERSION=${CUTLASS_VERSION}
+    PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 COPY engine/fused/cuda/build.sh engine/fused/cuda/build.sh
 RUN engine/fused/cuda/build.sh headers \

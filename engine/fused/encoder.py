@@ -209,7 +209,7 @@ def encode_packed(
     # 2026-11-30: BERT-large 1x384 1.479 ms with it, 1.218 without; mix -1 to -2%).
     pdl = small and opts.pdl and ops.pdl_available(input_ids)
     pf = pdl and opts.prefetch
-    late = frozenset(opts.late_release)
+    late = opts.late_release
     d, f = cfg.hidden_size, cfg.intermediate_size
     plans = dict(opts.gemm_plans)
 
@@ -353,7 +353,7 @@ def _encode_deferred(
     t = input_ids.shape[0]
     d, f = cfg.hidden_size, cfg.intermediate_size
     pf = pdl and opts.prefetch
-    late = frozenset(opts.late_release)
+    late = opts.late_release
     plans = dict(opts.gemm_plans)
 
     def plan(name: str, n: int, k: int, kind: str) -> GemmPlan:
