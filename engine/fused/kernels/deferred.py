@@ -55,6 +55,7 @@ from engine.fused.kernels.matmul import (
 from engine.fused.kernels.rows import _row_tile, embed_rows, qa_head_rows, row_block
 
 _ZERO_BLOCK = tl.constexpr(1024)  # float32 elements a program zeroes per step
+_PREFETCH_ROWS = tl.constexpr(256)  # W2 rows per step of the fused FFN's L2 prefetch
 
 
 @triton.jit
@@ -323,6 +324,153 @@ def residual_linear(
             splits=splits, config=config or deferred_plan(m, n, x.shape[1], kind)[0],
             pdl=pdl, prefetch=prefetch, late_release=late_release)
     return out if out16 is None else out16
+
+
+@triton.jit
+def _fused_ffn_kernel(
+    y_ptr, w1_ptr, u1_ptr, b1_ptr, y_stats_ptr, w2_ptr, b2_ptr, g1_ptr, be1_ptr,
+    z_ptr, z16_ptr, z_stats_ptr, cnt_ptr,
+    M, D, F, eps,
+    BLOCK_M: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, TANH: tl.constexpr,
+    USE_PDL: tl.constexpr, PREFETCH: tl.constexpr, W_BYTES: tl.constexpr,
+):
+    """One program: rows ``offs_m`` x hidden units ``offs_h`` of the whole FFN.
+
+    ``h = gelu(LN1(y) @ W1^T + b1)`` for its hidden slice (the folded-LayerNorm epilogue
+    of :func:`folded_linear`), rounded to the model dtype as FFN1 stores it, then
+    ``h @ W2[:, slice]^T`` for every BLOCK_N-wide output tile, added into the float32 ``z``
+    with atomics: FFN2's K split by hidden slice. The program whose index matches the tile
+    (``pid_h == tile % n_h``) adds bias and ``LN1(y)`` too. The output tiles form
+    ``GROUPS`` groups, each with a counter per row block: the program that completes a
+    group last reads it back, stores its model-dtype copy in ``z16`` and adds its row
+    sums into ``z_stats``. Programs walk the tiles and groups in an order rotated by
+    their hidden slice, so they do not all add into the same tile at once.
+    """
+    pid = tl.program_id(0)
+    n_m = tl.cdiv(M, BLOCK_M)
+    n_h = tl.num_programs(0) // n_m
+    pid_m = pid % n_m
+    pid_h = pid // n_m
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_h = pid_h * BLOCK_H + tl.arange(0, BLOCK_H)
+    hcols = tl.minimum(offs_h, F - 1).to(tl.int64)
+    if PREFETCH:  # both weight slices, never written by earlier kernels
+        prefetch_rows_l2(w1_ptr + hcols * D, D * W_BYTES, [BLOCK_H])
+        for r0 in range(0, D, _PREFETCH_ROWS):
+            rows = tl.minimum(r0 + tl.arange(0, _PREFETCH_ROWS), D - 1).to(tl.int64)
+            prefetch_rows_l2(w2_ptr + rows * F + pid_h * BLOCK_H, BLOCK_H * W_BYTES,
+                             [_PREFETCH_ROWS])
+        vec_at = tl.minimum(pid_h * BLOCK_H + tl.arange(0, BLOCK_H // 16) * 16, F - 1)
+        prefetch_l1(b1_ptr + vec_at)
+        prefetch_l1(u1_ptr + vec_at)
+    pdl_enter(USE_PDL)
+    rmask = offs_m < M
+    hmask = offs_h < F
+    acc = tile_product(y_ptr, w1_ptr, M, F, D, 0, D, offs_m, offs_h, BLOCK_M, BLOCK_H,
+                       BLOCK_K)
+    mean, rstd = row_moments(y_stats_ptr, offs_m, M, D, eps)
+    u = load_vector(u1_ptr, offs_h, hmask)
+    b = load_vector(b1_ptr, offs_h, hmask)
+    h = gelu(rstd[:, None] * (acc - mean[:, None] * u[None, :]) + b[None, :], TANH)
+    h = tl.where(hmask[None, :], h, 0.0).to(z16_ptr.dtype.element_ty)
+    n_tiles = tl.cdiv(D, BLOCK_N)
+    per_group = n_tiles // GROUPS
+    for gi in range(GROUPS):
+        g = (gi + pid_h) % GROUPS
+        for ji in range(per_group):
+            nt = g * per_group + (ji + pid_h) % per_group
+            offs_n = nt * BLOCK_N + tl.arange(0, BLOCK_N)
+            w2 = tl.load(w2_ptr + tl.minimum(offs_n, D - 1).to(tl.int64)[:, None] * F
+                         + hcols[None, :])
+            v = tl.dot(h, tl.trans(w2))
+            if pid_h == nt % n_h:
+                v += epilogue_addend(b2_ptr, y_ptr, y_stats_ptr, g1_ptr, be1_ptr, offs_m,
+                                     offs_n, M, D, eps, 1, True, True, BLOCK_M, BLOCK_N)
+            omask = rmask[:, None] & (offs_n < D)[None, :]
+            tl.atomic_add(z_ptr + offs_m.to(tl.int64)[:, None] * D + offs_n[None, :], v,
+                          mask=omask, sem="relaxed")
+        tl.debug_barrier()  # every thread's adds happen before the counter's release
+        done = tl.atomic_add(cnt_ptr + pid_m * GROUPS + g, 1, sem="acq_rel", scope="gpu")
+        if done == n_h - 1:  # the group's tiles are complete: read them back
+            for j in range(per_group):
+                offs_n = (g * per_group + j) * BLOCK_N + tl.arange(0, BLOCK_N)
+                omask = rmask[:, None] & (offs_n < D)[None, :]
+                o_offs = offs_m.to(tl.int64)[:, None] * D + offs_n[None, :]
+                zt = tl.load(z_ptr + o_offs, mask=omask, other=0.0, cache_modifier=".cg")
+                tl.store(z16_ptr + o_offs, zt.to(z16_ptr.dtype.element_ty), mask=omask)
+                add_row_sums(z_stats_ptr, zt, offs_m, rmask)
+
+
+def fused_ffn_plan(d: int) -> tuple[tuple[int, ...], int]:
+    """((BLOCK_M, BLOCK_H, BLOCK_K, BLOCK_N, warps, stages), groups) of :func:`fused_ffn`
+    for hidden size ``d``: FFN1's tiles as :func:`folded_linear` takes them (64x64, K
+    steps of 128 where they divide ``d``), 64-wide output tiles, two counter groups where
+    the tiles split evenly."""
+    bk = 128 if d % 128 == 0 else 64
+    groups = 2 if triton.cdiv(d, 64) % 2 == 0 else 1
+    return (64, 64, bk, 64, 4, 3), groups
+
+
+def fused_ffn(
+    y: torch.Tensor,
+    w1: torch.Tensor,
+    u1: torch.Tensor,
+    b1: torch.Tensor,
+    y_stats: torch.Tensor,
+    w2: torch.Tensor,
+    b2: torch.Tensor,
+    gamma1: torch.Tensor,
+    beta1: torch.Tensor,
+    eps: float,
+    z: torch.Tensor,
+    z16: torch.Tensor,
+    z_stats: torch.Tensor,
+    counters: torch.Tensor,
+    act: str = "gelu",
+    plan: tuple[tuple[int, ...], int] | None = None,
+    pdl: bool = False,
+    prefetch: bool = False,
+) -> torch.Tensor:
+    """The whole FFN of the deferred layer in one kernel: what :func:`folded_linear` (FFN1,
+    ``act``) then :func:`residual_linear` (FFN2 accumulating into ``z``) leave, i.e.
+    ``z += gelu(LN1(y) @ W1^T + b1) @ W2^T + b2 + LN1(y)`` with its copy in ``z16`` and its
+    rows' sums added into ``z_stats``; returns ``z16``. ``y`` holds un-normalised rows,
+    ``y_stats`` their (sum, sum of squares); ``w1``/``u1``/``b1`` are the folded FFN1
+    (``engine.fused.folding``), ``gamma1``/``beta1`` LN1's vectors for the residual.
+    ``z`` (float32) and ``counters`` (int32, at least row blocks x groups) must be zeroed.
+
+    ``plan`` = ((BLOCK_M, BLOCK_H, BLOCK_K, BLOCK_N, warps, stages), groups): each
+    program takes BLOCK_M rows and BLOCK_H hidden units (so FFN2's K is split
+    ``F / BLOCK_H`` ways), BLOCK_K is FFN1's K step, BLOCK_N the output tile width, and
+    ``groups`` (dividing the output tiles) the number of counters per row block
+    (default: :func:`fused_ffn_plan`).
+    """
+    if act not in ("gelu", "gelu_tanh"):
+        raise ValueError(f"unknown activation {act!r}")
+    m, d = y.shape
+    (bm, bh, bk, bn, warps, stages), groups = plan or fused_ffn_plan(d)
+    f = w1.shape[0]
+    if w2.shape != (d, f) or z.shape != (m, d) or z.dtype != torch.float32:
+        raise ValueError("fused_ffn needs w2 [D, F] and a float32 z [M, D]")
+    check_k_split(d, 1, bk)
+    n_tiles = triton.cdiv(d, bn)
+    if n_tiles % groups:
+        raise ValueError(f"{groups} groups do not divide {n_tiles} output tiles")
+    row_blocks = triton.cdiv(m, bm)
+    if counters.numel() < row_blocks * groups:
+        raise ValueError(f"fused_ffn needs {row_blocks * groups} zeroed counters")
+    if m == 0:
+        return z16
+    _fused_ffn_kernel[(row_blocks * triton.cdiv(f, bh),)](
+        y, w1, u1, b1, y_stats, w2, b2, gamma1, beta1, z, z16, z_stats, counters,
+        m, d, f, eps,
+        BLOCK_M=bm, BLOCK_H=bh, BLOCK_K=bk, BLOCK_N=bn, GROUPS=groups,
+        TANH=act == "gelu_tanh", USE_PDL=pdl, PREFETCH=pdl and prefetch,
+        W_BYTES=w1.element_size(), num_warps=warps, num_stages=stages,
+        **launch_options(pdl),
+    )
+    return z16
 
 
 @triton.jit
