@@ -334,6 +334,7 @@ def _fused_ffn_kernel(
     BLOCK_M: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_K: tl.constexpr,
     BLOCK_N: tl.constexpr, GROUPS: tl.constexpr, TANH: tl.constexpr,
     USE_PDL: tl.constexpr, PREFETCH: tl.constexpr, W_BYTES: tl.constexpr,
+    PREFETCH_W2: tl.constexpr,
 ):
     """One program: rows ``offs_m`` x hidden units ``offs_h`` of the whole FFN.
 
@@ -357,10 +358,11 @@ def _fused_ffn_kernel(
     hcols = tl.minimum(offs_h, F - 1).to(tl.int64)
     if PREFETCH:  # both weight slices, never written by earlier kernels
         prefetch_rows_l2(w1_ptr + hcols * D, D * W_BYTES, [BLOCK_H])
-        for r0 in range(0, D, _PREFETCH_ROWS):
-            rows = tl.minimum(r0 + tl.arange(0, _PREFETCH_ROWS), D - 1).to(tl.int64)
-            prefetch_rows_l2(w2_ptr + rows * F + pid_h * BLOCK_H, BLOCK_H * W_BYTES,
-                             [_PREFETCH_ROWS])
+        if PREFETCH_W2:
+            for r0 in range(0, D, _PREFETCH_ROWS):
+                rows = tl.minimum(r0 + tl.arange(0, _PREFETCH_ROWS), D - 1).to(tl.int64)
+                prefetch_rows_l2(w2_ptr + rows * F + pid_h * BLOCK_H, BLOCK_H * W_BYTES,
+                                 [_PREFETCH_ROWS])
         vec_at = tl.minimum(pid_h * BLOCK_H + tl.arange(0, BLOCK_H // 16) * 16, F - 1)
         prefetch_l1(b1_ptr + vec_at)
         prefetch_l1(u1_ptr + vec_at)
@@ -400,6 +402,11 @@ def _fused_ffn_kernel(
                 zt = tl.load(z_ptr + o_offs, mask=omask, other=0.0, cache_modifier=".cg")
                 tl.store(z16_ptr + o_offs, zt.to(z16_ptr.dtype.element_ty), mask=omask)
                 add_row_sums(z_stats_ptr, zt, offs_m, rmask)
+
+
+# Whether the fused FFN's programs also pull their W2 slice (D rows of BLOCK_H values, one
+# bulk prefetch per row) into L2 before their PDL wait.
+FUSED_FFN_PREFETCH_W2 = True
 
 
 def fused_ffn_plan(d: int) -> tuple[tuple[int, ...], int]:
@@ -467,8 +474,8 @@ def fused_ffn(
         m, d, f, eps,
         BLOCK_M=bm, BLOCK_H=bh, BLOCK_K=bk, BLOCK_N=bn, GROUPS=groups,
         TANH=act == "gelu_tanh", USE_PDL=pdl, PREFETCH=pdl and prefetch,
-        W_BYTES=w1.element_size(), num_warps=warps, num_stages=stages,
-        **launch_options(pdl),
+        W_BYTES=w1.element_size(), PREFETCH_W2=FUSED_FFN_PREFETCH_W2, num_warps=warps,
+        num_stages=stages, **launch_options(pdl),
     )
     return z16
 
