@@ -132,9 +132,7 @@ class EncodeOptions:
     of either small-batch layer (of ``LATE_RELEASE_KERNELS``) that do so in every batch:
     their Triton kernels let the next kernel launch after their main loop (the K loop;
     attention and the LayerNorms after their stores), not right after their wait. The
-    CUTLASS kernels keep their own placement. ``fused_ffn`` runs the deferred layer's FFN
-    as one kernel (``kernels.fused_ffn``; its plan is ``gemm_plans``' ``ffn``: tiles,
-    counter groups), not as FFN1 then FFN2.
+    CUTLASS kernels keep their own placement.
     """
 
     fp8_out_dtype: torch.dtype | None = None
@@ -155,7 +153,6 @@ class EncodeOptions:
     cutlass_small_gemms: tuple[str, ...] = ()
     qkv_late_release_min_seqs: int | None = QKV_LATE_RELEASE_MIN_SEQS
     late_release: tuple[str, ...] = ()
-    fused_ffn: bool = False
 
 
 def _linear(x: torch.Tensor | None, xq: Quantized | None, lin: Linear,
@@ -387,20 +384,13 @@ def _encode_deferred(
         y = ops.residual_linear(ctx, layer.attn_out.weight, layer.attn_out.bias, z32[q],
                                 z_sums[q], ln_g, ln_b, eps, y_sums[p], config=c_out, pdl=pdl,
                                 prefetch=pf, late_release="out" in late)
-        if opts.fused_ffn:
-            ops.fused_ffn(y, fold.ffn_in.weight, fold.ffn_in.colsum, fold.ffn_in.bias,
-                          y_sums[p], layer.ffn_out.weight, layer.ffn_out.bias,
-                          layer.ln1_weight, layer.ln1_bias, eps, z32[p], z16, z_sums[p],
-                          counters[p], act=act, plan=plans.get("ffn"), pdl=pdl, prefetch=pf)
-        else:
-            h = ops.folded_linear(y, fold.ffn_in.weight, fold.ffn_in.colsum,
-                                  fold.ffn_in.bias, y_sums[p], eps, act=act, config=c_ff1,
-                                  pdl=pdl, prefetch=pf, late_release="ffn1" in late)
-            ops.residual_linear(h, layer.ffn_out.weight, layer.ffn_out.bias, y, y_sums[p],
-                                layer.ln1_weight, layer.ln1_bias, eps, z_sums[p],
-                                out=z32[p], out16=z16, counters=counters[p], splits=s_ff2,
-                                config=c_ff2, pdl=pdl, prefetch=pf,
-                                late_release="ffn2" in late)
+        h = ops.folded_linear(y, fold.ffn_in.weight, fold.ffn_in.colsum, fold.ffn_in.bias,
+                              y_sums[p], eps, act=act, config=c_ff1, pdl=pdl, prefetch=pf,
+                              late_release="ffn1" in late)
+        ops.residual_linear(h, layer.ffn_out.weight, layer.ffn_out.bias, y, y_sums[p],
+                            layer.ln1_weight, layer.ln1_bias, eps, z_sums[p], out=z32[p],
+                            out16=z16, counters=counters[p], splits=s_ff2, config=c_ff2,
+                            pdl=pdl, prefetch=pf, late_release="ffn2" in late)
         ln_g, ln_b = layer.ln2_weight, layer.ln2_bias
     return ops.layernorm_qa(z32[(len(w.layers) - 1) % 2], ln_g, ln_b, eps,  # type: ignore[no-any-return]
                             w.qa_weight, w.qa_bias, pdl=pdl)

@@ -148,7 +148,6 @@ class FusedEngine:
         cutlass_small_gemms: Sequence[str] | str | None = "auto",
         qkv_late_release_min_seqs: int | None = QKV_LATE_RELEASE_MIN_SEQS,
         late_release: Sequence[str] | str | None = None,
-        fused_ffn: bool = False,
     ) -> None:
         """FP8 weights (if packed) are used for batches of at least ``fp8_min_tokens``
         tokens, and once calibrated (:meth:`calibrating`) from ``fp8_calibrated_min_tokens``
@@ -185,9 +184,6 @@ class FusedEngine:
         ``late_release`` (of ``encoder.LATE_RELEASE_KERNELS``, or as text) names the
         small-batch layers' Triton kernels that let the next kernel launch only after
         their main loop, in every batch (an A/B knob; none by default).
-        ``fused_ffn`` runs the FFN of the small-batch layer without LayerNorm kernels as
-        one kernel, FFN1 + GELU + FFN2 (``kernels.fused_ffn``; its plan is ``gemm_plans``'
-        ``"ffn"``: ((BLOCK_M, BLOCK_H, BLOCK_K, BLOCK_N, warps, stages), groups)).
         ``graph_buckets_per_octave``: token buckets per power of two of the
         graphs, itself a power of two (``packing.round_tokens``: padding under 1/that of
         the tokens from 64 x that many tokens up; more buckets pad less but capture more
@@ -236,7 +232,6 @@ class FusedEngine:
             cutlass_small_gemms=tuple(g for g in small_gemm.GEMMS if g in cutlass_small_gemms),
             qkv_late_release_min_seqs=qkv_late_release_min_seqs,
             late_release=tuple(k for k in LATE_RELEASE_KERNELS if k in late_release),
-            fused_ffn=fused_ffn,
         )
         self.graph_staging = graph_staging
         self._graphs = self._new_graphs()

@@ -242,33 +242,6 @@ def residual_linear(
     return out16
 
 
-def fused_ffn(
-    y: torch.Tensor,
-    w1: torch.Tensor,
-    u1: torch.Tensor,
-    b1: torch.Tensor,
-    y_stats: torch.Tensor,
-    w2: torch.Tensor,
-    b2: torch.Tensor,
-    gamma1: torch.Tensor,
-    beta1: torch.Tensor,
-    eps: float,
-    z: torch.Tensor,
-    z16: torch.Tensor,
-    z_stats: torch.Tensor,
-    counters: torch.Tensor,
-    act: str = "gelu",
-    plan: tuple[tuple[int, ...], int] | None = None,  # tiles: meaningless here
-    pdl: bool = False,
-    prefetch: bool = False,
-) -> torch.Tensor:
-    """FFN1 (folded LN1, bias, ``act``; rounded to ``y``'s dtype) then FFN2 added into
-    ``z`` with bias and ``LN1(y)``: :func:`folded_linear` then :func:`residual_linear`."""
-    h = folded_linear(y, w1, u1, b1, y_stats, eps, act=act)
-    return residual_linear(h, w2, b2, y, y_stats, gamma1, beta1, eps, z_stats, out=z,
-                           out16=z16, counters=counters)
-
-
 def layernorm_qa(
     z: torch.Tensor,
     gamma: torch.Tensor,

@@ -375,8 +375,7 @@ def test_graph_and_eager_agree_across_buckets() -> None:
                                      "seven_kernels_no_pdl", "seven_kernels_tma",
                                      "seven_kernels_cutlass", "seven_kernels_late_release",
                                      "seven_kernels_early_release", "late_release_all",
-                                     "seven_kernels_late_release_all", "fused_ffn",
-                                     "fused_ffn_wide_slices"])
+                                     "seven_kernels_late_release_all"])
 def test_small_batch_paths_agree(variant: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Batches of up to 512 tokens through the small-batch path (all-Triton GEMMs, no
     LayerNorm kernels, FFN2 split-K by atomics, PDL + L2 prefetch) agree with the
@@ -385,9 +384,8 @@ def test_small_batch_paths_agree(variant: str, monkeypatch: pytest.MonkeyPatch) 
     partials; also with every GEMM loading through TMA, or with QKV and FFN1 as CUTLASS
     kernels: ``cutlass_small_gemms``, skipped without its library; QKV letting attention
     launch only after its K loop at any batch, or never: ``qkv_late_release_min_seqs``;
-    every kernel of either layer releasing its successor late: ``late_release``;
-    the FFN as one kernel, with the default plan and with 128 hidden units a program and
-    a counter per two output tiles: ``fused_ffn``) and with the persistent
+    every kernel of either layer releasing its successor late: ``late_release``)
+    and with the persistent
     kernel, to fp16 rounding, over graph replays. Also checks an imposed attention tile."""
     from engine.fused import small_gemm
     from engine.fused.encoder import LATE_RELEASE_KERNELS
@@ -427,9 +425,6 @@ def test_small_batch_paths_agree(variant: str, monkeypatch: pytest.MonkeyPatch) 
         "late_release_all": {"late_release": LATE_RELEASE_KERNELS},
         "seven_kernels_late_release_all": {"deferred_ln_max_hidden": None,
                                            "late_release": LATE_RELEASE_KERNELS},
-        "fused_ffn": {"fused_ffn": True},
-        "fused_ffn_wide_slices": {"fused_ffn": True, "gemm_plans": {
-            "ffn": ((64, 128, 128, 64, 8, 3), 3)}},
     }[variant]
     other = FusedEngine(default.weights, "cuda", **{"small_batch_max_tokens": 512, **options})  # type: ignore[arg-type]
     rng = np.random.default_rng(13)

@@ -260,48 +260,6 @@ def _check_deferred(splits: int) -> tuple[float, float]:
     return max(errs), 1.0
 
 
-def _check_fused_ffn(plan: tuple[tuple[int, ...], int], act: str) -> tuple[float, float]:
-    """``kernels.fused_ffn`` (FFN1 + GELU + FFN2 in one kernel, atomics over hidden
-    slices, per-group counters) against a float64 reference of the two GEMMs it replaces
-    (h rounded to fp16 between them, as FFN1 stores it): ``z`` accumulated onto what it
-    held, its fp16 copy, the row sums added onto theirs, and every counter at the
-    number of hidden slices. M is no multiple of the row block."""
-    import torch
-
-    from engine.fused import kernels as k
-    from engine.fused.folding import fold_linear
-    from engine.fused.weights import Linear
-
-    g = torch.Generator().manual_seed(21)
-    m, d, f, eps = 45, 64, 128, 1e-5
-    (bm, bh, *_), groups = plan
-    y = (torch.randn(m, d, generator=g) * 2 + 0.5).half()
-    lin1 = Linear(torch.randn(f, d, generator=g).half() * 0.1, torch.randn(f, generator=g))
-    g1, be1 = torch.randn(d, generator=g), torch.randn(d, generator=g)
-    f1 = fold_linear(lin1, g1, be1)
-    w2 = torch.randn(d, f, generator=g).half() * 0.1
-    b2 = torch.randn(d, generator=g)
-    y_stats = _sums64(y).float()
-    start, stats0 = torch.randn(m, d, generator=g), torch.randn(m, 2, generator=g)
-    z, z16, z_stats = start.clone(), torch.empty(m, d).half(), stats0.clone()
-    row_blocks = -(-m // bm)
-    counters = torch.zeros(row_blocks * groups + 3, dtype=torch.int32)  # spare ones stay 0
-    out = k.fused_ffn(y, f1.weight, f1.colsum, f1.bias, y_stats, w2, b2, g1, be1, eps, z,
-                      z16, z_stats, counters, act=act, plan=plan)
-    ln = _ln64(y.double(), g1, be1, eps)
-    h = _gelu64(ln @ lin1.weight.double().t() + lin1.bias.double(), act == "gelu_tanh")
-    h16 = h.half().double()  # type: ignore[union-attr]
-    ref = start.double() + h16 @ w2.double().t() + b2.double() + ln
-    want = torch.zeros_like(counters)
-    want[: row_blocks * groups] = f // bh
-    # h is rounded to fp16 between the GEMMs: a float32 difference in FFN1 can flip one
-    # rounding (2**-11 of an h), which FFN2 carries into z at ~1e-4.
-    errs = [_rel(z, ref) / 5e-4, _rel(z16, ref) / _TOL["float16"],
-            _rel(z_stats, stats0.double() + _sums64(ref)) / 5e-4,
-            0.0 if out is z16 and bool((counters == want).all()) else math.inf]
-    return max(errs), 1.0
-
-
 def _check_residual_ln_qa() -> tuple[float, float]:
     import torch
 
@@ -628,16 +586,14 @@ def _check_fp8_static() -> tuple[float, float]:
 def _check_tiny_bert(dtype: str, small_batch: bool = True, splits: int | None = None,
                      deferred_ln: bool = True, fp8_scaling: str = "rows",
                      calibrate: bool = False,
-                     static: tuple[str, ...] | None = None,
-                     fused_ffn: bool = False) -> tuple[float, float]:
+                     static: tuple[str, ...] | None = None) -> tuple[float, float]:
     """The whole engine vs HF fp32. fp16 batches this small take the small-batch path
     (all-Triton GEMMs; ``splits`` imposes split-K on the attention-output and FFN2 GEMMs,
     FFN2 alone when ``deferred_ln``, which runs it without LayerNorm kernels) unless
     ``small_batch`` is off (cuBLAS-path code: torch.mm + epilogue kernels).
     ``fp8_scaling="blocks"`` needs widths in multiples of 128: hidden 128 then.
     ``calibrate``: calibrated per-tensor scales, from another batch, for the engine's
-    default GEMMs or those named in ``static`` (all four: attention writing e4m3).
-    ``fused_ffn``: the deferred layer's FFN as one kernel (tiles for hidden size 64)."""
+    default GEMMs or those named in ``static`` (all four: attention writing e4m3)."""
     import torch
 
     from engine.fused.engine import PAD_LOGIT, FusedEngine
@@ -648,8 +604,6 @@ def _check_tiny_bert(dtype: str, small_batch: bool = True, splits: int | None = 
         tiles = (64, 32, 32, 4, 2)
         plans = {"out": (tiles, splits), "ffn2": (tiles, splits), "qkv": (tiles, 1),
                  "ffn1": (tiles, 1)}
-    if fused_ffn:
-        plans = {**(plans or {}), "ffn": ((32, 32, 32, 32, 4, 2), 2)}
     engine = FusedEngine.from_state_dict(model.state_dict(), cfg, device="cpu",  # type: ignore[attr-defined]
                                          dtype=dtype, fp8_scaling=fp8_scaling,
                                          backend="triton", fp8_min_tokens=0,
@@ -657,7 +611,6 @@ def _check_tiny_bert(dtype: str, small_batch: bool = True, splits: int | None = 
                                          gemm_plans=plans,
                                          deferred_ln_max_hidden=1024 if deferred_ln else None,
                                          fp8_calibrated_min_tokens=0,
-                                         fused_ffn=fused_ffn,
                                          **({} if static is None
                                             else {"fp8_static_inputs": static}))
     assert engine.backend == "triton"
@@ -786,14 +739,9 @@ CASES: dict[str, Callable[[], tuple[float, float]]] = {
     "splitk_gemm_fp16_tma": lambda: _check_splitk("float16", loads=1),
     "deferred_ln_kernels": lambda: _check_deferred(1),
     "deferred_ln_kernels_3_splits": lambda: _check_deferred(3),
-    "fused_ffn_one_group": lambda: _check_fused_ffn(((16, 32, 32, 32, 4, 2), 1), "gelu"),
-    "fused_ffn_two_groups_tanh": lambda: _check_fused_ffn(((32, 64, 32, 16, 4, 2), 2),
-                                                          "gelu_tanh"),
-    "fused_ffn_tile_per_group": lambda: _check_fused_ffn(((16, 16, 64, 16, 4, 1), 4), "gelu"),
     "tiny_bert_fp32": lambda: _check_tiny_bert("float32"),
     "tiny_bert_fp16": lambda: _check_tiny_bert("float16"),
     "tiny_bert_fp16_splitk_2": lambda: _check_tiny_bert("float16", splits=2),
-    "tiny_bert_fp16_fused_ffn": lambda: _check_tiny_bert("float16", fused_ffn=True),
     "tiny_bert_fp16_seven_kernels": lambda: _check_tiny_bert("float16", deferred_ln=False),
     "tiny_bert_fp16_seven_kernels_splitk_2": lambda: _check_tiny_bert(
         "float16", splits=2, deferred_ln=False),

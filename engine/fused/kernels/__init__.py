@@ -16,8 +16,6 @@ Every kernel computes in float32 and reads/writes whatever float dtype its tenso
 ``embed_sum``                the embeddings' sum without LayerNorm, with row sums (``deferred``)
 ``folded_linear``            a GEMM reading un-normalised rows, the LayerNorm before it folded in
 ``residual_linear``          a GEMM + bias + LayerNorm'd residual, stored or added atomically
-``fused_ffn``                ``folded_linear`` (FFN1 + GELU) then the accumulating
-                             ``residual_linear`` (FFN2) as one kernel (``deferred``)
 ``layernorm_qa``             LayerNorm + QA head (the deferred path's last step; ``deferred``)
 ``stage_inputs``             a batch into a CUDA graph's input buffer, in one launch
 ``stage_from_table``         the same inside a graph, from the pinned call table
@@ -50,7 +48,6 @@ from engine.fused.kernels.deferred import (
     deferred_plan,
     embed_sum,
     folded_linear,
-    fused_ffn,
     layernorm_qa,
     residual_linear,
 )
@@ -91,7 +88,6 @@ __all__ = [
     "embed_sum",
     "encode_persistent",
     "folded_linear",
-    "fused_ffn",
     "gemm_config",
     "gemm_supported",
     "layernorm_qa",
