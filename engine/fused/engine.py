@@ -84,9 +84,9 @@ def parse_dtype(name: str, fp8: bool = False) -> tuple[torch.dtype, bool]:
     return _DTYPES[name], fp8
 
 
-def _gemm_names(option: str, value: Sequence[str] | str | None,
-                allowed: Sequence[str], what: str = "GEMMs") -> list[str]:
-    """An option naming GEMMs (or other ``what``), as a sequence or as text
+def _option_names(option: str, value: Sequence[str] | str | None,
+                  allowed: Sequence[str], what: str = "GEMMs") -> list[str]:
+    """An option naming GEMMs (or kernels, ``what``), as a sequence or as text
     (``"qkv,ffn_in"``; None or ``""``: none), checked against ``allowed``."""
     if value is None:
         return []
@@ -207,11 +207,11 @@ class FusedEngine:
         except (TypeError, ValueError) as exc:
             raise ValueError(f"graph_buckets_per_octave: {exc}") from exc
         self.max_tokens_per_pass = max_tokens_per_pass
-        fp8_static_inputs = _gemm_names("fp8_static_inputs", fp8_static_inputs, GEMMS)
+        fp8_static_inputs = _option_names("fp8_static_inputs", fp8_static_inputs, GEMMS)
         cutlass_small_gemms = self._small_gemms(cutlass_small_gemms, weights,
                                                 deferred_ln_max_hidden, gemm_plans or {})
-        late_release = _gemm_names("late_release", late_release, LATE_RELEASE_KERNELS,
-                                   "kernels")
+        late_release = _option_names("late_release", late_release, LATE_RELEASE_KERNELS,
+                                     "kernels")
         self.options = EncodeOptions(
             fp8_out_dtype=(weights.dtype if weights.fp8_blocks  # the CUTLASS kernel: fp16/bf16
                            else rowwise_out_dtype(self.device, weights.dtype) if self.fp8
@@ -250,7 +250,7 @@ class FusedEngine:
         Triton plan of its own) on models of hidden size ``AUTO_SMALL_GEMMS_MIN_HIDDEN`` and
         up, or none."""
         if value != "auto":
-            gemms = _gemm_names("cutlass_small_gemms", value, small_gemm.GEMMS)
+            gemms = _option_names("cutlass_small_gemms", value, small_gemm.GEMMS)
             if gemms:
                 self._check_small_gemms(gemms, weights, deferred_ln_max_hidden, gemm_plans)
             return gemms
