@@ -1,7 +1,7 @@
 """What float32 atomic adds into L2 cost on this GPU, by how many programs add into each
 address: the cost model behind split-K through atomics (the deferred layer's FFN2 adds
-4 K slices into each output tile; a one-kernel FFN would add one slice per hidden block,
-48 on BERT-base).
+4 K slices into each output tile; the one-kernel FFN tried in v19 added one slice per
+hidden block, 48 on BERT-base: ``engine/fused/NOTES.md``).
 
     python3 benchmarks/atomic_contention.py --out atomics.json
 
