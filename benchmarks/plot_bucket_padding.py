@@ -17,7 +17,6 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 REPO = Path(__file__).resolve().parents[1]
@@ -63,6 +62,7 @@ def main() -> None:
     import sys
 
     sys.path.insert(0, str(REPO))
+    from benchmarks.figures import save_figure
     from engine.fused.graphs import MAX_GRAPH_TOKENS
 
     results = json.loads(args.results.read_text())
@@ -70,9 +70,7 @@ def main() -> None:
     fig = plot(lines, MAX_GRAPH_TOKENS,
                f"{results['model']} {results['dtype']} (calibrated): eager passes vs CUDA "
                f"graphs\n{results['gpu']}, {results['date']}, commit {results['commit']}")
-    FigureCanvasAgg(fig)
-    fig.savefig(args.out, dpi=100)
-    print(f"wrote {args.out}")
+    save_figure(fig, args.out)
     for name, pts in lines.items():
         print(f"  {name:9s} " + "  ".join(f"{t:7.0f} tok {w:5.0f}/s" for t, w in pts))
 

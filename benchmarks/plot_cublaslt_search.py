@@ -17,7 +17,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 REPO = Path(__file__).resolve().parents[1]
@@ -70,15 +69,18 @@ def main() -> None:
     p.add_argument("--out", type=Path,
                    default=REPO / "benchmarks" / "cublaslt-search-2026-11-30.png")
     args = p.parse_args()
+    import sys
+
+    sys.path.insert(0, str(REPO))
+    from benchmarks.figures import save_figure
+
     searches = [json.loads(f.read_text()) for f in args.search or DEFAULT_SEARCHES]
     pts = points(searches)
     head = searches[-1]
     fig = plot(pts, f"cuBLASLt FP8 GEMMs of BERT-large, heuristic vs exhaustive search "
                     f"({head.get('gpu', '?')}, cuBLASLt {head.get('cublaslt_version', '?')}, "
                     f"{head.get('date', '?')})")
-    FigureCanvasAgg(fig)
-    fig.savefig(args.out, dpi=100)
-    print(f"wrote {args.out}")
+    save_figure(fig, args.out)
     for gemm, rows in pts.items():
         for r in rows:
             print(f"  {gemm:5s} {r['tokens']:5d} tokens: {r['heuristic']:6.2f} -> "

@@ -19,7 +19,6 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 REPO = Path(__file__).resolve().parents[1]
@@ -83,14 +82,17 @@ def main() -> None:
                    default=REPO / "benchmarks" / "gpu-2026-11-30-v11-accuracy-static-inputs.json")
     p.add_argument("--out", type=Path, default=REPO / "benchmarks" / "fp8-tradeoff-2026-11-30.png")
     args = p.parse_args()
+    import sys
+
+    sys.path.insert(0, str(REPO))
+    from benchmarks.figures import save_figure
+
     mix, accuracy = json.loads(args.mix.read_text()), json.loads(args.accuracy.read_text())
     pts = points(mix, accuracy)
     env = mix.get("env", {})
     fig = plot(pts, f"FP8 schemes: speed and accuracy ({env.get('gpu', '?')}, "
                     f"{env.get('date', '?')}, commit {env.get('commit', '?')})")
-    FigureCanvasAgg(fig)
-    fig.savefig(args.out, dpi=100)
-    print(f"wrote {args.out}")
+    save_figure(fig, args.out)
     for pt in pts:
         print(f"  {pt['label']:22s} {pt['per_s']:7.0f}/s  logit error "
               f"{statistics.mean(pt['errors']):.4f}  F1 loss {statistics.mean(pt['losses']):+.3f}")

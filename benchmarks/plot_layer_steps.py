@@ -17,7 +17,6 @@ import json
 import sys
 from pathlib import Path
 
-from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
 REPO = Path(__file__).resolve().parents[1]
@@ -61,6 +60,9 @@ def main() -> None:
     p.add_argument("--out", type=Path,
                    default=REPO / "benchmarks" / "layer-steps-2026-11-30.png")
     args = p.parse_args()
+    sys.path.insert(0, str(REPO))
+    from benchmarks.figures import save_figure
+
     steps = {}
     for shape in SHAPES:
         steps[f"{shape}, weights from HBM"] = layer_steps(Path(str(RECORDS).format(shape)))
@@ -68,9 +70,7 @@ def main() -> None:
             Path(str(RECORDS).format(f"{shape}-repeat1")))
     fig = plot(steps, "BERT-base fp16, deferred small-batch layer, kernel trace of real calls"
                       "\nNVIDIA H200, 2026-11-30 (v18), commit 8c02fd8")
-    FigureCanvasAgg(fig)
-    fig.savefig(args.out, dpi=100)
-    print(f"wrote {args.out}")
+    save_figure(fig, args.out)
     for label, values in steps.items():
         print(f"  {label:26s} " + "  ".join(f"{n} {v:.2f}" for n, v in zip(NAMES, values,
                                                                            strict=True)))
