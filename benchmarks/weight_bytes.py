@@ -35,7 +35,10 @@ from engine.fused.kernels.common import launch_options, pdl_enter
 from engine.fused.kernels.matmul import check_k_split, grouped_tile, prefetch_slices
 
 # weight dtypes; ``:indexed`` = the loop-index pointer form (:func:`_wq_gemm_kernel`);
-# ``@BMxBNxBK/warps/stages`` = other tiles than the shape's (e.g. ``float16@64x64x64/4/8``)
+# ``:wide`` = BLOCK_K doubled where the K slice holds it (the same bytes a stage at one
+# byte an element); ``@BMxBNxBK/warps/stages`` = other tiles than the shape's (e.g.
+# ``float16@64x64x64/4/8``). ``e4m3x`` is FP8 on both operands (activations too: one
+# e4m3 tensor scale), multiplied as e4m3 by the tensor cores, not converted.
 VARIANTS = ("float16", "float16:indexed", "int8", "e4m3", "e4m3:indexed")
 # name: (K, N, splits, (BM, BN, BK, warps, stages)) -- the engine's small_batch_plan at 128
 SHAPES: dict[str, tuple[int, int, int, tuple[int, ...]]] = {
@@ -50,10 +53,11 @@ SHAPES: dict[str, tuple[int, int, int, tuple[int, ...]]] = {
 def _wq_gemm_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, k_split,
                     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                     QUANT: tl.constexpr, PARTIAL: tl.constexpr, USE_PDL: tl.constexpr,
-                    W_BYTES: tl.constexpr, INDEXED: tl.constexpr):
+                    W_BYTES: tl.constexpr, INDEXED: tl.constexpr, CONVERT: tl.constexpr):
     """``x @ (w * s)^T`` for ``w`` [N, K] in fp16 or (QUANT) one byte with per-row scales
     ``s``: the engine's ``_gemm_kernel`` prologue (L2 weight prefetch, L1 scale prefetch,
-    PDL wait) and K loop, the weight tile converted to fp16 after its load. ``INDEXED``
+    PDL wait) and K loop, the weight tile converted to fp16 after its load (``CONVERT``;
+    without it both operands are e4m3 and ``s`` also holds the activation scale). ``INDEXED``
     takes each K step's pointers from the loop index instead of advancing carried pointer
     tensors (fewer 64-bit adds in the loop; v15 found the carried form costly in attention)."""
     pid = tl.program_id(0)
@@ -80,7 +84,7 @@ def _wq_gemm_kernel(x_ptr, w_ptr, s_ptr, out_ptr, M, N, K, k_split,
             b = tl.load(w_ptrs)
             x_ptrs += BK
             w_ptrs += BK
-        if QUANT:
+        if CONVERT:
             b = b.to(tl.float16)
         acc = tl.dot(a, tl.trans(b), acc)
     nmask = offs_n < N
@@ -112,14 +116,17 @@ def quantize(w: Any, dtype: str) -> tuple[Any, Any]:
 def gemm(x: Any, w: Any, s: Any, out: Any, splits: int, config: tuple[int, ...],
          pdl: bool = True, indexed: bool = False) -> None:
     """One launch of :func:`_wq_gemm_kernel` (``out`` [splits, M, N] float32 when split)."""
+    import torch
+
     m, k = x.shape
     n = w.shape[0]
     bm, bn, bk, warps, stages = config
     check_k_split(k, splits, bk)
     grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn), splits)
     _wq_gemm_kernel[grid](x, w, s, out, m, n, k, k // splits, BM=bm, BN=bn, BK=bk,
-                          QUANT=w.dtype != x.dtype, PARTIAL=splits > 1, USE_PDL=pdl,
-                          W_BYTES=w.element_size(), INDEXED=indexed, num_warps=warps,
+                          QUANT=w.dtype != torch.float16, PARTIAL=splits > 1, USE_PDL=pdl,
+                          W_BYTES=w.element_size(), INDEXED=indexed,
+                          CONVERT=w.dtype != x.dtype, num_warps=warps,
                           num_stages=stages, **launch_options(pdl))
 
 
@@ -155,15 +162,19 @@ def measure(tokens: int, steps: int, rounds: int, reps: int, shapes: list[str],
             dtype, _, form = head.partition(":")
             indexed = form == "indexed"
             cfg = parse_config(tiles) if tiles else config
-            ws = [quantize(torch.randn(n, k, device="cuda", generator=gen) * 0.02, dtype)
-                  for _ in range(steps)]
+            if form == "wide" and (k // splits) % (2 * cfg[2]) == 0:
+                cfg = (cfg[0], cfg[1], 2 * cfg[2], *cfg[3:])
+            both = dtype == "e4m3x"
+            xs = x.to(torch.float8_e4m3fn) if both else x
+            ws = [quantize(torch.randn(n, k, device="cuda", generator=gen) * 0.02,
+                           "e4m3" if both else dtype) for _ in range(steps)]
             w0, s0 = ws[0]
-            ref = x.float() @ (w0.float() * s0[:, None]).t()
-            gemm(x, w0, s0, dst, splits, cfg, pdl=False, indexed=indexed)
+            ref = xs.float() @ (w0.float() * s0[:, None]).t()
+            gemm(xs, w0, s0, dst, splits, cfg, pdl=False, indexed=indexed)
             got = dst.float().sum(0) if splits > 1 else dst.float()
             check[variant] = float((got - ref).abs().max() / ref.abs().max())
             runs[variant] = capture_graph(
-                functools.partial(chain, x, ws, dst, splits, cfg, indexed), 1).replay
+                functools.partial(chain, xs, ws, dst, splits, cfg, indexed), 1).replay
         times = interleaved(runs, rounds, reps, timer=cuda_ms)
         us = {d: statistics.median(t) * 1e3 / steps for d, t in times.items()}
         out[name] = {"k": k, "n": n, "splits": splits, "config": list(config),
