@@ -75,7 +75,8 @@ def repeated_layers(weights: Any, n: int) -> Any:
 
     return dataclasses.replace(weights, layers=cycle(weights.layers), flat=None,
                                folded=cycle(weights.folded),
-                               calibrated=cycle(weights.calibrated))
+                               calibrated=cycle(weights.calibrated),
+                               folded8=cycle(weights.folded8))
 
 
 def _setting(text: str) -> tuple[str, str, str, Any]:

@@ -32,6 +32,10 @@ token and its weight per output channel (quantized by torch ops: an accuracy abl
 a fast path): whether FP8 itself, rather than a static scale, costs at that GEMM.
 ``calibrated_attn_w8`` / ``_x8`` round only the out-projection's weight / only its input
 to e4m3 that way and multiply in float32: which operand's rounding costs there.
+``deferred8`` is calibrated, with the deferred small-batch layer's QKV, FFN1 and FFN2 on
+e4m3 operands (``fp8_deferred``; the large path never runs: run it with
+``--max-seq-len 128 --window-batch 1`` so that every window is one small batch, and
+compare it with ``fp16`` in the same run, which then runs the 16-bit deferred layer).
 ``calibrated_attn_fp8`` is the calibrated default with attention itself on FP8 operands
 (:func:`fp8_attention`, emulated in float32): what an FP8 attention kernel would cost in
 accuracy before one is written; ``_qkv`` / ``_p`` round only Q, K and V / only the
@@ -41,7 +45,9 @@ Ends with a table: mean and spread over the grids, against the fp32 reference's 
 ``--device cpu`` runs the same protocol on the CPU (the engine's torch ops: FP8 GEMMs as
 dequantized float32 math, without the GPU's fast accumulation), for comparisons between
 schemes where no GPU is at hand; ``--f1-questions N`` scores F1 on the first N dev
-questions only (reference and schemes alike).
+questions only (reference and schemes alike). ``--max-seq-len`` windows the questions
+(overlap a third of it; default 384 with 128) and ``--window-batch`` is how many windows
+each call takes (default 64), for the logit error and F1 alike.
 """
 
 from __future__ import annotations
@@ -62,21 +68,21 @@ REPO = Path(__file__).resolve().parents[1]
 SCHEMES = ("fp16", "rows", "rows_exact", "rows_wtensor", "calibrated", "calibrated_exact",
            "calibrated_erf", "calibrated_attn_rows", "calibrated_attn_w8", "calibrated_attn_x8",
            "calibrated_attn_fp8", "calibrated_attn_fp8_qkv", "calibrated_attn_fp8_p",
-           "calibrated_attn_fp8_fine")
+           "calibrated_attn_fp8_fine", "deferred8")
 
 
-def _windows(path: Path, questions: int, batch: int) -> list[tuple[Any, Any, Any]]:
+def _windows(path: Path, questions: int, batch: int, spec: Any) -> list[tuple[Any, Any, Any]]:
     """Padded ``[windows, seq]`` batches of the first ``questions`` questions' windows."""
     import numpy as np
 
     from benchmarks.bench_gpu import CHECKPOINT
-    from service.windowing import QATokenizer, WindowSpec
+    from service.windowing import QATokenizer
     from training.features import encoded_groups
     from training.squad import load_examples
 
     tok = QATokenizer.from_dir(CHECKPOINT)
-    wins = [w for _, w in encoded_groups(load_examples(path)[:questions], tok,
-                                          WindowSpec(max_seq_len=384, overlap=128), "predict")]
+    wins = [w for _, w in encoded_groups(load_examples(path)[:questions], tok, spec,
+                                          "predict")]
     out = []
     for i in range(0, len(wins), batch):
         group = wins[i:i + batch]
@@ -126,7 +132,32 @@ def _regrid(weights: Any, factor: float, rows_per_tensor: bool = False) -> Any:
             lins[name] = replace(getattr(c, name), w8=w8, w_scale=scale.reshape(1))
         cal.append(replace(c, **lins))
     return replace(weights, layers=tuple(layers),
-                   calibrated=tuple(cal) if weights.calibrated is not None else None)
+                   calibrated=tuple(cal) if weights.calibrated is not None else None,
+                   folded8=_regrid_deferred(weights, factor))
+
+
+def _regrid_deferred(weights: Any, factor: float) -> Any:
+    """``weights.folded8`` with its three e4m3 weights per layer re-rounded on a grid
+    ``factor`` times coarser (one scale per tensor), the input scales kept."""
+    from engine.fused.folding import FoldedFP8
+
+    if weights.folded8 is None:
+        return None
+
+    def refold(old: Any, w: Any, x_scale: Any) -> Any:
+        w8, scale = _rounded(w, w.shape[0], factor)
+        scale = scale.reshape(1)
+        return FoldedFP8(w8=w8, scale=(x_scale * scale).contiguous(),
+                         colsum=(w8.float() * scale).sum(1).contiguous())
+
+    out = []
+    for d8, fold, ly in zip(weights.folded8, weights.folded, weights.layers, strict=True):
+        w2, s2 = _rounded(ly.ffn_out.weight, ly.ffn_out.weight.shape[0], factor)
+        out.append(replace(
+            d8, qkv=refold(d8.qkv, fold.qkv.weight, 1.0 / d8.qkv_inv),
+            ffn_in=refold(d8.ffn_in, fold.ffn_in.weight, 1.0 / d8.ffn_in_inv), ffn_out_w8=w2,
+            ffn_out_scale=(s2.reshape(1) / d8.ffn_out_inv).contiguous()))
+    return tuple(out)
 
 
 def _static_inputs(scheme: str) -> tuple[str, ...] | None:
@@ -208,6 +239,8 @@ def main() -> None:
     p.add_argument("--device", default="cuda", help="cuda, or cpu (see the docstring)")
     p.add_argument("--f1-questions", type=int, default=0,
                    help="score F1 on the first N dev questions (0: all)")
+    p.add_argument("--max-seq-len", type=int, default=384, help="window length (tokens)")
+    p.add_argument("--window-batch", type=int, default=64, help="windows per call")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
     sys.path.insert(0, str(REPO))
@@ -234,21 +267,23 @@ def main() -> None:
     from training.squad import load_examples, score
 
     tok = QATokenizer.from_dir(CHECKPOINT)
-    spec, decode = WindowSpec(max_seq_len=384, overlap=128), DecodeSpec()
+    spec = WindowSpec(max_seq_len=args.max_seq_len, overlap=args.max_seq_len // 3)
+    decode, wb = DecodeSpec(), args.window_batch
     dev = load_examples(DEV_SET)
     if args.f1_questions:
         dev = dev[:args.f1_questions]
-    batches = _windows(DEV_SET, args.questions, 64)
+    batches = _windows(DEV_SET, args.questions, wb, spec)
     device = args.device
     ref_engine = load_engine("reference", CHECKPOINT, device=device, dtype="float32")
     refs = [ref_engine.infer(*b) for b in batches]
     ref_f1 = score(dev, {k: t for k, (t, _) in predict_with_margins(
-        dev, tok, ref_engine.infer, spec, decode, 64).items()})
+        dev, tok, ref_engine.infer, spec, decode, wb).items()})
     del ref_engine
     result: dict[str, Any] = {
         "gpu": torch.cuda.get_device_name() if device == "cuda" else "cpu",
         "device": device, "date": time.strftime("%Y-%m-%d"),
         "f1_questions": len(dev), "questions_for_logits": args.questions, "grids": grids,
+        "max_seq_len": args.max_seq_len, "window_batch": wb,
         "windows_for_logits": int(sum(len(b[0]) for b in batches)),
         "reference": {"f1": ref_f1.f1, "exact": ref_f1.exact}, "runs": []}
     print(f"fp32 reference: F1 {ref_f1.f1:.2f} EM {ref_f1.exact:.2f}", flush=True)
@@ -257,8 +292,13 @@ def main() -> None:
         dtype = "float16" if scheme == "fp16" else "fp8"
         base = FusedEngine.from_pretrained(CHECKPOINT, device=device, dtype=dtype)
         static = _static_inputs(scheme)
-        if scheme.startswith("calibrated") or static is not None:
+        if scheme.startswith("calibrated") or static is not None or scheme == "deferred8":
             calibrate_on(base, load_examples(TRAIN_SET)[:512], tok, spec, args.margin)
+        if scheme == "deferred8":
+            if base.weights.folded8 is None:
+                raise RuntimeError("deferred8: the model has no deferred layer's e4m3 copies")
+            return FusedEngine(_regrid(base.weights, grid), device, fp8_deferred=True,
+                               fp8_calibrated_min_tokens=1 << 30)
         default = scheme.startswith("calibrated_attn_")  # the engine's static inputs
         return FusedEngine(_regrid(base.weights, grid, scheme == "rows_wtensor"), device,
                            fp8_fast_accum=not scheme.endswith("_exact"),
@@ -315,7 +355,7 @@ def main() -> None:
                           & (masked[1].argmax(1) == masked[3].argmax(1))).sum())
             windows += len(keep)
         f1 = score(dev, {k: t for k, (t, _) in predict_with_margins(
-            dev, tok, eng.infer, spec, decode, 64).items()})
+            dev, tok, eng.infer, spec, decode, wb).items()})
         return {"f1": f1.f1, "exact": f1.exact, "mean_abs": abs_sum / count,
                 "max_abs": worst, "argmax_agree": agree / windows}
 

@@ -5,13 +5,15 @@ encoder runs un-quantized passes over calibration batches, and records per layer
 largest magnitude of the inputs of its FP8 GEMMs: QKV's (the embeddings' LayerNorm for
 the first layer, the previous layer's second LayerNorm after that), the attention
 output projection's (attention), FFN1's (the attention block's LayerNorm) and FFN2's
-(bias + GELU): a :class:`Calibration`, which can be saved and loaded as JSON and turns
-into per-tensor scales, ``margin * amax / 448``. The margin leaves room for activations
-larger than any seen (larger ones saturate at +-448 * scale); a larger one costs precision
-only for values below ``margin * amax / 2**15`` (e4m3's subnormals). Measured (H200,
-2026-11-30, shipped MiniLM, mean |logit - fp32| on 2,023 dev windows, QKV/FFN calibrated):
-margin 1 / 2 / 4 / 8 / 16 give 0.0609 / 0.0608 / 0.0608 / 0.0607 / 0.0606, so neither
-saturation nor subnormals is what static scales cost (``engine/fused/NOTES.md``, v10).
+(bias + GELU); and the sums those LayerNorms normalise (``RAW_INPUTS``: the
+deferred-LayerNorm path quantizes them, un-normalised): a :class:`Calibration`, which
+can be saved and loaded as JSON and turns into per-tensor scales, ``margin * amax /
+448``. The margin leaves room for activations larger than any seen (larger ones
+saturate at +-448 * scale); a larger one costs precision only for values below ``margin
+* amax / 2**15`` (e4m3's subnormals). Measured (H200, 2026-11-30, shipped MiniLM, mean
+|logit - fp32| on 2,023 dev windows, QKV/FFN calibrated): margin 1 / 2 / 4 / 8 / 16 give
+0.0609 / 0.0608 / 0.0608 / 0.0607 / 0.0606, so neither saturation nor subnormals is what
+static scales cost (``engine/fused/NOTES.md``, v10).
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from typing import Any
 
 import torch
 
+from engine.fused.folding import DeferredFP8Layer, deferred_fp8_layers
 from engine.fused.fp8 import FP8_MAX, SCALE_MIN, CalibratedLayer, StaticLinear, quantize_tiles
 from engine.fused.weights import BertQAWeights
 
@@ -32,6 +35,10 @@ CALIBRATION_MARGIN = 4.0
 
 
 GEMMS = ("qkv", "attn_out", "ffn_in", "ffn_out")
+# QKV's and FFN1's inputs before their LayerNorm (the embeddings' sum for layer 0, the
+# residual sums after that). Optional: calibrations saved before they were recorded
+# lack them, and then the deferred-LayerNorm path stays 16-bit.
+RAW_INPUTS = ("qkv_raw", "ffn_in_raw")
 
 
 class AmaxRecorder:
@@ -51,7 +58,7 @@ class AmaxRecorder:
         self._b1 = {ly.ffn_in.bias.data_ptr(): i for i, ly in enumerate(layers)}
         self._bqkv = {ly.qkv.bias.data_ptr(): i for i, ly in enumerate(layers)}
         dev = layers[0].ffn_in.bias.device
-        self.amax = {g: torch.zeros(len(layers), device=dev) for g in GEMMS}
+        self.amax = {g: torch.zeros(len(layers), device=dev) for g in GEMMS + RAW_INPUTS}
         self.model = model_shape(weights)
         self.passes = 0
 
@@ -63,10 +70,16 @@ class AmaxRecorder:
             store = self.amax[gemm]
             store[i] = torch.maximum(store[i], y.abs().amax().float())
 
-    def embed_layernorm(self, *args: Any, **kwargs: Any) -> Any:
-        out, q = self._ops.embed_layernorm(*args, **kwargs)
+    def embed_layernorm(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
+                        position_ids: torch.Tensor, word: torch.Tensor, position: torch.Tensor,
+                        token_type: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        out, q = self._ops.embed_layernorm(input_ids, token_type_ids, position_ids, word,
+                                           position, token_type, *args, **kwargs)
         self.passes += 1
         self._record("qkv", 0, out)
+        self._record("qkv_raw", 0, word[input_ids.long()].float()
+                     + position[position_ids.long()].float()
+                     + token_type[token_type_ids.long()].float())
         return out, q
 
     def attention_varlen(self, qkv: torch.Tensor, qkv_bias: torch.Tensor,
@@ -79,8 +92,13 @@ class AmaxRecorder:
                                 residual: torch.Tensor, gamma: torch.Tensor,
                                 *args: Any, **kwargs: Any) -> Any:
         out, q = self._ops.bias_residual_layernorm(a, bias, residual, gamma, *args, **kwargs)
-        self._record("ffn_in", self._ln1.get(gamma.data_ptr()), out)
-        self._record("qkv", self._ln2.get(gamma.data_ptr()), out)
+        ln1, ln2 = self._ln1.get(gamma.data_ptr()), self._ln2.get(gamma.data_ptr())
+        self._record("ffn_in", ln1, out)
+        self._record("qkv", ln2, out)
+        if ln1 is not None or ln2 is not None:
+            raw = (a.float().sum(0) if a.dim() == 3 else a.float()) + bias.float() + residual
+            self._record("ffn_in_raw", ln1, raw)
+            self._record("qkv_raw", ln2, raw)
         return out, q
 
     def bias_gelu(self, h: torch.Tensor, bias: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
@@ -117,8 +135,9 @@ class Calibration:
     model: dict[str, int] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if set(self.amax) != set(GEMMS):
-            raise ValueError(f"a calibration holds amax for {', '.join(GEMMS)}; "
+        if set(self.amax) not in (set(GEMMS), set(GEMMS + RAW_INPUTS)):
+            raise ValueError(f"a calibration holds amax for {', '.join(GEMMS)} (and "
+                             f"optionally {', '.join(RAW_INPUTS)}); "
                              f"got {', '.join(sorted(self.amax))}")
         layers = {len(v) for v in self.amax.values()}
         if len(layers) != 1:
@@ -131,6 +150,11 @@ class Calibration:
     @property
     def layers(self) -> int:
         return len(self.amax["qkv"])
+
+    @property
+    def has_raw_inputs(self) -> bool:
+        """Whether the un-normalised inputs were recorded (``RAW_INPUTS``)."""
+        return all(g in self.amax for g in RAW_INPUTS)
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -168,11 +192,7 @@ class Calibration:
         if self.model and self.model != shape:
             raise ValueError(f"calibration was taken on a model of shape {self.model}, "
                              f"this one is {shape}")
-        dev = weights.layers[0].qkv.weight.device
-
-        def scale(gemm: str, i: int) -> torch.Tensor:
-            s = max(self.amax[gemm][i] * self.margin / FP8_MAX, SCALE_MIN)
-            return torch.tensor([s], device=dev, dtype=torch.float32)
+        scale = self._scale_fn(weights)
 
         def static(x_scale: torch.Tensor, w: torch.Tensor) -> StaticLinear:
             w8, w_scale = quantize_tiles(w, w.shape[0], w.shape[1])
@@ -188,6 +208,30 @@ class Calibration:
                 ffn_out=static(h_scale, ly.ffn_out.weight),
                 b1=ly.ffn_in.bias.to(torch.bfloat16), h_inv=(1.0 / h_scale).contiguous()))
         return tuple(out)
+
+    def deferred_for(self, weights: BertQAWeights) -> tuple[DeferredFP8Layer, ...] | None:
+        """The deferred-LayerNorm path's e4m3 layers for ``weights`` (checked by
+        :meth:`layers_for` first), or None where that path cannot take them: no folded
+        layers, or no un-normalised inputs recorded."""
+        if weights.folded is None or not self.has_raw_inputs:
+            return None
+        scale = self._scale_fn(weights)
+        n = self.layers
+        return deferred_fp8_layers(weights, {
+            "qkv": [scale("qkv_raw", i) for i in range(n)],
+            "ffn_in": [scale("ffn_in_raw", i) for i in range(n)],
+            "ffn_out": [scale("ffn_out", i) for i in range(n)]})
+
+    def _scale_fn(self, weights: BertQAWeights) -> Any:
+        """``scale(gemm, layer)``: float32 [1] ``margin * amax / 448`` on the weights'
+        device."""
+        dev = weights.layers[0].qkv.weight.device
+
+        def scale(gemm: str, i: int) -> torch.Tensor:
+            s = max(self.amax[gemm][i] * self.margin / FP8_MAX, SCALE_MIN)
+            return torch.tensor([s], device=dev, dtype=torch.float32)
+
+        return scale
 
 
 _FORMAT = "qa-fp8-calibration/1"

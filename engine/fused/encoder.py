@@ -71,6 +71,9 @@ FP8_STATIC_INPUTS = ("qkv", "ffn_in", "ffn_out")
 # epilogue instead of cuBLAS + ``bias_gelu`` (H200, 2026-11-29, per layer: 5.9 vs 7.1 us at
 # 128 tokens, 12.3 vs 12.8 at 384; loses from 4096 up). None turns it off.
 FFN1_FUSED_MAX_TOKENS: int | None = 512
+# Calibrated engines run the deferred (small-batch, LayerNorm-free) layer's QKV, FFN1 and
+# FFN2 on e4m3 operands (``folding.DeferredFP8Layer``).
+FP8_DEFERRED = False
 # Up to this many tokens the small-batch path runs (None: never). H200, 2026-11-30, whole
 # passes against the large path: it wins at 128 tokens (BERT-base 0.383 vs 0.488 ms,
 # BERT-large 0.912 vs 1.011) and ties or loses above: 192 (0.501 vs 0.498 with its current
@@ -132,7 +135,9 @@ class EncodeOptions:
     of either small-batch layer (of ``LATE_RELEASE_KERNELS``) that do so in every batch:
     their Triton kernels let the next kernel launch after their main loop (the K loop;
     attention and the LayerNorms after their stores), not right after their wait. The
-    CUTLASS kernels keep their own placement.
+    CUTLASS kernels keep their own placement. ``fp8_deferred`` runs the deferred layer's
+    QKV, FFN1 and FFN2 on e4m3 operands where the weights have them (``folded8``, from a
+    calibration that recorded the un-normalised inputs).
     """
 
     fp8_out_dtype: torch.dtype | None = None
@@ -153,6 +158,7 @@ class EncodeOptions:
     cutlass_small_gemms: tuple[str, ...] = ()
     qkv_late_release_min_seqs: int | None = QKV_LATE_RELEASE_MIN_SEQS
     late_release: tuple[str, ...] = ()
+    fp8_deferred: bool = FP8_DEFERRED
 
 
 def _linear(x: torch.Tensor | None, xq: Quantized | None, lin: Linear,
@@ -338,7 +344,10 @@ def _encode_deferred(
         h   = gelu(LN1(y) @ W1^T + b1)                  folded
         z  += h @ W2^T + b2 + LN1(y)                    split-K atomics, float32; + sums
 
-    and LN2(z) of the last layer goes to the QA head. LayerNorm moments come from each
+    and LN2(z) of the last layer goes to the QA head. With ``opts.fp8_deferred`` and
+    e4m3 layers (``w.folded8``) QKV, FFN1 and FFN2 multiply e4m3 operands: ``z`` and ``y``
+    also get e4m3 copies from whoever writes them, and FFN1 writes ``h`` in e4m3 only.
+    LayerNorm moments come from each
     row's (sum, sum of squares), added up by the GEMM that produced the row. Per layer
     parity ``p`` a scratch row holds ``z``, its sums, ``y``'s sums and FFN2's tile
     counters; layer ``i``'s QKV zeroes scratch ``i % 2``, which layer ``i - 2`` filled and
@@ -355,9 +364,11 @@ def _encode_deferred(
     pf = pdl and opts.prefetch
     late = opts.late_release
     plans = dict(opts.gemm_plans)
+    f8s = w.folded8 if opts.fp8_deferred else None
 
     def plan(name: str, n: int, k: int, kind: str) -> GemmPlan:
-        return plans.get(name) or ops.deferred_plan(t, n, k, kind)
+        return plans.get(name) or ops.deferred_plan(t, n, k, kind, f8s is not None
+                                                    and name != "out")
 
     (c_qkv, _), (c_out, _) = plan("qkv", 3 * d, d, "folded"), plan("out", d, d, "residual")
     (c_ff1, _), (c_ff2, s_ff2) = plan("ffn1", f, d, "folded"), plan("ffn2", d, f, "accumulate")
@@ -369,28 +380,51 @@ def _encode_deferred(
     y_sums = [scratch[p, t * d + 2 * t: t * d + 4 * t].view(t, 2) for p in (0, 1)]
     counters = [scratch[p, t * d + 4 * t:].view(torch.int32) for p in (0, 1)]
     z16 = torch.empty((t, d), device=input_ids.device, dtype=w.dtype)
+    z8 = y8 = None
+    if f8s is not None:
+        z8, y8 = (torch.empty((t, d), device=input_ids.device, dtype=torch.float8_e4m3fn)
+                  for _ in range(2))
     ops.embed_sum(input_ids, token_type_ids, position_ids, w.word_embeddings,
                   w.position_embeddings, w.token_type_embeddings, z32[1], z16, z_sums[1],
-                  pdl=pdl)
+                  pdl=pdl, z8=z8, inv8=f8s[0].qkv_inv if f8s is not None else None)
     ln_g, ln_b = w.emb_ln_weight, w.emb_ln_bias
     for i, (layer, fold) in enumerate(zip(w.layers, w.folded, strict=True)):
         p, q = i % 2, (i + 1) % 2  # this layer's scratch, the previous one's
-        qkv = ops.folded_linear(z16, fold.qkv.weight, fold.qkv.colsum, None, z_sums[q], eps,
-                                zero=scratch[p], config=c_qkv, pdl=pdl, prefetch=pf,
-                                late_release="qkv" in late)
+        if f8s is not None:
+            f8 = f8s[i]
+            qkv = ops.folded_linear(z8, f8.qkv.w8, f8.qkv.colsum, None, z_sums[q], eps,
+                                    zero=scratch[p], config=c_qkv, pdl=pdl, prefetch=pf,
+                                    late_release="qkv" in late, scale=f8.qkv.scale,
+                                    out_dtype=w.dtype)
+        else:
+            qkv = ops.folded_linear(z16, fold.qkv.weight, fold.qkv.colsum, None, z_sums[q],
+                                    eps, zero=scratch[p], config=c_qkv, pdl=pdl, prefetch=pf,
+                                    late_release="qkv" in late)
         ctx = ops.attention_varlen(qkv, fold.qkv.bias, cu_seqlens, max_seqlen, n_seqs,
                                    cfg.num_heads, config=opts.attn_config, pdl=pdl,
                                    prefetch=pf, late_release="attention" in late)
         y = ops.residual_linear(ctx, layer.attn_out.weight, layer.attn_out.bias, z32[q],
                                 z_sums[q], ln_g, ln_b, eps, y_sums[p], config=c_out, pdl=pdl,
-                                prefetch=pf, late_release="out" in late)
-        h = ops.folded_linear(y, fold.ffn_in.weight, fold.ffn_in.colsum, fold.ffn_in.bias,
-                              y_sums[p], eps, act=act, config=c_ff1, pdl=pdl, prefetch=pf,
-                              late_release="ffn1" in late)
-        ops.residual_linear(h, layer.ffn_out.weight, layer.ffn_out.bias, y, y_sums[p],
+                                prefetch=pf, late_release="out" in late, out8=y8,
+                                inv8=f8.ffn_in_inv if f8s is not None else None)
+        if f8s is not None:
+            h = ops.folded_linear(y8, f8.ffn_in.w8, f8.ffn_in.colsum, fold.ffn_in.bias,
+                                  y_sums[p], eps, act=act, config=c_ff1, pdl=pdl, prefetch=pf,
+                                  late_release="ffn1" in late, scale=f8.ffn_in.scale,
+                                  out_inv=f8.ffn_out_inv)
+            w2, s2 = f8.ffn_out_w8, f8.ffn_out_scale
+            last = i + 1 == len(f8s)
+            z8_next, inv_next = (None, None) if last else (z8, f8s[i + 1].qkv_inv)
+        else:
+            h = ops.folded_linear(y, fold.ffn_in.weight, fold.ffn_in.colsum, fold.ffn_in.bias,
+                                  y_sums[p], eps, act=act, config=c_ff1, pdl=pdl, prefetch=pf,
+                                  late_release="ffn1" in late)
+            w2, s2, z8_next, inv_next = layer.ffn_out.weight, None, None, None
+        ops.residual_linear(h, w2, layer.ffn_out.bias, y, y_sums[p],
                             layer.ln1_weight, layer.ln1_bias, eps, z_sums[p], out=z32[p],
                             out16=z16, counters=counters[p], splits=s_ff2, config=c_ff2,
-                            pdl=pdl, prefetch=pf, late_release="ffn2" in late)
+                            pdl=pdl, prefetch=pf, late_release="ffn2" in late, scale=s2,
+                            out8=z8_next, inv8=inv_next)
         ln_g, ln_b = layer.ln2_weight, layer.ln2_bias
     return ops.layernorm_qa(z32[(len(w.layers) - 1) % 2], ln_g, ln_b, eps,  # type: ignore[no-any-return]
                             w.qa_weight, w.qa_bias, pdl=pdl)

@@ -41,6 +41,7 @@ from engine.fused.encoder import (
     DEFERRED_LN_MAX_HIDDEN,
     FFN1_FUSED_MAX_TOKENS,
     FP8_CALIBRATED_MIN_TOKENS,
+    FP8_DEFERRED,
     FP8_MIN_TOKENS,
     FP8_STATIC_INPUTS,
     LATE_RELEASE_KERNELS,
@@ -148,6 +149,7 @@ class FusedEngine:
         cutlass_small_gemms: Sequence[str] | str | None = "auto",
         qkv_late_release_min_seqs: int | None = QKV_LATE_RELEASE_MIN_SEQS,
         late_release: Sequence[str] | str | None = None,
+        fp8_deferred: bool = FP8_DEFERRED,
     ) -> None:
         """FP8 weights (if packed) are used for batches of at least ``fp8_min_tokens``
         tokens, and once calibrated (:meth:`calibrating`) from ``fp8_calibrated_min_tokens``
@@ -184,6 +186,9 @@ class FusedEngine:
         ``late_release`` (of ``encoder.LATE_RELEASE_KERNELS``, or as text) names the
         small-batch layers' Triton kernels that let the next kernel launch only after
         their main loop, in every batch (an A/B knob; none by default).
+        ``fp8_deferred``: once calibrated (with the un-normalised inputs recorded), the
+        deferred layer (``deferred_ln_max_hidden``) runs QKV, FFN1 and FFN2 on e4m3
+        operands (``folding.DeferredFP8Layer``).
         ``graph_buckets_per_octave``: token buckets per power of two of the
         graphs, itself a power of two (``packing.round_tokens``: padding under 1/that of
         the tokens from 64 x that many tokens up; more buckets pad less but capture more
@@ -232,6 +237,7 @@ class FusedEngine:
             cutlass_small_gemms=tuple(g for g in small_gemm.GEMMS if g in cutlass_small_gemms),
             qkv_late_release_min_seqs=qkv_late_release_min_seqs,
             late_release=tuple(k for k in LATE_RELEASE_KERNELS if k in late_release),
+            fp8_deferred=fp8_deferred,
         )
         self.graph_staging = graph_staging
         self._graphs = self._new_graphs()
@@ -378,8 +384,9 @@ class FusedEngine:
         """Use these static FP8 scales from now on (graphs are re-captured)."""
         self._check_calibratable()
         layers = calibration.layers_for(self.weights)
+        deferred = calibration.deferred_for(self.weights)
         with self._lock:
-            self.weights = replace(self.weights, calibrated=layers)
+            self.weights = replace(self.weights, calibrated=layers, folded8=deferred)
             self.calibration = calibration
             if self._graphs is not None:
                 # A call may have left a graph running (no sync): it must not outlive
@@ -409,8 +416,8 @@ class FusedEngine:
         with self._lock:  # every pass holds the lock: none sees half a switch
             if self._recorder is not None:
                 raise RuntimeError("this engine is already calibrating")
-            recorder = self._recorder = AmaxRecorder(self.ops,
-                                                     replace(self.weights, calibrated=None))
+            recorder = self._recorder = AmaxRecorder(
+                self.ops, replace(self.weights, calibrated=None, folded8=None))
         try:
             yield
         finally:

@@ -11,7 +11,14 @@ import math
 import torch
 import torch.nn.functional as F
 
-from engine.fused.fp8 import Quantized, quantize_blocks, quantize_rows, quantize_static
+from engine.fused.fp8 import (
+    FP8_DTYPE,
+    FP8_MAX,
+    Quantized,
+    quantize_blocks,
+    quantize_rows,
+    quantize_static,
+)
 
 
 def _sum_splits(a: torch.Tensor) -> torch.Tensor:
@@ -158,6 +165,17 @@ def _row_sums(v: torch.Tensor) -> torch.Tensor:
     return torch.stack([v.sum(1), (v * v).sum(1)], 1)
 
 
+def _e4m3(v: torch.Tensor, inv: torch.Tensor) -> torch.Tensor:
+    """e4m3 ``v * inv``, saturating at +-448 (the kernels' ``to_e4m3``)."""
+    return (v.float() * inv).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+
+
+def _product(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    """float32 ``x @ w^T``, times ``scale`` for e4m3 operands."""
+    y = x.float() @ w.float().t()
+    return y if scale is None else y * scale
+
+
 def embed_sum(
     input_ids: torch.Tensor,
     token_type_ids: torch.Tensor,
@@ -169,11 +187,15 @@ def embed_sum(
     z16: torch.Tensor,
     stats: torch.Tensor,
     pdl: bool = False,
+    z8: torch.Tensor | None = None,
+    inv8: torch.Tensor | None = None,
 ) -> None:
     x = (word[input_ids.long()].float() + position[position_ids.long()].float()
          + token_type[token_type_ids.long()].float())
     z.copy_(x)
     z16.copy_(x)
+    if z8 is not None and inv8 is not None:
+        z8.copy_(_e4m3(x, inv8))
     stats.copy_(_row_sums(x))
 
 
@@ -190,19 +212,24 @@ def folded_linear(
     pdl: bool = False,
     prefetch: bool = False,
     late_release: bool = False,  # launch order: meaningless here
+    scale: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+    out_inv: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``r * (x @ w^T - mean * colsum) (+ bias) (then act)`` = ``LN(x) @ W^T ...`` for a
     folded ``w`` (``engine.fused.folding``), moments from the rows' sums ``stats``;
-    zeroes ``zero`` if given."""
+    zeroes ``zero`` if given. FP8 as in ``kernels.folded_linear``."""
     mean, rstd = _moments(stats, x.shape[1], eps)
-    y = rstd * (x.float() @ w.float().t() - mean * colsum.float())
+    y = rstd * (_product(x, w, scale) - mean * colsum.float())
     if bias is not None:
         y = y + bias.float()
     if act is not None:
         y = gelu(y, tanh=act == "gelu_tanh")
     if zero is not None:
         zero.zero_()
-    return y.to(x.dtype)
+    if out_inv is not None:
+        return _e4m3(y, out_inv)
+    return y.to(out_dtype or x.dtype)
 
 
 def residual_linear(
@@ -223,21 +250,30 @@ def residual_linear(
     pdl: bool = False,
     prefetch: bool = False,
     late_release: bool = False,  # launch order: meaningless here
+    scale: torch.Tensor | None = None,
+    out8: torch.Tensor | None = None,
+    inv8: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``x @ w^T + bias + LN(residual)`` (moments from ``res_stats``): stored in ``x``'s
     dtype, or added into the float32 ``out`` with its copy in ``out16``; the result's
-    row sums go into ``stats_out``."""
+    row sums go into ``stats_out``. FP8 as in ``kernels.residual_linear``."""
     mean, rstd = _moments(res_stats, residual.shape[1], eps)
     ln = (residual.float() - mean) * rstd * gamma.float() + beta.float()
-    y = x.float() @ w.float().t() + bias.float() + ln
+    y = _product(x, w, scale) + bias.float() + ln
     if out is None:
+        if scale is not None:
+            raise ValueError("e4m3 operands need a float32 `out` to accumulate into")
         stored = y.to(x.dtype)
         stats_out += _row_sums(stored.float())
+        if out8 is not None and inv8 is not None:
+            out8.copy_(_e4m3(stored, inv8))
         return stored
     if out16 is None:
         raise ValueError("`out` needs an `out16` copy")
     out += y
     out16.copy_(out)
+    if out8 is not None and inv8 is not None:
+        out8.copy_(_e4m3(out, inv8))
     stats_out += _row_sums(out)
     return out16
 
@@ -255,7 +291,7 @@ def layernorm_qa(
     return (qa_weight.float() @ y.t() + qa_bias.float()[:, None]).contiguous()
 
 
-def deferred_plan(m: int, n: int, k: int, kind: str) -> tuple[None, int]:
+def deferred_plan(m: int, n: int, k: int, kind: str, fp8: bool = False) -> tuple[None, int]:
     """No tiles and no split-K here."""
     return None, 1
 

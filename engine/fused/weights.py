@@ -35,7 +35,7 @@ from engine.fused.config import BertQAConfig
 from engine.fused.fp8 import CalibratedLayer, quantize_rows, quantize_weight_blocks
 
 if TYPE_CHECKING:
-    from engine.fused.folding import FoldedLayer
+    from engine.fused.folding import DeferredFP8Layer, FoldedLayer
 
 _PREFIXES = ("bert.",)
 
@@ -138,6 +138,10 @@ class BertQAWeights:
     # tokens. Another e4m3 copy of every matrix (beside the row-scaled copies of QKV and
     # the FFN, which calibrated passes do not read: BERT-large 302 MB).
     calibrated: tuple[CalibratedLayer, ...] | None = None
+    # The deferred-LayerNorm path's GEMMs on e4m3 operands (folding.DeferredFP8Layer),
+    # added with ``calibrated`` where the calibration holds the un-normalised inputs'
+    # magnitudes and ``folded`` is there (e4m3 copies of QKV, FFN1 folded, and FFN2).
+    folded8: tuple[DeferredFP8Layer, ...] | None = None
 
     @property
     def fp8(self) -> bool:

@@ -308,6 +308,37 @@ def test_calibrated_fp8_ffn_parity(graphs: bool) -> None:
             assert np.array_equal(a, b)
 
 
+@pytest.mark.parametrize("graphs", [True, False])
+def test_deferred_fp8_parity(graphs: bool) -> None:
+    """The deferred small-batch layer on e4m3 operands (``fp8_deferred``): BERT-base
+    shapes (4 layers), calibrated on other windows, at 1x128, 1x77 and 4x32 tokens (every
+    GEMM's K fits the FP8 tiles' doubled BLOCK_K; uneven row counts) against HF fp32 and
+    the same engine on 16-bit operands; FP8 must have run (logits differ) and stay within
+    the row-scaled FP8 engine's error class."""
+    from engine.fused.config import BertQAConfig
+    from engine.fused.engine import FusedEngine
+
+    model, cfg = _random_hf_bert(layers=4, hidden=768, heads=12)
+    qa = BertQAConfig.from_dict(cfg.to_dict())
+    plain = FusedEngine.from_state_dict(model.state_dict(), qa, device="cuda", dtype="fp8",
+                                        cuda_graphs=graphs)
+    rng = np.random.default_rng(19)
+    plain.calibrate(*_random_batch(rng, 64, 384, cfg.vocab_size))
+    fp8 = FusedEngine(plain.weights, "cuda", cuda_graphs=graphs, fp8_deferred=True)
+    assert plain.weights.folded8 is not None
+    for windows, seq in ((1, 128), (1, 77), (4, 32)):
+        ids, mask, tt = _random_batch(rng, windows, seq, cfg.vocab_size)
+        mask[:] = 1
+        ref, keep = _hf_logits(model, ids, mask, tt), mask.astype(bool)
+        e16 = _report(f"bert-base-4L deferred fp16 graphs={graphs} {windows}x{seq}",
+                      plain.infer(ids, mask, tt), ref, keep)
+        got = fp8.infer(ids, mask, tt)
+        e8 = _report(f"bert-base-4L deferred fp8 graphs={graphs} {windows}x{seq}", got, ref,
+                     keep)
+        assert not np.array_equal(got[0], plain.infer(ids, mask, tt)[0])
+        assert e16 < 2e-2 and e8 < 0.15
+
+
 def test_static_inputs_per_gemm_on_the_gpu() -> None:
     """Calibrated engines with only some GEMM inputs static (``fp8_static_inputs``; the
     others per token): every single GEMM, every three-GEMM combination (the default is

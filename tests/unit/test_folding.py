@@ -77,3 +77,55 @@ def test_deferred_torch_path_matches_seven_kernel_path(splits: bool) -> None:
     for x, y in zip(a, b, strict=True):
         scale = max(float(np.abs(y[keep]).max()), 1.0)
         assert np.abs(x[keep] - y[keep]).max() / scale < 2e-2
+
+
+def test_deferred_fp8_torch_path_and_its_calibration(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """Calibration records the un-normalised inputs the deferred layer quantizes (the
+    embeddings' sum, the residual sums), which give it e4m3 layers (``folded8``); with
+    ``fp8_deferred`` the small batch runs them (logits move, a little), without it they
+    are ignored. A calibration saved without those inputs (an older file) still loads,
+    and then the deferred layer stays 16-bit."""
+    transformers = pytest.importorskip("transformers")
+    from engine.fused.calibration import RAW_INPUTS, Calibration
+    from engine.fused.config import BertQAConfig
+    from engine.fused.engine import FusedEngine
+
+    torch.manual_seed(5)
+    hf = transformers.BertConfig(vocab_size=100, hidden_size=48, num_hidden_layers=2,
+                                 num_attention_heads=4, intermediate_size=96,
+                                 max_position_embeddings=64)
+    model = transformers.BertForQuestionAnswering(hf).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.05)
+        model.bert.embeddings.word_embeddings.weight.add_(0.5)
+    cfg = BertQAConfig.from_dict(hf.to_dict())
+    eng = FusedEngine.from_state_dict(model.state_dict(), cfg, device="cpu", dtype="fp8",  # type: ignore[arg-type]
+                                      backend="torch", small_batch_max_tokens=512,
+                                      fp8_calibrated_min_tokens=1 << 30)
+    rng = np.random.default_rng(6)
+    eng.calibrate(rng.integers(1, 100, (4, 24)).astype(np.int32),
+                  np.ones((4, 24), np.int32), np.zeros((4, 24), np.int32))
+    cal = eng.calibration
+    assert cal is not None and cal.has_raw_inputs and eng.weights.folded8 is not None
+    tables = model.bert.embeddings
+    emb = sum(float(t.weight.detach().abs().max()) for t in (
+        tables.word_embeddings, tables.position_embeddings, tables.token_type_embeddings))
+    assert 0 < cal.amax["qkv_raw"][0] <= emb + 1e-3
+    assert all(a > 0 for g in RAW_INPUTS for a in cal.amax[g])
+
+    ids = rng.integers(1, 100, (2, 20)).astype(np.int32)
+    mask, tt = np.ones_like(ids), np.zeros_like(ids)
+    plain = eng.infer(ids, mask, tt)
+    fp8 = FusedEngine(eng.weights, "cpu", backend="torch", small_batch_max_tokens=512,
+                      fp8_calibrated_min_tokens=1 << 30, fp8_deferred=True).infer(ids, mask, tt)
+    for a, b in zip(fp8, plain, strict=True):
+        assert not np.array_equal(a, b)
+        assert np.abs(a - b).max() < 0.1 * max(float(np.abs(b).max()), 1.0)
+
+    cal.save(tmp_path / "cal.json")
+    assert Calibration.load(tmp_path / "cal.json").amax == cal.amax
+    old = Calibration({g: v for g, v in cal.amax.items() if g not in RAW_INPUTS}, cal.margin)
+    assert not old.has_raw_inputs and old.deferred_for(eng.weights) is None
+    with pytest.raises(ValueError, match="optionally"):
+        Calibration({**old.amax, "qkv_raw": cal.amax["qkv_raw"]}, cal.margin)

@@ -260,6 +260,83 @@ def _check_deferred(splits: int) -> tuple[float, float]:
     return max(errs), 1.0
 
 
+_E4M3_STEP = 0.0625  # e4m3's relative rounding step (3 mantissa bits): at most half of it
+
+
+def _check_deferred_fp8(splits: int) -> tuple[float, float]:
+    """The deferred-LayerNorm kernels on e4m3 operands (``folding.DeferredFP8Layer``)
+    against float64 math on the same e4m3 values, each error in units of its tolerance:
+    the embeddings' e4m3 copy; the folded GEMM (FP8 product times its scale, LayerNorm
+    algebra, GELU, e4m3 output); the out-projection's e4m3 copy of what it stores; FFN2's
+    FP8 product accumulated over ``splits`` K slices with the last program's e4m3 copy."""
+    import torch
+
+    from engine.fused import kernels as k
+    from engine.fused.folding import fold_fp8, fold_linear
+    from engine.fused.weights import Linear
+
+    g = torch.Generator().manual_seed(21)
+    m, n, kk, eps = 45, 80, 192, 1e-5
+    tile = (32, 32, 64, 4, 2)
+    e8 = torch.float8_e4m3fn
+    errs = []
+
+    def deq(t: torch.Tensor, inv: torch.Tensor) -> torch.Tensor:
+        return t.double() / inv.double()
+
+    ids, tt, pos = (torch.randint(0, 20, (m,), generator=g, dtype=torch.int32) for _ in range(3))
+    tables = [torch.randn(20, kk, generator=g).half() for _ in range(3)]
+    z, z16, zs = torch.empty(m, kk), torch.empty(m, kk).half(), torch.empty(m, 2)
+    z8, inv = torch.empty(m, kk, dtype=e8), torch.tensor([40.0])
+    k.embed_sum(ids, tt, pos, *tables, z, z16, zs, z8=z8, inv8=inv)
+    e = sum(t.double()[i.long()] for t, i in zip(tables, (ids, pos, tt), strict=True))
+    errs.append(_rel(deq(z8, inv), e) / _E4M3_STEP)
+
+    xs = torch.tensor([0.02])  # the input's scale: x = x8 * xs
+    x8 = ((torch.randn(m, kk, generator=g) * 2 + 0.5) / xs).to(e8)
+    xd = x8.double() * xs.double()
+    lin = Linear(torch.randn(n, kk, generator=g).half() * 0.1, torch.randn(n, generator=g))
+    gamma, beta = torch.randn(kk, generator=g), torch.randn(kk, generator=g)
+    f8 = fold_fp8(fold_linear(lin, gamma, beta), xs)
+    w_scale = f8.scale.double() / xs.double()
+    sums = _sums64(xd).float()
+    mean, var = xd.mean(1, keepdim=True), xd.var(1, unbiased=False, keepdim=True)
+    folded = ((xd - mean) / torch.sqrt(var + eps)) @ (f8.w8.double() * w_scale).t()
+    h_ref = _gelu64(folded + fold_linear(lin, gamma, beta).bias.double(), False)
+    h_inv = torch.tensor([200.0 / float(h_ref.abs().max())])  # none saturates
+    h8 = k.folded_linear(x8, f8.w8, f8.colsum, fold_linear(lin, gamma, beta).bias, sums, eps,
+                         act="gelu", config=tile, scale=f8.scale, out_inv=h_inv)
+    q = k.folded_linear(x8, f8.w8, f8.colsum, None, sums, eps, config=tile, scale=f8.scale,
+                        out_dtype=torch.float16)
+    errs += [_rel(deq(h8, h_inv), h_ref) / _E4M3_STEP if h8.dtype == e8 else math.inf,
+             _rel(q, folded) / _TOL["float16"]]
+
+    ctx = torch.randn(m, kk, generator=g).half()
+    wo = torch.randn(n, kk, generator=g).half() * 0.1
+    bo, g2, b2 = (torch.randn(n, generator=g) for _ in range(3))
+    res = (torch.randn(m, n, generator=g) * 3 + 1).half()
+    res_sums = _sums64(res).float()
+    y8 = torch.empty(m, n, dtype=e8)
+    y = k.residual_linear(ctx, wo, bo, res, res_sums, g2, b2, eps, torch.zeros(m, 2),
+                          config=tile, out8=y8, inv8=inv)
+    errs.append(_rel(deq(y8, inv), y.double()) / _E4M3_STEP)
+
+    x2 = (torch.randn(m, kk, generator=g) * 30).to(e8)  # h in e4m3, scale 1 / 30
+    w2 = (torch.randn(n, kk, generator=g) * 100).to(e8)
+    s2 = torch.tensor([1e-3])
+    ref = ((x2.double() @ w2.double().t()) * s2.double() + bo.double()
+           + _ln64(res.double(), g2, b2, eps))
+    out, out16 = torch.zeros(m, n), torch.empty(m, n).half()
+    out8 = torch.empty(m, n, dtype=e8)
+    counters = torch.zeros(6, dtype=torch.int32)
+    z_inv = torch.tensor([200.0 / float(ref.abs().max())])
+    k.residual_linear(x2, w2, bo, res, res_sums, g2, b2, eps, torch.zeros(m, 2), out=out,
+                      out16=out16, counters=counters, splits=splits, config=tile, scale=s2,
+                      out8=out8, inv8=z_inv)
+    errs += [_rel(out, ref) / 1e-5, _rel(deq(out8, z_inv), ref) / _E4M3_STEP]
+    return max(errs), 1.0
+
+
 def _check_residual_ln_qa() -> tuple[float, float]:
     import torch
 
@@ -585,15 +662,17 @@ def _check_fp8_static() -> tuple[float, float]:
 
 def _check_tiny_bert(dtype: str, small_batch: bool = True, splits: int | None = None,
                      deferred_ln: bool = True, fp8_scaling: str = "rows",
-                     calibrate: bool = False,
-                     static: tuple[str, ...] | None = None) -> tuple[float, float]:
+                     calibrate: bool = False, static: tuple[str, ...] | None = None,
+                     fp8_deferred: bool = False) -> tuple[float, float]:
     """The whole engine vs HF fp32. fp16 batches this small take the small-batch path
     (all-Triton GEMMs; ``splits`` imposes split-K on the attention-output and FFN2 GEMMs,
     FFN2 alone when ``deferred_ln``, which runs it without LayerNorm kernels) unless
     ``small_batch`` is off (cuBLAS-path code: torch.mm + epilogue kernels).
     ``fp8_scaling="blocks"`` needs widths in multiples of 128: hidden 128 then.
     ``calibrate``: calibrated per-tensor scales, from another batch, for the engine's
-    default GEMMs or those named in ``static`` (all four: attention writing e4m3)."""
+    default GEMMs or those named in ``static`` (all four: attention writing e4m3).
+    ``fp8_deferred``: calibrated, the batch on the deferred small-batch layer with e4m3
+    operands (and its logits must differ from the 16-bit deferred layer's: FP8 ran)."""
     import torch
 
     from engine.fused.engine import PAD_LOGIT, FusedEngine
@@ -604,13 +683,15 @@ def _check_tiny_bert(dtype: str, small_batch: bool = True, splits: int | None = 
         tiles = (64, 32, 32, 4, 2)
         plans = {"out": (tiles, splits), "ffn2": (tiles, splits), "qkv": (tiles, 1),
                  "ffn1": (tiles, 1)}
+    fp8_from = 1 << 30 if fp8_deferred else 0  # the deferred path takes every batch
     engine = FusedEngine.from_state_dict(model.state_dict(), cfg, device="cpu",  # type: ignore[attr-defined]
                                          dtype=dtype, fp8_scaling=fp8_scaling,
-                                         backend="triton", fp8_min_tokens=0,
+                                         backend="triton", fp8_min_tokens=fp8_from,
                                          small_batch_max_tokens=512 if small_batch else None,
                                          gemm_plans=plans,
                                          deferred_ln_max_hidden=1024 if deferred_ln else None,
-                                         fp8_calibrated_min_tokens=0,
+                                         fp8_calibrated_min_tokens=fp8_from,
+                                         fp8_deferred=fp8_deferred,
                                          **({} if static is None
                                             else {"fp8_static_inputs": static}))
     assert engine.backend == "triton"
@@ -620,6 +701,12 @@ def _check_tiny_bert(dtype: str, small_batch: bool = True, splits: int | None = 
             return math.inf, 0.0
     ids, mask, tt = _random_batch(7)
     start, end = engine.infer(ids, mask, tt)
+    if fp8_deferred:
+        plain = FusedEngine(engine.weights, "cpu", backend="triton", fp8_min_tokens=fp8_from,
+                            fp8_calibrated_min_tokens=fp8_from, small_batch_max_tokens=512)
+        if engine.weights.folded8 is None or np.array_equal(plain.infer(ids, mask, tt)[0],
+                                                            start):
+            return math.inf, 0.0
     with torch.no_grad():
         ref = model(input_ids=torch.from_numpy(ids).long(),  # type: ignore[operator]
                     attention_mask=torch.from_numpy(mask).long(),
@@ -739,6 +826,8 @@ CASES: dict[str, Callable[[], tuple[float, float]]] = {
     "splitk_gemm_fp16_tma": lambda: _check_splitk("float16", loads=1),
     "deferred_ln_kernels": lambda: _check_deferred(1),
     "deferred_ln_kernels_3_splits": lambda: _check_deferred(3),
+    "deferred_ln_kernels_fp8": lambda: _check_deferred_fp8(1),
+    "deferred_ln_kernels_fp8_3_splits": lambda: _check_deferred_fp8(3),
     "tiny_bert_fp32": lambda: _check_tiny_bert("float32"),
     "tiny_bert_fp16": lambda: _check_tiny_bert("float16"),
     "tiny_bert_fp16_splitk_2": lambda: _check_tiny_bert("float16", splits=2),
@@ -749,6 +838,8 @@ CASES: dict[str, Callable[[], tuple[float, float]]] = {
     "tiny_bert_fp8": lambda: _check_tiny_bert("fp8"),
     "tiny_bert_fp8_blocks": lambda: _check_tiny_bert("fp8", fp8_scaling="blocks"),
     "tiny_bert_fp8_calibrated": lambda: _check_tiny_bert("fp8", calibrate=True),  # default
+    "tiny_bert_fp8_deferred": lambda: _check_tiny_bert("fp8", calibrate=True,
+                                                       fp8_deferred=True),
     "tiny_bert_fp8_calibrated_all": lambda: _check_tiny_bert(
         "fp8", calibrate=True, static=("qkv", "attn_out", "ffn_in", "ffn_out")),
     # FFN1 static without its epilogue, then bias + GELU with per-row scales; and the

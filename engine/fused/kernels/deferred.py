@@ -41,6 +41,7 @@ from engine.fused.kernels.common import (
     pdl_release,
     prefetch_l1,
     prefetch_rows_l2,
+    to_e4m3,
 )
 from engine.fused.kernels.matmul import (
     LOADS_POINTER,
@@ -116,23 +117,29 @@ def epilogue_addend(bias_ptr, res_ptr, stats_ptr, g_ptr, b_ptr, offs_m, offs_n, 
 @triton.jit
 def _deferred_gemm_kernel(
     x_ptr, w_ptr, u_ptr, bias_ptr, out_ptr, out16_ptr, stats_ptr, stats_out_ptr, cnt_ptr,
-    res_ptr, res_g_ptr, res_b_ptr, zero_ptr,
+    res_ptr, res_g_ptr, res_b_ptr, zero_ptr, scale_ptr, out8_ptr, inv8_ptr,
     M, N, K, k_split, zero_numel, eps,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, FOLD_LN: tl.constexpr, GELU: tl.constexpr, TANH: tl.constexpr,
     HAS_BIAS: tl.constexpr, RESIDUAL: tl.constexpr, ATOMIC: tl.constexpr,
     STATS_OUT: tl.constexpr, ZERO: tl.constexpr, USE_PDL: tl.constexpr,
     PREFETCH: tl.constexpr, W_BYTES: tl.constexpr, LATE_RELEASE: tl.constexpr,
+    SCALED: tl.constexpr, Q_OUT: tl.constexpr, COPY8: tl.constexpr,
 ):
     """Output tile of ``x @ w^T`` over K slice ``program_id(1)``, then:
 
+    * ``SCALED``: ``x`` and ``w`` are e4m3 and the product is multiplied by
+      ``scale_ptr[0]`` (both operands' scales);
     * ``FOLD_LN``: ``r * (acc - mean * u)``, the rows' moments from ``stats_ptr``;
     * ``HAS_BIAS`` / ``RESIDUAL`` (+ bias, + LN(res) with the moments of ``stats_ptr``;
       with ``ATOMIC`` in K slice 0 only), then ``GELU``;
     * ``ATOMIC``: add into float32 ``out``; with ``STATS_OUT`` the tile's last program
       (counter ``cnt_ptr[tile]``) then reads the finished tile, stores it in ``out16``'s
       dtype and adds its row sums into ``stats_out``. Without ``ATOMIC``: store in
-      ``out``'s dtype, and with ``STATS_OUT`` add the stored values' row sums;
+      ``out``'s dtype (``Q_OUT``: e4m3, times ``inv8_ptr[0]``), and with ``STATS_OUT``
+      add the stored values' row sums;
+    * ``COPY8``: also store the result (the finished tile with ``ATOMIC``) in e4m3 times
+      ``inv8_ptr[0]`` into ``out8``: the next GEMM's FP8 operand;
     * ``ZERO``: then the programs zero ``zero_ptr[:zero_numel]`` (float32) between them.
 
     With ``USE_PDL`` the next kernel may launch right after the wait, or with
@@ -169,6 +176,8 @@ def _deferred_gemm_kernel(
     acc = tile_product(x_ptr, w_ptr, M, N, K, k0, k_split, offs_m, offs_n, BLOCK_M, BLOCK_N,
                        BLOCK_K)
     pdl_release(LATE_RELEASE)
+    if SCALED:
+        acc *= tl.load(scale_ptr)
     omask = rmask[:, None] & nmask[None, :]
     o_offs = offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
     y = acc
@@ -186,19 +195,29 @@ def _deferred_gemm_kernel(
             if done == tl.num_programs(1) - 1:  # the tile is complete: read it back
                 z = tl.load(out_ptr + o_offs, mask=omask, other=0.0, cache_modifier=".cg")
                 tl.store(out16_ptr + o_offs, z.to(out16_ptr.dtype.element_ty), mask=omask)
+                if COPY8:
+                    tl.store(out8_ptr + o_offs, to_e4m3(z * tl.load(inv8_ptr)), mask=omask)
                 add_row_sums(stats_out_ptr, z, offs_m, rmask)
     else:
         if GELU:
             y = gelu(y, TANH)
-        yo = y.to(out_ptr.dtype.element_ty)
-        tl.store(out_ptr + o_offs, yo, mask=omask)
-        if STATS_OUT:  # of the values as stored, which the next GEMM reads
-            add_row_sums(stats_out_ptr, tl.where(omask, yo.to(tl.float32), 0.0), offs_m, rmask)
+        if Q_OUT:
+            tl.store(out_ptr + o_offs, to_e4m3(y * tl.load(inv8_ptr)), mask=omask)
+        else:
+            yo = y.to(out_ptr.dtype.element_ty)
+            tl.store(out_ptr + o_offs, yo, mask=omask)
+            if STATS_OUT:  # of the values as stored, which the next GEMM reads
+                add_row_sums(stats_out_ptr, tl.where(omask, yo.to(tl.float32), 0.0), offs_m,
+                             rmask)
+            if COPY8:
+                tl.store(out8_ptr + o_offs, to_e4m3(yo.to(tl.float32) * tl.load(inv8_ptr)),
+                         mask=omask)
     if ZERO:
         zero_share(zero_ptr, zero_numel, pid, split)
 
 
-def deferred_plan(m: int, n: int, k: int, kind: str) -> tuple[GemmConfig, int]:
+def deferred_plan(m: int, n: int, k: int, kind: str,
+                  fp8: bool = False) -> tuple[GemmConfig, int]:
     """(tiles, K splits) of this path's GEMMs (``kind``: folded, residual, accumulate).
 
     Folded GEMMs (QKV, FFN1) keep the small-batch path's 64x64x128 tiles. The
@@ -207,7 +226,18 @@ def deferred_plan(m: int, n: int, k: int, kind: str) -> tuple[GemmConfig, int]:
     64 with 4 stages measured 2% slower than 128 with 3). FFN2 takes 64x64 tiles and as
     many splits as fill one wave (4 at 128 tokens): 2% faster than the seven-kernel
     path's 128-row tiles with 8 splits, whose tiles wait on 8 programs (H200, 2026-11-30).
+
+    ``fp8`` (e4m3 operands, folded and accumulate kinds): the same tiles with BLOCK_K
+    doubled where K holds it, so that a pipeline stage moves as many bytes (chains of
+    BERT-base GEMMs at 128 tokens, H200, 2026-12-01, ``benchmarks/weight_bytes.py``: QKV
+    2.78, FFN1 2.93, FFN2 3.15 us against 4.08, 4.56, 4.93 in fp16).
     """
+    if fp8 and kind in ("folded", "accumulate"):
+        top = 256 if kind == "folded" else 128
+        bk = next(b for b in (256, 128, 64, 32) if b <= top and k % b == 0)
+        if kind == "folded":
+            return (64, 64, bk, 4, 3), 1
+        return (64, 64, bk, 4, 4), most_splits(k, bk, triton.cdiv(m, 64) * triton.cdiv(n, 64))
     if kind == "folded":
         return small_batch_plan(m, n, k, False)
     if kind == "residual":
@@ -220,7 +250,8 @@ def deferred_plan(m: int, n: int, k: int, kind: str) -> tuple[GemmConfig, int]:
 
 def _launch(x, w, out, *, config, pdl, prefetch, u=None, bias=None, out16=None, stats=None,
             stats_out=None, counters=None, residual=None, res_gamma=None, res_beta=None,
-            zero=None, eps=0.0, act=None, splits=1, fold=False, late_release=False) -> None:
+            zero=None, eps=0.0, act=None, splits=1, fold=False, late_release=False,
+            scale=None, out8=None, inv8=None) -> None:
     m, k = x.shape
     n = w.shape[0]
     bm, bn, bk, warps, stages, loads = unpack_config(config)
@@ -228,6 +259,12 @@ def _launch(x, w, out, *, config, pdl, prefetch, u=None, bias=None, out16=None, 
         raise ValueError("the deferred-LayerNorm GEMMs take pointer-load tiles only")
     check_k_split(k, splits, bk)
     atomic = out.dtype == torch.float32 and out16 is not None
+    scaled = scale is not None
+    if scaled != (x.dtype == torch.float8_e4m3fn) or scaled != (w.dtype == torch.float8_e4m3fn):
+        raise ValueError("e4m3 operands (both) go with a `scale`, 16-bit ones without")
+    q_out = out.dtype == torch.float8_e4m3fn
+    if (q_out or out8 is not None) and inv8 is None:
+        raise ValueError("an e4m3 output needs `inv8`, the multiplier it is stored with")
     tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
     if atomic and (counters is None or counters.numel() < tiles):
         raise ValueError(f"split-K accumulation needs {tiles} zeroed tile counters")
@@ -239,13 +276,15 @@ def _launch(x, w, out, *, config, pdl, prefetch, u=None, bias=None, out16=None, 
 
     _deferred_gemm_kernel[(tiles, splits)](
         x, w, arg(u), arg(bias), out, arg(out16), arg(stats), arg(stats_out), arg(counters),
-        arg(residual), arg(res_gamma), arg(res_beta), arg(zero),
+        arg(residual), arg(res_gamma), arg(res_beta), arg(zero), arg(scale), arg(out8),
+        arg(inv8),
         m, n, k, k // splits, zero.numel() if zero is not None else 0, eps,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, FOLD_LN=fold,
         GELU=act is not None, TANH=act == "gelu_tanh", HAS_BIAS=bias is not None,
         RESIDUAL=residual is not None, ATOMIC=atomic, STATS_OUT=stats_out is not None,
         ZERO=zero is not None, USE_PDL=pdl, PREFETCH=pdl and prefetch,
-        W_BYTES=w.element_size(), LATE_RELEASE=pdl and late_release, num_warps=warps,
+        W_BYTES=w.element_size(), LATE_RELEASE=pdl and late_release, SCALED=scaled,
+        Q_OUT=q_out, COPY8=out8 is not None, num_warps=warps,
         num_stages=stages, **launch_options(pdl),
     )
 
@@ -263,20 +302,29 @@ def folded_linear(
     pdl: bool = False,
     prefetch: bool = False,
     late_release: bool = False,
+    scale: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+    out_inv: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``LN(x) @ W^T (+ bias) (then act)`` in ``x``'s dtype, from un-normalised rows ``x``
     [M, K], their (sum, sum of squares) ``stats`` [M, 2] float32, and the folded weight
     ``w = W diag(gamma)`` with ``colsum`` its row sums (``engine.fused.folding``; ``bias``
     already holds ``W beta``). If given, also zeroes the float32 tensor ``zero`` (what
     later GEMMs of the layer accumulate into), after its own tile. ``late_release`` (with
-    ``pdl``) lets the next kernel launch only after each program's K loop."""
+    ``pdl``) lets the next kernel launch only after each program's K loop.
+
+    FP8: ``x`` and ``w`` in e4m3 with ``scale`` [1] float32 the product's (``colsum``
+    then sums the dequantized weight); the result in ``out_dtype``, or with ``out_inv``
+    [1] in e4m3 times ``out_inv``."""
     if act not in (None, "gelu", "gelu_tanh"):
         raise ValueError(f"unknown activation {act!r}")
     m, n = x.shape[0], w.shape[0]
-    out = torch.empty((m, n), device=x.device, dtype=x.dtype)
+    dtype = torch.float8_e4m3fn if out_inv is not None else out_dtype or x.dtype
+    out = torch.empty((m, n), device=x.device, dtype=dtype)
+    config = config or deferred_plan(m, n, x.shape[1], "folded", scale is not None)[0]
     _launch(x, w, out, u=colsum, bias=bias, stats=stats, zero=zero, eps=eps, act=act,
-            config=config or deferred_plan(m, n, x.shape[1], "folded")[0], pdl=pdl,
-            prefetch=prefetch, fold=True, late_release=late_release)
+            config=config, pdl=pdl, prefetch=prefetch, fold=True, late_release=late_release,
+            scale=scale, inv8=out_inv)
     return out
 
 
@@ -298,6 +346,9 @@ def residual_linear(
     pdl: bool = False,
     prefetch: bool = False,
     late_release: bool = False,
+    scale: torch.Tensor | None = None,
+    out8: torch.Tensor | None = None,
+    inv8: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``v = x @ w^T + bias + LN(residual)`` (LN's moments from ``res_stats``, the rows'
     (sum, sum of squares)), whose rows' sums are added into ``stats_out`` [M, 2].
@@ -307,11 +358,16 @@ def residual_linear(
     (int32, zeroed, one per output tile): ``v`` added into ``out`` over ``splits`` K
     slices, its copy left in ``out16``; returns ``out16``. ``late_release`` as for
     :func:`folded_linear`.
+
+    FP8: ``x`` and ``w`` in e4m3 (with ``out``) and ``scale`` [1] float32 the product's.
+    ``out8`` ([M, N] e4m3) also gets ``v`` times ``inv8`` [1]: the next GEMM's operand.
     """
     m, n = x.shape[0], w.shape[0]
     if out is None:
         if splits != 1:
             raise ValueError("split-K needs a float32 `out` to accumulate into")
+        if scale is not None:
+            raise ValueError("e4m3 operands need a float32 `out` to accumulate into")
         out = torch.empty((m, n), device=x.device, dtype=x.dtype)
         kind = "residual"
     elif out.dtype != torch.float32 or out.shape != (m, n) or out16 is None:
@@ -320,15 +376,18 @@ def residual_linear(
         kind = "accumulate"
     _launch(x, w, out, out16=out16, bias=bias, stats=res_stats, stats_out=stats_out,
             counters=counters, residual=residual, res_gamma=gamma, res_beta=beta, eps=eps,
-            splits=splits, config=config or deferred_plan(m, n, x.shape[1], kind)[0],
-            pdl=pdl, prefetch=prefetch, late_release=late_release)
+            splits=splits, config=config or deferred_plan(m, n, x.shape[1], kind,
+                                                          scale is not None)[0],
+            pdl=pdl, prefetch=prefetch, late_release=late_release, scale=scale, out8=out8,
+            inv8=inv8)
     return out if out16 is None else out16
 
 
 @triton.jit
 def _embed_sum_kernel(
     ids_ptr, tt_ptr, pos_ptr, word_ptr, posemb_ptr, type_ptr, z_ptr, z16_ptr, stats_ptr,
-    n_rows, D, BLOCK_D: tl.constexpr, ROWS: tl.constexpr, USE_PDL: tl.constexpr,
+    z8_ptr, inv8_ptr, n_rows, D, BLOCK_D: tl.constexpr, ROWS: tl.constexpr,
+    USE_PDL: tl.constexpr, COPY8: tl.constexpr,
 ):
     pdl_enter(USE_PDL)
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
@@ -337,6 +396,8 @@ def _embed_sum_kernel(
                    cols, D)
     tl.store(z_ptr + offs, x, mask=mask)
     tl.store(z16_ptr + offs, x.to(z16_ptr.dtype.element_ty), mask=mask)
+    if COPY8:
+        tl.store(z8_ptr + offs, to_e4m3(x * tl.load(inv8_ptr)), mask=mask)
     tl.store(stats_ptr + 2 * rows, tl.sum(x, axis=1), mask=rmask)
     tl.store(stats_ptr + 2 * rows + 1, tl.sum(x * x, axis=1), mask=rmask)
 
@@ -352,14 +413,21 @@ def embed_sum(
     z16: torch.Tensor,
     stats: torch.Tensor,
     pdl: bool = False,
+    z8: torch.Tensor | None = None,
+    inv8: torch.Tensor | None = None,
 ) -> None:
     """word[ids] + position[pos] + token_type[tt] (no LayerNorm) into float32 ``z`` and its
-    model-dtype copy ``z16`` [T, D], with each row's (sum, sum of squares) in ``stats``."""
+    model-dtype copy ``z16`` [T, D], with each row's (sum, sum of squares) in ``stats``;
+    and with ``z8`` an e4m3 copy of ``z`` times ``inv8`` [1]."""
+    if (z8 is None) != (inv8 is None):
+        raise ValueError("an e4m3 copy needs both `z8` and `inv8`")
     n, d = input_ids.shape[0], word.shape[1]
     block, rows, warps = _row_tile(n, d)
     _embed_sum_kernel[(triton.cdiv(n, rows),)](
         input_ids, token_type_ids, position_ids, word, position, token_type, z, z16, stats,
-        n, d, BLOCK_D=block, ROWS=rows, USE_PDL=pdl, num_warps=warps, **launch_options(pdl),
+        z16 if z8 is None else z8, stats if inv8 is None else inv8, n, d, BLOCK_D=block,
+        ROWS=rows, USE_PDL=pdl, COPY8=z8 is not None, num_warps=warps,
+        **launch_options(pdl),
     )
 
 
