@@ -47,7 +47,8 @@ dequantized float32 math, without the GPU's fast accumulation), for comparisons 
 schemes where no GPU is at hand; ``--f1-questions N`` scores F1 on the first N dev
 questions only (reference and schemes alike). ``--max-seq-len`` windows the questions
 (overlap a third of it; default 384 with 128) and ``--window-batch`` is how many windows
-each call takes (default 64), for the logit error and F1 alike.
+each call takes (default 64), for the logit error and F1 alike (F1 batches whole
+questions' windows; with 1, each window is still its own call).
 """
 
 from __future__ import annotations
@@ -91,6 +92,17 @@ def _windows(path: Path, questions: int, batch: int, spec: Any) -> list[tuple[An
         out.append(tuple(np.concatenate([getattr(w, k) for w in padded])
                          for k in ("input_ids", "attention_mask", "token_type_ids")))
     return out
+
+
+def _window_calls(infer: Callable[..., Any]) -> Callable[..., Any]:
+    """``infer`` called once per window (row) of a padded batch, the rows' logits stacked:
+    every call then holds one window's tokens, as a batch-1 service call would."""
+    import numpy as np
+
+    def per_window(ids: Any, mask: Any, tt: Any) -> tuple[Any, Any]:
+        outs = [infer(ids[i:i + 1], mask[i:i + 1], tt[i:i + 1]) for i in range(len(ids))]
+        return np.concatenate([o[0] for o in outs]), np.concatenate([o[1] for o in outs])
+    return per_window
 
 
 def _rounded(w: Any, rows: int, factor: float) -> tuple[Any, Any]:
@@ -277,7 +289,7 @@ def main() -> None:
     ref_engine = load_engine("reference", CHECKPOINT, device=device, dtype="float32")
     refs = [ref_engine.infer(*b) for b in batches]
     ref_f1 = score(dev, {k: t for k, (t, _) in predict_with_margins(
-        dev, tok, ref_engine.infer, spec, decode, wb).items()})
+        dev, tok, ref_engine.infer, spec, decode, 64).items()})  # fp32: batching is moot
     del ref_engine
     result: dict[str, Any] = {
         "gpu": torch.cuda.get_device_name() if device == "cuda" else "cpu",
@@ -355,7 +367,8 @@ def main() -> None:
                           & (masked[1].argmax(1) == masked[3].argmax(1))).sum())
             windows += len(keep)
         f1 = score(dev, {k: t for k, (t, _) in predict_with_margins(
-            dev, tok, eng.infer, spec, decode, wb).items()})
+            dev, tok, eng.infer if wb > 1 else _window_calls(eng.infer), spec, decode,
+            wb).items()})
         return {"f1": f1.f1, "exact": f1.exact, "mean_abs": abs_sum / count,
                 "max_abs": worst, "argmax_agree": agree / windows}
 
