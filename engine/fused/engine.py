@@ -186,9 +186,9 @@ class FusedEngine:
         ``late_release`` (of ``encoder.LATE_RELEASE_KERNELS``, or as text) names the
         small-batch layers' Triton kernels that let the next kernel launch only after
         their main loop, in every batch (an A/B knob; none by default).
-        ``fp8_deferred``: once calibrated (with the un-normalised inputs recorded), the
-        deferred layer (``deferred_ln_max_hidden``) runs QKV, FFN1 and FFN2 on e4m3
-        operands (``folding.DeferredFP8Layer``).
+        ``fp8_deferred`` (on by default): once calibrated (with the un-normalised inputs
+        recorded), the deferred layer (``deferred_ln_max_hidden``) runs QKV, FFN1 and FFN2
+        on e4m3 operands (``folding.DeferredFP8Layer``).
         ``graph_buckets_per_octave``: token buckets per power of two of the
         graphs, itself a power of two (``packing.round_tokens``: padding under 1/that of
         the tokens from 64 x that many tokens up; more buckets pad less but capture more

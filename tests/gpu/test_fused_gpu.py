@@ -322,7 +322,7 @@ def test_deferred_fp8_parity(graphs: bool) -> None:
     model, cfg = _random_hf_bert(layers=4, hidden=768, heads=12)
     qa = BertQAConfig.from_dict(cfg.to_dict())
     plain = FusedEngine.from_state_dict(model.state_dict(), qa, device="cuda", dtype="fp8",
-                                        cuda_graphs=graphs)
+                                        cuda_graphs=graphs, fp8_deferred=False)
     rng = np.random.default_rng(19)
     plain.calibrate(*_random_batch(rng, 64, 384, cfg.vocab_size))
     fp8 = FusedEngine(plain.weights, "cuda", cuda_graphs=graphs, fp8_deferred=True)

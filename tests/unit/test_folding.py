@@ -102,7 +102,7 @@ def test_deferred_fp8_torch_path_and_its_calibration(tmp_path) -> None:  # type:
     cfg = BertQAConfig.from_dict(hf.to_dict())
     eng = FusedEngine.from_state_dict(model.state_dict(), cfg, device="cpu", dtype="fp8",  # type: ignore[arg-type]
                                       backend="torch", small_batch_max_tokens=512,
-                                      fp8_calibrated_min_tokens=1 << 30)
+                                      fp8_calibrated_min_tokens=1 << 30, fp8_deferred=False)
     rng = np.random.default_rng(6)
     eng.calibrate(rng.integers(1, 100, (4, 24)).astype(np.int32),
                   np.ones((4, 24), np.int32), np.zeros((4, 24), np.int32))

@@ -703,7 +703,8 @@ def _check_tiny_bert(dtype: str, small_batch: bool = True, splits: int | None = 
     start, end = engine.infer(ids, mask, tt)
     if fp8_deferred:
         plain = FusedEngine(engine.weights, "cpu", backend="triton", fp8_min_tokens=fp8_from,
-                            fp8_calibrated_min_tokens=fp8_from, small_batch_max_tokens=512)
+                            fp8_calibrated_min_tokens=fp8_from, small_batch_max_tokens=512,
+                            fp8_deferred=False)
         if engine.weights.folded8 is None or np.array_equal(plain.infer(ids, mask, tt)[0],
                                                             start):
             return math.inf, 0.0
