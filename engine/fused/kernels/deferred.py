@@ -145,7 +145,7 @@ def _deferred_gemm_kernel(
     With ``USE_PDL`` the next kernel may launch right after the wait, or with
     ``LATE_RELEASE`` after the K loop.
 
-    Everything the epilogue reads is loaded after the K loop. Loading the bias and
+    Everything the epilogue reads is loaded after the K loop, but for the FP8 scalars. Loading the bias and
     residual terms before it (to hide their latency) shortened the out-projection's step
     by 1 us but lengthened FFN1's and FFN2's by 2-3 us each: the whole pass ran 20% slower
     (H200, 2026-11-30). Zeroing before or after the tile measured the same.
@@ -167,6 +167,14 @@ def _deferred_gemm_kernel(
         if RESIDUAL:
             prefetch_l1(res_g_ptr + vec_at)
             prefetch_l1(res_b_ptr + vec_at)
+    # The FP8 scalars are constants too: loaded now, not after the K loop, where each
+    # was a dependent load in the epilogue's way.
+    scale = 1.0
+    if SCALED:
+        scale = tl.load(scale_ptr)
+    inv8 = 1.0
+    if Q_OUT or COPY8:
+        inv8 = tl.load(inv8_ptr)
     pdl_enter(USE_PDL, not LATE_RELEASE)
     rmask = offs_m < M
     nmask = offs_n < N
@@ -177,7 +185,7 @@ def _deferred_gemm_kernel(
                        BLOCK_K)
     pdl_release(LATE_RELEASE)
     if SCALED:
-        acc *= tl.load(scale_ptr)
+        acc *= scale
     omask = rmask[:, None] & nmask[None, :]
     o_offs = offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
     y = acc
@@ -196,13 +204,13 @@ def _deferred_gemm_kernel(
                 z = tl.load(out_ptr + o_offs, mask=omask, other=0.0, cache_modifier=".cg")
                 tl.store(out16_ptr + o_offs, z.to(out16_ptr.dtype.element_ty), mask=omask)
                 if COPY8:
-                    tl.store(out8_ptr + o_offs, to_e4m3(z * tl.load(inv8_ptr)), mask=omask)
+                    tl.store(out8_ptr + o_offs, to_e4m3(z * inv8), mask=omask)
                 add_row_sums(stats_out_ptr, z, offs_m, rmask)
     else:
         if GELU:
             y = gelu(y, TANH)
         if Q_OUT:
-            tl.store(out_ptr + o_offs, to_e4m3(y * tl.load(inv8_ptr)), mask=omask)
+            tl.store(out_ptr + o_offs, to_e4m3(y * inv8), mask=omask)
         else:
             yo = y.to(out_ptr.dtype.element_ty)
             tl.store(out_ptr + o_offs, yo, mask=omask)
@@ -210,8 +218,7 @@ def _deferred_gemm_kernel(
                 add_row_sums(stats_out_ptr, tl.where(omask, yo.to(tl.float32), 0.0), offs_m,
                              rmask)
             if COPY8:
-                tl.store(out8_ptr + o_offs, to_e4m3(yo.to(tl.float32) * tl.load(inv8_ptr)),
-                         mask=omask)
+                tl.store(out8_ptr + o_offs, to_e4m3(yo.to(tl.float32) * inv8), mask=omask)
     if ZERO:
         zero_share(zero_ptr, zero_numel, pid, split)
 
