@@ -56,9 +56,6 @@ from engine.fused.kernels.matmul import (
 from engine.fused.kernels.rows import _row_tile, embed_rows, qa_head_rows, row_block
 
 _ZERO_BLOCK = tl.constexpr(1024)  # float32 elements a program zeroes per step
-# Load the rows' LayerNorm moments (the fold's, or the residual's) right after the PDL
-# wait, before the K loop, rather than in the epilogue (an A/B knob, read at launch).
-MOMENTS_FIRST = True
 
 
 @triton.jit
@@ -80,14 +77,15 @@ def add_row_sums(stats_ptr, v, offs_m, rmask):
 
 
 @triton.jit
-def ln_rebuild(res_ptr, mean, rstd, g_ptr, b_ptr, offs_m, offs_n, N, rows_on):
-    """float32 tile ``LN(res)[offs_m, offs_n]`` from the rows' moments (``row_moments``),
-    0 in rows from ``rows_on`` (<= M) on."""
+def ln_rebuild(res_ptr, stats_ptr, g_ptr, b_ptr, offs_m, offs_n, M, N, eps, rows_on):
+    """float32 tile ``LN(res)[offs_m, offs_n]`` from the rows' statistics, 0 in rows from
+    ``rows_on`` (<= M) on."""
     rmask = offs_m < rows_on
     nmask = offs_n < N
     mask = rmask[:, None] & nmask[None, :]
     x = tl.load(res_ptr + offs_m.to(tl.int64)[:, None] * N + offs_n[None, :], mask=mask,
                 other=0.0, cache_modifier=".cg").to(tl.float32)
+    mean, rstd = row_moments(stats_ptr, offs_m, M, N, eps)
     g = load_vector(g_ptr, offs_n, nmask)
     b = load_vector(b_ptr, offs_n, nmask)
     return tl.where(mask, (x - mean[:, None]) * rstd[:, None] * g[None, :] + b[None, :], 0.0)
@@ -104,16 +102,15 @@ def zero_share(zero_ptr, zero_numel, pid, split):
 
 
 @triton.jit
-def epilogue_addend(bias_ptr, res_ptr, mean, rstd, g_ptr, b_ptr, offs_m, offs_n, M, N,
+def epilogue_addend(bias_ptr, res_ptr, stats_ptr, g_ptr, b_ptr, offs_m, offs_n, M, N, eps,
                     lead, HAS_BIAS: tl.constexpr, RESIDUAL: tl.constexpr,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
-    """float32 tile of what the epilogue adds: bias and LN(residual) (the residual rows'
-    moments ``mean``, ``rstd``), times ``lead``."""
+    """float32 tile of what the epilogue adds: bias and LN(residual), times ``lead``."""
     add = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
     if HAS_BIAS:
         add += load_vector(bias_ptr, offs_n, offs_n < N)[None, :] * lead
     if RESIDUAL:
-        add += ln_rebuild(res_ptr, mean, rstd, g_ptr, b_ptr, offs_m, offs_n, N, M * lead)
+        add += ln_rebuild(res_ptr, stats_ptr, g_ptr, b_ptr, offs_m, offs_n, M, N, eps, M * lead)
     return add
 
 
@@ -128,7 +125,6 @@ def _deferred_gemm_kernel(
     STATS_OUT: tl.constexpr, ZERO: tl.constexpr, USE_PDL: tl.constexpr,
     PREFETCH: tl.constexpr, W_BYTES: tl.constexpr, LATE_RELEASE: tl.constexpr,
     SCALED: tl.constexpr, Q_OUT: tl.constexpr, COPY8: tl.constexpr,
-    MOMENTS_FIRST: tl.constexpr,
 ):
     """Output tile of ``x @ w^T`` over K slice ``program_id(1)``, then:
 
@@ -149,8 +145,7 @@ def _deferred_gemm_kernel(
     With ``USE_PDL`` the next kernel may launch right after the wait, or with
     ``LATE_RELEASE`` after the K loop.
 
-    Everything the epilogue reads is loaded after the K loop, but for the FP8 scalars and
-    (``MOMENTS_FIRST``) the rows' LayerNorm moments, loaded right after the wait. Loading the bias and
+    Everything the epilogue reads is loaded after the K loop, but for the FP8 scalars. Loading the bias and
     residual terms before it (to hide their latency) shortened the out-projection's step
     by 1 us but lengthened FFN1's and FFN2's by 2-3 us each: the whole pass ran 20% slower
     (H200, 2026-11-30). Zeroing before or after the tile measured the same.
@@ -186,13 +181,6 @@ def _deferred_gemm_kernel(
     lead = 1  # 1 where this program adds bias and residual (ATOMIC: K slice 0 only), else 0
     if ATOMIC:
         lead = (split == 0).to(tl.int32)
-    d_stats = N  # the rows' width the statistics were summed over
-    if FOLD_LN:
-        d_stats = K
-    mean = tl.zeros([BLOCK_M], tl.float32)
-    rstd = tl.zeros([BLOCK_M], tl.float32)
-    if MOMENTS_FIRST and (FOLD_LN or RESIDUAL):
-        mean, rstd = row_moments(stats_ptr, offs_m, M, d_stats, eps)
     acc = tile_product(x_ptr, w_ptr, M, N, K, k0, k_split, offs_m, offs_n, BLOCK_M, BLOCK_N,
                        BLOCK_K)
     pdl_release(LATE_RELEASE)
@@ -201,13 +189,12 @@ def _deferred_gemm_kernel(
     omask = rmask[:, None] & nmask[None, :]
     o_offs = offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
     y = acc
-    if not MOMENTS_FIRST and (FOLD_LN or RESIDUAL):
-        mean, rstd = row_moments(stats_ptr, offs_m, M, d_stats, eps)
     if FOLD_LN:
+        mean, rstd = row_moments(stats_ptr, offs_m, M, K, eps)
         u = load_vector(u_ptr, offs_n, nmask)
         y = rstd[:, None] * (acc - mean[:, None] * u[None, :])
-    y += epilogue_addend(bias_ptr, res_ptr, mean, rstd, res_g_ptr, res_b_ptr, offs_m, offs_n,
-                         M, N, lead, HAS_BIAS, RESIDUAL, BLOCK_M, BLOCK_N)
+    y += epilogue_addend(bias_ptr, res_ptr, stats_ptr, res_g_ptr, res_b_ptr, offs_m, offs_n,
+                         M, N, eps, lead, HAS_BIAS, RESIDUAL, BLOCK_M, BLOCK_N)
     if ATOMIC:
         tl.atomic_add(out_ptr + o_offs, y, mask=omask, sem="relaxed")
         if STATS_OUT:
@@ -304,7 +291,7 @@ def _launch(x, w, out, *, config, pdl, prefetch, u=None, bias=None, out16=None, 
         RESIDUAL=residual is not None, ATOMIC=atomic, STATS_OUT=stats_out is not None,
         ZERO=zero is not None, USE_PDL=pdl, PREFETCH=pdl and prefetch,
         W_BYTES=w.element_size(), LATE_RELEASE=pdl and late_release, SCALED=scaled,
-        Q_OUT=q_out, COPY8=out8 is not None, MOMENTS_FIRST=MOMENTS_FIRST, num_warps=warps,
+        Q_OUT=q_out, COPY8=out8 is not None, num_warps=warps,
         num_stages=stages, **launch_options(pdl),
     )
 
