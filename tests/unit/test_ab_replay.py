@@ -171,8 +171,8 @@ def test_table_entries_need_every_round_faster() -> None:
 
 
 def test_repeated_layers_cycle_the_first_n_layers() -> None:
-    """``repeat_layers``: layer i becomes layer i % n, folded and calibrated copies alike
-    (the same tensors), without the flat storage of distinct layers."""
+    """``repeat_layers``: layer i becomes layer i % n, folded, calibrated and e4m3 folded
+    copies alike (the same tensors), without the flat storage of distinct layers."""
     import dataclasses
 
     from benchmarks.ab_replay import repeated_layers
@@ -182,12 +182,15 @@ def test_repeated_layers_cycle_the_first_n_layers() -> None:
         layers: tuple[str, ...]
         folded: tuple[str, ...] | None
         calibrated: tuple[str, ...] | None
+        folded8: tuple[str, ...] | None
         flat: object
 
-    w = W(("l0", "l1", "l2", "l3", "l4"), ("f0", "f1", "f2", "f3", "f4"), None, object())
+    w = W(("l0", "l1", "l2", "l3", "l4"), ("f0", "f1", "f2", "f3", "f4"), None,
+          ("e0", "e1", "e2", "e3", "e4"), object())
     r = repeated_layers(w, 2)
     assert r.layers == ("l0", "l1", "l0", "l1", "l0")
     assert r.folded == ("f0", "f1", "f0", "f1", "f0")
+    assert r.folded8 == ("e0", "e1", "e0", "e1", "e0")
     assert r.calibrated is None and r.flat is None
     assert repeated_layers(w, 5).layers == w.layers
     for bad in (0, 6):

@@ -42,9 +42,10 @@ for mode in MODES:
             "is_last_buffer": y.data_ptr() == bufs[4 % 2].data_ptr(),
             "flags": flags.tolist(),
         }
-x = (torch.randn(70, 256, generator=g) * 0.5).half()
-for dtype in ("float16", "int8", "e4m3"):
-    w, s = quantize(torch.randn(96, 256, generator=g) * 0.02, dtype)
+x16 = (torch.randn(70, 256, generator=g) * 0.5).half()
+for dtype in ("float16", "int8", "e4m3", "e4m3x"):
+    x = x16.to(torch.float8_e4m3fn) if dtype == "e4m3x" else x16  # both operands e4m3
+    w, s = quantize(torch.randn(96, 256, generator=g) * 0.02, dtype.rstrip("x"))
     ref = x.float() @ (w.float() * s[:, None]).t()
     for indexed in (False, True):
         for splits, cfg in ((1, (64, 32, 64, 4, 3)), (2, (64, 32, 64, 4, 4))):
@@ -91,9 +92,10 @@ def test_handoff_modes_compute_the_same_chain(child: dict[str, object]) -> None:
 
 
 def test_weight_bytes_gemm_matches_dequantized_product(child: dict[str, object]) -> None:
-    """``weight_bytes.gemm``: fp16, int8 and e4m3 weights, both pointer forms, whole and
-    split-K (float32 partials summed) against float32 math on the dequantized weights."""
-    for dtype in ("float16", "int8", "e4m3"):
+    """``weight_bytes.gemm``: fp16, int8 and e4m3 weights, and e4m3 on both operands (no
+    conversion), both pointer forms, whole and split-K (float32 partials summed) against
+    float32 math on the dequantized operands."""
+    for dtype in ("float16", "int8", "e4m3", "e4m3x"):
         for indexed in (False, True):
             for splits in (1, 2):
                 err = child[f"weight_bytes {dtype} {indexed} {splits}"]
