@@ -44,10 +44,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from types import ModuleType
+from typing import Any
 
 import torch
 
 from engine.fused import small_gemm
+from engine.fused.folding import FoldedFP8, FoldedLinear
 from engine.fused.fp8 import Quantized, calibrated_ffn1, scaled_linear, static_linear
 from engine.fused.weights import BertQAWeights, Linear
 
@@ -391,43 +393,38 @@ def _encode_deferred(
                   w.position_embeddings, w.token_type_embeddings, z32[1], z16, z_sums[1],
                   pdl=pdl, z8=z8, inv8=f8s[0].qkv_inv if f8s is not None else None)
     ln_g, ln_b = w.emb_ln_weight, w.emb_ln_bias
+
+    def folded(x: torch.Tensor, x8: torch.Tensor | None, lin: FoldedLinear,
+               lin8: FoldedFP8 | None, *args: Any, **kw: Any) -> torch.Tensor:
+        """QKV or FFN1: on 16-bit operands, or (``lin8``) on e4m3 ones (input ``x8``)."""
+        if lin8 is None:
+            return ops.folded_linear(x, lin.weight, lin.colsum, *args, **kw)  # type: ignore[no-any-return]
+        return ops.folded_linear(x8, lin8.w8, lin8.colsum, *args, scale=lin8.scale, **kw)  # type: ignore[no-any-return]
+
     for i, (layer, fold) in enumerate(zip(w.layers, w.folded, strict=True)):
         p, q = i % 2, (i + 1) % 2  # this layer's scratch, the previous one's
-        if f8s is not None:
-            f8 = f8s[i]
-            qkv = ops.folded_linear(z8, f8.qkv.w8, f8.qkv.colsum, None, z_sums[q], eps,
-                                    zero=scratch[p], config=c_qkv, pdl=pdl, prefetch=pf,
-                                    late_release="qkv" in late, scale=f8.qkv.scale,
-                                    out_dtype=w.dtype)
-        else:
-            qkv = ops.folded_linear(z16, fold.qkv.weight, fold.qkv.colsum, None, z_sums[q],
-                                    eps, zero=scratch[p], config=c_qkv, pdl=pdl, prefetch=pf,
-                                    late_release="qkv" in late)
+        f8 = f8s[i] if f8s is not None else None
+        nxt = f8s[i + 1] if f8s is not None and i + 1 < len(f8s) else None
+        qkv = folded(z16, z8, fold.qkv, f8.qkv if f8 else None, None, z_sums[q], eps,
+                     zero=scratch[p], config=c_qkv, pdl=pdl, prefetch=pf,
+                     late_release="qkv" in late, out_dtype=w.dtype)
         ctx = ops.attention_varlen(qkv, fold.qkv.bias, cu_seqlens, max_seqlen, n_seqs,
                                    cfg.num_heads, config=opts.attn_config, pdl=pdl,
                                    prefetch=pf, late_release="attention" in late)
         y = ops.residual_linear(ctx, layer.attn_out.weight, layer.attn_out.bias, z32[q],
                                 z_sums[q], ln_g, ln_b, eps, y_sums[p], config=c_out, pdl=pdl,
                                 prefetch=pf, late_release="out" in late, out8=y8,
-                                inv8=f8.ffn_in_inv if f8s is not None else None)
-        if f8s is not None:
-            h = ops.folded_linear(y8, f8.ffn_in.w8, f8.ffn_in.colsum, fold.ffn_in.bias,
-                                  y_sums[p], eps, act=act, config=c_ff1, pdl=pdl, prefetch=pf,
-                                  late_release="ffn1" in late, scale=f8.ffn_in.scale,
-                                  out_inv=f8.ffn_out_inv)
-            w2, s2 = f8.ffn_out_w8, f8.ffn_out_scale
-            last = i + 1 == len(f8s)
-            z8_next, inv_next = (None, None) if last else (z8, f8s[i + 1].qkv_inv)
-        else:
-            h = ops.folded_linear(y, fold.ffn_in.weight, fold.ffn_in.colsum, fold.ffn_in.bias,
-                                  y_sums[p], eps, act=act, config=c_ff1, pdl=pdl, prefetch=pf,
-                                  late_release="ffn1" in late)
-            w2, s2, z8_next, inv_next = layer.ffn_out.weight, None, None, None
-        ops.residual_linear(h, w2, layer.ffn_out.bias, y, y_sums[p],
-                            layer.ln1_weight, layer.ln1_bias, eps, z_sums[p], out=z32[p],
-                            out16=z16, counters=counters[p], splits=s_ff2, config=c_ff2,
-                            pdl=pdl, prefetch=pf, late_release="ffn2" in late, scale=s2,
-                            out8=z8_next, inv8=inv_next)
+                                inv8=f8.ffn_in_inv if f8 else None)
+        h = folded(y, y8, fold.ffn_in, f8.ffn_in if f8 else None, fold.ffn_in.bias, y_sums[p],
+                   eps, act=act, config=c_ff1, pdl=pdl, prefetch=pf,
+                   late_release="ffn1" in late, out_inv=f8.ffn_out_inv if f8 else None)
+        ops.residual_linear(h, f8.ffn_out_w8 if f8 else layer.ffn_out.weight,
+                            layer.ffn_out.bias, y, y_sums[p], layer.ln1_weight,
+                            layer.ln1_bias, eps, z_sums[p], out=z32[p], out16=z16,
+                            counters=counters[p], splits=s_ff2, config=c_ff2, pdl=pdl,
+                            prefetch=pf, late_release="ffn2" in late,
+                            scale=f8.ffn_out_scale if f8 else None,
+                            out8=z8 if nxt else None, inv8=nxt.qkv_inv if nxt else None)
         ln_g, ln_b = layer.ln2_weight, layer.ln2_bias
     return ops.layernorm_qa(z32[(len(w.layers) - 1) % 2], ln_g, ln_b, eps,  # type: ignore[no-any-return]
                             w.qa_weight, w.qa_bias, pdl=pdl)

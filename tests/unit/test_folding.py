@@ -41,15 +41,13 @@ def test_colsum_is_of_the_rounded_folded_weight() -> None:
     assert torch.equal(f.colsum, f.weight.float().sum(1))
 
 
-@pytest.mark.parametrize("splits", [False, True])
-def test_deferred_torch_path_matches_seven_kernel_path(splits: bool) -> None:
-    """The whole encoder through the torch spec: the layer without LayerNorm kernels gives
-    the logits of the layer with them (bfloat16 weights, float32 math)."""
+def _tiny_bert(seed: int):  # type: ignore[no-untyped-def]
+    """(HF BERT QA model, our config): 2 layers, hidden 48, parameters moved off their
+    init, embeddings shifted so rows have a large mean."""
     transformers = pytest.importorskip("transformers")
     from engine.fused.config import BertQAConfig
-    from engine.fused.engine import FusedEngine
 
-    torch.manual_seed(3)
+    torch.manual_seed(seed)
     hf = transformers.BertConfig(vocab_size=100, hidden_size=48, num_hidden_layers=2,
                                  num_attention_heads=4, intermediate_size=96,
                                  max_position_embeddings=64)
@@ -58,7 +56,16 @@ def test_deferred_torch_path_matches_seven_kernel_path(splits: bool) -> None:
         for p in model.parameters():
             p.add_(torch.randn_like(p) * 0.05)
         model.bert.embeddings.word_embeddings.weight.add_(0.5)  # rows with a large mean
-    cfg = BertQAConfig.from_dict(hf.to_dict())
+    return model, BertQAConfig.from_dict(hf.to_dict())
+
+
+@pytest.mark.parametrize("splits", [False, True])
+def test_deferred_torch_path_matches_seven_kernel_path(splits: bool) -> None:
+    """The whole encoder through the torch spec: the layer without LayerNorm kernels gives
+    the logits of the layer with them (bfloat16 weights, float32 math)."""
+    from engine.fused.engine import FusedEngine
+
+    model, cfg = _tiny_bert(3)
     plans = {"ffn2": (None, 2)} if splits else None
     kw = dict(device="cpu", dtype="bfloat16", backend="torch", small_batch_max_tokens=512,
               gemm_plans=plans)
@@ -85,21 +92,10 @@ def test_deferred_fp8_torch_path_and_its_calibration(tmp_path) -> None:  # type:
     ``fp8_deferred`` the small batch runs them (logits move, a little), without it they
     are ignored. A calibration saved without those inputs (an older file) still loads,
     and then the deferred layer stays 16-bit."""
-    transformers = pytest.importorskip("transformers")
     from engine.fused.calibration import RAW_INPUTS, Calibration
-    from engine.fused.config import BertQAConfig
     from engine.fused.engine import FusedEngine
 
-    torch.manual_seed(5)
-    hf = transformers.BertConfig(vocab_size=100, hidden_size=48, num_hidden_layers=2,
-                                 num_attention_heads=4, intermediate_size=96,
-                                 max_position_embeddings=64)
-    model = transformers.BertForQuestionAnswering(hf).eval()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.05)
-        model.bert.embeddings.word_embeddings.weight.add_(0.5)
-    cfg = BertQAConfig.from_dict(hf.to_dict())
+    model, cfg = _tiny_bert(5)
     eng = FusedEngine.from_state_dict(model.state_dict(), cfg, device="cpu", dtype="fp8",  # type: ignore[arg-type]
                                       backend="torch", small_batch_max_tokens=512,
                                       fp8_calibrated_min_tokens=1 << 30, fp8_deferred=False)

@@ -145,10 +145,13 @@ def _deferred_gemm_kernel(
     With ``USE_PDL`` the next kernel may launch right after the wait, or with
     ``LATE_RELEASE`` after the K loop.
 
-    Everything the epilogue reads is loaded after the K loop, but for the FP8 scalars. Loading the bias and
-    residual terms before it (to hide their latency) shortened the out-projection's step
-    by 1 us but lengthened FFN1's and FFN2's by 2-3 us each: the whole pass ran 20% slower
-    (H200, 2026-11-30). Zeroing before or after the tile measured the same.
+    Everything the epilogue reads is loaded after the K loop, but for the FP8 scalars (in
+    the prologue: after the loop each was a dependent load in FFN2's way, +1.2 us a layer,
+    H200, 2026-12-01). Loading the bias and residual terms before it (to hide their
+    latency) shortened the out-projection's step by 1 us but lengthened FFN1's and FFN2's
+    by 2-3 us each: the whole pass ran 20% slower (H200, 2026-11-30); the rows'
+    LayerNorm moments alone before the loop gained nothing (2026-12-01). Zeroing before
+    or after the tile measured the same.
     """
     pid = tl.program_id(0)
     split = tl.program_id(1)
@@ -167,8 +170,7 @@ def _deferred_gemm_kernel(
         if RESIDUAL:
             prefetch_l1(res_g_ptr + vec_at)
             prefetch_l1(res_b_ptr + vec_at)
-    # The FP8 scalars are constants too: loaded now, not after the K loop, where each
-    # was a dependent load in the epilogue's way.
+    # The FP8 scalars are constants too: loaded before the wait (see the docstring).
     scale = 1.0
     if SCALED:
         scale = tl.load(scale_ptr)
@@ -237,7 +239,8 @@ def deferred_plan(m: int, n: int, k: int, kind: str,
     ``fp8`` (e4m3 operands, folded and accumulate kinds): the same tiles with BLOCK_K
     doubled where K holds it, so that a pipeline stage moves as many bytes (chains of
     BERT-base GEMMs at 128 tokens, H200, 2026-12-01, ``benchmarks/weight_bytes.py``: QKV
-    2.78, FFN1 2.93, FFN2 3.15 us against 4.08, 4.56, 4.93 in fp16).
+    2.78, FFN1 2.93, FFN2 3.15 us against 4.08, 4.56, 4.93 in fp16; 11 other plans in the
+    whole pass lost or tied). Measured at up to 128 rows, the small path's default.
     """
     if fp8 and kind in ("folded", "accumulate"):
         top = 256 if kind == "folded" else 128
