@@ -156,18 +156,16 @@ def _regrid_deferred(weights: Any, factor: float) -> Any:
     if weights.folded8 is None:
         return None
 
-    def refold(old: Any, w: Any, x_scale: Any) -> Any:
+    def refold(w: Any, x_scale: Any) -> Any:
         w8, scale = _rounded(w, w.shape[0], factor)
-        scale = scale.reshape(1)
-        return FoldedFP8(w8=w8, scale=(x_scale * scale).contiguous(),
-                         colsum=(w8.float() * scale).sum(1).contiguous())
+        return FoldedFP8.of(w8, scale.reshape(1), x_scale)
 
     out = []
     for d8, fold, ly in zip(weights.folded8, weights.folded, weights.layers, strict=True):
         w2, s2 = _rounded(ly.ffn_out.weight, ly.ffn_out.weight.shape[0], factor)
         out.append(replace(
-            d8, qkv=refold(d8.qkv, fold.qkv.weight, 1.0 / d8.qkv_inv),
-            ffn_in=refold(d8.ffn_in, fold.ffn_in.weight, 1.0 / d8.ffn_in_inv), ffn_out_w8=w2,
+            d8, qkv=refold(fold.qkv.weight, 1.0 / d8.qkv_inv),
+            ffn_in=refold(fold.ffn_in.weight, 1.0 / d8.ffn_in_inv), ffn_out_w8=w2,
             ffn_out_scale=(s2.reshape(1) / d8.ffn_out_inv).contiguous()))
     return tuple(out)
 

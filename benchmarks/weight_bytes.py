@@ -116,15 +116,13 @@ def quantize(w: Any, dtype: str) -> tuple[Any, Any]:
 def gemm(x: Any, w: Any, s: Any, out: Any, splits: int, config: tuple[int, ...],
          pdl: bool = True, indexed: bool = False) -> None:
     """One launch of :func:`_wq_gemm_kernel` (``out`` [splits, M, N] float32 when split)."""
-    import torch
-
     m, k = x.shape
     n = w.shape[0]
     bm, bn, bk, warps, stages = config
     check_k_split(k, splits, bk)
     grid = (triton.cdiv(m, bm) * triton.cdiv(n, bn), splits)
     _wq_gemm_kernel[grid](x, w, s, out, m, n, k, k // splits, BM=bm, BN=bn, BK=bk,
-                          QUANT=w.dtype != torch.float16, PARTIAL=splits > 1, USE_PDL=pdl,
+                          QUANT=w.element_size() == 1, PARTIAL=splits > 1, USE_PDL=pdl,
                           W_BYTES=w.element_size(), INDEXED=indexed,
                           CONVERT=w.dtype != x.dtype, num_warps=warps,
                           num_stages=stages, **launch_options(pdl))

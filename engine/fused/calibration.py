@@ -29,6 +29,7 @@ import torch
 
 from engine.fused.folding import DeferredFP8Layer, deferred_fp8_layers
 from engine.fused.fp8 import FP8_MAX, SCALE_MIN, CalibratedLayer, StaticLinear, quantize_tiles
+from engine.fused.torch_ops import sum_splits
 from engine.fused.weights import BertQAWeights
 
 CALIBRATION_MARGIN = 4.0
@@ -96,7 +97,7 @@ class AmaxRecorder:
         self._record("ffn_in", ln1, out)
         self._record("qkv", ln2, out)
         if ln1 is not None or ln2 is not None:
-            raw = (a.float().sum(0) if a.dim() == 3 else a.float()) + bias.float() + residual
+            raw = sum_splits(a) + bias.float() + residual
             self._record("ffn_in_raw", ln1, raw)
             self._record("qkv_raw", ln2, raw)
         return out, q

@@ -52,6 +52,13 @@ class FoldedFP8:
     scale: torch.Tensor  # [1] float32: the input's scale times the weight's
     colsum: torch.Tensor  # [out] float32: row sums of the dequantized w8
 
+    @classmethod
+    def of(cls, w8: torch.Tensor, w_scale: torch.Tensor, x_scale: torch.Tensor) -> FoldedFP8:
+        """From an e4m3 folded weight and its scale ([1]), for inputs quantized with
+        ``x_scale`` ([1]): the product's scale and the dequantized weight's row sums."""
+        return cls(w8=w8, scale=(x_scale * w_scale).contiguous(),
+                   colsum=(w8.float() * w_scale).sum(1).contiguous())
+
 
 @dataclass(frozen=True)
 class DeferredFP8Layer:
@@ -77,9 +84,7 @@ def _e4m3_weight(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 def fold_fp8(folded: FoldedLinear, x_scale: torch.Tensor) -> FoldedFP8:
     """``folded``'s weight in e4m3, for inputs quantized with ``x_scale`` ([1])."""
-    w8, w_scale = _e4m3_weight(folded.weight)
-    return FoldedFP8(w8=w8, scale=(x_scale * w_scale).contiguous(),
-                     colsum=(w8.float() * w_scale).sum(1).contiguous())
+    return FoldedFP8.of(*_e4m3_weight(folded.weight), x_scale)
 
 
 def deferred_fp8_layers(w: BertQAWeights, x_scales: dict[str, list[torch.Tensor]]

@@ -111,11 +111,16 @@ def quantize_rows(x: torch.Tensor) -> Quantized:
     return Quantized(*quantize_tiles(x, 1, x.shape[1]))
 
 
+def e4m3_times(x: torch.Tensor, inv: torch.Tensor) -> torch.Tensor:
+    """e4m3 ``x * inv`` (``inv`` = 1 / the scale), saturating at +-448: what the kernels'
+    e4m3 stores compute."""
+    return (x.float() * inv).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+
+
 def quantize_static(x: torch.Tensor, scale: torch.Tensor) -> Quantized:
     """e4m3 copy of ``x`` with one given float32 scale ([1]; a calibrated one): values
     beyond ``448 * scale`` saturate."""
-    data = (x.float() * (1.0 / scale)).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
-    return Quantized(data, scale)
+    return Quantized(e4m3_times(x, 1.0 / scale), scale)
 
 
 def dequantize(q: Quantized) -> torch.Tensor:

@@ -12,16 +12,15 @@ import torch
 import torch.nn.functional as F
 
 from engine.fused.fp8 import (
-    FP8_DTYPE,
-    FP8_MAX,
     Quantized,
+    e4m3_times,
     quantize_blocks,
     quantize_rows,
     quantize_static,
 )
 
 
-def _sum_splits(a: torch.Tensor) -> torch.Tensor:
+def sum_splits(a: torch.Tensor) -> torch.Tensor:
     """float32 GEMM output from [T, N] or split-K partials [S, T, N]."""
     return a.float().sum(0) if a.dim() == 3 else a.float()
 
@@ -70,7 +69,7 @@ def embed_layernorm(
 def _residual_ln(a: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor,
                  gamma: torch.Tensor, beta: torch.Tensor, eps: float) -> torch.Tensor:
     """float32 LayerNorm(a (summing split-K partials) + bias + residual)."""
-    return _layernorm(_sum_splits(a) + bias.float() + residual.float(), gamma, beta, eps)
+    return _layernorm(sum_splits(a) + bias.float() + residual.float(), gamma, beta, eps)
 
 
 def bias_residual_layernorm(
@@ -120,7 +119,7 @@ def bias_gelu(
     fp8_blocks: bool = False,
     fp8_scale: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor | None, Quantized | None]:
-    y = gelu(_sum_splits(h) + bias.float(), tanh)
+    y = gelu(sum_splits(h) + bias.float(), tanh)
     if fp8:
         return None, _quantize(y, fp8, fp8_blocks, fp8_scale)
     return y.to(out_dtype or h.dtype), None
@@ -165,11 +164,6 @@ def _row_sums(v: torch.Tensor) -> torch.Tensor:
     return torch.stack([v.sum(1), (v * v).sum(1)], 1)
 
 
-def _e4m3(v: torch.Tensor, inv: torch.Tensor) -> torch.Tensor:
-    """e4m3 ``v * inv``, saturating at +-448 (the kernels' ``to_e4m3``)."""
-    return (v.float() * inv).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
-
-
 def _product(x: torch.Tensor, w: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
     """float32 ``x @ w^T``, times ``scale`` for e4m3 operands."""
     y = x.float() @ w.float().t()
@@ -195,7 +189,7 @@ def embed_sum(
     z.copy_(x)
     z16.copy_(x)
     if z8 is not None and inv8 is not None:
-        z8.copy_(_e4m3(x, inv8))
+        z8.copy_(e4m3_times(x, inv8))
     stats.copy_(_row_sums(x))
 
 
@@ -228,7 +222,7 @@ def folded_linear(
     if zero is not None:
         zero.zero_()
     if out_inv is not None:
-        return _e4m3(y, out_inv)
+        return e4m3_times(y, out_inv)
     return y.to(out_dtype or x.dtype)
 
 
@@ -266,14 +260,14 @@ def residual_linear(
         stored = y.to(x.dtype)
         stats_out += _row_sums(stored.float())
         if out8 is not None and inv8 is not None:
-            out8.copy_(_e4m3(stored, inv8))
+            out8.copy_(e4m3_times(stored, inv8))
         return stored
     if out16 is None:
         raise ValueError("`out` needs an `out16` copy")
     out += y
     out16.copy_(out)
     if out8 is not None and inv8 is not None:
-        out8.copy_(_e4m3(out, inv8))
+        out8.copy_(e4m3_times(out, inv8))
     stats_out += _row_sums(out)
     return out16
 

@@ -5,6 +5,7 @@ attention emulation."""
 from __future__ import annotations
 
 import itertools
+from pathlib import Path
 
 import pytest
 
@@ -119,3 +120,38 @@ def test_fp8_attention_emulation() -> None:
                                                        "fine": False}
     assert attention_flags("calibrated_attn_fp8_fine")["fine"] is True
     assert attention_flags("calibrated_attn_rows") is None
+
+
+def test_fp8_accuracy_regrids_the_deferred_layers() -> None:
+    """``fp8_accuracy._regrid_deferred``: each layer's three e4m3 weights re-rounded on a
+    coarser grid (another rounding of the same weights), the products' scales and the
+    folded weights' row sums remade from them, the input multipliers kept; grid 1 keeps
+    the engine's own weights."""
+    torch = pytest.importorskip("torch")
+    import numpy as np
+
+    from benchmarks.fp8_accuracy import _regrid
+    from engine.fused.engine import FusedEngine
+
+    model = Path(__file__).resolve().parents[2] / "models" / "minilm-l6-squad"
+    eng = FusedEngine.from_pretrained(model, device="cpu", dtype="fp8", backend="torch")
+    rng = np.random.default_rng(8)
+    eng.calibrate(rng.integers(1000, 20000, (2, 48)).astype(np.int32),
+                  np.ones((2, 48), np.int32), np.zeros((2, 48), np.int32))
+    w = eng.weights
+    assert w.folded8 is not None and w.folded is not None
+    assert _regrid(w, 1.0).folded8 is w.folded8
+    got = _regrid(w, 1.07).folded8
+    assert got is not None
+    for old, new, fold in zip(w.folded8, got, w.folded, strict=True):
+        pairs = ((old.qkv, new.qkv, fold.qkv, old.qkv_inv),
+                 (old.ffn_in, new.ffn_in, fold.ffn_in, old.ffn_in_inv))
+        for o, n, f, inv in pairs:
+            w_scale = n.scale * inv  # the product's scale over the input's (1 / inv)
+            deq = n.w8.float() * w_scale
+            assert not torch.equal(n.w8.float(), o.w8.float())
+            assert torch.allclose(n.colsum, deq.sum(1), rtol=1e-5, atol=1e-4)
+            assert (deq - f.weight.float()).abs().max() <= 0.07 * f.weight.float().abs().max()
+        assert torch.equal(new.qkv_inv, old.qkv_inv)
+        assert torch.equal(new.ffn_out_inv, old.ffn_out_inv)
+        assert not torch.equal(new.ffn_out_w8.float(), old.ffn_out_w8.float())
