@@ -911,6 +911,34 @@ def test_deferred_gemms_refuse_tma_tiles() -> None:
         k.folded_linear(x, w, u, None, stats, 1e-12, config=(32, 32, 64, 4, 2, 1))
 
 
+def test_cluster_reduction_where_it_runs_and_what_it_refuses() -> None:
+    """Split-K through a thread-block cluster runs on sm_90 GPUs only (never on CPU tensors
+    or the interpreter), for 2, 4 or 8 slices dividing BLOCK_M, on a GEMM that neither
+    folds a LayerNorm nor zeroes; anything else is an error, not another kernel. The
+    torch spec takes any split (it adds the slices in one product)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("triton")
+    from engine.fused import kernels as k
+    from engine.fused import torch_ops
+    from engine.fused.kernels.cluster import launch_in_clusters
+
+    x, w = torch.zeros(8, 768, dtype=torch.float16), torch.zeros(64, 768, dtype=torch.float16)
+    assert not k.cluster_reduction(x, 4, (64, 64, 64, 4, 4))
+    assert torch_ops.cluster_reduction(x, 3, None) and not torch_ops.cluster_reduction(x, 1, None)
+    res, stats = torch.zeros(8, 64, dtype=torch.float16), torch.zeros(8, 2)
+    vec = torch.zeros(64)
+    out, out16 = torch.zeros(8, 64), torch.zeros(8, 64, dtype=torch.float16)
+    for splits, config in ((3, (64, 64, 64, 4, 4)), (4, (2, 64, 64, 4, 4))):
+        with pytest.raises(ValueError, match="cluster reduction takes"):
+            k.residual_linear(x, w, vec, res, stats, vec, vec, 1e-12, stats.clone(), out=out,
+                              out16=out16, splits=splits, config=config, cluster=True)
+    with pytest.raises(ValueError, match="needs `out` and `out16`"):
+        k.residual_linear(x, w, vec, res, stats, vec, vec, 1e-12, stats.clone(), out=out,
+                          splits=4, cluster=True)
+    with pytest.raises(ValueError, match="clusters of 3 programs"):
+        launch_in_clusters(None, (1,), 3, 1024, [], {}, 0)
+
+
 def test_gemm_config_sixth_entry_picks_the_loads() -> None:
     """A GEMM config is 5 entries (pointer loads) or 6 (the last one LOADS_*); others fail.
     K must cut into the splits' slices of whole K tiles (``check_k_split``)."""
