@@ -363,8 +363,8 @@ def _encode_deferred(
     LayerNorm moments come from each
     row's (sum, sum of squares), added up by the GEMM that produced the row. Per layer
     parity ``p`` a scratch row holds ``z``, its sums, ``y``'s sums and FFN2's tile
-    counters; layer ``i``'s QKV zeroes scratch ``i % 2`` (all but ``z`` where FFN2's
-    slices add up in a cluster and store ``z``), which layer ``i - 2`` filled and
+    counters; layer ``i``'s QKV zeroes scratch ``i % 2`` (all but ``z`` where FFN2
+    stores ``z``: one K slice, or slices added in a cluster), which layer ``i - 2`` filled and
     nothing reads after layer ``i - 1``'s out-projection. (Zeroing it all once before the
     pass measured slower: by the time FFN2 adds into it, the weight streams have evicted
     it from L2.) The embeddings' sum is "layer -1" (scratch 1).
@@ -389,9 +389,10 @@ def _encode_deferred(
     tiles = -(-t // 32) * -(-d // 32)  # FFN2's output tiles, at most (32x32 the smallest)
     scratch = torch.empty((2, t * d + 4 * t + tiles), device=input_ids.device,
                           dtype=torch.float32)
-    # FFN2's K slices added in a cluster store z whole: only the sums need zeroing.
+    # FFN2 stores z whole (one K slice, or slices added in a cluster): then only the
+    # sums need zeroing.
     clustered = opts.cluster_splits and ops.cluster_reduction(input_ids, s_ff2, c_ff2)
-    zeroed = [scratch[p, t * d:] if clustered else scratch[p] for p in (0, 1)]
+    zeroed = [scratch[p, t * d:] if clustered or s_ff2 == 1 else scratch[p] for p in (0, 1)]
     z32 = [scratch[p, : t * d].view(t, d) for p in (0, 1)]
     z_sums = [scratch[p, t * d: t * d + 2 * t].view(t, 2) for p in (0, 1)]
     y_sums = [scratch[p, t * d + 2 * t: t * d + 4 * t].view(t, 2) for p in (0, 1)]

@@ -250,8 +250,8 @@ def residual_linear(
     cluster: bool = False,
 ) -> torch.Tensor:
     """``x @ w^T + bias + LN(residual)`` (moments from ``res_stats``): stored in ``x``'s
-    dtype, or added into the float32 ``out`` (with ``cluster``: stored into it) with its
-    copy in ``out16``; the result's row sums go into ``stats_out``. FP8 as in
+    dtype, or added into the float32 ``out`` (with one K split or ``cluster``: stored
+    into it) with its copy in ``out16``; the result's row sums go into ``stats_out``. FP8 as in
     ``kernels.residual_linear``."""
     mean, rstd = _moments(res_stats, residual.shape[1], eps)
     ln = (residual.float() - mean) * rstd * gamma.float() + beta.float()
@@ -266,7 +266,7 @@ def residual_linear(
         return stored
     if out16 is None:
         raise ValueError("`out` needs an `out16` copy")
-    if cluster:
+    if cluster or splits == 1:
         out.copy_(y)
     else:
         out += y

@@ -154,7 +154,8 @@ def _deferred_gemm_kernel(
       with a float32 tile of shared memory at byte ``red_off``): they exchange partial
       tiles through distributed shared memory and slice ``r`` finishes row block ``r``
       of the tile (bias and residual added once, no atomics, no counter), stored as
-      without ``ATOMIC``; ``OUT16``: also a copy in ``out16``'s dtype;
+      without ``ATOMIC``;
+    * ``OUT16`` (without ``ATOMIC``): also store a copy in ``out16``'s dtype;
     * ``ZERO``: then the programs zero ``zero_ptr[:zero_numel]`` (float32) between them.
 
     With ``USE_PDL`` the next kernel may launch right after the wait, or with
@@ -306,7 +307,9 @@ def _launch(x, w, out, *, config, pdl, prefetch, u=None, bias=None, out16=None, 
         raise ValueError(f"a cluster reduction takes {CLUSTER_SIZES} K splits dividing "
                          f"BLOCK_M ({splits} for {bm}), on a GEMM that neither folds a "
                          "LayerNorm, nor applies an activation, nor zeroes")
-    atomic = out.dtype == torch.float32 and out16 is not None and not cluster
+    # float32 ``out`` with a copy: FFN2. Its K slices add up with atomics, or (one slice
+    # or a cluster) it stores.
+    atomic = out.dtype == torch.float32 and out16 is not None and splits > 1 and not cluster
     scaled = scale is not None
     if scaled != (x.dtype == torch.float8_e4m3fn) or scaled != (w.dtype == torch.float8_e4m3fn):
         raise ValueError("e4m3 operands (both) go with a `scale`, 16-bit ones without")
@@ -335,7 +338,7 @@ def _launch(x, w, out, *, config, pdl, prefetch, u=None, bias=None, out16=None, 
         ZERO=zero is not None, USE_PDL=pdl, PREFETCH=pdl and prefetch,
         W_BYTES=w.element_size(), LATE_RELEASE=pdl and late_release, SCALED=scaled,
         Q_OUT=q_out, COPY8=out8 is not None, CLUSTER=splits if cluster else 1,
-        OUT16=cluster and out16 is not None, num_warps=warps, num_stages=stages,
+        OUT16=not atomic and out16 is not None, num_warps=warps, num_stages=stages,
         **launch_options(pdl),
     )
     if cluster:
@@ -411,13 +414,14 @@ def residual_linear(
     (sum, sum of squares)), whose rows' sums are added into ``stats_out`` [M, 2].
 
     Without ``out``: ``v`` stored in ``x``'s dtype (one K slice) and returned. With
-    ``out`` (float32 [M, N], zeroed), ``out16`` ([M, N], model dtype) and ``counters``
-    (int32, zeroed, one per output tile): ``v`` added into ``out`` over ``splits`` K
-    slices, its copy left in ``out16``; returns ``out16``. With ``cluster`` as well
-    (where ``clusters_available``; ``splits`` of ``cluster.CLUSTER_SIZES``) the slices
-    add their products inside a thread-block cluster (``kernels.cluster``) and ``v`` is
-    *stored* into ``out``: it needs no zeroing, and no ``counters``. ``late_release`` as
-    for :func:`folded_linear`.
+    ``out`` (float32 [M, N]) and ``out16`` ([M, N], model dtype): ``v`` in ``out``, its
+    copy in ``out16``; returns ``out16``. Over ``splits`` > 1 K slices ``v`` is *added*
+    into ``out`` (zeroed) with atomics, the last slice of a tile (``counters``: int32,
+    zeroed, one per output tile) writing the copy; with one slice, or with ``cluster``
+    (where ``clusters_available``; ``splits`` of ``cluster.CLUSTER_SIZES``: the slices
+    add their products inside a thread-block cluster, ``kernels.cluster``), ``v`` is
+    *stored* into ``out``, which then needs no zeroing and no ``counters``.
+    ``late_release`` as for :func:`folded_linear`.
 
     FP8: ``x`` and ``w`` in e4m3 (with ``out``) and ``scale`` [1] float32 the product's.
     ``out8`` ([M, N] e4m3) also gets ``v`` times ``inv8`` [1]: the next GEMM's operand.

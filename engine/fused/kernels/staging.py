@@ -14,6 +14,7 @@ import triton
 import triton.language as tl
 
 from engine.fused import call_table as ct
+from engine.fused.kernels.common import launch_options, pdl_available, pdl_enter, pdl_release
 
 _BLOCK = 1024
 
@@ -49,7 +50,10 @@ def stage_inputs(buf: torch.Tensor, tokens: int, ids: torch.Tensor, tt: torch.Te
 # are from a *call table* (``engine.fused.call_table``: int64 slots in pinned host memory,
 # which kernels reach under unified addressing) and its last kernel copies the logits to
 # the caller's tensor named there, then acknowledges. A call is then one graph launch:
-# no staging launch in front, no copy launch behind.
+# no staging launch in front, no copy launch behind. Where the GPU has programmatic
+# dependent launch (``common``) the staging kernel lets the next kernel launch at once,
+# and the output kernel launches while the kernel before it runs and reads the table
+# (a round trip over the bus) before it waits for the logits.
 
 _STAGE_BLOCK = 1024
 # The call table's slots, as the kernels read them.
@@ -62,9 +66,11 @@ _TOKENS, _SEQS, _OUT, _SEQ, _ACK = (tl.constexpr(ct.TOKENS), tl.constexpr(ct.SEQ
 
 
 @triton.jit
-def _stage_table_kernel(table_addr, buf_ptr, n, seqs, BLOCK: tl.constexpr):
+def _stage_table_kernel(table_addr, buf_ptr, n, seqs, BLOCK: tl.constexpr,
+                        USE_PDL: tl.constexpr):
     """One program: the table's batch (``t`` tokens, ``b`` sequences) into ``buf``, as
     ``_stage_kernel`` writes it; nothing when ``t`` is 0 (the host filled ``buf``)."""
+    pdl_release(USE_PDL)  # the next kernel waits for this one's writes
     table = table_addr.to(tl.pointer_type(tl.int64))
     # Every slot in one round trip over the bus (the table is in host memory).
     ids = tl.load(table + _IDS).to(tl.pointer_type(tl.int32))
@@ -87,7 +93,8 @@ def _stage_table_kernel(table_addr, buf_ptr, n, seqs, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _logits_table_kernel(table_addr, logits_ptr, n, BLOCK: tl.constexpr):
+def _logits_table_kernel(table_addr, logits_ptr, n, BLOCK: tl.constexpr,
+                         USE_PDL: tl.constexpr):
     """One program: the first ``t`` columns of ``logits`` [2, n] into the table's output
     tensor [2, t] (if it names one), then the table's sequence number into its
     acknowledgement slot: the stored value is the loaded one, so the store waits for that
@@ -96,6 +103,7 @@ def _logits_table_kernel(table_addr, logits_ptr, n, BLOCK: tl.constexpr):
     t = tl.load(table + _TOKENS).to(tl.int32)  # the three slots in one round trip over the bus
     out_addr = tl.load(table + _OUT)
     seq = tl.load(table + _SEQ)
+    pdl_enter(USE_PDL, False)  # the table needs no earlier kernel; the logits do
     if out_addr != 0:
         out = out_addr.to(tl.pointer_type(tl.float32))
         for start in range(0, t, BLOCK):
@@ -109,13 +117,16 @@ def _logits_table_kernel(table_addr, logits_ptr, n, BLOCK: tl.constexpr):
 
 def stage_from_table(buf: torch.Tensor, tokens: int, table: torch.Tensor) -> None:
     """Launch the staging kernel on a bucket buffer whose token sections are ``tokens``
-    long; ``table`` is the pinned call table (its address is baked into a captured graph)."""
+    long; ``table`` is the pinned call table (its address is baked into a captured graph).
+    Where the GPU has PDL it lets the next kernel launch at once."""
     seqs = buf.shape[0] - 3 * tokens - 1
     _stage_table_kernel[(1,)](table.data_ptr(), buf, tokens, seqs, BLOCK=_STAGE_BLOCK,
-                              num_warps=4)
+                              USE_PDL=pdl_available(buf), num_warps=4)
 
 
 def logits_to_table(logits: torch.Tensor, table: torch.Tensor) -> None:
-    """Launch the output kernel on a graph's static float32 logits [2, tokens]."""
+    """Launch the output kernel on a graph's static float32 logits [2, tokens] (with PDL
+    where the GPU has it: it reads the table while the kernel before it runs)."""
+    pdl = pdl_available(logits)
     _logits_table_kernel[(1,)](table.data_ptr(), logits, logits.shape[1], BLOCK=_STAGE_BLOCK,
-                               num_warps=4)
+                               USE_PDL=pdl, num_warps=4, **launch_options(pdl))
