@@ -97,10 +97,6 @@ DEFERRED_LN_MAX_HIDDEN: int | None = 768
 # 1x32, 1x64, 1x96, 1x128, 2x64, 4x32, 8x16 (v17); BERT-base (768) forced onto that layer:
 # no gain (v16).
 AUTO_SMALL_GEMMS_MIN_HIDDEN = 1024
-# The deferred layer's FFN2 adds its K slices inside a thread-block cluster
-# (``kernels.cluster``) where the GPU and the plan allow, not with float32 atomics, a
-# tile counter and a read-back.
-CLUSTER_SPLITS = False
 # In batches of at least this many sequences (None: never) the seven-kernel layer's Triton
 # QKV GEMM lets attention launch (PDL) only after its K loop, as CUTLASS's kernels do:
 # launched at once, attention's programs (sequences x heads x query blocks, many of them
@@ -146,9 +142,7 @@ class EncodeOptions:
     attention and the LayerNorms after their stores), not right after their wait. The
     CUTLASS kernels keep their own placement. ``fp8_deferred`` runs the deferred layer's
     QKV, FFN1 and FFN2 on e4m3 operands where the weights have them (``folded8``, from a
-    calibration that recorded the un-normalised inputs). ``cluster_splits`` lets the
-    deferred layer's FFN2 add its K slices inside a thread-block cluster where
-    ``ops.cluster_reduction`` says it can.
+    calibration that recorded the un-normalised inputs).
     """
 
     fp8_out_dtype: torch.dtype | None = None
@@ -170,7 +164,6 @@ class EncodeOptions:
     qkv_late_release_min_seqs: int | None = QKV_LATE_RELEASE_MIN_SEQS
     late_release: tuple[str, ...] = ()
     fp8_deferred: bool = FP8_DEFERRED
-    cluster_splits: bool = CLUSTER_SPLITS
 
 
 def _linear(x: torch.Tensor | None, xq: Quantized | None, lin: Linear,
@@ -355,7 +348,6 @@ def _encode_deferred(
         y   = ctx @ Wo^T + bo + LN_prev(z_prev)         un-normalised, model dtype; + sums
         h   = gelu(LN1(y) @ W1^T + b1)                  folded
         z  += h @ W2^T + b2 + LN1(y)                    split-K atomics, float32; + sums
-                                                        (or stored from a cluster)
 
     and LN2(z) of the last layer goes to the QA head. With ``opts.fp8_deferred`` and
     e4m3 layers (``w.folded8``) QKV, FFN1 and FFN2 multiply e4m3 operands: ``z`` and ``y``
@@ -363,8 +355,7 @@ def _encode_deferred(
     LayerNorm moments come from each
     row's (sum, sum of squares), added up by the GEMM that produced the row. Per layer
     parity ``p`` a scratch row holds ``z``, its sums, ``y``'s sums and FFN2's tile
-    counters; layer ``i``'s QKV zeroes scratch ``i % 2`` (all but ``z`` where FFN2
-    stores ``z``: one K slice, or slices added in a cluster), which layer ``i - 2`` filled and
+    counters; layer ``i``'s QKV zeroes scratch ``i % 2``, which layer ``i - 2`` filled and
     nothing reads after layer ``i - 1``'s out-projection. (Zeroing it all once before the
     pass measured slower: by the time FFN2 adds into it, the weight streams have evicted
     it from L2.) The embeddings' sum is "layer -1" (scratch 1).
@@ -389,10 +380,6 @@ def _encode_deferred(
     tiles = -(-t // 32) * -(-d // 32)  # FFN2's output tiles, at most (32x32 the smallest)
     scratch = torch.empty((2, t * d + 4 * t + tiles), device=input_ids.device,
                           dtype=torch.float32)
-    # FFN2 stores z whole (one K slice, or slices added in a cluster): then only the
-    # sums need zeroing.
-    clustered = opts.cluster_splits and ops.cluster_reduction(input_ids, s_ff2, c_ff2)
-    zeroed = [scratch[p, t * d:] if clustered or s_ff2 == 1 else scratch[p] for p in (0, 1)]
     z32 = [scratch[p, : t * d].view(t, d) for p in (0, 1)]
     z_sums = [scratch[p, t * d: t * d + 2 * t].view(t, 2) for p in (0, 1)]
     y_sums = [scratch[p, t * d + 2 * t: t * d + 4 * t].view(t, 2) for p in (0, 1)]
@@ -419,7 +406,7 @@ def _encode_deferred(
         f8 = f8s[i] if f8s is not None else None
         nxt = f8s[i + 1] if f8s is not None and i + 1 < len(f8s) else None
         qkv = folded(z16, z8, fold.qkv, f8.qkv if f8 else None, None, z_sums[q], eps,
-                     zero=zeroed[p], config=c_qkv, pdl=pdl, prefetch=pf,
+                     zero=scratch[p], config=c_qkv, pdl=pdl, prefetch=pf,
                      late_release="qkv" in late, out_dtype=w.dtype)
         ctx = ops.attention_varlen(qkv, fold.qkv.bias, cu_seqlens, max_seqlen, n_seqs,
                                    cfg.num_heads, config=opts.attn_config, pdl=pdl,
@@ -437,8 +424,7 @@ def _encode_deferred(
                             counters=counters[p], splits=s_ff2, config=c_ff2, pdl=pdl,
                             prefetch=pf, late_release="ffn2" in late,
                             scale=f8.ffn_out_scale if f8 else None,
-                            out8=z8 if nxt else None, inv8=nxt.qkv_inv if nxt else None,
-                            cluster=clustered)
+                            out8=z8 if nxt else None, inv8=nxt.qkv_inv if nxt else None)
         ln_g, ln_b = layer.ln2_weight, layer.ln2_bias
     return ops.layernorm_qa(z32[(len(w.layers) - 1) % 2], ln_g, ln_b, eps,  # type: ignore[no-any-return]
                             w.qa_weight, w.qa_bias, pdl=pdl)

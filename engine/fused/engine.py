@@ -38,7 +38,6 @@ from engine.fused.calibration import CALIBRATION_MARGIN, GEMMS, AmaxRecorder, Ca
 from engine.fused.config import BertQAConfig
 from engine.fused.encoder import (
     AUTO_SMALL_GEMMS_MIN_HIDDEN,
-    CLUSTER_SPLITS,
     DEFERRED_LN_MAX_HIDDEN,
     FFN1_FUSED_MAX_TOKENS,
     FP8_CALIBRATED_MIN_TOKENS,
@@ -151,7 +150,6 @@ class FusedEngine:
         qkv_late_release_min_seqs: int | None = QKV_LATE_RELEASE_MIN_SEQS,
         late_release: Sequence[str] | str | None = None,
         fp8_deferred: bool = FP8_DEFERRED,
-        cluster_splits: bool = CLUSTER_SPLITS,
     ) -> None:
         """FP8 weights (if packed) are used for batches of at least ``fp8_min_tokens``
         tokens, and once calibrated (:meth:`calibrating`) from ``fp8_calibrated_min_tokens``
@@ -190,9 +188,7 @@ class FusedEngine:
         their main loop, in every batch (an A/B knob; none by default).
         ``fp8_deferred`` (on by default): once calibrated (with the un-normalised inputs
         recorded), the deferred layer (``deferred_ln_max_hidden``) runs QKV, FFN1 and FFN2
-        on e4m3 operands (``folding.DeferredFP8Layer``). ``cluster_splits``: the
-        deferred layer's FFN2 adds its K slices inside a thread-block cluster (sm_90;
-        ``kernels.cluster``) instead of with float32 atomics.
+        on e4m3 operands (``folding.DeferredFP8Layer``).
         ``graph_buckets_per_octave``: token buckets per power of two of the
         graphs, itself a power of two (``packing.round_tokens``: padding under 1/that of
         the tokens from 64 x that many tokens up; more buckets pad less but capture more
@@ -242,7 +238,6 @@ class FusedEngine:
             qkv_late_release_min_seqs=qkv_late_release_min_seqs,
             late_release=tuple(k for k in LATE_RELEASE_KERNELS if k in late_release),
             fp8_deferred=fp8_deferred,
-            cluster_splits=cluster_splits,
         )
         self.graph_staging = graph_staging
         self._graphs = self._new_graphs()

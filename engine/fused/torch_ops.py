@@ -247,12 +247,10 @@ def residual_linear(
     scale: torch.Tensor | None = None,
     out8: torch.Tensor | None = None,
     inv8: torch.Tensor | None = None,
-    cluster: bool = False,
 ) -> torch.Tensor:
     """``x @ w^T + bias + LN(residual)`` (moments from ``res_stats``): stored in ``x``'s
-    dtype, or added into the float32 ``out`` (with one K split or ``cluster``: stored
-    into it) with its copy in ``out16``; the result's row sums go into ``stats_out``. FP8 as in
-    ``kernels.residual_linear``."""
+    dtype, or added into the float32 ``out`` with its copy in ``out16``; the result's
+    row sums go into ``stats_out``. FP8 as in ``kernels.residual_linear``."""
     mean, rstd = _moments(res_stats, residual.shape[1], eps)
     ln = (residual.float() - mean) * rstd * gamma.float() + beta.float()
     y = _product(x, w, scale) + bias.float() + ln
@@ -266,10 +264,7 @@ def residual_linear(
         return stored
     if out16 is None:
         raise ValueError("`out` needs an `out16` copy")
-    if cluster or splits == 1:
-        out.copy_(y)
-    else:
-        out += y
+    out += y
     out16.copy_(out)
     if out8 is not None and inv8 is not None:
         out8.copy_(e4m3_times(out, inv8))
@@ -306,11 +301,6 @@ def small_batch_plan(m: int, n: int, k: int, partial: bool) -> tuple[None, int]:
 
 def pdl_available(t: torch.Tensor) -> bool:
     return False
-
-
-def cluster_reduction(t: torch.Tensor, splits: int, config: tuple[int, ...] | None) -> bool:
-    """Any split K: this spec adds the slices in one product (``residual_linear``)."""
-    return splits > 1
 
 
 def persistent_supported(w: object) -> bool:

@@ -340,89 +340,6 @@ def test_deferred_fp8_parity(graphs: bool) -> None:
         assert e16 < 2e-2 and e8 < 0.2
 
 
-@pytest.mark.parametrize(("rows", "n", "k", "splits", "fp8"), [
-    (128, 768, 3072, 4, False), (128, 768, 3072, 4, True), (77, 768, 3072, 4, True),
-    (64, 768, 3072, 8, True), (128, 384, 1536, 2, False), (16, 384, 1536, 8, False),
-    (128, 768, 3072, 1, True), (77, 768, 3072, 1, False)])
-def test_ffn2_stored_forms_match_atomics(rows: int, n: int, k: int, splits: int,
-                                         fp8: bool) -> None:
-    """The deferred layer's FFN2 in the forms that *store* its float32 rows, against the
-    default that adds ``splits`` K slices with float32 atomics: one K slice, or the slices
-    added in a thread-block cluster (``kernels.cluster``: distributed shared memory).
-    The float32 rows, their 16-bit and e4m3 copies and the row sums agree to float32
-    rounding of the sum's order; eager and replayed in a CUDA graph with PDL (``out``
-    starts as NaN, so whatever a stored form leaves unwritten fails)."""
-    from engine.fused import kernels as kn
-    from engine.fused.kernels.deferred import deferred_plan
-
-    g = torch.Generator(device="cuda").manual_seed(rows + splits)
-    dev = torch.device("cuda")
-
-    def rand(*shape: int, scale: float = 1.0) -> torch.Tensor:
-        return torch.randn(*shape, generator=g, device=dev) * scale
-
-    x, w = rand(rows, k, scale=0.5), rand(n, k, scale=0.05)
-    residual = (rand(rows, n) + 3.0).half()
-    res = residual.float()
-    res_stats = torch.stack([res.sum(1), (res * res).sum(1)], 1)
-    gamma, beta, bias = rand(n) * 0.1 + 1.0, rand(n) * 0.1, rand(n) * 0.1
-    extra: dict[str, Any] = {}
-    if fp8:
-        x, w = x.to(torch.float8_e4m3fn), w.to(torch.float8_e4m3fn)
-        extra = {"scale": torch.full((1,), 0.5, device=dev),
-                 "inv8": torch.full((1,), 8.0, device=dev)}
-    else:
-        x, w = x.half(), w.half()
-    config, atomic_splits = deferred_plan(rows, n, k, "accumulate", fp8)
-    assert atomic_splits > 1
-    if splits > 1:
-        assert kn.cluster_reduction(x, splits, config)
-
-    def run(slices: int, cluster: bool) -> dict[str, torch.Tensor]:
-        stores = cluster or slices == 1
-        o = {"out": torch.full((rows, n), float("nan") if stores else 0.0, device=dev),
-             "out16": torch.empty(rows, n, dtype=torch.float16, device=dev),
-             "stats": torch.zeros(rows, 2, device=dev)}
-        if fp8:
-            o["out8"] = torch.empty(rows, n, dtype=torch.float8_e4m3fn, device=dev)
-        counters = torch.zeros(256, dtype=torch.int32, device=dev)
-
-        def call() -> None:
-            kn.residual_linear(x, w, bias, residual, res_stats, gamma, beta, 1e-12,
-                               o["stats"], out=o["out"], out16=o["out16"], counters=counters,
-                               splits=slices, config=config, pdl=True, prefetch=True,
-                               out8=o.get("out8"), cluster=cluster, **extra)
-        call()
-        torch.cuda.synchronize()
-        eager = {key: v.clone() for key, v in o.items()}
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            call()
-        o["out"].fill_(float("nan") if stores else 0.0)
-        o["stats"].zero_()
-        counters.zero_()
-        graph.replay()
-        torch.cuda.synchronize()
-        _assert_same_ffn2(o, eager)  # eager and replayed agree
-        return o
-
-    _assert_same_ffn2(run(splits, splits > 1), run(atomic_splits, False))
-
-
-def _assert_same_ffn2(got: dict[str, Any], ref: dict[str, Any]) -> None:
-    """FFN2's outputs equal up to the order of a float32 sum: the rows to float32
-    rounding, the 16-bit copy to a unit in its last place, e4m3 copies but where a value
-    sits on a rounding boundary (under 0.1% of them)."""
-    scale = float(ref["out"].abs().max())
-    assert torch.isfinite(got["out"]).all()
-    assert float((got["out"] - ref["out"]).abs().max()) <= 1e-5 * scale
-    assert float((got["out16"].float() - ref["out16"].float()).abs().max()) <= 1e-3 * scale
-    assert torch.allclose(got["stats"], ref["stats"], rtol=1e-4, atol=1e-2)
-    if "out8" in ref:
-        differ = got["out8"].float() != ref["out8"].float()
-        assert float(differ.float().mean()) < 1e-3
-
-
 def test_static_inputs_per_gemm_on_the_gpu() -> None:
     """Calibrated engines with only some GEMM inputs static (``fp8_static_inputs``; the
     others per token): every single GEMM, every three-GEMM combination (the default is
@@ -490,8 +407,7 @@ def test_graph_and_eager_agree_across_buckets() -> None:
                                      "seven_kernels_no_pdl", "seven_kernels_tma",
                                      "seven_kernels_cutlass", "seven_kernels_late_release",
                                      "seven_kernels_early_release", "late_release_all",
-                                     "seven_kernels_late_release_all", "ffn2_cluster",
-                                     "ffn2_atomics"])
+                                     "seven_kernels_late_release_all"])
 def test_small_batch_paths_agree(variant: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """Batches of up to 512 tokens through the small-batch path (all-Triton GEMMs, no
     LayerNorm kernels, FFN2 split-K by atomics, PDL + L2 prefetch) agree with the
@@ -500,8 +416,7 @@ def test_small_batch_paths_agree(variant: str, monkeypatch: pytest.MonkeyPatch) 
     partials; also with every GEMM loading through TMA, or with QKV and FFN1 as CUTLASS
     kernels: ``cutlass_small_gemms``, skipped without its library; QKV letting attention
     launch only after its K loop at any batch, or never: ``qkv_late_release_min_seqs``;
-    every kernel of either layer releasing its successor late: ``late_release``; FFN2's
-    K slices added in a thread-block cluster or with atomics: ``cluster_splits``)
+    every kernel of either layer releasing its successor late: ``late_release``)
     and with the persistent
     kernel, to fp16 rounding, over graph replays. Also checks an imposed attention tile."""
     from engine.fused import small_gemm
@@ -542,8 +457,6 @@ def test_small_batch_paths_agree(variant: str, monkeypatch: pytest.MonkeyPatch) 
         "late_release_all": {"late_release": LATE_RELEASE_KERNELS},
         "seven_kernels_late_release_all": {"deferred_ln_max_hidden": None,
                                            "late_release": LATE_RELEASE_KERNELS},
-        "ffn2_cluster": {"cluster_splits": True},
-        "ffn2_atomics": {"cluster_splits": False},
     }[variant]
     other = FusedEngine(default.weights, "cuda", **{"small_batch_max_tokens": 512, **options})  # type: ignore[arg-type]
     rng = np.random.default_rng(13)

@@ -59,18 +59,16 @@ def _tiny_bert(seed: int):  # type: ignore[no-untyped-def]
     return model, BertQAConfig.from_dict(hf.to_dict())
 
 
-@pytest.mark.parametrize(("splits", "cluster"), [(False, False), (True, False), (True, True)])
-def test_deferred_torch_path_matches_seven_kernel_path(splits: bool, cluster: bool) -> None:
+@pytest.mark.parametrize("splits", [False, True])
+def test_deferred_torch_path_matches_seven_kernel_path(splits: bool) -> None:
     """The whole encoder through the torch spec: the layer without LayerNorm kernels gives
-    the logits of the layer with them (bfloat16 weights, float32 math). With
-    ``cluster_splits`` FFN2 stores ``z`` rather than adding into it, and the QKV GEMMs
-    leave ``z`` as the layer before last wrote it (not zeroed)."""
+    the logits of the layer with them (bfloat16 weights, float32 math)."""
     from engine.fused.engine import FusedEngine
 
     model, cfg = _tiny_bert(3)
     plans = {"ffn2": (None, 2)} if splits else None
     kw = dict(device="cpu", dtype="bfloat16", backend="torch", small_batch_max_tokens=512,
-              gemm_plans=plans, cluster_splits=cluster)
+              gemm_plans=plans)
     deferred = FusedEngine.from_state_dict(model.state_dict(), cfg, **kw)  # type: ignore[arg-type]
     seven = FusedEngine(deferred.weights, "cpu", backend="torch", small_batch_max_tokens=512,
                         deferred_ln_max_hidden=None)

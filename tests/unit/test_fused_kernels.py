@@ -205,8 +205,7 @@ def _check_deferred(splits: int) -> tuple[float, float]:
     GEMM references, each error in units of its tolerance: the embeddings' sum with its
     row sums; the folded GEMM (GELU, and the buffer it zeroes); the residual GEMM stored
     whole and accumulated over ``splits`` K slices (atomics, tile counters, the copy and
-    the row sums left by each tile's last program; one slice stores, no counter); the
-    LayerNorm + QA head."""
+    the row sums left by each tile's last program); the LayerNorm + QA head."""
     import torch
 
     from engine.fused import kernels as k
@@ -245,16 +244,14 @@ def _check_deferred(splits: int) -> tuple[float, float]:
     acc = start.clone()
     y = k.residual_linear(ctx, wo, bo, res, res_sums, g2, b2, eps, acc, config=tile)
     errs += [_rel(y, ref) / _TOL["float16"], _rel(acc, start.double() + _sums64(y)) / 1e-5]
-    # split K adds into a zeroed `out` (a counter per tile); one slice stores into it
-    out = torch.zeros(m, n) if splits > 1 else torch.full((m, n), math.nan)
-    out16 = torch.empty(m, n).half()
+    out, out16 = torch.zeros(m, n), torch.empty(m, n).half()
     counters = torch.zeros(6, dtype=torch.int32)  # 2 x 3 tiles of 32x32
     acc = start.clone()
     k.residual_linear(ctx, wo, bo, res, res_sums, g2, b2, eps, acc, out=out, out16=out16,
                       counters=counters, splits=splits, config=tile)
     errs += [_rel(out, ref) / 1e-5, _rel(out16, ref) / _TOL["float16"],
              _rel(acc, start.double() + _sums64(out)) / 1e-5,
-             0.0 if bool((counters == (splits if splits > 1 else 0)).all()) else math.inf]
+             0.0 if bool((counters == splits).all()) else math.inf]
 
     qa_w, qa_b = torch.randn(2, n, generator=g), torch.randn(2, generator=g)
     logits = k.layernorm_qa(out, g2, b2, eps, qa_w, qa_b)
@@ -330,8 +327,7 @@ def _check_deferred_fp8(splits: int) -> tuple[float, float]:
     s2 = torch.tensor([1e-3])
     ref = ((x2.double() @ w2.double().t()) * s2.double() + bo.double()
            + _ln64(res.double(), g2, b2, eps))
-    out = torch.zeros(m, n) if splits > 1 else torch.full((m, n), math.nan)
-    out16 = torch.empty(m, n).half()
+    out, out16 = torch.zeros(m, n), torch.empty(m, n).half()
     out8 = torch.empty(m, n, dtype=e8)
     counters = torch.zeros(6, dtype=torch.int32)
     z_inv = torch.tensor([200.0 / float(ref.abs().max())])
@@ -913,34 +909,6 @@ def test_deferred_gemms_refuse_tma_tiles() -> None:
     u, stats = torch.zeros(64), torch.zeros(8, 2)
     with pytest.raises(ValueError, match="pointer-load tiles only"):
         k.folded_linear(x, w, u, None, stats, 1e-12, config=(32, 32, 64, 4, 2, 1))
-
-
-def test_cluster_reduction_where_it_runs_and_what_it_refuses() -> None:
-    """Split-K through a thread-block cluster runs on sm_90 GPUs only (never on CPU tensors
-    or the interpreter), for 2, 4 or 8 slices dividing BLOCK_M, on a GEMM that neither
-    folds a LayerNorm nor zeroes; anything else is an error, not another kernel. The
-    torch spec takes any split (it adds the slices in one product)."""
-    torch = pytest.importorskip("torch")
-    pytest.importorskip("triton")
-    from engine.fused import kernels as k
-    from engine.fused import torch_ops
-    from engine.fused.kernels.cluster import launch_in_clusters
-
-    x, w = torch.zeros(8, 768, dtype=torch.float16), torch.zeros(64, 768, dtype=torch.float16)
-    assert not k.cluster_reduction(x, 4, (64, 64, 64, 4, 4))
-    assert torch_ops.cluster_reduction(x, 3, None) and not torch_ops.cluster_reduction(x, 1, None)
-    res, stats = torch.zeros(8, 64, dtype=torch.float16), torch.zeros(8, 2)
-    vec = torch.zeros(64)
-    out, out16 = torch.zeros(8, 64), torch.zeros(8, 64, dtype=torch.float16)
-    for splits, config in ((3, (64, 64, 64, 4, 4)), (4, (2, 64, 64, 4, 4))):
-        with pytest.raises(ValueError, match="cluster reduction takes"):
-            k.residual_linear(x, w, vec, res, stats, vec, vec, 1e-12, stats.clone(), out=out,
-                              out16=out16, splits=splits, config=config, cluster=True)
-    with pytest.raises(ValueError, match="needs `out` and `out16`"):
-        k.residual_linear(x, w, vec, res, stats, vec, vec, 1e-12, stats.clone(), out=out,
-                          splits=4, cluster=True)
-    with pytest.raises(ValueError, match="clusters of 3 programs"):
-        launch_in_clusters(None, (1,), 3, 1024, [], {}, 0)
 
 
 def test_gemm_config_sixth_entry_picks_the_loads() -> None:

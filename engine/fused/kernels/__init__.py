@@ -16,7 +16,6 @@ Every kernel computes in float32 and reads/writes whatever float dtype its tenso
 ``embed_sum``                the embeddings' sum without LayerNorm, with row sums (``deferred``)
 ``folded_linear``            a GEMM reading un-normalised rows, the LayerNorm before it folded in
 ``residual_linear``          a GEMM + bias + LayerNorm'd residual, stored or added atomically
-                             (or its K slices added in a thread-block cluster: ``cluster``)
 ``layernorm_qa``             LayerNorm + QA head (the deferred path's last step; ``deferred``)
 ``stage_inputs``             a batch into a CUDA graph's input buffer, in one launch
 ``stage_from_table``         the same inside a graph, from the pinned call table
@@ -26,9 +25,9 @@ Every kernel computes in float32 and reads/writes whatever float dtype its tenso
 ==========================  ==================================================================
 
 Modules: ``common`` (shared jit helpers, PDL), ``rows`` (row-wise kernels), ``attention``,
-``matmul``, ``deferred``, ``cluster`` (split-K through distributed shared memory),
-``persistent``, ``staging``. Launchers never synchronise with the device and take every
-size from the host, so a whole forward pass can be captured in a CUDA graph.
+``matmul``, ``deferred``, ``persistent``, ``staging``. Launchers never synchronise with the
+device and take every size from the host, so a whole forward pass can be captured in a
+CUDA graph.
 Each takes ``pdl``: launch with programmatic dependent launch (see ``common``). With
 ``TRITON_INTERPRET=1`` set before this package is imported, the same kernels run on CPU
 tensors (for CI). ``engine.fused.torch_ops`` holds the plain-PyTorch spec of each
@@ -44,7 +43,6 @@ from engine.fused.kernels.attention import (
     attention_tiles,
     attention_varlen,
 )
-from engine.fused.kernels.cluster import cluster_reduction
 from engine.fused.kernels.common import pdl_available
 from engine.fused.kernels.deferred import (
     deferred_plan,
@@ -85,7 +83,6 @@ __all__ = [
     "bias_gelu",
     "bias_residual_layernorm",
     "bias_residual_layernorm_qa",
-    "cluster_reduction",
     "deferred_plan",
     "embed_layernorm",
     "embed_sum",

@@ -32,13 +32,6 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.fused.kernels.cluster import (
-    CLUSTER_SIZES,
-    cluster_done,
-    cluster_put,
-    cluster_sum,
-    launch_in_clusters,
-)
 from engine.fused.kernels.common import (
     gelu,
     launch_options,
@@ -63,7 +56,6 @@ from engine.fused.kernels.matmul import (
 from engine.fused.kernels.rows import _row_tile, embed_rows, qa_head_rows, row_block
 
 _ZERO_BLOCK = tl.constexpr(1024)  # float32 elements a program zeroes per step
-_RED_OFF_ARG = 22  # position of ``red_off`` in the GEMM kernel's arguments
 
 
 @triton.jit
@@ -126,14 +118,13 @@ def epilogue_addend(bias_ptr, res_ptr, stats_ptr, g_ptr, b_ptr, offs_m, offs_n, 
 def _deferred_gemm_kernel(
     x_ptr, w_ptr, u_ptr, bias_ptr, out_ptr, out16_ptr, stats_ptr, stats_out_ptr, cnt_ptr,
     res_ptr, res_g_ptr, res_b_ptr, zero_ptr, scale_ptr, out8_ptr, inv8_ptr,
-    M, N, K, k_split, zero_numel, eps, red_off,
+    M, N, K, k_split, zero_numel, eps,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, FOLD_LN: tl.constexpr, GELU: tl.constexpr, TANH: tl.constexpr,
     HAS_BIAS: tl.constexpr, RESIDUAL: tl.constexpr, ATOMIC: tl.constexpr,
     STATS_OUT: tl.constexpr, ZERO: tl.constexpr, USE_PDL: tl.constexpr,
     PREFETCH: tl.constexpr, W_BYTES: tl.constexpr, LATE_RELEASE: tl.constexpr,
-    SCALED: tl.constexpr, Q_OUT: tl.constexpr, COPY8: tl.constexpr, CLUSTER: tl.constexpr,
-    OUT16: tl.constexpr,
+    SCALED: tl.constexpr, Q_OUT: tl.constexpr, COPY8: tl.constexpr,
 ):
     """Output tile of ``x @ w^T`` over K slice ``program_id(1)``, then:
 
@@ -149,13 +140,6 @@ def _deferred_gemm_kernel(
       add the stored values' row sums;
     * ``COPY8``: also store the result (the finished tile with ``ATOMIC``) in e4m3 times
       ``inv8_ptr[0]`` into ``out8``: the next GEMM's FP8 operand;
-    * ``CLUSTER`` (> 1): the K slices are the ``CLUSTER`` programs of one thread-block
-      cluster (program ``tile * CLUSTER + slice``, launched by ``cluster.launch_in_clusters``
-      with a float32 tile of shared memory at byte ``red_off``): they exchange partial
-      tiles through distributed shared memory and slice ``r`` finishes row block ``r``
-      of the tile (bias and residual added once, no atomics, no counter), stored as
-      without ``ATOMIC``;
-    * ``OUT16`` (without ``ATOMIC``): also store a copy in ``out16``'s dtype;
     * ``ZERO``: then the programs zero ``zero_ptr[:zero_numel]`` (float32) between them.
 
     With ``USE_PDL`` the next kernel may launch right after the wait, or with
@@ -169,12 +153,8 @@ def _deferred_gemm_kernel(
     LayerNorm moments alone before the loop gained nothing (2026-12-01). Zeroing before
     or after the tile measured the same.
     """
-    if CLUSTER > 1:
-        pid = tl.program_id(0) // CLUSTER
-        split = tl.program_id(0) % CLUSTER
-    else:
-        pid = tl.program_id(0)
-        split = tl.program_id(1)
+    pid = tl.program_id(0)
+    split = tl.program_id(1)
     pid_m, pid_n = grouped_tile(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
     k0 = split * k_split
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
@@ -208,25 +188,15 @@ def _deferred_gemm_kernel(
     pdl_release(LATE_RELEASE)
     if SCALED:
         acc *= scale
-    if CLUSTER > 1:
-        cluster_put(acc, red_off, BLOCK_M, BLOCK_N)
-        QM: tl.constexpr = BLOCK_M // CLUSTER
-        offs_m = pid_m * BLOCK_M + split * QM + tl.arange(0, QM)  # this slice's row block
-        rmask = offs_m < M
-        # loaded while the other slices finish their K loops
-        add = epilogue_addend(bias_ptr, res_ptr, stats_ptr, res_g_ptr, res_b_ptr, offs_m,
-                              offs_n, M, N, eps, 1, HAS_BIAS, RESIDUAL, QM, BLOCK_N)
-        y = cluster_sum(red_off, split, BLOCK_M, BLOCK_N, CLUSTER) + add
-    else:
-        y = acc
-        if FOLD_LN:
-            mean, rstd = row_moments(stats_ptr, offs_m, M, K, eps)
-            u = load_vector(u_ptr, offs_n, nmask)
-            y = rstd[:, None] * (acc - mean[:, None] * u[None, :])
-        y += epilogue_addend(bias_ptr, res_ptr, stats_ptr, res_g_ptr, res_b_ptr, offs_m,
-                             offs_n, M, N, eps, lead, HAS_BIAS, RESIDUAL, BLOCK_M, BLOCK_N)
     omask = rmask[:, None] & nmask[None, :]
     o_offs = offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
+    y = acc
+    if FOLD_LN:
+        mean, rstd = row_moments(stats_ptr, offs_m, M, K, eps)
+        u = load_vector(u_ptr, offs_n, nmask)
+        y = rstd[:, None] * (acc - mean[:, None] * u[None, :])
+    y += epilogue_addend(bias_ptr, res_ptr, stats_ptr, res_g_ptr, res_b_ptr, offs_m, offs_n,
+                         M, N, eps, lead, HAS_BIAS, RESIDUAL, BLOCK_M, BLOCK_N)
     if ATOMIC:
         tl.atomic_add(out_ptr + o_offs, y, mask=omask, sem="relaxed")
         if STATS_OUT:
@@ -246,8 +216,6 @@ def _deferred_gemm_kernel(
         else:
             yo = y.to(out_ptr.dtype.element_ty)
             tl.store(out_ptr + o_offs, yo, mask=omask)
-            if OUT16:
-                tl.store(out16_ptr + o_offs, y.to(out16_ptr.dtype.element_ty), mask=omask)
             if STATS_OUT:  # of the values as stored, which the next GEMM reads
                 add_row_sums(stats_out_ptr, tl.where(omask, yo.to(tl.float32), 0.0), offs_m,
                              rmask)
@@ -255,8 +223,6 @@ def _deferred_gemm_kernel(
                 tl.store(out8_ptr + o_offs, to_e4m3(yo.to(tl.float32) * inv8), mask=omask)
     if ZERO:
         zero_share(zero_ptr, zero_numel, pid, split)
-    if CLUSTER > 1:
-        cluster_done(red_off)  # the others have read this program's tile
 
 
 def deferred_plan(m: int, n: int, k: int, kind: str,
@@ -295,21 +261,14 @@ def deferred_plan(m: int, n: int, k: int, kind: str,
 def _launch(x, w, out, *, config, pdl, prefetch, u=None, bias=None, out16=None, stats=None,
             stats_out=None, counters=None, residual=None, res_gamma=None, res_beta=None,
             zero=None, eps=0.0, act=None, splits=1, fold=False, late_release=False,
-            scale=None, out8=None, inv8=None, cluster=False) -> None:
+            scale=None, out8=None, inv8=None) -> None:
     m, k = x.shape
     n = w.shape[0]
     bm, bn, bk, warps, stages, loads = unpack_config(config)
     if loads != LOADS_POINTER:
         raise ValueError("the deferred-LayerNorm GEMMs take pointer-load tiles only")
     check_k_split(k, splits, bk)
-    if cluster and (splits not in CLUSTER_SIZES or bm % splits or fold or act is not None
-                    or zero is not None):
-        raise ValueError(f"a cluster reduction takes {CLUSTER_SIZES} K splits dividing "
-                         f"BLOCK_M ({splits} for {bm}), on a GEMM that neither folds a "
-                         "LayerNorm, nor applies an activation, nor zeroes")
-    # float32 ``out`` with a copy: FFN2. Its K slices add up with atomics, or (one slice
-    # or a cluster) it stores.
-    atomic = out.dtype == torch.float32 and out16 is not None and splits > 1 and not cluster
+    atomic = out.dtype == torch.float32 and out16 is not None
     scaled = scale is not None
     if scaled != (x.dtype == torch.float8_e4m3fn) or scaled != (w.dtype == torch.float8_e4m3fn):
         raise ValueError("e4m3 operands (both) go with a `scale`, 16-bit ones without")
@@ -325,27 +284,19 @@ def _launch(x, w, out, *, config, pdl, prefetch, u=None, bias=None, out16=None, 
     def arg(t):  # a valid pointer for arguments a variant never reads
         return w if t is None else t
 
-    args = [
+    _deferred_gemm_kernel[(tiles, splits)](
         x, w, arg(u), arg(bias), out, arg(out16), arg(stats), arg(stats_out), arg(counters),
         arg(residual), arg(res_gamma), arg(res_beta), arg(zero), arg(scale), arg(out8),
         arg(inv8),
-        m, n, k, k // splits, zero.numel() if zero is not None else 0, eps, 0,
-    ]
-    kwargs = dict(
+        m, n, k, k // splits, zero.numel() if zero is not None else 0, eps,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, FOLD_LN=fold,
         GELU=act is not None, TANH=act == "gelu_tanh", HAS_BIAS=bias is not None,
         RESIDUAL=residual is not None, ATOMIC=atomic, STATS_OUT=stats_out is not None,
         ZERO=zero is not None, USE_PDL=pdl, PREFETCH=pdl and prefetch,
         W_BYTES=w.element_size(), LATE_RELEASE=pdl and late_release, SCALED=scaled,
-        Q_OUT=q_out, COPY8=out8 is not None, CLUSTER=splits if cluster else 1,
-        OUT16=not atomic and out16 is not None, num_warps=warps, num_stages=stages,
-        **launch_options(pdl),
+        Q_OUT=q_out, COPY8=out8 is not None, num_warps=warps,
+        num_stages=stages, **launch_options(pdl),
     )
-    if cluster:
-        launch_in_clusters(_deferred_gemm_kernel, (tiles,), splits, bm * bn * 4, args, kwargs,
-                           _RED_OFF_ARG)
-    else:
-        _deferred_gemm_kernel[(tiles, splits)](*args, **kwargs)
 
 
 def folded_linear(
@@ -408,20 +359,15 @@ def residual_linear(
     scale: torch.Tensor | None = None,
     out8: torch.Tensor | None = None,
     inv8: torch.Tensor | None = None,
-    cluster: bool = False,
 ) -> torch.Tensor:
     """``v = x @ w^T + bias + LN(residual)`` (LN's moments from ``res_stats``, the rows'
     (sum, sum of squares)), whose rows' sums are added into ``stats_out`` [M, 2].
 
     Without ``out``: ``v`` stored in ``x``'s dtype (one K slice) and returned. With
-    ``out`` (float32 [M, N]) and ``out16`` ([M, N], model dtype): ``v`` in ``out``, its
-    copy in ``out16``; returns ``out16``. Over ``splits`` > 1 K slices ``v`` is *added*
-    into ``out`` (zeroed) with atomics, the last slice of a tile (``counters``: int32,
-    zeroed, one per output tile) writing the copy; with one slice, or with ``cluster``
-    (where ``clusters_available``; ``splits`` of ``cluster.CLUSTER_SIZES``: the slices
-    add their products inside a thread-block cluster, ``kernels.cluster``), ``v`` is
-    *stored* into ``out``, which then needs no zeroing and no ``counters``.
-    ``late_release`` as for :func:`folded_linear`.
+    ``out`` (float32 [M, N], zeroed), ``out16`` ([M, N], model dtype) and ``counters``
+    (int32, zeroed, one per output tile): ``v`` added into ``out`` over ``splits`` K
+    slices, its copy left in ``out16``; returns ``out16``. ``late_release`` as for
+    :func:`folded_linear`.
 
     FP8: ``x`` and ``w`` in e4m3 (with ``out``) and ``scale`` [1] float32 the product's.
     ``out8`` ([M, N] e4m3) also gets ``v`` times ``inv8`` [1]: the next GEMM's operand.
@@ -434,8 +380,6 @@ def residual_linear(
             raise ValueError("e4m3 operands need a float32 `out` to accumulate into")
         out = torch.empty((m, n), device=x.device, dtype=x.dtype)
         kind = "residual"
-    elif cluster and out16 is None:
-        raise ValueError("a cluster reduction needs `out` and `out16`")
     elif out.dtype != torch.float32 or out.shape != (m, n) or out16 is None:
         raise ValueError("`out` must be float32 [M, N], with an `out16` copy")
     else:
@@ -445,7 +389,7 @@ def residual_linear(
             splits=splits, config=config or deferred_plan(m, n, x.shape[1], kind,
                                                           scale is not None)[0],
             pdl=pdl, prefetch=prefetch, late_release=late_release, scale=scale, out8=out8,
-            inv8=inv8, cluster=cluster)
+            inv8=inv8)
     return out if out16 is None else out16
 
 
