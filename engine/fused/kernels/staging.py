@@ -56,6 +56,9 @@ def stage_inputs(buf: torch.Tensor, tokens: int, ids: torch.Tensor, tt: torch.Te
 # (a round trip over the bus) before it waits for the logits.
 
 _STAGE_BLOCK = 1024
+# The two kernels use programmatic dependent launch where the GPU has it (fixed into a
+# graph at capture; an A/B knob for ``benchmarks/ab_replay.py --set``).
+TABLE_PDL = True
 # The call table's slots, as the kernels read them.
 _IDS, _TOKEN_TYPES, _POSITIONS, _CU_SEQLENS = (tl.constexpr(ct.IDS), tl.constexpr(ct.TOKEN_TYPES),
                                                tl.constexpr(ct.POSITIONS),
@@ -121,12 +124,12 @@ def stage_from_table(buf: torch.Tensor, tokens: int, table: torch.Tensor) -> Non
     Where the GPU has PDL it lets the next kernel launch at once."""
     seqs = buf.shape[0] - 3 * tokens - 1
     _stage_table_kernel[(1,)](table.data_ptr(), buf, tokens, seqs, BLOCK=_STAGE_BLOCK,
-                              USE_PDL=pdl_available(buf), num_warps=4)
+                              USE_PDL=TABLE_PDL and pdl_available(buf), num_warps=4)
 
 
 def logits_to_table(logits: torch.Tensor, table: torch.Tensor) -> None:
     """Launch the output kernel on a graph's static float32 logits [2, tokens] (with PDL
     where the GPU has it: it reads the table while the kernel before it runs)."""
-    pdl = pdl_available(logits)
+    pdl = TABLE_PDL and pdl_available(logits)
     _logits_table_kernel[(1,)](table.data_ptr(), logits, logits.shape[1], BLOCK=_STAGE_BLOCK,
                                USE_PDL=pdl, num_warps=4, **launch_options(pdl))
