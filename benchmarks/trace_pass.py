@@ -1,7 +1,8 @@
 """Where one batch-1 forward pass spends its time: a CUPTI kernel trace of real passes.
 
     python benchmarks/trace_pass.py --out DIR [--shapes bert-base:1x128,bert-large:1x384]
-        [--dtype fp8 [--calibrate]] [--option KEY=VALUE ...] [--repeat-layers N]
+        [--dtype fp8 [--calibrate]] [--option KEY=VALUE ...] [--set module.ATTR=VALUE ...]
+        [--repeat-layers N]
 
 Each shape runs ``FusedEngine._run_device`` (what a call on device tensors pays per batch:
 one CUDA-graph launch whose first and last kernels stage the inputs and copy the logits
@@ -20,6 +21,8 @@ kernels (graph kernels are traced one by one) it reports:
   include the host's launch gaps between them, or the call table's two kernels ("call
   table") inside it.
 
+``--set module.ATTR=VALUE`` sets a module constant before any engine is built (a launch
+choice fixed into the graph at capture, as ``ab_replay.py --set`` does per variant).
 ``--repeat-layers N`` traces the model with its first N layers repeated to its depth
 (``ab_replay.repeated_layers``: with N = 1 its weights stay in L2, which shows what each
 kernel pays for its weight stream). ``--calibrate`` gives the engine static FP8 scales
@@ -33,6 +36,7 @@ little slower than untraced ones.
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import sys
 from collections import defaultdict
@@ -203,13 +207,23 @@ def main() -> None:
                    help="static FP8 scales first (fp8 engines; see the docstring)")
     p.add_argument("--option", action="append", default=[],
                    help="FusedEngine keyword for every shape, KEY=VALUE (repeatable)")
+    p.add_argument("--set", action="append", default=[],
+                   help="module.ATTR=VALUE: a module constant (a Python literal) set before "
+                        "any engine is built, e.g. a launch choice fixed at capture")
     p.add_argument("--repeat-layers", type=int, default=None,
                    help="the first N layers repeated to the model's depth (see above)")
     args = p.parse_args()
     sys.path.insert(0, str(REPO))
+    from benchmarks.ab_replay import _setting
     from engine.registry import _option_value
 
     options = {k: _option_value(v) for k, v in (o.split("=", 1) for o in args.option)}
+    for item in args.set:
+        _, module, attr, value = _setting("trace:" + item)
+        mod = importlib.import_module(module)
+        if not hasattr(mod, attr):
+            p.error(f"--set: {module} has no attribute {attr!r}")
+        setattr(mod, attr, value)
     args.out.mkdir(parents=True, exist_ok=True)
     from benchmarks.bench_gpu import parse_shapes
 
@@ -222,8 +236,11 @@ def main() -> None:
                                    dtype=dtype[0] if dtype else "float16",
                                    calibrate=args.calibrate,
                                    repeat_layers=args.repeat_layers))
-    (args.out / "trace.md").write_text(markdown(results))
-    print(markdown(results))
+    report = markdown(results)
+    if args.set:
+        report += "\nModule constants set: " + ", ".join(args.set) + "\n"
+    (args.out / "trace.md").write_text(report)
+    print(report)
 
 
 if __name__ == "__main__":
