@@ -22,8 +22,8 @@ import time
 
 import torch
 
-IDS, TOKEN_TYPES, POSITIONS, CU_SEQLENS, TOKENS, SEQS, OUT, SEQ, ACK, OUT_HOST = range(10)
-SLOTS = 16  # 10 used; 128 bytes
+IDS, TOKEN_TYPES, POSITIONS, CU_SEQLENS, TOKENS, SEQS, OUT, SEQ, ACK = range(9)
+SLOTS = 16  # 9 used; 128 bytes
 
 
 class CallTable:
@@ -34,11 +34,8 @@ class CallTable:
         self._slots = self.tensor.numpy()  # the same pinned memory
         self._timeout_s = timeout_s
 
-    def wait(self, stream: torch.cuda.Stream | None = None) -> None:
-        """Until the last graph that read the table has acknowledged it (its output, if in
-        host memory, is then there). With the ``stream`` it runs on, a CUDA error there is
-        raised as soon as the stream reports it, and a stream gone idle without the
-        acknowledgement is an error too: no call waits out the timeout on a dead GPU."""
+    def _wait_ack(self) -> None:
+        """Until the last graph that read the table has acknowledged it."""
         if self._slots[ACK] == self._slots[SEQ]:
             return
         start = time.monotonic()
@@ -47,22 +44,7 @@ class CallTable:
             if waited > self._timeout_s:
                 raise RuntimeError(
                     f"the previous CUDA-graph call did not finish within {self._timeout_s:.0f} s")
-            if waited >= 1e-3 and stream is not None and self._stream_idle(stream):
-                raise RuntimeError("the CUDA-graph call finished without acknowledging")
             time.sleep(0 if waited < 1e-3 else 1e-4)  # spin briefly, then yield the core
-
-    def _stream_idle(self, stream: torch.cuda.Stream) -> bool:
-        """Whether ``stream`` finished without acknowledging (an idle stream's writes are
-        visible). Either that or a CUDA error it reports abandons the call: nothing will
-        acknowledge it."""
-        try:
-            idle = stream.query() and self._slots[ACK] != self._slots[SEQ]
-        except BaseException:
-            self.abandon()
-            raise
-        if idle:
-            self.abandon()
-        return bool(idle)
 
     def abandon(self) -> None:
         """The graph launch that was to read the last write failed: acknowledge it here, so
@@ -74,14 +56,11 @@ class CallTable:
               out: torch.Tensor | None = None) -> None:
         """Name the next graph launch's inputs (int32 [T] x 3, [B + 1]) and output (float32
         [2, T], contiguous); without inputs the graph stages nothing, without ``out`` it
-        copies nothing (its static logits are still written). Pinned host tensors work too
-        (the kernels reach them through unified addressing): a host ``out`` is complete
-        once :meth:`wait` returns."""
-        self.wait()
+        copies nothing (its static logits are still written)."""
+        self._wait_ack()
         s = self._slots
         seq = int(s[SEQ]) + 1
         dst = 0 if out is None else out.data_ptr()
-        s[OUT_HOST] = int(out is not None and not out.is_cuda)
         if ids is None:
             s[TOKENS:SEQ + 1] = (0, 0, dst, seq)
             return

@@ -445,14 +445,10 @@ class FusedEngine:
                 self._graphs.inputs(bucket)
 
     def _run_host(self, p: PackedHost) -> torch.Tensor:
-        """Logits [2, T] of a host-packed batch (on the device, or on the host where the
-        graph stages its own inputs); caller holds the lock."""
+        """Logits [2, T] (on the device) of a host-packed batch; caller holds the lock."""
         t, b = p.tokens, p.seqs
         bucket = self._graph_bucket(t, b, p.max_seqlen)
         if bucket is not None and self._graphs is not None:
-            if self._graphs.stages_itself(bucket):  # one launch, from and into pinned memory
-                return self._graphs.run_host(bucket, p.input_ids, p.token_type_ids,
-                                             p.position_ids, p.cu_seqlens)
             buf = self._graphs.inputs(bucket)
             host = bucket_layout(p.input_ids, p.token_type_ids, p.position_ids, p.cu_seqlens,
                                  bucket)

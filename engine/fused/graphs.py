@@ -7,9 +7,7 @@ call (the caller copies out what it keeps). With ``table_ops`` (an op set with
 ``stage_from_table`` / ``logits_to_table``) the graphs of buckets up to
 ``TABLE_MAX_TOKENS`` tokens also stage their own inputs and write the caller's output
 tensor, named in a pinned call table (``engine.fused.call_table``):
-:meth:`GraphCache.replay_into` is then one launch, and :meth:`GraphCache.run_host` serves a
-batch in host memory the same way, from and into pinned host buffers (no copy launches,
-no stream synchronisation: it waits for the graph's acknowledgement).
+:meth:`GraphCache.replay_into` is then one launch.
 Not thread-safe: the engine serialises calls.
 All graphs share one memory pool: they are
 replayed one at a time and none reads another's intermediates, so the pool's blocks can
@@ -24,7 +22,6 @@ from types import ModuleType
 
 import torch
 
-from engine.base import Int32Array
 from engine.fused import cublaslt
 from engine.fused.call_table import CallTable
 from engine.fused.packing import Bucket
@@ -81,7 +78,6 @@ class GraphCache:
         self._workspace = cublaslt.Workspace()
         self._ops = table_ops
         self._table = CallTable() if table_ops is not None else None
-        self._host: tuple[torch.Tensor, torch.Tensor] | None = None  # run_host's buffers
 
     def stages_itself(self, bucket: Bucket) -> bool:
         """Whether the bucket's graph reads the call table (:meth:`replay_into`)."""
@@ -121,30 +117,6 @@ class GraphCache:
         self._table.write(ids, tt, pos, cu, out)
         self._launch(entry.graph)
         return out
-
-    def run_host(self, bucket: Bucket, ids: Int32Array, tt: Int32Array, pos: Int32Array,
-                 cu: Int32Array) -> torch.Tensor:
-        """Logits float32 [2, T] (a CPU tensor of its own) of a batch in host memory
-        (int32-valued ``ids``/``tt``/``pos`` [T], ``cu`` [B + 1]), in one launch: the
-        bucket's graph stages the batch from pinned host buffers and writes the logits
-        into pinned host memory, read once it has acknowledged them (``CallTable.wait``).
-        Against copying the batch in and the logits out, this saves both copies and the
-        stream synchronisation."""
-        assert self._table is not None
-        t, n = ids.shape[0], TABLE_MAX_TOKENS
-        if self._host is None:  # inputs [3 x n tokens, n + 1 offsets], outputs [2 x n]
-            self._host = (torch.empty(4 * n + 1, dtype=torch.int32, pin_memory=True),
-                          torch.empty(2 * n, dtype=torch.float32, pin_memory=True))
-        inputs, outputs = self._host
-        held = inputs.numpy()
-        for i, part in enumerate((ids, tt, pos)):
-            held[i * n: i * n + t] = part
-        held[3 * n: 3 * n + cu.shape[0]] = cu
-        out = outputs[: 2 * t].view(2, t)
-        self.replay_into(bucket, inputs[:t], inputs[n: n + t], inputs[2 * n: 2 * n + t],
-                         inputs[3 * n: 3 * n + cu.shape[0]], out)
-        self._table.wait(torch.cuda.current_stream(self._device))
-        return out.clone()
 
     def _launch(self, graph: torch.cuda.CUDAGraph) -> None:
         try:

@@ -14,13 +14,7 @@ import triton
 import triton.language as tl
 
 from engine.fused import call_table as ct
-from engine.fused.kernels.common import (
-    _INTERPRETED,
-    launch_options,
-    pdl_available,
-    pdl_enter,
-    pdl_release,
-)
+from engine.fused.kernels.common import launch_options, pdl_available, pdl_enter, pdl_release
 
 _BLOCK = 1024
 
@@ -72,7 +66,6 @@ _IDS, _TOKEN_TYPES, _POSITIONS, _CU_SEQLENS = (tl.constexpr(ct.IDS), tl.constexp
 _TOKENS, _SEQS, _OUT, _SEQ, _ACK = (tl.constexpr(ct.TOKENS), tl.constexpr(ct.SEQS),
                                     tl.constexpr(ct.OUT), tl.constexpr(ct.SEQ),
                                     tl.constexpr(ct.ACK))
-_OUT_HOST = tl.constexpr(ct.OUT_HOST)
 
 
 @triton.jit
@@ -108,14 +101,11 @@ def _logits_table_kernel(table_addr, logits_ptr, n, BLOCK: tl.constexpr,
     """One program: the first ``t`` columns of ``logits`` [2, n] into the table's output
     tensor [2, t] (if it names one), then the table's sequence number into its
     acknowledgement slot: the stored value is the loaded one, so the store waits for that
-    load, and the barrier orders it after every lane's copy. An output in host memory
-    (``OUT_HOST``, read by the host once it sees the acknowledgement) is made visible to
-    the host first: a system-scope fence after the barrier."""
+    load, and the barrier orders it after every lane's copy."""
     table = table_addr.to(tl.pointer_type(tl.int64))
-    t = tl.load(table + _TOKENS).to(tl.int32)  # the four slots in one round trip over the bus
+    t = tl.load(table + _TOKENS).to(tl.int32)  # the three slots in one round trip over the bus
     out_addr = tl.load(table + _OUT)
     seq = tl.load(table + _SEQ)
-    out_host = tl.load(table + _OUT_HOST)
     pdl_enter(USE_PDL, False)  # the table needs no earlier kernel; the logits do
     if out_addr != 0:
         out = out_addr.to(tl.pointer_type(tl.float32))
@@ -125,10 +115,6 @@ def _logits_table_kernel(table_addr, logits_ptr, n, BLOCK: tl.constexpr,
             tl.store(out + i, tl.load(logits_ptr + i, mask=m), mask=m)
             tl.store(out + t + i, tl.load(logits_ptr + n + i, mask=m), mask=m)
     tl.debug_barrier()  # every lane's copy is done before the ack
-    if not _INTERPRETED:  # noqa: SIM102 (a compile-time branch around a run-time one)
-        if out_host != 0:  # (no inline PTX on the interpreter, whose stores are in order)
-            tl.inline_asm_elementwise("fence.acq_rel.sys;\n\tmov.u32 $0, 0;", "=r,r", [t],
-                                      dtype=tl.int32, is_pure=False, pack=1)
     tl.store(table + _ACK, seq)
 
 
