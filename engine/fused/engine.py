@@ -59,7 +59,6 @@ from engine.fused.packing import (
     Bucket,
     PackedHost,
     bucket_for,
-    bucket_layout,
     buckets_per_octave,
     chunks_by_tokens,
     pack_padded,
@@ -445,15 +444,13 @@ class FusedEngine:
                 self._graphs.inputs(bucket)
 
     def _run_host(self, p: PackedHost) -> torch.Tensor:
-        """Logits [2, T] (on the device) of a host-packed batch; caller holds the lock."""
+        """Logits [2, T] of a host-packed batch, on the device, or (graphs) on the host in
+        a buffer the next call reuses; caller holds the lock."""
         t, b = p.tokens, p.seqs
         bucket = self._graph_bucket(t, b, p.max_seqlen)
         if bucket is not None and self._graphs is not None:
-            buf = self._graphs.inputs(bucket)
-            host = bucket_layout(p.input_ids, p.token_type_ids, p.position_ids, p.cu_seqlens,
-                                 bucket)
-            buf.copy_(torch.from_numpy(host))
-            return self._graphs.replay(bucket)[:, :t]
+            return self._graphs.replay_host(bucket, p.input_ids, p.token_type_ids,
+                                            p.position_ids, p.cu_seqlens)
         flat = np.concatenate([p.input_ids, p.token_type_ids, p.position_ids, p.cu_seqlens])
         dev = torch.from_numpy(flat).to(self.device)
         ids, tt, pos, cu = dev[:t], dev[t : 2 * t], dev[2 * t : 3 * t], dev[3 * t :]
@@ -478,11 +475,13 @@ class FusedEngine:
         cfg = self.config
         if p.tokens == 0:
             return
-        if p.input_ids.min() < 0 or p.input_ids.max() >= cfg.vocab_size:
+        # One pass per array: seen as unsigned, a negative id lies past any upper bound.
+        if int(p.input_ids.view(np.uint32).max()) >= cfg.vocab_size:
             raise ValueError(f"input_ids must lie in [0, {cfg.vocab_size})")
-        if p.token_type_ids.min() < 0 or p.token_type_ids.max() >= cfg.type_vocab_size:
+        if int(p.token_type_ids.view(np.uint32).max()) >= cfg.type_vocab_size:
             raise ValueError(f"token_type_ids must lie in [0, {cfg.type_vocab_size})")
-        if p.position_ids.max() >= cfg.max_position_embeddings:
+        if (p.keep.shape[1] > cfg.max_position_embeddings  # else no position can be too large
+                and p.position_ids.max() >= cfg.max_position_embeddings):
             raise ValueError(f"sequences longer than {cfg.max_position_embeddings} tokens")
 
     # ------------------------------------------------------------------ public API
@@ -498,16 +497,18 @@ class FusedEngine:
         end = np.full(ids.shape, PAD_LOGIT, dtype=np.float32)
         if ids.size == 0:
             return start, end
-        lengths = (mask != 0).sum(axis=1)
-        for rows in chunks_by_tokens(lengths, self.max_tokens_per_pass):
+        keep = mask != 0
+        chunks = ([slice(None)] if np.count_nonzero(keep) <= self.max_tokens_per_pass
+                  else chunks_by_tokens(keep.sum(axis=1), self.max_tokens_per_pass))
+        for rows in chunks:
             p = pack_padded(ids[rows], mask[rows], tt[rows])
             if p.tokens == 0:
                 continue
             self._check_host(p)
-            with self._lock, torch.inference_mode():
+            with self._lock, torch.inference_mode():  # the logits may be the engine's buffer
                 logits = self._run_host(p).cpu().numpy()
-            start[rows][p.rows, p.cols] = logits[0]
-            end[rows][p.rows, p.cols] = logits[1]
+                start[rows][p.keep] = logits[0]
+                end[rows][p.keep] = logits[1]
         return start, end
 
     def infer_packed(

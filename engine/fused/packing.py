@@ -15,6 +15,7 @@ so a batch reaches the device in one copy.
 
 from __future__ import annotations
 
+import itertools
 import operator
 from dataclasses import dataclass
 
@@ -36,8 +37,7 @@ class PackedHost:
     token_type_ids: I32  # [T]
     position_ids: I32  # [T]
     cu_seqlens: I32  # [B + 1], cu_seqlens[b]:cu_seqlens[b+1] are row b's tokens
-    rows: npt.NDArray[np.intp]  # [T] source row of each token
-    cols: npt.NDArray[np.intp]  # [T] source column (= position id)
+    keep: npt.NDArray[np.bool_]  # [B, S] the packed tokens' places, row-major (x[keep])
     max_seqlen: int
 
     @property
@@ -55,19 +55,18 @@ def pack_padded(input_ids: I32, attention_mask: I32, token_type_ids: I32) -> Pac
         raise ValueError("input_ids, attention_mask and token_type_ids must share one shape")
     if input_ids.ndim != 2:
         raise ValueError(f"expected [windows, seq] arrays, got shape {input_ids.shape}")
+    # Written for the batch-1 request, where numpy's per-call overhead is the cost (a
+    # few us per call): boolean indexing (row-major, each row's tokens contiguous) rather
+    # than index arrays, offsets summed in Python (the rows are few).
     keep = np.asarray(attention_mask) != 0
-    rows, cols = np.nonzero(keep)  # row-major: each row's tokens are contiguous
-    lengths = keep.sum(axis=1)
-    cu = np.zeros(lengths.shape[0] + 1, dtype=np.int32)
-    np.cumsum(lengths, out=cu[1:])
+    lengths = keep.sum(axis=1, dtype=np.int32).tolist()
     return PackedHost(
-        input_ids=np.ascontiguousarray(input_ids[rows, cols], dtype=np.int32),
-        token_type_ids=np.ascontiguousarray(token_type_ids[rows, cols], dtype=np.int32),
-        position_ids=cols.astype(np.int32),
-        cu_seqlens=cu,
-        rows=rows,
-        cols=cols,
-        max_seqlen=int(lengths.max()) if lengths.size else 0,
+        input_ids=np.asarray(np.asarray(input_ids)[keep], dtype=np.int32),
+        token_type_ids=np.asarray(np.asarray(token_type_ids)[keep], dtype=np.int32),
+        position_ids=np.nonzero(keep)[1].astype(np.int32),
+        cu_seqlens=np.array([0, *itertools.accumulate(lengths)], dtype=np.int32),
+        keep=keep,
+        max_seqlen=max(lengths, default=0),
     )
 
 
@@ -114,15 +113,24 @@ def bucket_for(tokens: int, seqs: int, max_seqlen: int,
 
 
 def bucket_layout(
-    ids: I32, token_types: I32, positions: I32, cu_seqlens: I32, bucket: Bucket
+    ids: I32, token_types: I32, positions: I32, cu_seqlens: I32, bucket: Bucket,
+    out: I32 | None = None,
 ) -> I32:
-    """The bucket's int32 input buffer: padding tokens are id 0 at position 0, and extra
-    sequences are empty (their cu_seqlens entries repeat the real token count)."""
+    """The bucket's int32 input buffer (in ``out``, int32 [bucket.buffer_len], if given):
+    padding tokens are id 0 at position 0, and extra sequences are empty (their cu_seqlens
+    entries repeat the real token count)."""
     t, b = ids.shape[0], cu_seqlens.shape[0] - 1
     if t > bucket.tokens or b > bucket.seqs:
         raise ValueError(f"batch ({t} tokens, {b} sequences) does not fit {bucket}")
     n = bucket.tokens
-    buf = np.zeros(bucket.buffer_len, dtype=np.int32)
+    if out is None:
+        buf = np.zeros(bucket.buffer_len, dtype=np.int32)
+    elif out.shape != (bucket.buffer_len,) or out.dtype != np.int32:
+        raise ValueError(f"`out` must be int32 [{bucket.buffer_len}], got {out.dtype} {out.shape}")
+    else:
+        buf = out
+        for part in range(3):  # the padding rows of each token section
+            buf[part * n + t : (part + 1) * n] = 0
     buf[:t] = ids
     buf[n : n + t] = token_types
     buf[2 * n : 2 * n + t] = positions

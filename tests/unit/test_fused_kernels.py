@@ -961,6 +961,54 @@ def test_packing_round_trip_and_positions() -> None:
     assert p.max_seqlen == 3 and p.seqs == 3 and p.tokens == 6
 
 
+def test_packing_keeps_the_tokens_places_and_casts() -> None:
+    """``keep`` marks where each packed token came from (row-major, what ``infer``
+    unpacks into), any int dtype packs to int32, and an empty batch packs to nothing."""
+    from engine.fused.packing import pack_padded
+
+    ids = np.arange(12, dtype=np.int64).reshape(3, 4) + 1
+    mask = np.array([[1, 0, 1, 0], [0, 0, 0, 0], [1, 1, 1, 1]], dtype=np.int8)
+    p = pack_padded(ids, mask, ids % 2)
+    assert p.keep.tolist() == (mask != 0).tolist()
+    assert p.input_ids.dtype == p.token_type_ids.dtype == p.position_ids.dtype == np.int32
+    assert p.input_ids.tolist() == ids[mask != 0].tolist() == [1, 3, 9, 10, 11, 12]
+    assert p.token_type_ids.tolist() == [1, 1, 1, 0, 1, 0]
+    assert p.position_ids.tolist() == [0, 2, 0, 1, 2, 3] and p.cu_seqlens.tolist() == [0, 2, 2, 6]
+    empty = pack_padded(ids[:0], mask[:0], ids[:0])
+    assert empty.tokens == 0 and empty.cu_seqlens.tolist() == [0] and empty.max_seqlen == 0
+
+
+def test_host_inputs_out_of_range_are_refused() -> None:
+    """``infer`` refuses token ids and token types outside the model's tables (negative
+    ones too) and positions past its position table, naming the bound; padding beyond
+    the position table is fine while the mask keeps no token there."""
+    pytest.importorskip("transformers")
+    from engine.fused.engine import FusedEngine
+
+    model, cfg = _tiny_bert(1)
+    eng = FusedEngine.from_state_dict(model.state_dict(), cfg, device="cpu",  # type: ignore[arg-type]
+                                      backend="torch")
+    ids = np.full((2, 8), 5, dtype=np.int32)
+    mask, tt = np.ones_like(ids), np.zeros_like(ids)
+    for bad_ids, bad_tt, match in ((-1, 0, "input_ids must lie in \\[0, 120\\)"),
+                                   (120, 0, "input_ids"), (5, 2, "token_type_ids"),
+                                   (5, -3, "token_type_ids")):
+        i, t = ids.copy(), tt.copy()
+        i[1, 3], t[1, 4] = bad_ids, bad_tt
+        with pytest.raises(ValueError, match=match):
+            eng.infer(i, mask, t)
+    i[1, 3] = -1
+    mask[1, 3] = 0  # not a token: not checked
+    eng.infer(i, mask, tt)
+    wide = np.full((1, 70), 5, dtype=np.int32)
+    wide_mask = (np.arange(70) < 64)[None, :].astype(np.int32)
+    start, _ = eng.infer(wide, wide_mask, np.zeros_like(wide))
+    assert np.isfinite(start[0, :64]).all()
+    wide_mask[0, 64] = 1
+    with pytest.raises(ValueError, match="longer than 64 tokens"):
+        eng.infer(wide, wide_mask, np.zeros_like(wide))
+
+
 def test_buckets_bound_padding() -> None:
     from engine.fused.packing import bucket_for, bucket_layout, round_tokens
 
