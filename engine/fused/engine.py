@@ -59,6 +59,7 @@ from engine.fused.packing import (
     Bucket,
     PackedHost,
     bucket_for,
+    bucket_layout,
     buckets_per_octave,
     chunks_by_tokens,
     pack_padded,
@@ -444,13 +445,15 @@ class FusedEngine:
                 self._graphs.inputs(bucket)
 
     def _run_host(self, p: PackedHost) -> torch.Tensor:
-        """Logits [2, T] of a host-packed batch, on the device, or (graphs) on the host in
-        a buffer the next call reuses; caller holds the lock."""
+        """Logits [2, T] (on the device) of a host-packed batch; caller holds the lock."""
         t, b = p.tokens, p.seqs
         bucket = self._graph_bucket(t, b, p.max_seqlen)
         if bucket is not None and self._graphs is not None:
-            return self._graphs.replay_host(bucket, p.input_ids, p.token_type_ids,
-                                            p.position_ids, p.cu_seqlens)
+            buf = self._graphs.inputs(bucket)
+            host = bucket_layout(p.input_ids, p.token_type_ids, p.position_ids, p.cu_seqlens,
+                                 bucket)
+            buf.copy_(torch.from_numpy(host))
+            return self._graphs.replay(bucket)[:, :t]
         flat = np.concatenate([p.input_ids, p.token_type_ids, p.position_ids, p.cu_seqlens])
         dev = torch.from_numpy(flat).to(self.device)
         ids, tt, pos, cu = dev[:t], dev[t : 2 * t], dev[2 * t : 3 * t], dev[3 * t :]
@@ -505,10 +508,10 @@ class FusedEngine:
             if p.tokens == 0:
                 continue
             self._check_host(p)
-            with self._lock, torch.inference_mode():  # the logits may be the engine's buffer
+            with self._lock, torch.inference_mode():
                 logits = self._run_host(p).cpu().numpy()
-                start[rows][p.keep] = logits[0]
-                end[rows][p.keep] = logits[1]
+            start[rows][p.keep] = logits[0]
+            end[rows][p.keep] = logits[1]
         return start, end
 
     def infer_packed(

@@ -22,10 +22,9 @@ from types import ModuleType
 
 import torch
 
-from engine.base import Int32Array
 from engine.fused import cublaslt
 from engine.fused.call_table import CallTable
-from engine.fused.packing import Bucket, bucket_layout
+from engine.fused.packing import Bucket
 
 # Buckets up to this many tokens stage through the call table. Its kernels copy with one
 # program (one bus round trip for the table each), which is what a call of a few hundred
@@ -79,8 +78,6 @@ class GraphCache:
         self._workspace = cublaslt.Workspace()
         self._ops = table_ops
         self._table = CallTable() if table_ops is not None else None
-        # replay_host's pinned buffers (inputs int32, logits float32), grown on demand
-        self._pinned: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def stages_itself(self, bucket: Bucket) -> bool:
         """Whether the bucket's graph reads the call table (:meth:`replay_into`)."""
@@ -105,27 +102,6 @@ class GraphCache:
             self._table.write()  # nothing to stage, nothing to copy out
         self._launch(entry.graph)
         return entry.logits
-
-    def replay_host(self, bucket: Bucket, ids: Int32Array, tt: Int32Array, pos: Int32Array,
-                    cu: Int32Array) -> torch.Tensor:
-        """Logits float32 [2, T] of a batch in host memory (``ids``/``tt``/``pos`` [T],
-        ``cu`` [B + 1]), on the host in pinned memory that the next call reuses (copy what
-        you keep): the batch laid out in a pinned buffer, copied in and the logits copied
-        out asynchronously around the replay, with one synchronisation. (Pageable copies
-        each synchronise, and the graph then launches only after the copy in.)"""
-        entry = self._graphs.get(bucket) or self._capture(bucket)
-        n, m = bucket.buffer_len, entry.logits.numel()
-        if self._pinned is None or self._pinned[0].numel() < n or self._pinned[1].numel() < m:
-            size = (max(n, self._pinned[0].numel()), max(m, self._pinned[1].numel())) \
-                if self._pinned is not None else (n, m)
-            self._pinned = (torch.empty(size[0], dtype=torch.int32, pin_memory=True),
-                            torch.empty(size[1], dtype=torch.float32, pin_memory=True))
-        staged, out = self._pinned[0][:n], self._pinned[1][:m].view(entry.logits.shape)
-        bucket_layout(ids, tt, pos, cu, bucket, out=staged.numpy())
-        entry.inputs.copy_(staged, non_blocking=True)
-        out.copy_(self.replay(bucket), non_blocking=True)
-        torch.cuda.current_stream(self._device).synchronize()
-        return out[:, : ids.shape[0]]
 
     def replay_into(self, bucket: Bucket, ids: torch.Tensor, tt: torch.Tensor,
                     pos: torch.Tensor, cu: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
