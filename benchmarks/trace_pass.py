@@ -193,6 +193,19 @@ def markdown(results: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def apply_settings(items: list[str]) -> None:
+    """Set each ``module.ATTR=VALUE`` (a Python literal) of ``--set``; a module without
+    that attribute is an AttributeError (a typo must not pass as a measured variant)."""
+    from benchmarks.ab_replay import _setting
+
+    for item in items:
+        _, module, attr, value = _setting("trace:" + item)
+        mod = importlib.import_module(module)
+        if not hasattr(mod, attr):
+            raise AttributeError(f"{module} has no attribute {attr!r}")
+        setattr(mod, attr, value)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawTextHelpFormatter)
@@ -214,16 +227,13 @@ def main() -> None:
                    help="the first N layers repeated to the model's depth (see above)")
     args = p.parse_args()
     sys.path.insert(0, str(REPO))
-    from benchmarks.ab_replay import _setting
     from engine.registry import _option_value
 
     options = {k: _option_value(v) for k, v in (o.split("=", 1) for o in args.option)}
-    for item in args.set:
-        _, module, attr, value = _setting("trace:" + item)
-        mod = importlib.import_module(module)
-        if not hasattr(mod, attr):
-            p.error(f"--set: {module} has no attribute {attr!r}")
-        setattr(mod, attr, value)
+    try:
+        apply_settings(args.set)
+    except (argparse.ArgumentTypeError, AttributeError) as exc:
+        p.error(f"--set: {exc}")
     args.out.mkdir(parents=True, exist_ok=True)
     from benchmarks.bench_gpu import parse_shapes
 

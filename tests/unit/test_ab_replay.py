@@ -196,3 +196,18 @@ def test_repeated_layers_cycle_the_first_n_layers() -> None:
     for bad in (0, 6):
         with pytest.raises(ValueError, match="repeat_layers"):
             repeated_layers(w, bad)
+
+
+def test_trace_pass_sets_module_constants(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``trace_pass.py --set module.ATTR=VALUE``: the constant is set (a literal), and a
+    misspelt one or a malformed item is an error, not a silently unchanged trace."""
+    from benchmarks.trace_pass import apply_settings
+    from engine.fused.kernels import staging
+
+    monkeypatch.setattr(staging, "TABLE_PDL", True)
+    apply_settings(["engine.fused.kernels.staging.TABLE_PDL=False"])
+    assert staging.TABLE_PDL is False
+    with pytest.raises(AttributeError, match="TABLE_PLD"):
+        apply_settings(["engine.fused.kernels.staging.TABLE_PLD=False"])
+    with pytest.raises(argparse.ArgumentTypeError):
+        apply_settings(["engine.fused.kernels.staging.TABLE_PDL"])
