@@ -57,7 +57,9 @@ def stage_inputs(buf: torch.Tensor, tokens: int, ids: torch.Tensor, tt: torch.Te
 
 _STAGE_BLOCK = 1024
 # The two kernels use programmatic dependent launch where the GPU has it (fixed into a
-# graph at capture; an A/B knob for ``benchmarks/ab_replay.py --set``).
+# graph at capture; an A/B knob for ``--set`` of ``benchmarks/ab_replay.py`` and
+# ``trace_pass.py``). H200, 2026-12-01, a traced BERT-base 1x128 call (calibrated FP8):
+# span 253.6 vs 256.9 us, the output kernel's step 1.6 vs 3.4.
 TABLE_PDL = True
 # The call table's slots, as the kernels read them.
 _IDS, _TOKEN_TYPES, _POSITIONS, _CU_SEQLENS = (tl.constexpr(ct.IDS), tl.constexpr(ct.TOKEN_TYPES),
