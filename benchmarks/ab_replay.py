@@ -79,7 +79,7 @@ def repeated_layers(weights: Any, n: int) -> Any:
                                folded8=cycle(weights.folded8))
 
 
-def _setting(text: str) -> tuple[str, str, str, Any]:
+def parse_setting(text: str) -> tuple[str, str, str, Any]:
     """``NAME:module.ATTR=VALUE`` -> (NAME, module, ATTR, VALUE as a Python literal)."""
     name, _, rest = text.partition(":")
     target, _, value = rest.partition("=")
@@ -96,7 +96,7 @@ def main() -> None:
     p.add_argument("--shape", default="1x384",
                    help="BATCHxSEQ (full-length windows) or mixN (SQuAD dev lengths)")
     p.add_argument("--dtype", default="float16", help="float16, bfloat16 or fp8")
-    p.add_argument("--set", type=_setting, action="append", default=[],
+    p.add_argument("--set", type=parse_setting, action="append", default=[],
                    help="NAME:module.ATTR=VALUE while variant NAME is captured")
     p.add_argument("--setup", default=None, help="module:function to call before the engines")
     p.add_argument("--variant", type=_variant, action="append", required=True,

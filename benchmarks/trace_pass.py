@@ -196,10 +196,10 @@ def markdown(results: list[dict[str, Any]]) -> str:
 def apply_settings(items: list[str]) -> None:
     """Set each ``module.ATTR=VALUE`` (a Python literal) of ``--set``; a module without
     that attribute is an AttributeError (a typo must not pass as a measured variant)."""
-    from benchmarks.ab_replay import _setting
+    from benchmarks.ab_replay import parse_setting
 
     for item in items:
-        _, module, attr, value = _setting("trace:" + item)
+        _, module, attr, value = parse_setting("trace:" + item)
         mod = importlib.import_module(module)
         if not hasattr(mod, attr):
             raise AttributeError(f"{module} has no attribute {attr!r}")

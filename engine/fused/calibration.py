@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -223,7 +224,7 @@ class Calibration:
             "ffn_in": [scale("ffn_in_raw", i) for i in range(n)],
             "ffn_out": [scale("ffn_out", i) for i in range(n)]})
 
-    def _scale_fn(self, weights: BertQAWeights) -> Any:
+    def _scale_fn(self, weights: BertQAWeights) -> Callable[[str, int], torch.Tensor]:
         """``scale(gemm, layer)``: float32 [1] ``margin * amax / 448`` on the weights'
         device."""
         dev = weights.layers[0].qkv.weight.device

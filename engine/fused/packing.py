@@ -58,7 +58,8 @@ def pack_padded(input_ids: I32, attention_mask: I32, token_type_ids: I32) -> Pac
     # Written for the batch-1 request, where numpy's per-call overhead is the cost:
     # boolean indexing (row-major, each row's tokens contiguous) rather than index arrays,
     # offsets summed in Python (the rows are few). One 128-token window, 2026-12-01: 15.6
-    # -> 9.0 us on the 2-core CI machine; on the H200 host 22-25 us either way (noise).
+    # -> 9.0 us on the 2-core CI machine; on the H200 host 22-25 us before, 24-40 after
+    # (that host's noise).
     keep = np.asarray(attention_mask) != 0
     lengths = keep.sum(axis=1, dtype=np.int32).tolist()
     return PackedHost(

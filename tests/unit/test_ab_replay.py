@@ -37,13 +37,13 @@ def test_shape_lists_of_the_gpu_benchmarks() -> None:
 
 
 def test_settings_are_a_variant_a_module_constant_and_a_literal() -> None:
-    from benchmarks.ab_replay import _setting
+    from benchmarks.ab_replay import parse_setting
 
-    assert _setting("v7:engine.fused.kernels.rows.ROW_TILE_LARGE=(4096, 2)") == (
+    assert parse_setting("v7:engine.fused.kernels.rows.ROW_TILE_LARGE=(4096, 2)") == (
         "v7", "engine.fused.kernels.rows", "ROW_TILE_LARGE", (4096, 2))
     for bad in ("engine.rows.X=1", "v7:X=1", "v7:engine.rows.X", "v7:engine.rows.X=open()"):
         with pytest.raises((argparse.ArgumentTypeError, ValueError)):
-            _setting(bad)
+            parse_setting(bad)
 
 
 def test_attention_benchmark_shapes_and_flops() -> None:
