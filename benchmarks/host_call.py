@@ -7,7 +7,9 @@ batch, check it, run the bucket's graph (a copy into its input buffer, the repla
 of the logits out), unpack the logits. Host wall-clock per call (``perf_counter``; the call
 returns with the logits on the host), interleaved over rounds, for ``infer`` and for
 ``device_call`` (``_run_device`` on int32 device tensors, synchronised: the engine's own
-per-call path, without packing or host copies), and the parts of ``infer``: packing
+per-call path, without packing or host copies); the host part alone (until the call
+returns, the GPU idle before it) of ``_run_device`` and of the bare graph replay
+(``GraphCache.replay``); and the parts of ``infer``: packing
 (``pack_padded``), checks (``_check_host``) and ``_run_host`` with the logits' copy to the
 host; the rest is ``infer``'s own (output arrays, chunking, unpacking). Random weights
 (fp16); prints a table, writes JSON.
@@ -75,17 +77,39 @@ def main() -> None:
         eng._run_device(dev[0], dev[1], dev[2], cu, args.seq)
         torch.cuda.synchronize()
 
-    variants = {"infer": lambda: eng.infer(ids, mask, tt), "device_call": device_call}
+    launch_only: dict[str, list[float]] = defaultdict(list)
+
+    def host_part(name: str, fn: Callable[[], Any]) -> Callable[[], None]:
+        """``fn``'s host time up to its return (the launch), then a sync off the clock."""
+        def run() -> None:
+            t0 = time.perf_counter()
+            fn()
+            launch_only[name].append(time.perf_counter() - t0)
+            torch.cuda.synchronize()
+        return run
+
+    bucket = eng._graph_bucket(args.seq, 1, args.seq)
+    assert bucket is not None and eng._graphs is not None
+    graphs = eng._graphs
+    variants = {"infer": lambda: eng.infer(ids, mask, tt), "device_call": device_call,
+                "device_call, host part": host_part(
+                    "device_call, host part",
+                    lambda: eng._run_device(dev[0], dev[1], dev[2], cu, args.seq)),
+                "graph replay, host part": host_part(
+                    "graph replay, host part", lambda: graphs.replay(bucket))}
     times: dict[str, list[float]] = defaultdict(list)
     for _ in range(args.rounds):
         for name, fn in variants.items():
             for _ in range(20):
                 fn()
             parts.clear()
+            launch_only.clear()
             for _ in range(args.calls):
                 t0 = time.perf_counter()
                 fn()
                 times[name].append(time.perf_counter() - t0)
+            if name in launch_only:  # the row is the host part alone
+                times[name][-args.calls:] = launch_only[name]
             if name == "infer":
                 for key, v in parts.items():
                     times[f"  {key}"] += v
