@@ -19,6 +19,7 @@ already (the host path) write a table with no tokens and no output.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -29,21 +30,35 @@ SLOTS = 16  # 9 used; 128 bytes
 class CallTable:
     """The pinned table and its write protocol (callers serialise calls)."""
 
-    def __init__(self, timeout_s: float = 60.0, pin_memory: bool = True) -> None:
+    def __init__(self, timeout_s: float = 60.0, pin_memory: bool = True,
+                 probe: Callable[[], object] | None = None) -> None:
+        """``probe``: a CUDA call that raises the device's error if it has one (e.g. a
+        stream query), made while a wait lasts: after a fault (an illegal address, a
+        device-side assert) no acknowledgement will come, and every CUDA call reports the
+        fault, so the wait raises it at once rather than after ``timeout_s``."""
         self.tensor = torch.zeros(SLOTS, dtype=torch.int64, pin_memory=pin_memory)
         self._slots = self.tensor.numpy()  # the same pinned memory
         self._timeout_s = timeout_s
+        self._probe = probe
 
     def _wait_ack(self) -> None:
         """Until the last graph that read the table has acknowledged it."""
         if self._slots[ACK] == self._slots[SEQ]:
             return
         start = time.monotonic()
+        probed = 0.0
         while self._slots[ACK] != self._slots[SEQ]:
             waited = time.monotonic() - start
             if waited > self._timeout_s:
                 raise RuntimeError(
                     f"the previous CUDA-graph call did not finish within {self._timeout_s:.0f} s")
+            if self._probe is not None and waited >= probed + 1e-3:  # ~1,000 probes a second
+                probed = waited
+                try:
+                    self._probe()
+                except BaseException:
+                    self.abandon()  # nothing will acknowledge it now
+                    raise
             time.sleep(0 if waited < 1e-3 else 1e-4)  # spin briefly, then yield the core
 
     def abandon(self) -> None:

@@ -78,7 +78,9 @@ class GraphCache:
         self._stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
         self._workspace = cublaslt.Workspace()
         self._ops = table_ops
-        self._table = CallTable() if table_ops is not None else None
+        # A wait for the table fails as soon as the device reports a fault.
+        self._table = (CallTable(probe=torch.cuda.current_stream(device).query)
+                       if table_ops is not None else None)
         # Every kernel of every graph gets this access-policy window (``l2_persist``).
         self._l2_window = l2_window
         self.l2_window_nodes = 0  # kernel nodes given the window, over all captures

@@ -26,6 +26,8 @@ _LIMIT_PERSISTING_L2 = 0x06  # CU_LIMIT_PERSISTING_L2_CACHE_SIZE
 _NODE_KERNEL = 0  # CU_GRAPH_NODE_TYPE_KERNEL
 _ATTR_ACCESS_POLICY_WINDOW = 1  # CU_KERNEL_NODE_ATTRIBUTE_ACCESS_POLICY_WINDOW
 _PERSISTING, _STREAMING = 2, 1  # CUaccessProperty
+_HIT_PROP = _PERSISTING  # DEBUG (temporary): A/B of the property
+_APPLY = True  # DEBUG (temporary): keep_graph without the window
 
 
 class _Window(ctypes.Structure):  # CUaccessPolicyWindow
@@ -109,7 +111,9 @@ def apply(raw_graph: int, window: Window) -> int:
     nodes = (ctypes.c_void_p * count.value)()
     _check(cuda.cuGraphGetNodes(graph, nodes, ctypes.byref(count)), "cuGraphGetNodes")
     value = _AttrValue()
-    value.window = _Window(window.base, window.nbytes, window.hit_ratio, _PERSISTING,
+    if not _APPLY:
+        return 0
+    value.window = _Window(window.base, window.nbytes, window.hit_ratio, _HIT_PROP,
                            _STREAMING)
     kernels = 0
     for node in nodes:

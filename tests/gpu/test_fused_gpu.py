@@ -812,3 +812,57 @@ def test_small_gemm_kernels_match_torch(rows: int) -> None:
             graph.replay()
             torch.cuda.synchronize()
             assert torch.equal(captured, small_gemm.linear(x, w, bias, gelu=gelu))
+
+
+_FAULT_SCRIPT = """
+import sys, time
+import torch
+sys.path.insert(0, sys.argv[1])
+sys.path.insert(0, sys.argv[1] + "/tests/gpu")
+from test_fused_gpu import _random_hf_bert
+from engine.fused.config import BertQAConfig
+from engine.fused.engine import FusedEngine
+
+model, cfg = _random_hf_bert(layers=2, hidden=128, heads=2)
+eng = FusedEngine.from_state_dict(model.state_dict(), BertQAConfig.from_dict(cfg.to_dict()),
+                                  device="cuda", dtype="float16")
+t = 16
+args = (torch.randint(1000, cfg.vocab_size, (t,), dtype=torch.int32, device="cuda"),
+        torch.zeros(t, dtype=torch.int32, device="cuda"),
+        torch.arange(t, dtype=torch.int32, device="cuda"),
+        torch.tensor([0, t], dtype=torch.int32, device="cuda"), t)
+with torch.inference_mode():
+    eng._run_device(*args)
+    torch.cuda.synchronize()
+    torch.cuda._sleep(200_000_000)  # ~0.1 s: the next calls launch before the fault
+    x = torch.zeros(4, device="cuda")
+    x[torch.tensor([10], device="cuda")] = 1.0  # a device-side assert, queued
+    t0 = time.monotonic()
+    eng._run_device(*args)  # launches: the fault is not known yet
+    errors = []
+    for _ in range(2):
+        try:
+            eng._run_device(*args)  # the first waits for the call above's acknowledgement
+            torch.cuda.synchronize()
+        except Exception as exc:
+            errors.append(str(exc).splitlines()[0][:100])
+print("ELAPSED", time.monotonic() - t0)
+print("ERRORS", errors)
+"""
+
+
+def test_a_call_after_a_gpu_fault_fails_fast() -> None:
+    """A fault on the device (here a device-side assert queued behind a call) means the
+    graph that was to acknowledge the call table never runs: the next call's wait must
+    raise the CUDA error at once (``CallTable``'s probe), not spin for its 60 s timeout,
+    and so must every call after it. In a subprocess: the fault ends its CUDA context."""
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", _FAULT_SCRIPT, str(REPO)], capture_output=True,
+                         text=True, timeout=300)
+    print(run.stdout[-2000:], run.stderr[-2000:])
+    elapsed = float(run.stdout.split("ELAPSED")[1].split()[0])
+    errors = run.stdout.split("ERRORS")[1]
+    assert elapsed < 10.0
+    assert errors.count("assert") >= 2 or errors.count("CUDA error") >= 2, errors

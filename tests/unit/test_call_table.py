@@ -31,3 +31,37 @@ def test_writes_wait_for_the_previous_graphs_acknowledgement() -> None:
     table.abandon()
     table.write()  # no wait for the call that never ran
     assert int(s[ct.SEQ]) == 4
+
+
+def test_a_wait_raises_the_devices_fault_at_once() -> None:
+    """While a write waits, the probe (on the GPU a stream query) runs about every
+    millisecond: the error it raises (a faulted device) ends the wait at once and abandons
+    the call, so the next write does not wait for it either; a probe that finds nothing
+    leaves the timeout in charge."""
+    import time
+
+    pytest.importorskip("torch")
+    from engine.fused import call_table as ct
+
+    probes: list[float] = []
+
+    def faulted() -> None:
+        probes.append(time.monotonic())
+        if len(probes) >= 3:
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    table = ct.CallTable(timeout_s=30.0, pin_memory=False, probe=faulted)
+    table.write()
+    t0 = time.monotonic()
+    with pytest.raises(RuntimeError, match="illegal memory access"):
+        table.write()  # call 1's graph will never acknowledge
+    assert time.monotonic() - t0 < 5.0 and len(probes) == 3
+    assert probes[0] - t0 >= 1e-3  # no probe in the first millisecond's spin
+    assert int(table.tensor[ct.SEQ]) == 1
+    table.write()  # abandoned: no wait
+    assert int(table.tensor[ct.SEQ]) == 2 and len(probes) == 3
+
+    quiet = ct.CallTable(timeout_s=0.05, pin_memory=False, probe=lambda: None)
+    quiet.write()
+    with pytest.raises(RuntimeError, match="did not finish"):
+        quiet.write()
