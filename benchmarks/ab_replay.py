@@ -18,8 +18,6 @@ own block-scaled weights, and ``"calibrate": true`` calibrates its static FP8 sc
 (the same tensors, so for small N the weights stay in L2 between uses): the time a pass
 would take if no weight had to come from HBM, an upper bound of any saving on the weight
 stream (its logits differ from the other variants', being another model's).
-``--reset-l2`` clears persisting L2 lines before each variant's turn, so that one
-variant's ``l2_persist`` lines do not take L2 from the next.
 ``--setup module:function`` calls that function once, before any engine is built (e.g.
 ``benchmarks.cutlass_small:install``, which swaps kernels that ``--set`` then picks per
 variant). ``--set NAME:module.ATTR=VALUE`` sets a module constant (a Python literal) while variant
@@ -105,9 +103,6 @@ def main() -> None:
                    help="NAME=JSON engine options (the first is the reference)")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--iters", type=int, default=200)
-    p.add_argument("--reset-l2", action="store_true",
-                   help="turn persisting L2 lines back into normal ones before each variant's "
-                        "turn (variants with l2_persist re-warm in their warm-up replays)")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
     names = {name for name, _ in args.variant}
@@ -126,7 +121,6 @@ def main() -> None:
 
     from benchmarks.bench_gpu import device_packed, make_hf, make_ours, random_padded, squad_lengths
     from benchmarks.rounds import interleaved
-    from engine.fused import l2_persist
     from engine.fused.engine import FusedEngine
 
     rng = np.random.default_rng(5)
@@ -181,8 +175,7 @@ def main() -> None:
                 "max_abs_vs_first": float((out - ref).abs().max())}
         times = interleaved({name: lambda g=graphs, b=bucket: g.replay(b)
                              for name, (graphs, bucket) in replays.items()},
-                            args.rounds, args.iters, warm=10,
-                            prepare=(lambda _: l2_persist.reset()) if args.reset_l2 else None)
+                            args.rounds, args.iters, warm=10)
         for name, ms in times.items():
             result["variants"][name]["round_ms"] = ms
     print(f"{args.model} {args.shape}, graph replay ms ({args.rounds} rounds x {args.iters}):")

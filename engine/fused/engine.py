@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from engine.base import Float32Array, Int32Array
-from engine.fused import l2_persist, small_gemm
+from engine.fused import small_gemm
 from engine.fused.calibration import CALIBRATION_MARGIN, GEMMS, AmaxRecorder, Calibration
 from engine.fused.config import BertQAConfig
 from engine.fused.encoder import (
@@ -51,7 +51,7 @@ from engine.fused.encoder import (
     GemmPlan,
     encode_packed,
 )
-from engine.fused.folding import weight_arena, with_folded
+from engine.fused.folding import with_folded
 from engine.fused.fp8 import rowwise_out_dtype
 from engine.fused.graphs import MAX_GRAPH_TOKENS, GraphCache
 from engine.fused.packing import (
@@ -97,24 +97,6 @@ def _option_names(option: str, value: Sequence[str] | str | None,
         raise ValueError(f"{option}: unknown {what} {sorted(unknown)}; "
                          f"choose from {', '.join(allowed)}")
     return names
-
-
-L2_PERSIST_MODES = ("spread", "head")
-
-
-def _l2_persist_option(value: str | None) -> tuple[str, float | None] | None:
-    """``l2_persist`` as (mode, MB or None): ``"spread"``, ``"head:32"``; None: off."""
-    if value is None:
-        return None
-    mode, sep, mb = value.partition(":")
-    try:
-        size = float(mb) if sep else None
-    except ValueError:
-        size = -1.0
-    if mode not in L2_PERSIST_MODES or (size is not None and not 0 < size < float("inf")):
-        raise ValueError(f"l2_persist: {value!r}; use one of {', '.join(L2_PERSIST_MODES)}, "
-                         "optionally with ':MB' (a positive size)")
-    return mode, size
 
 
 def select_ops(backend: str, device: torch.device) -> ModuleType:
@@ -168,7 +150,6 @@ class FusedEngine:
         qkv_late_release_min_seqs: int | None = QKV_LATE_RELEASE_MIN_SEQS,
         late_release: Sequence[str] | str | None = None,
         fp8_deferred: bool = FP8_DEFERRED,
-        l2_persist: str | None = None,
     ) -> None:
         """FP8 weights (if packed) are used for batches of at least ``fp8_min_tokens``
         tokens, and once calibrated (:meth:`calibrating`) from ``fp8_calibrated_min_tokens``
@@ -208,9 +189,6 @@ class FusedEngine:
         ``fp8_deferred`` (on by default): once calibrated (with the un-normalised inputs
         recorded), the deferred layer (``deferred_ln_max_hidden``) runs QKV, FFN1 and FFN2
         on e4m3 operands (``folding.DeferredFP8Layer``).
-        ``l2_persist`` (``"spread"`` or ``"head"``, optionally ``":MB"``; None: off) keeps
-        part of those e4m3 weights in L2 between graph calls (``l2_persist``): the GPU's
-        largest persisting set-aside (or MB) spread over all of them, or the first layers'.
         ``graph_buckets_per_octave``: token buckets per power of two of the
         graphs, itself a power of two (``packing.round_tokens``: padding under 1/that of
         the tokens from 64 x that many tokens up; more buckets pad less but capture more
@@ -262,7 +240,6 @@ class FusedEngine:
             fp8_deferred=fp8_deferred,
         )
         self.graph_staging = graph_staging
-        self.l2_persist = _l2_persist_option(l2_persist)
         self._graphs = self._new_graphs()
         self._recorder: AmaxRecorder | None = None
         self._lock = threading.Lock()
@@ -327,25 +304,7 @@ class FusedEngine:
         if not self.cuda_graphs:
             return None
         table = self.graph_staging and hasattr(self.ops, "stage_from_table")
-        return GraphCache(self._forward, self.device, table_ops=self.ops if table else None,
-                          l2_window=self._l2_window())
-
-    def _l2_window(self) -> l2_persist.Window | None:
-        """The access-policy window ``l2_persist`` asks for over the e4m3 weights (None
-        without them), with the context's set-aside made for it."""
-        if self.l2_persist is None or self.weights.folded8 is None:
-            return None
-        mode, mb = self.l2_persist
-        base, nbytes = weight_arena(self.weights.folded8)
-        lim = l2_persist.limits(self.device)
-        keep = min(lim.max_persisting_bytes, nbytes if mb is None else int(mb * 2**20))
-        keep = l2_persist.set_aside(keep)
-        if keep == 0:
-            return None
-        if mode == "head":
-            return l2_persist.Window(base, min(keep, lim.max_window_bytes), 1.0)
-        span = min(nbytes, lim.max_window_bytes)
-        return l2_persist.Window(base, span, min(1.0, keep / span))
+        return GraphCache(self._forward, self.device, table_ops=self.ops if table else None)
 
     # ------------------------------------------------------------------ construction
 

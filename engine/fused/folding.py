@@ -102,42 +102,7 @@ def deferred_fp8_layers(w: BertQAWeights, x_scales: dict[str, list[torch.Tensor]
             qkv=fold_fp8(fold.qkv, sq), ffn_in=fold_fp8(fold.ffn_in, sf), ffn_out_w8=w2,
             ffn_out_scale=(sh * w2_scale).contiguous(), qkv_inv=(1.0 / sq).contiguous(),
             ffn_in_inv=(1.0 / sf).contiguous(), ffn_out_inv=(1.0 / sh).contiguous()))
-    return pack_arena(out)
-
-
-ARENA_ALIGN = 256  # bytes: every weight in the arena starts on this boundary
-
-
-def pack_arena(layers: list[DeferredFP8Layer]) -> tuple[DeferredFP8Layer, ...]:
-    """The layers with their e4m3 weights moved into one buffer, layer by layer (QKV, FFN1,
-    FFN2): one address range that an L2 access-policy window can cover
-    (``engine.fused.l2_persist``). :func:`weight_arena` finds it again."""
-    if not layers:
-        return ()
-    mats = [(lay.qkv.w8, lay.ffn_in.w8, lay.ffn_out_w8) for lay in layers]
-    sizes = [-(-t.numel() // ARENA_ALIGN) * ARENA_ALIGN for ws in mats for t in ws]
-    arena = torch.empty(sum(sizes), dtype=torch.uint8, device=mats[0][0].device)
-    at, out = 0, []
-
-    def take(t: torch.Tensor) -> torch.Tensor:
-        nonlocal at
-        view = arena[at : at + t.numel()].view(t.dtype).view(t.shape)
-        view.copy_(t)
-        at += -(-t.numel() // ARENA_ALIGN) * ARENA_ALIGN
-        return view
-
-    for lay, (wq, w1, w2) in zip(layers, mats, strict=True):
-        out.append(dataclasses.replace(
-            lay, qkv=dataclasses.replace(lay.qkv, w8=take(wq)),
-            ffn_in=dataclasses.replace(lay.ffn_in, w8=take(w1)), ffn_out_w8=take(w2)))
     return tuple(out)
-
-
-def weight_arena(layers: tuple[DeferredFP8Layer, ...]) -> tuple[int, int]:
-    """(device address, bytes) of the buffer :func:`pack_arena` put the layers' e4m3
-    weights in."""
-    storage = layers[0].qkv.w8.untyped_storage()
-    return storage.data_ptr(), storage.nbytes()
 
 
 def fold_linear(lin: Linear, gamma: torch.Tensor, beta: torch.Tensor) -> FoldedLinear:

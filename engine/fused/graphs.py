@@ -22,7 +22,7 @@ from types import ModuleType
 
 import torch
 
-from engine.fused import cublaslt, l2_persist
+from engine.fused import cublaslt
 from engine.fused.call_table import CallTable
 from engine.fused.packing import Bucket
 
@@ -64,8 +64,7 @@ class GraphCache:
     """Capture-once, replay-many forward passes keyed by :class:`Bucket`."""
 
     def __init__(self, forward: Forward, device: torch.device, max_graphs: int = 128,
-                 table_ops: ModuleType | None = None,
-                 l2_window: l2_persist.Window | None = None) -> None:
+                 table_ops: ModuleType | None = None) -> None:
         self._forward = forward
         self._device = device
         self._max_graphs = max_graphs
@@ -81,9 +80,6 @@ class GraphCache:
         # A wait for the table fails as soon as the device reports a fault.
         self._table = (CallTable(probe=torch.cuda.current_stream(device).query)
                        if table_ops is not None else None)
-        # Every kernel of every graph gets this access-policy window (``l2_persist``).
-        self._l2_window = l2_window
-        self.l2_window_nodes = 0  # kernel nodes given the window, over all captures
 
     def stages_itself(self, bucket: Bucket) -> bool:
         """Whether the bucket's graph reads the call table (:meth:`replay_into`)."""
@@ -169,13 +165,10 @@ class GraphCache:
             raise
         side.synchronize()
         torch.cuda.current_stream(self._device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph(keep_graph=self._l2_window is not None)
+        graph = torch.cuda.CUDAGraph()
         with (torch.cuda.graph(graph, pool=self._pool, stream=self._stream),
               cublaslt.using(self._workspace)):
             logits = run()
-        if self._l2_window is not None:
-            self.l2_window_nodes += l2_persist.apply(graph.raw_cuda_graph(), self._l2_window)
-            graph.instantiate()
         entry = _Captured(inputs, logits, graph)
         self._graphs[bucket] = entry
         return entry

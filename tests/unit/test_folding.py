@@ -104,7 +104,6 @@ def test_deferred_fp8_torch_path_and_its_calibration(tmp_path) -> None:  # type:
                   np.ones((4, 24), np.int32), np.zeros((4, 24), np.int32))
     cal = eng.calibration
     assert cal is not None and cal.has_raw_inputs and eng.weights.folded8 is not None
-    _check_arena(eng.weights.folded8)
     tables = model.bert.embeddings
     emb = sum(float(t.weight.detach().abs().max()) for t in (
         tables.word_embeddings, tables.position_embeddings, tables.token_type_embeddings))
@@ -126,19 +125,3 @@ def test_deferred_fp8_torch_path_and_its_calibration(tmp_path) -> None:  # type:
     assert not old.has_raw_inputs and old.deferred_for(eng.weights) is None
     with pytest.raises(ValueError, match="optionally"):
         Calibration({**old.amax, "qkv_raw": cal.amax["qkv_raw"]}, cal.margin)
-
-
-def _check_arena(layers) -> None:  # type: ignore[no-untyped-def]
-    """The e4m3 weights lie in one buffer (``folding.pack_arena``), layer by layer, each
-    aligned and none overlapping another; ``weight_arena`` names that buffer."""
-    from engine.fused.folding import ARENA_ALIGN, weight_arena
-
-    base, nbytes = weight_arena(layers)
-    at = base
-    for lay in layers:
-        for w in (lay.qkv.w8, lay.ffn_in.w8, lay.ffn_out_w8):
-            assert w.dtype == torch.float8_e4m3fn and w.is_contiguous()
-            assert w.untyped_storage().data_ptr() == base
-            assert w.data_ptr() == at and (w.data_ptr() - base) % ARENA_ALIGN == 0
-            at += -(-w.numel() // ARENA_ALIGN) * ARENA_ALIGN
-    assert at - base == nbytes

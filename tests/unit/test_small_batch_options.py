@@ -121,19 +121,3 @@ def test_late_release_option_is_checked(tiny: Any) -> None:
     assert FusedEngine(tiny, "cpu", backend="torch").options.late_release == ()
     with pytest.raises(ValueError, match="late_release: unknown kernels"):
         FusedEngine(tiny, "cpu", backend="torch", late_release=("qkv", "softmax"))
-
-
-def test_l2_persist_option_is_checked(tiny: Any) -> None:
-    """``l2_persist`` reads as (mode, MB or None); anything else is refused by name. On the
-    CPU (no graphs) it is accepted and changes nothing."""
-    from engine.fused.engine import FusedEngine
-
-    def option(value: str | None) -> Any:
-        return FusedEngine(tiny, "cpu", backend="torch", l2_persist=value).l2_persist
-
-    assert option(None) is None
-    assert option("spread") == ("spread", None)
-    assert option("head:24.5") == ("head", 24.5)
-    for bad in ("all", "spread:", "spread:0", "head:-3", "head:x", "head:nan", "Spread"):
-        with pytest.raises(ValueError, match="l2_persist"):
-            option(bad)
