@@ -9,7 +9,9 @@ returns with the logits on the host), interleaved over rounds, for ``infer`` and
 ``device_call`` (``_run_device`` on int32 device tensors, synchronised: the engine's own
 per-call path, without packing or host copies); the host part alone (until the call
 returns, the GPU idle before it) of ``_run_device`` and of the bare graph replay
-(``GraphCache.replay``); and the parts of ``infer``: packing
+(``GraphCache.replay``), and three pieces of the former alone (mean of a loop per round:
+the bucket lookup, the output tensor's allocation, the call table's write); and the parts
+of ``infer``: packing
 (``pack_padded``), checks (``_check_host``) and ``_run_host`` with the logits' copy to the
 host; the rest is ``infer``'s own (output arrays, chunking, unpacking). Random weights
 (fp16); prints a table, writes JSON.
@@ -91,6 +93,20 @@ def main() -> None:
     bucket = eng._graph_bucket(args.seq, 1, args.seq)
     assert bucket is not None and eng._graphs is not None
     graphs = eng._graphs
+    table = graphs._table
+    assert table is not None
+    out = torch.empty((2, args.seq), device="cuda")
+
+    def table_write() -> None:
+        table.write(dev[0], dev[1], dev[2], cu, out)
+        table.abandon()  # no graph reads it: the next write must not wait
+
+    pieces = {  # pieces of _run_device's host part, each alone
+        "  bucket lookup": lambda: eng._graph_bucket(args.seq, 1, args.seq),
+        "  output allocation": lambda: torch.empty((2, args.seq), device=eng.device,
+                                                   dtype=torch.float32),
+        "  table write": table_write,
+    }
     variants = {"infer": lambda: eng.infer(ids, mask, tt), "device_call": device_call,
                 "device_call, host part": host_part(
                     "device_call, host part",
@@ -113,6 +129,14 @@ def main() -> None:
             if name == "infer":
                 for key, v in parts.items():
                     times[f"  {key}"] += v
+    for _ in range(args.rounds):
+        for name, fn in pieces.items():
+            for _ in range(20):
+                fn()
+            t0 = time.perf_counter()
+            for _ in range(args.calls):
+                fn()
+            times[name].append((time.perf_counter() - t0) / args.calls)
     rows = {name: {"median_us": statistics.median(v) * 1e6,
                    "p99_us": sorted(v)[int(0.99 * (len(v) - 1))] * 1e6, "calls": len(v)}
             for name, v in times.items()}
