@@ -11,10 +11,9 @@ per-call path, without packing or host copies); the host part alone (until the c
 returns, the GPU idle before it) of ``_run_device`` and of the bare graph replay
 (``GraphCache.replay``), and three pieces of the former alone (mean of a loop per round:
 the bucket lookup, the output tensor's allocation, the call table's write); and the parts
-of ``infer``: packing
-(``pack_padded``), checks (``_check_host``) and ``_run_host`` with the logits' copy to the
-host; the rest is ``infer``'s own (output arrays, chunking, unpacking). Random weights
-(fp16); prints a table, writes JSON.
+of ``infer``: packing (``pack_padded``), checks (``_check_host``) and ``_run_host`` with
+the logits' copy to the host; the rest is ``infer``'s own (output arrays, chunking,
+unpacking). Random weights (fp16); prints a table, writes JSON.
 """
 
 from __future__ import annotations

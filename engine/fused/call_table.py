@@ -56,7 +56,7 @@ class CallTable:
                 probed = waited
                 try:
                     self._probe()
-                except BaseException:
+                except Exception:  # the device's fault (an interrupt leaves the call pending)
                     self.abandon()  # nothing will acknowledge it now
                     raise
             time.sleep(0 if waited < 1e-3 else 1e-4)  # spin briefly, then yield the core
