@@ -9,7 +9,8 @@ returns with the logits on the host), interleaved over rounds, for ``infer`` and
 ``device_call`` (``_run_device`` on int32 device tensors, synchronised: the engine's own
 per-call path, without packing or host copies); the host part alone (until the call
 returns, the GPU idle before it) of ``_run_device`` and of the bare graph replay
-(``GraphCache.replay``), and three pieces of the former alone (mean of a loop per round:
+(``GraphCache.replay``), the same two timed by CUDA events around the call as
+``bench_gpu`` times them, and three pieces of the former alone (mean of a loop per round:
 the bucket lookup, the output tensor's allocation, the call table's write); and the parts
 of ``infer``: packing (``pack_padded``), checks (``_check_host``) and ``_run_host`` with
 the logits' copy to the host; the rest is ``infer``'s own (output arrays, chunking,
@@ -128,6 +129,22 @@ def main() -> None:
             if name == "infer":
                 for key, v in parts.items():
                     times[f"  {key}"] += v
+    events = {  # GPU time per call as bench_gpu takes it: events around the call
+        "device_call, CUDA events": lambda: eng._run_device(dev[0], dev[1], dev[2], cu,
+                                                            args.seq),
+        "graph replay, CUDA events": lambda: graphs.replay(bucket)}
+    for _ in range(args.rounds):
+        for name, fn in events.items():
+            for _ in range(20):
+                fn()
+            torch.cuda.synchronize()
+            for _ in range(args.calls):
+                start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
+                start.record()
+                fn()
+                end.record()
+                end.synchronize()
+                times[name].append(start.elapsed_time(end) * 1e-3)
     for _ in range(args.rounds):
         for name, fn in pieces.items():
             for _ in range(20):
