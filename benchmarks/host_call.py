@@ -95,6 +95,11 @@ def main() -> None:
     graphs = eng._graphs
     table = graphs._table
     assert table is not None
+    # Steps inside the calls, per variant (a wrapper costs ~0.3 us of its own).
+    graphs.replay_into = timed("replay_into", graphs.replay_into)  # type: ignore[method-assign]
+    graphs._launch = timed("graph launch", graphs._launch)  # type: ignore[method-assign]
+    eng._graph_bucket = timed("bucket lookup", eng._graph_bucket)  # type: ignore[method-assign]
+    table.write = timed("table write", table.write)  # type: ignore[method-assign]
     out = torch.empty((2, args.seq), device="cuda")
 
     def table_write() -> None:
@@ -126,9 +131,9 @@ def main() -> None:
                 times[name].append(time.perf_counter() - t0)
             if name in launch_only:  # the row is the host part alone
                 times[name][-args.calls:] = launch_only[name]
-            if name == "infer":
+            if name != "device_call":
                 for key, v in parts.items():
-                    times[f"  {key}"] += v
+                    times[f"  {name}: {key}"] += v
     events = {  # GPU time per call as bench_gpu takes it: events around the call
         "device_call, CUDA events": lambda: eng._run_device(dev[0], dev[1], dev[2], cu,
                                                             args.seq),
