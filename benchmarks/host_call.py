@@ -39,6 +39,9 @@ def main() -> None:
     p.add_argument("--seq", type=int, default=128)
     p.add_argument("--calls", type=int, default=400, help="per variant and round")
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--spin-us", type=float, default=0.0,
+                   help="host parts: spin this long on the host after each call's sync, off "
+                        "the clock (does the host run slower right after a wait?)")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
     sys.path.insert(0, str(REPO))
@@ -88,6 +91,9 @@ def main() -> None:
             fn()
             launch_only[name].append(time.perf_counter() - t0)
             torch.cuda.synchronize()
+            until = time.perf_counter() + args.spin_us * 1e-6
+            while time.perf_counter() < until:
+                pass
         return run
 
     bucket = eng._graph_bucket(args.seq, 1, args.seq)
