@@ -10,7 +10,8 @@ returns with the logits on the host), interleaved over rounds, for ``infer`` and
 per-call path, without packing or host copies); the host part alone (until the call
 returns, the GPU idle before it) of ``_run_device`` and of the bare graph replay
 (``GraphCache.replay``), the same two timed by CUDA events around the call as
-``bench_gpu`` times them, and three pieces of the former alone (mean of a loop per round:
+``bench_gpu`` times them (with ``--steps`` also the steps inside each variant's calls),
+and three pieces of the former alone (mean of a loop per round:
 the bucket lookup, the output tensor's allocation, the call table's write); and the parts
 of ``infer``: packing (``pack_padded``), checks (``_check_host``) and ``_run_host`` with
 the logits' copy to the host; the rest is ``infer``'s own (output arrays, chunking,
@@ -42,6 +43,10 @@ def main() -> None:
     p.add_argument("--spin-us", type=float, default=0.0,
                    help="host parts: spin this long on the host after each call's sync, off "
                         "the clock (does the host run slower right after a wait?)")
+    p.add_argument("--steps", action="store_true",
+                   help="also time the steps inside the calls (bucket lookup, table write, "
+                        "graph launch, replay_into); their wrappers add ~0.3 us each to every "
+                        "row that runs them")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
     sys.path.insert(0, str(REPO))
@@ -101,19 +106,20 @@ def main() -> None:
     graphs = eng._graphs
     table = graphs._table
     assert table is not None
-    # Steps inside the calls, per variant (a wrapper costs ~0.3 us of its own).
-    graphs.replay_into = timed("replay_into", graphs.replay_into)  # type: ignore[method-assign]
-    graphs._launch = timed("graph launch", graphs._launch)  # type: ignore[method-assign]
-    eng._graph_bucket = timed("bucket lookup", eng._graph_bucket)  # type: ignore[method-assign]
-    table.write = timed("table write", table.write)  # type: ignore[method-assign]
+    bucket_of, write = eng._graph_bucket, table.write  # unwrapped, for the pieces below
+    if args.steps:  # steps inside the calls, per variant
+        graphs.replay_into = timed("replay_into", graphs.replay_into)  # type: ignore[method-assign]
+        graphs._launch = timed("graph launch", graphs._launch)  # type: ignore[method-assign]
+        eng._graph_bucket = timed("bucket lookup", bucket_of)  # type: ignore[method-assign]
+        table.write = timed("table write", write)  # type: ignore[method-assign]
     out = torch.empty((2, args.seq), device="cuda")
 
     def table_write() -> None:
-        table.write(dev[0], dev[1], dev[2], cu, out)
+        write(dev[0], dev[1], dev[2], cu, out)
         table.abandon()  # no graph reads it: the next write must not wait
 
     pieces = {  # pieces of _run_device's host part, each alone
-        "  bucket lookup": lambda: eng._graph_bucket(args.seq, 1, args.seq),
+        "  bucket lookup": lambda: bucket_of(args.seq, 1, args.seq),
         "  output allocation": lambda: torch.empty((2, args.seq), device=eng.device,
                                                    dtype=torch.float32),
         "  table write": table_write,

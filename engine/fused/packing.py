@@ -105,7 +105,7 @@ def round_tokens(tokens: int, per_octave: int = TOKEN_BUCKETS_PER_OCTAVE) -> int
     return -(-tokens // step) * step
 
 
-@functools.lru_cache(maxsize=4096)  # on every call's path: ~1.5 µs computed, ~0.2 cached
+@functools.lru_cache(maxsize=4096)  # on every call's path: ~1.5 µs computed, 0.1-0.4 cached
 def bucket_for(tokens: int, seqs: int, max_seqlen: int,
                per_octave: int = TOKEN_BUCKETS_PER_OCTAVE) -> Bucket:
     """The bucket a batch of this size replays (``per_octave``: :func:`round_tokens`)."""
