@@ -383,7 +383,7 @@ def section_latency(res: dict[str, Any], name: str, deadline: float) -> None:
         "ours_graph_deferred_ln": {"deferred_ln_max_hidden": 4096},  # v6, every model
         "ours_graph_no_pdl": {"pdl": False},
         "ours_graph_attn_64x128": {"attention_tiles": (64, 128, 4, 2)},
-        # v10's call: staging kernel + graph + logits copy (three launches, no call table)
+        # v10's call: staging kernel + graph + logits copy (three launches)
         "ours_graph_three_launches": {"graph_staging": False},
     }
     alt_engines = {key: FusedEngine(ours.weights, "cuda", **{**graphs, **kw})  # type: ignore[arg-type]

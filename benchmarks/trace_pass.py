@@ -6,8 +6,7 @@
 
 Each shape runs ``FusedEngine._run_device`` (what a call on device tensors pays per batch:
 one CUDA-graph launch whose first and last kernels stage the inputs and copy the logits
-out through the call table, or above 2,048 tokens the staging kernel, the replay and the
-logits copy) on a random-weight model, under
+out, their arguments set per call) on a random-weight model, under
 ``torch.profiler``, several times with a synchronize between passes. From the last pass's
 kernels (graph kernels are traced one by one) it reports:
 
@@ -18,8 +17,8 @@ kernels (graph kernels are traced one by one) it reports:
   the time from the previous kernel's end to its own end, and the steps add up to the
   span (gaps before a kernel are charged to it);
 * the copies before the graph and the logits clone after it ("copy/fill"), whose steps
-  include the host's launch gaps between them, or the call table's two kernels ("call
-  table") inside it.
+  include the host's launch gaps between them, or the graph's own staging and output
+  kernels ("call args") inside it.
 
 ``--set module.ATTR=VALUE`` sets a module constant before any engine is built (a launch
 choice fixed into the graph at capture, as ``ab_replay.py --set`` does per variant).
@@ -50,7 +49,7 @@ _KINDS = [  # (substring of the kernel name, label), first match wins
     ("_gemm_kernel", "Triton GEMM"), ("_gemm_tma_kernel", "Triton GEMM"),
     ("_attn", "attention"), ("_residual_ln", "residual LN"),
     ("_embed_ln", "embed LN"), ("_bias_gelu", "bias GELU"), ("_encoder_kernel", "persistent"),
-    ("_stage_table", "call table"), ("_logits_table", "call table"),
+    ("_stage_call", "call args"), ("_logits_call", "call args"),
     ("_stage_kernel", "copy/fill"), ("gemm", "cuBLAS GEMM"), ("sm90", "cuBLAS GEMM"),
     ("cutlass", "cuBLAS GEMM"),
     ("elementwise", "copy/fill"), ("Memcpy", "copy/fill"), ("Memset", "copy/fill"),

@@ -15,8 +15,8 @@ on, a batch replays the graph of its bucket (``packing.bucket_for``), captured t
 time that bucket is seen; batches above ``max_graph_tokens`` tokens run eagerly, where
 launch overhead no longer matters and the exact token count beats the bucket's padding
 (``graphs.MAX_GRAPH_TOKENS``). With ``graph_staging`` (and the Triton op set) a call on
-device tensors is one graph launch: the graph reads where the inputs are and where the
-logits go from a pinned call table (``engine.fused.call_table``).
+device tensors is one graph launch: the call sets where the inputs are and where the
+logits go as arguments of the graph's first and last kernels (``engine.fused.graph_args``).
 """
 
 from __future__ import annotations
@@ -193,7 +193,7 @@ class FusedEngine:
         graphs, itself a power of two (``packing.round_tokens``: padding under 1/that of
         the tokens from 64 x that many tokens up; more buckets pad less but capture more
         graphs). ``graph_staging``: graphs stage their own
-        inputs and write the caller's output (``call_table``), so a call on device
+        inputs and write the caller's output (``graph_args``), so a call on device
         tensors is one launch."""
         self.weights = with_folded(weights, deferred_ln_max_hidden)
         self.config = weights.config
@@ -303,8 +303,8 @@ class FusedEngine:
     def _new_graphs(self) -> GraphCache | None:
         if not self.cuda_graphs:
             return None
-        table = self.graph_staging and hasattr(self.ops, "stage_from_table")
-        return GraphCache(self._forward, self.device, table_ops=self.ops if table else None)
+        staging = self.graph_staging and hasattr(self.ops, "stage_call")
+        return GraphCache(self._forward, self.device, call_ops=self.ops if staging else None)
 
     # ------------------------------------------------------------------ construction
 
@@ -390,7 +390,7 @@ class FusedEngine:
             self.calibration = calibration
             if self._graphs is not None:
                 # A call may have left a graph running (no sync): it must not outlive
-                # the graphs, their memory and the call table it reads.
+                # the graphs and their memory.
                 torch.cuda.synchronize(self.device)
                 self._graphs = self._new_graphs()
 
@@ -467,7 +467,7 @@ class FusedEngine:
             bucket = self._graph_bucket(t, b, max_seqlen)
             if bucket is None or self._graphs is None:
                 return self._forward(ids, tt, pos, cu, b, max_seqlen)
-            if self._graphs.stages_itself(bucket):  # one launch: stages, runs, copies out
+            if self._graphs.stages_itself:  # one launch: stages, runs, copies out
                 out = torch.empty((2, t), device=self.device, dtype=torch.float32)
                 return self._graphs.replay_into(bucket, ids, tt, pos, cu, out)
             # Rows past t keep earlier batches' (valid) tokens: they belong to no sequence.

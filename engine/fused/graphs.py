@@ -3,11 +3,10 @@
 A graph owns static buffers: one int32 input buffer in the ``packing.bucket_layout``
 layout, and the float32 [2, bucket.tokens] logits its captured forward wrote. A call
 copies a batch into the input buffer, replays, and reads the logits before the next
-call (the caller copies out what it keeps). With ``table_ops`` (an op set with
-``stage_from_table`` / ``logits_to_table``) the graphs of buckets up to
-``TABLE_MAX_TOKENS`` tokens also stage their own inputs and write the caller's output
-tensor, named in a pinned call table (``engine.fused.call_table``):
-:meth:`GraphCache.replay_into` is then one launch.
+call (the caller copies out what it keeps). With ``call_ops`` (an op set with
+``stage_call`` / ``logits_call``) every graph also stages its own inputs and writes the
+caller's output tensor: a call sets those two kernels' arguments in the instantiated
+graph (``engine.fused.graph_args``), and :meth:`GraphCache.replay_into` is one launch.
 Not thread-safe: the engine serialises calls.
 All graphs share one memory pool: they are
 replayed one at a time and none reads another's intermediates, so the pool's blocks can
@@ -23,15 +22,8 @@ from types import ModuleType
 import torch
 
 from engine.fused import cublaslt
-from engine.fused.call_table import CallTable
+from engine.fused.graph_args import KernelArgs
 from engine.fused.packing import Bucket
-
-# Buckets up to this many tokens stage through the call table. Its kernels copy with one
-# program (one bus round trip for the table each), which is what a call of a few hundred
-# tokens wants; H200, 2026-11-30, BERT-large SQuAD mix of 256 windows (45k tokens): the
-# two took 122 µs of a 35 ms pass, more than the launches they save, which matter less
-# the larger the batch.
-TABLE_MAX_TOKENS = 2048
 
 # Batches above this many tokens run eagerly (the engine's ``max_graph_tokens``): their
 # exact token count, no bucket padding, and the GPU's work hides the host's launches.
@@ -58,13 +50,18 @@ class _Captured:
     inputs: torch.Tensor  # int32 [bucket.buffer_len]
     logits: torch.Tensor  # float32 [2, bucket.tokens], written by each replay
     graph: torch.cuda.CUDAGraph
+    # With call ops: the staging and output kernels' per-call arguments, and the staging
+    # arguments of a call whose inputs the host wrote into ``inputs`` (stage nothing).
+    stage: KernelArgs | None = None
+    output: KernelArgs | None = None
+    host_stage: tuple[int, ...] = ()
 
 
 class GraphCache:
     """Capture-once, replay-many forward passes keyed by :class:`Bucket`."""
 
     def __init__(self, forward: Forward, device: torch.device, max_graphs: int = 128,
-                 table_ops: ModuleType | None = None) -> None:
+                 call_ops: ModuleType | None = None) -> None:
         self._forward = forward
         self._device = device
         self._max_graphs = max_graphs
@@ -76,14 +73,12 @@ class GraphCache:
         # warm-up makes it before the capture.
         self._stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
         self._workspace = cublaslt.Workspace()
-        self._ops = table_ops
-        # A wait for the table fails as soon as the device reports a fault.
-        self._table = (CallTable(probe=torch.cuda.current_stream(device).query)
-                       if table_ops is not None else None)
+        self._ops = call_ops
 
-    def stages_itself(self, bucket: Bucket) -> bool:
-        """Whether the bucket's graph reads the call table (:meth:`replay_into`)."""
-        return self._ops is not None and bucket.tokens <= TABLE_MAX_TOKENS
+    @property
+    def stages_itself(self) -> bool:
+        """Whether the graphs stage the caller's tensors themselves (:meth:`replay_into`)."""
+        return self._ops is not None
 
     def __len__(self) -> int:
         return len(self._graphs)
@@ -100,75 +95,69 @@ class GraphCache:
     def replay(self, bucket: Bucket) -> torch.Tensor:
         """Run the bucket's graph on what its input buffer holds; returns the static logits."""
         entry = self._graphs[bucket]
-        if self._table is not None and self.stages_itself(bucket):
-            self._table.write()  # nothing to stage, nothing to copy out
-        self._launch(entry.graph)
+        if entry.stage is not None and entry.output is not None:
+            entry.stage.set(*entry.host_stage)  # nothing to stage
+            entry.output.set(entry.logits.data_ptr(), 0)  # nothing to copy out
+        entry.graph.replay()
         return entry.logits
 
     def replay_into(self, bucket: Bucket, ids: torch.Tensor, tt: torch.Tensor,
                     pos: torch.Tensor, cu: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
         """One launch: the bucket's graph stages contiguous int32 ``ids``/``tt``/``pos``
         [T] and ``cu`` [B + 1] (rows past T keep earlier batches' tokens, in no sequence)
-        and writes the logits into ``out`` (float32 [2, T], contiguous), returned."""
-        assert self._table is not None and self.stages_itself(bucket), \
-            "replay_into needs a GraphCache with table_ops, and a bucket that stages itself"
+        and writes the logits into ``out`` (float32 [2, T], contiguous), returned. The
+        tensors must stay alive until the launch has run (stream order)."""
         entry = self._graphs.get(bucket) or self._capture(bucket)
-        if ids.shape[0] > bucket.tokens or cu.shape[0] - 1 > bucket.seqs:
-            raise ValueError(f"batch ({ids.shape[0]} tokens, {cu.shape[0] - 1} sequences) "
-                             f"does not fit {bucket}")
-        self._table.write(ids, tt, pos, cu, out)
-        self._launch(entry.graph)
+        assert entry.stage is not None and entry.output is not None, \
+            "replay_into needs a GraphCache with call_ops"
+        t, b = ids.shape[0], cu.shape[0] - 1
+        if t > bucket.tokens or b > bucket.seqs:
+            raise ValueError(f"batch ({t} tokens, {b} sequences) does not fit {bucket}")
+        entry.stage.set(ids.data_ptr(), tt.data_ptr(), pos.data_ptr(), cu.data_ptr(), t, b)
+        entry.output.set(out.data_ptr(), t)
+        entry.graph.replay()
         return out
-
-    def _launch(self, graph: torch.cuda.CUDAGraph) -> None:
-        try:
-            graph.replay()
-        except BaseException:
-            if self._table is not None:
-                self._table.abandon()  # nothing will acknowledge what was just written
-            raise
 
     def _capture(self, bucket: Bucket) -> _Captured:
         inputs = torch.zeros(bucket.buffer_len, dtype=torch.int32, device=self._device)
         ids, tt, pos, cu = split_inputs(inputs, bucket)
         cu.fill_(0)  # all sequences empty: the warm-up touches no uninitialised rows
-
-        # The op set and table when this bucket's graph reads the call table, else None.
-        ops, table = (self._ops, self._table) if self.stages_itself(bucket) else (None, None)
+        ops = self._ops
+        handles: list[int | None] = []
 
         def run() -> torch.Tensor:
-            if ops is not None and table is not None:
-                ops.stage_from_table(inputs, bucket.tokens, table.tensor)
+            handles.clear()
+            if ops is not None:  # stages nothing (no tokens) until a call sets its arguments
+                handles.append(ops.stage_call(inputs, bucket.tokens, ids[:0], tt[:0], pos[:0],
+                                              cu[:1]))
             logits = self._forward(ids, tt, pos, cu, bucket.seqs, bucket.max_seqlen)
-            if ops is not None and table is not None:
-                ops.logits_to_table(logits, table.tensor)
+            if ops is not None:
+                handles.append(ops.logits_call(logits, logits, 0))
             return logits
-
-        if table is not None:
-            # Both warm-up passes read this write (nothing to stage, nothing to copy out)
-            # and acknowledge it; they are waited for below, so neither is still queued
-            # when a call writes the table next.
-            table.write()
 
         # Warm up on the capture stream: Triton compiles and cuBLAS picks its kernels
         # and workspaces here, outside the capture (neither may happen inside one).
         side = self._stream
         side.wait_stream(torch.cuda.current_stream(self._device))
-        try:
-            with torch.cuda.stream(side), cublaslt.using(self._workspace):
-                for _ in range(2):
-                    run()
-        except BaseException:
-            if table is not None:
-                side.synchronize()  # what was queued has read the table before it is free
-                table.abandon()
-            raise
+        with torch.cuda.stream(side), cublaslt.using(self._workspace):
+            for _ in range(2):
+                run()
         side.synchronize()
         torch.cuda.current_stream(self._device).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
+        # Kept (not only instantiated) where a call sets kernel arguments: the nodes are
+        # found in it.
+        graph = torch.cuda.CUDAGraph(keep_graph=ops is not None)
         with (torch.cuda.graph(graph, pool=self._pool, stream=self._stream),
               cublaslt.using(self._workspace)):
             logits = run()
         entry = _Captured(inputs, logits, graph)
+        if ops is not None:
+            graph.instantiate()
+            stage_fn, output_fn = handles
+            assert stage_fn is not None and output_fn is not None, "call ops run on CUDA"
+            entry.stage = KernelArgs(graph, stage_fn, ops.STAGE_ARGS)
+            entry.output = KernelArgs(graph, output_fn, ops.OUTPUT_ARGS)
+            entry.host_stage = (ids.data_ptr(), tt.data_ptr(), pos.data_ptr(), cu.data_ptr(),
+                                0, 0)
         self._graphs[bucket] = entry
         return entry

@@ -517,24 +517,22 @@ def test_torch_entry_points_on_gpu() -> None:
 
 
 def test_graph_staging_one_launch_calls() -> None:
-    """Calls on device tensors as one graph launch (``graph_staging``, the call table):
-    the logits of the three-launch path (staging kernel, graph, copy; bit for bit above
-    the small path, whose float32 atomics leave the last bits to arrival order; the
-    batches of 3 and 12 sequences run attention over a tile list), over several buckets,
-    interleaved with host-path calls on the same graphs, and with 24 calls issued back to
-    back without a sync (each must read its own inputs and write its own output, never the
-    next call's: the table waits for the previous graph's ack)."""
+    """Calls on device tensors as one graph launch (``graph_staging``, the arguments of
+    the graph's staging and output kernels set per call, ``graph_args``): the logits of
+    the three-launch path (staging kernel, graph, copy; bit for bit above the small path,
+    whose float32 atomics leave the last bits to arrival order; the batches of 3 and 12
+    sequences run attention over a tile list, the last one's bucket stages with several
+    programs), over several buckets, interleaved with host-path calls on the same graphs,
+    and with 24 calls issued back to back without a sync (each launch must read the
+    arguments set before it, never the next call's: the driver applies a change to later
+    launches only)."""
     from engine.fused.encoder import SMALL_BATCH_MAX_TOKENS
     from engine.fused.engine import FusedEngine
 
     one = FusedEngine.from_pretrained(CHECKPOINT, device="cuda", dtype="float16")
     three = FusedEngine(one.weights, "cuda", graph_staging=False)
-    from engine.fused.packing import bucket_for
-
-    small, large = bucket_for(384, 1, 384), bucket_for(8192, 16, 384)
-    assert one._graphs is not None and one._graphs.stages_itself(small)
-    assert not one._graphs.stages_itself(large)  # a large batch: three launches
-    assert three._graphs is not None and not three._graphs.stages_itself(small)
+    assert one._graphs is not None and one._graphs.stages_itself
+    assert three._graphs is not None and not three._graphs.stages_itself
     rng = np.random.default_rng(21)
 
     def packed(windows: int, seq: int) -> tuple[tuple[Any, ...], Any, Any]:
@@ -556,7 +554,7 @@ def test_graph_staging_one_launch_calls() -> None:
         return a.shape == b.shape and bool(((a - b).abs() <= 4e-3 * b.abs() + 1e-2).all())
 
     batches = [packed(w, s) for w, s in [(1, 128), (3, 200), (1, 384), (8, 64), (1, 128),
-                                         (12, 384)]]  # the last beyond TABLE_MAX_TOKENS
+                                         (12, 384)]]  # the last: several programs stage
     with torch.inference_mode():
         for x, keep, host in batches:
             a, b = one._run_device(*x), three._run_device(*x)
@@ -780,6 +778,58 @@ def test_small_gemm_kernels_match_torch(rows: int) -> None:
             assert torch.equal(captured, small_gemm.linear(x, w, bias, gelu=gelu))
 
 
+def test_graph_kernel_arguments_set_between_launches() -> None:
+    """``graph_args.KernelArgs`` on a graph of the staging kernel alone: each replay stages
+    the tensors set before it (also queued back to back, no sync between), setting the same
+    values again is free, and formats that do not match the kernel's argument sizes, or a
+    kernel the graph does not run, are refused."""
+    from engine.fused import kernels as k
+    from engine.fused.graph_args import KernelArgs
+
+    n, seqs = 64, 3
+    buf = torch.zeros(3 * n + seqs + 1, dtype=torch.int32, device="cuda")
+    batches = []
+    for t, cu in [(5, [0, 5]), (64, [0, 30, 50, 64]), (17, [0, 9, 17])]:
+        ids, tt, pos = (torch.randint(0, 999, (t,), dtype=torch.int32, device="cuda")
+                        for _ in range(3))
+        batches.append((ids, tt, pos, torch.tensor(cu, dtype=torch.int32, device="cuda")))
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        k.stage_call(buf, n, *batches[0])  # compiles outside the capture
+    side.synchronize()
+    graph = torch.cuda.CUDAGraph(keep_graph=True)
+    with torch.cuda.graph(graph, stream=side):
+        fn = k.stage_call(buf, n, buf[:0], buf[:0], buf[:0], buf[3 * n:3 * n + 1])
+    graph.instantiate()
+    assert fn is not None
+    args = KernelArgs(graph, fn, k.STAGE_ARGS)
+    driver_calls = []
+    driver_set = args._set
+    args._set = lambda *a: driver_calls.append(1) or driver_set(*a)  # type: ignore[method-assign]
+    copies = []
+    for ids, tt, pos, cu in batches + batches[::-1]:
+        for _ in range(2):  # the second time: the same values, no driver call
+            args.set(ids.data_ptr(), tt.data_ptr(), pos.data_ptr(), cu.data_ptr(),
+                     ids.shape[0], cu.shape[0] - 1)
+        graph.replay()
+        copies.append(buf.clone())  # queued behind the replay, as the next set is not
+    torch.cuda.synchronize()
+    assert len(driver_calls) == 5  # six sets of values, the middle two the same
+    for (ids, tt, pos, cu), got in zip(batches + batches[::-1], copies, strict=True):
+        want = torch.zeros_like(buf)
+        k.stage_inputs(want, n, ids, tt, pos, cu)
+        t = ids.shape[0]
+        for i in range(3):  # rows past t hold an earlier batch's: not compared
+            assert torch.equal(got[i * n:i * n + t], want[i * n:i * n + t])
+        assert torch.equal(got[3 * n:], want[3 * n:])
+    with pytest.raises(ValueError, match="do not match"):
+        KernelArgs(graph, fn, "QQQQqq")
+    with pytest.raises(RuntimeError, match="found 0"):
+        other = k.logits_call(torch.zeros(2, 8, device="cuda"), torch.zeros(2, 8, device="cuda"), 8)
+        assert other is not None
+        KernelArgs(graph, other, k.OUTPUT_ARGS)
+
+
 _FAULT_SCRIPT = """
 import sys, time
 import torch
@@ -808,7 +858,7 @@ with torch.inference_mode():
     errors = []
     for _ in range(2):
         try:
-            eng._run_device(*args)  # the first waits for the call above's acknowledgement
+            eng._run_device(*args)
             torch.cuda.synchronize()
         except Exception as exc:
             errors.append(str(exc).splitlines()[0][:100])
@@ -818,10 +868,11 @@ print("ERRORS", errors)
 
 
 def test_a_call_after_a_gpu_fault_fails_fast() -> None:
-    """A fault on the device (here a device-side assert queued behind a call) means the
-    graph that was to acknowledge the call table never runs: the next call's wait must
-    raise the CUDA error at once (``CallTable``'s probe), not spin for its 60 s timeout,
-    and so must every call after it. In a subprocess: the fault ends its CUDA context."""
+    """After a fault on the device (here a device-side assert queued behind a call) the
+    next calls raise the CUDA error at once: no call waits on the GPU for anything before
+    it launches (v21's call table waited for the previous graph's acknowledgement, and
+    spun for its 60 s timeout here until v22 probed the device). In a subprocess: the
+    fault ends its CUDA context."""
     import subprocess
     import sys
 

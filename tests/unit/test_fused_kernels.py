@@ -574,36 +574,37 @@ def _check_stage_inputs() -> tuple[float, float]:
     return float((ours != want).sum() + (spec != want).sum()), 0.0
 
 
-def _check_call_table_kernels() -> tuple[float, float]:
-    """The graph's own staging and output kernels, driven by a call table: they stage what
-    ``stage_inputs`` stages, stage nothing without tokens, copy the first T logit columns
-    into the named output and acknowledge the table's sequence number (also without an
-    output). Returns the number of wrong entries (tolerance 0)."""
+def _check_call_kernels(block: int) -> tuple[float, float]:
+    """The graph's own staging and output kernels, their arguments as a call sets them,
+    with ``block``-wide programs (16: several programs, as in a large bucket): they stage
+    what ``stage_inputs`` stages, nothing without tokens, and copy the first T logit
+    columns into the output, nothing for T = 0. Returns the number of wrong entries
+    (tolerance 0)."""
     import torch
 
-    from engine.fused import call_table as ct
     from engine.fused import kernels as k
+    from engine.fused.kernels import staging
 
     n, seqs, t = 40, 6, 29
     g = torch.Generator().manual_seed(12)
     before = torch.randint(0, 99, (3 * n + seqs + 1,), generator=g, dtype=torch.int32)
     ids, tt, pos = (torch.randint(0, 99, (t,), generator=g, dtype=torch.int32) for _ in range(3))
     cu = torch.tensor([0, 10, t], dtype=torch.int32)
-    table = ct.CallTable(pin_memory=False)
     logits = torch.randn((2, n), generator=g)
     out = torch.zeros((2, t))
-    table.write(ids, tt, pos, cu, out)
-    ours, want = before.clone(), before.clone()
-    k.stage_from_table(ours, n, table.tensor)
-    k.stage_inputs(want, n, ids, tt, pos, cu)
-    k.logits_to_table(logits, table.tensor)
-    wrong = (ours != want).sum() + (out != logits[:, :t]).sum()
-    wrong += int(table.tensor[ct.ACK] != table.tensor[ct.SEQ]) + int(table.tensor[ct.SEQ] != 1)
-    table.write()  # acknowledged: no wait; nothing to stage, nothing to copy
-    kept, out[:] = before.clone(), 0.0
-    k.stage_from_table(kept, n, table.tensor)
-    k.logits_to_table(logits, table.tensor)
-    wrong += (kept != before).sum() + (out != 0).sum() + int(table.tensor[ct.ACK] != 2)
+    saved, staging._STAGE_BLOCK = staging._STAGE_BLOCK, block
+    try:
+        ours, want = before.clone(), before.clone()
+        k.stage_call(ours, n, ids, tt, pos, cu)
+        k.stage_inputs(want, n, ids, tt, pos, cu)
+        k.logits_call(logits, out, t)
+        wrong = (ours != want).sum() + (out != logits[:, :t]).sum()
+        kept, out[:] = before.clone(), 0.0  # what the host path sets: nothing either way
+        k.stage_call(kept, n, ids[:0], tt[:0], pos[:0], cu[:1])
+        k.logits_call(logits, out, 0)
+        wrong += (kept != before).sum() + (out != 0).sum()
+    finally:
+        staging._STAGE_BLOCK = saved
     return float(wrong), 0.0
 
 
@@ -852,7 +853,8 @@ CASES: dict[str, Callable[[], tuple[float, float]]] = {
         "fp8", calibrate=True, static=("ffn_out",)),
     "packed_entry_points": _check_packed_entry_points,
     "stage_inputs": _check_stage_inputs,
-    "call_table_kernels": _check_call_table_kernels,
+    "call_kernels": lambda: _check_call_kernels(1024),
+    "call_kernels_several_programs": lambda: _check_call_kernels(16),
     "persistent_fp16_16_programs": lambda: _check_persistent(16),
     "persistent_fp16_3_programs": lambda: _check_persistent(3),
     "persistent_fp16_engine": lambda: _check_persistent(4, through_engine=True),

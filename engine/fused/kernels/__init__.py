@@ -18,8 +18,8 @@ Every kernel computes in float32 and reads/writes whatever float dtype its tenso
 ``residual_linear``          a GEMM + bias + LayerNorm'd residual, stored or added atomically
 ``layernorm_qa``             LayerNorm + QA head (the deferred path's last step; ``deferred``)
 ``stage_inputs``             a batch into a CUDA graph's input buffer, in one launch
-``stage_from_table``         the same inside a graph, from the pinned call table
-``logits_to_table``          a graph's logits to the call table's output tensor, then its ack
+``stage_call``               the same inside a graph, its arguments set per call (``graph_args``)
+``logits_call``              a graph's logits into the caller's tensor, set per call likewise
 ``encode_persistent``        the whole encoder of a small batch as one persistent kernel
                              whose phases are the tasks above (``persistent``)
 ==========================  ==================================================================
@@ -67,7 +67,13 @@ from engine.fused.kernels.rows import (
     bias_residual_layernorm_qa,
     embed_layernorm,
 )
-from engine.fused.kernels.staging import logits_to_table, stage_from_table, stage_inputs
+from engine.fused.kernels.staging import (
+    OUTPUT_ARGS,
+    STAGE_ARGS,
+    logits_call,
+    stage_call,
+    stage_inputs,
+)
 
 __all__ = [
     "ATTN_LARGE",
@@ -75,6 +81,8 @@ __all__ = [
     "ATTN_SMALL",
     "GEMM_LARGE",
     "GEMM_SMALL",
+    "OUTPUT_ARGS",
+    "STAGE_ARGS",
     "AttnTiles",
     "GemmConfig",
     "attention_config",
@@ -92,11 +100,11 @@ __all__ = [
     "gemm_supported",
     "layernorm_qa",
     "linear",
-    "logits_to_table",
+    "logits_call",
     "pdl_available",
     "persistent_supported",
     "residual_linear",
     "small_batch_plan",
-    "stage_from_table",
+    "stage_call",
     "stage_inputs",
 ]

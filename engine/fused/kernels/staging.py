@@ -13,7 +13,6 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.fused import call_table as ct
 from engine.fused.kernels.common import launch_options, pdl_available, pdl_enter, pdl_release
 
 _BLOCK = 1024
@@ -44,94 +43,88 @@ def stage_inputs(buf: torch.Tensor, tokens: int, ids: torch.Tensor, tt: torch.Te
     _stage_kernel[grid](ids, tt, pos, cu, buf, t, tokens, b, seqs, BLOCK=_BLOCK)
 
 
-# ----------------------------------------------------------------- staging inside the graph
+# ------------------------------------------------------ staging inside the graph, per call
 #
-# A graph can also stage its own inputs: its first kernel reads where the caller's tensors
-# are from a *call table* (``engine.fused.call_table``: int64 slots in pinned host memory,
-# which kernels reach under unified addressing) and its last kernel copies the logits to
-# the caller's tensor named there, then acknowledges. A call is then one graph launch:
-# no staging launch in front, no copy launch behind. Where the GPU has programmatic
-# dependent launch (``common``) the staging kernel lets the next kernel launch at once,
-# and the output kernel launches while the kernel before it runs and reads the table
-# (a round trip over the bus) before it waits for the logits.
+# A graph can also stage its own inputs: its first kernel takes the caller's tensors as
+# arguments and copies them into the graph's input buffer, and its last copies the logits
+# into the caller's output tensor. A call sets those arguments in the instantiated graph
+# (``engine.fused.graph_args``) and launches it: one launch, no staging launch in front, no
+# copy launch behind, and nothing read from host memory on the GPU. The arguments a call
+# sets lead each kernel's list and are never specialised by triton (a graph captures one
+# compiled kernel, which must hold for every call's values). Where the GPU has
+# programmatic dependent launch (``common``) the staging kernel lets the next kernel launch
+# at once, and the output kernel launches while the kernel before it runs.
 
 _STAGE_BLOCK = 1024
 # The two kernels use programmatic dependent launch where the GPU has it (fixed into a
 # graph at capture; an A/B knob for ``--set`` of ``benchmarks/ab_replay.py`` and
-# ``trace_pass.py``). H200, 2026-12-01, a traced BERT-base 1x128 call (calibrated FP8):
-# span 253.6 vs 256.9 us, the output kernel's step 1.6 vs 3.4.
+# ``trace_pass.py``). H200, 2026-12-01, a traced BERT-base 1x128 call (calibrated FP8,
+# the kernels then reading a call table in host memory): span 253.6 vs 256.9 us, the
+# output kernel's step 1.6 vs 3.4.
 TABLE_PDL = True
-# The call table's slots, as the kernels read them.
-_IDS, _TOKEN_TYPES, _POSITIONS, _CU_SEQLENS = (tl.constexpr(ct.IDS), tl.constexpr(ct.TOKEN_TYPES),
-                                               tl.constexpr(ct.POSITIONS),
-                                               tl.constexpr(ct.CU_SEQLENS))
-_TOKENS, _SEQS, _OUT, _SEQ, _ACK = (tl.constexpr(ct.TOKENS), tl.constexpr(ct.SEQS),
-                                    tl.constexpr(ct.OUT), tl.constexpr(ct.SEQ),
-                                    tl.constexpr(ct.ACK))
+# What a call sets: the staging kernel's first six arguments, the output kernel's first two.
+STAGE_ARGS, OUTPUT_ARGS = "QQQQii", "Qi"
+_STAGE_SET = ("ids_ptr", "tt_ptr", "pos_ptr", "cu_ptr", "t", "b")
+_OUTPUT_SET = ("out_ptr", "t")
 
 
-@triton.jit
-def _stage_table_kernel(table_addr, buf_ptr, n, seqs, BLOCK: tl.constexpr,
-                        USE_PDL: tl.constexpr):
-    """One program: the table's batch (``t`` tokens, ``b`` sequences) into ``buf``, as
-    ``_stage_kernel`` writes it; nothing when ``t`` is 0 (the host filled ``buf``)."""
+@triton.jit(do_not_specialize=_STAGE_SET, do_not_specialize_on_alignment=_STAGE_SET[:4])
+def _stage_call_kernel(ids_ptr, tt_ptr, pos_ptr, cu_ptr, t, b, buf_ptr, n, seqs,
+                       BLOCK: tl.constexpr, USE_PDL: tl.constexpr):
+    """The caller's batch (``t`` tokens, ``b`` sequences) into ``buf``, as ``_stage_kernel``
+    writes it, a block of it per program; nothing when ``t`` is 0 (the host filled it)."""
     pdl_release(USE_PDL)  # the next kernel waits for this one's writes
-    table = table_addr.to(tl.pointer_type(tl.int64))
-    # Every slot in one round trip over the bus (the table is in host memory).
-    ids = tl.load(table + _IDS).to(tl.pointer_type(tl.int32))
-    tt = tl.load(table + _TOKEN_TYPES).to(tl.pointer_type(tl.int32))
-    pos = tl.load(table + _POSITIONS).to(tl.pointer_type(tl.int32))
-    cu = tl.load(table + _CU_SEQLENS).to(tl.pointer_type(tl.int32))
-    t = tl.load(table + _TOKENS).to(tl.int32)
-    b = tl.load(table + _SEQS).to(tl.int32)
     if t > 0:
-        for start in range(0, t, BLOCK):
-            i = start + tl.arange(0, BLOCK)
-            tok = i < t
-            tl.store(buf_ptr + i, tl.load(ids + i, mask=tok), mask=tok)
-            tl.store(buf_ptr + n + i, tl.load(tt + i, mask=tok), mask=tok)
-            tl.store(buf_ptr + 2 * n + i, tl.load(pos + i, mask=tok), mask=tok)
-        for start in range(0, seqs + 1, BLOCK):
-            i = start + tl.arange(0, BLOCK)
-            seq = i <= seqs
-            tl.store(buf_ptr + 3 * n + i, tl.load(cu + tl.minimum(i, b), mask=seq), mask=seq)
+        i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        tok = i < t
+        tl.store(buf_ptr + i, tl.load(ids_ptr + i, mask=tok), mask=tok)
+        tl.store(buf_ptr + n + i, tl.load(tt_ptr + i, mask=tok), mask=tok)
+        tl.store(buf_ptr + 2 * n + i, tl.load(pos_ptr + i, mask=tok), mask=tok)
+        seq = i <= seqs
+        tl.store(buf_ptr + 3 * n + i, tl.load(cu_ptr + tl.minimum(i, b), mask=seq), mask=seq)
 
 
-@triton.jit
-def _logits_table_kernel(table_addr, logits_ptr, n, BLOCK: tl.constexpr,
-                         USE_PDL: tl.constexpr):
-    """One program: the first ``t`` columns of ``logits`` [2, n] into the table's output
-    tensor [2, t] (if it names one), then the table's sequence number into its
-    acknowledgement slot: the stored value is the loaded one, so the store waits for that
-    load, and the barrier orders it after every lane's copy."""
-    table = table_addr.to(tl.pointer_type(tl.int64))
-    t = tl.load(table + _TOKENS).to(tl.int32)  # the three slots in one round trip over the bus
-    out_addr = tl.load(table + _OUT)
-    seq = tl.load(table + _SEQ)
-    pdl_enter(USE_PDL, False)  # the table needs no earlier kernel; the logits do
-    if out_addr != 0:
-        out = out_addr.to(tl.pointer_type(tl.float32))
-        for start in range(0, t, BLOCK):
-            i = start + tl.arange(0, BLOCK)
-            m = i < t
-            tl.store(out + i, tl.load(logits_ptr + i, mask=m), mask=m)
-            tl.store(out + t + i, tl.load(logits_ptr + n + i, mask=m), mask=m)
-    tl.debug_barrier()  # every lane's copy is done before the ack
-    tl.store(table + _ACK, seq)
+@triton.jit(do_not_specialize=_OUTPUT_SET, do_not_specialize_on_alignment=_OUTPUT_SET[:1])
+def _logits_call_kernel(out_ptr, t, logits_ptr, n, BLOCK: tl.constexpr,
+                        USE_PDL: tl.constexpr):
+    """The first ``t`` columns of ``logits`` [2, n] into ``out`` [2, t], a block per program."""
+    pdl_enter(USE_PDL, False)  # the logits are the previous kernel's
+    i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m = i < t
+    tl.store(out_ptr + i, tl.load(logits_ptr + i, mask=m), mask=m)
+    tl.store(out_ptr + t + i, tl.load(logits_ptr + n + i, mask=m), mask=m)
 
 
-def stage_from_table(buf: torch.Tensor, tokens: int, table: torch.Tensor) -> None:
-    """Launch the staging kernel on a bucket buffer whose token sections are ``tokens``
-    long; ``table`` is the pinned call table (its address is baked into a captured graph).
-    Where the GPU has PDL it lets the next kernel launch at once."""
+def _function(compiled: object) -> int | None:
+    """The CUDA function handle of what a triton launch ran (None under the interpreter)."""
+    handle = getattr(compiled, "function", None)
+    return int(handle) if handle is not None else None
+
+
+def stage_call(buf: torch.Tensor, tokens: int, ids: torch.Tensor, tt: torch.Tensor,
+               pos: torch.Tensor, cu: torch.Tensor) -> int | None:
+    """Launch the graph's staging kernel on a bucket buffer whose token sections are
+    ``tokens`` long: int32 ``ids``/``tt``/``pos`` [T] and ``cu`` [B + 1] into it, or
+    nothing when T is 0. Its grid covers the whole bucket, so any batch that fits can be
+    set later (``STAGE_ARGS``: the four addresses, T and B). Returns the kernel's CUDA
+    function handle (None under the interpreter)."""
+    t, b = ids.shape[0], cu.shape[0] - 1
     seqs = buf.shape[0] - 3 * tokens - 1
-    _stage_table_kernel[(1,)](table.data_ptr(), buf, tokens, seqs, BLOCK=_STAGE_BLOCK,
-                              USE_PDL=TABLE_PDL and pdl_available(buf), num_warps=4)
+    if t > tokens or b > seqs:
+        raise ValueError(f"batch ({t} tokens, {b} sequences) does not fit the buffer")
+    grid = (triton.cdiv(max(tokens, seqs + 1), _STAGE_BLOCK),)
+    return _function(_stage_call_kernel[grid](
+        ids, tt, pos, cu, t, b, buf, tokens, seqs, BLOCK=_STAGE_BLOCK,
+        USE_PDL=TABLE_PDL and pdl_available(buf), num_warps=4))
 
 
-def logits_to_table(logits: torch.Tensor, table: torch.Tensor) -> None:
-    """Launch the output kernel on a graph's static float32 logits [2, tokens] (with PDL
-    where the GPU has it: it reads the table while the kernel before it runs)."""
+def logits_call(logits: torch.Tensor, out: torch.Tensor, t: int) -> int | None:
+    """Launch the graph's output kernel: the first ``t`` columns of its static float32
+    logits [2, tokens] into ``out`` (float32 [2, t], contiguous; nothing when ``t`` is 0),
+    with PDL where the GPU has it. Its grid covers every column, so any ``t`` can be set
+    later (``OUTPUT_ARGS``: the address and T). Returns the kernel's function handle."""
+    tokens = logits.shape[1]
     pdl = TABLE_PDL and pdl_available(logits)
-    _logits_table_kernel[(1,)](table.data_ptr(), logits, logits.shape[1], BLOCK=_STAGE_BLOCK,
-                               USE_PDL=pdl, num_warps=4, **launch_options(pdl))
+    return _function(_logits_call_kernel[(triton.cdiv(tokens, _STAGE_BLOCK),)](
+        out, t, logits, tokens, BLOCK=_STAGE_BLOCK, USE_PDL=pdl, num_warps=4,
+        **launch_options(pdl)))
