@@ -105,6 +105,7 @@ def main() -> None:
     bucket = eng._graph_bucket(args.seq, 1, args.seq)
     assert bucket is not None and eng._graphs is not None
     graphs = eng._graphs
+    graphs.inputs(bucket)  # captured now
     entry = graphs._graphs[bucket]
     assert entry.stage is not None and entry.output is not None
     stage_set, output_set = entry.stage.set, entry.output.set  # unwrapped, for the pieces
