@@ -114,8 +114,8 @@ def main() -> None:
         graphs.replay_into = timed("replay_into", graphs.replay_into)  # type: ignore[method-assign]
         entry.graph.replay = timed("graph launch", entry.graph.replay)  # type: ignore[method-assign]
         eng._graph_bucket = timed("bucket lookup", bucket_of)  # type: ignore[method-assign]
-        entry.stage.set = timed("stage args", stage_set)  # type: ignore[method-assign]
-        entry.output.set = timed("output args", output_set)  # type: ignore[method-assign]
+        entry.stage.set = timed("input args", stage_set)  # type: ignore[method-assign]
+        entry.output.set = timed("output arg", output_set)  # type: ignore[method-assign]
     outs = [torch.empty((2, args.seq), device="cuda") for _ in range(2)]
     flip = [0]
 
@@ -124,11 +124,11 @@ def main() -> None:
         flip[0] ^= 1
         stage_set(dev[0].data_ptr(), dev[1].data_ptr(), dev[2].data_ptr(), cu.data_ptr(),
                   args.seq - flip[0], 1)
-        output_set(outs[flip[0]].data_ptr(), args.seq)
+        output_set(outs[flip[0]].data_ptr())
 
     pieces = {  # pieces of _run_device's host part, each alone
         "  bucket lookup": lambda: bucket_of(args.seq, 1, args.seq),
-        "  output allocation": lambda: torch.empty((2, args.seq), device=eng.device,
+        "  output allocation": lambda: torch.empty((2, bucket.tokens), device=eng.device,
                                                    dtype=torch.float32),
         "  call args (two driver calls)": call_args,
     }

@@ -5,8 +5,8 @@
         [--repeat-layers N]
 
 Each shape runs ``FusedEngine._run_device`` (what a call on device tensors pays per batch:
-one CUDA-graph launch whose first and last kernels stage the inputs and copy the logits
-out, their arguments set per call) on a random-weight model, under
+one CUDA-graph launch whose first kernel reads the caller's inputs and whose last writes
+the caller's output, their arguments set per call) on a random-weight model, under
 ``torch.profiler``, several times with a synchronize between passes. From the last pass's
 kernels (graph kernels are traced one by one) it reports:
 
@@ -16,9 +16,8 @@ kernels (graph kernels are traced one by one) it reports:
   kernel starts early and waits, so its own duration overstates it; a kernel's step is
   the time from the previous kernel's end to its own end, and the steps add up to the
   span (gaps before a kernel are charged to it);
-* the copies before the graph and the logits clone after it ("copy/fill"), whose steps
-  include the host's launch gaps between them, or the graph's own staging and output
-  kernels ("call args") inside it.
+* the copies before the graph and the logits clone after it ("copy/fill") where a graph
+  does not stage its own inputs, whose steps include the host's launch gaps between them.
 
 ``--set module.ATTR=VALUE`` sets a module constant before any engine is built (a launch
 choice fixed into the graph at capture, as ``ab_replay.py --set`` does per variant).
@@ -49,7 +48,6 @@ _KINDS = [  # (substring of the kernel name, label), first match wins
     ("_gemm_kernel", "Triton GEMM"), ("_gemm_tma_kernel", "Triton GEMM"),
     ("_attn", "attention"), ("_residual_ln", "residual LN"),
     ("_embed_ln", "embed LN"), ("_bias_gelu", "bias GELU"), ("_encoder_kernel", "persistent"),
-    ("_stage_call", "call args"), ("_logits_call", "call args"),
     ("_stage_kernel", "copy/fill"), ("gemm", "cuBLAS GEMM"), ("sm90", "cuBLAS GEMM"),
     ("cutlass", "cuBLAS GEMM"),
     ("elementwise", "copy/fill"), ("Memcpy", "copy/fill"), ("Memset", "copy/fill"),

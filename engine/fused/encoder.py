@@ -197,6 +197,7 @@ def encode_packed(
     n_seqs: int,
     max_seqlen: int,
     opts: EncodeOptions = EncodeOptions(),
+    stage: bool = False,
 ) -> torch.Tensor:
     """QA logits float32 [2, T] (start row, end row) of packed int32 token tensors.
 
@@ -204,7 +205,9 @@ def encode_packed(
     the same functions with the same contracts.
 
     ``n_seqs``/``max_seqlen`` may over-state the batch (see ``attention_varlen``); tokens
-    outside every sequence get logits too, which callers ignore.
+    outside every sequence get logits too, which callers ignore. ``stage``: the pass is
+    a graph capture whose first kernel, the embeddings', stages each call's inputs
+    (``kernels.STAGE_ARGS``; not with the persistent kernel).
     """
     cfg = w.config
     eps = cfg.layer_norm_eps
@@ -229,12 +232,14 @@ def encode_packed(
 
     if (small and opts.persistent and tokens <= opts.persistent_max_tokens
             and ops.persistent_supported(w)):
+        if stage:
+            raise ValueError("the persistent kernel does not stage a graph's inputs")
         return ops.encode_persistent(  # type: ignore[no-any-return]
             w, input_ids, token_type_ids, position_ids, cu_seqlens, n_seqs, max_seqlen)
     if (small and w.folded is not None and opts.deferred_ln_max_hidden is not None
             and d <= opts.deferred_ln_max_hidden):
         return _encode_deferred(w, ops, input_ids, token_type_ids, position_ids, cu_seqlens,
-                                n_seqs, max_seqlen, opts, pdl)
+                                n_seqs, max_seqlen, opts, pdl, stage)
     if small:
         (c_qkv, _), (c_out, s_out) = plan("qkv", 3 * d, d, False), plan("out", d, d, True)
         late_qkv = "qkv" in late or (opts.qkv_late_release_min_seqs is not None
@@ -265,7 +270,7 @@ def encode_packed(
         input_ids, token_type_ids, position_ids, w.word_embeddings, w.position_embeddings,
         w.token_type_embeddings, w.emb_ln_weight, w.emb_ln_bias, eps,
         fp8=wants8(layers[0].qkv), pdl=pdl, fp8_blocks=w.fp8_blocks,
-        fp8_scale=x_scale(0, "qkv"),
+        fp8_scale=x_scale(0, "qkv"), stage=(cu_seqlens, n_seqs) if stage else None,
     )
     tiles = (ops.attention_tiles(cu_seqlens, tokens, n_seqs, max_seqlen, cfg.num_heads,
                                  d // cfg.num_heads, config=opts.attn_config)
@@ -340,6 +345,7 @@ def _encode_deferred(
     max_seqlen: int,
     opts: EncodeOptions,
     pdl: bool,
+    stage: bool = False,
 ) -> torch.Tensor:
     """The small-batch pass with every LayerNorm deferred to the GEMMs around it: per layer
 
@@ -391,7 +397,8 @@ def _encode_deferred(
                   for _ in range(2))
     ops.embed_sum(input_ids, token_type_ids, position_ids, w.word_embeddings,
                   w.position_embeddings, w.token_type_embeddings, z32[1], z16, z_sums[1],
-                  pdl=pdl, z8=z8, inv8=f8s[0].qkv_inv if f8s is not None else None)
+                  pdl=pdl, z8=z8, inv8=f8s[0].qkv_inv if f8s is not None else None,
+                  stage=(cu_seqlens, n_seqs) if stage else None)
     ln_g, ln_b = w.emb_ln_weight, w.emb_ln_bias
 
     def folded(x: torch.Tensor, x8: torch.Tensor | None, lin: FoldedLinear,

@@ -303,8 +303,12 @@ class FusedEngine:
     def _new_graphs(self) -> GraphCache | None:
         if not self.cuda_graphs:
             return None
-        staging = self.graph_staging and hasattr(self.ops, "stage_call")
-        return GraphCache(self._forward, self.device, call_ops=self.ops if staging else None)
+        # Graphs stage their own inputs where the first kernel can (the Triton kernels, not
+        # the persistent one).
+        staging = (self.graph_staging and hasattr(self.ops, "STAGE_ARGS")
+                   and not self.options.persistent)
+        return GraphCache(self._forward, self.device,
+                          stage_args=self.ops.STAGE_ARGS if staging else None)
 
     # ------------------------------------------------------------------ construction
 
@@ -355,7 +359,7 @@ class FusedEngine:
     # ------------------------------------------------------------------ forward
 
     def _forward(self, ids: torch.Tensor, tt: torch.Tensor, pos: torch.Tensor, cu: torch.Tensor,
-                 n_seqs: int, max_seqlen: int) -> torch.Tensor:
+                 n_seqs: int, max_seqlen: int, stage: bool = False) -> torch.Tensor:
         recorder = self._recorder  # the caller holds the lock
         if recorder is not None:  # un-quantized, FFN1 unfused: every activation seen
             opts = replace(self.options, fp8_min_tokens=1 << 62,
@@ -368,7 +372,7 @@ class FusedEngine:
                 n_seqs, max_seqlen, opts)
             return logits
         return encode_packed(self.weights, self.ops, ids, tt, pos, cu, n_seqs, max_seqlen,
-                             self.options)
+                             self.options, stage)
 
     def _check_calibratable(self) -> None:
         if not self.fp8 or self.weights.fp8_blocks:
@@ -461,15 +465,15 @@ class FusedEngine:
 
     def _run_device(self, ids: torch.Tensor, tt: torch.Tensor, pos: torch.Tensor,
                     cu: torch.Tensor, max_seqlen: int) -> torch.Tensor:
-        """Logits [2, T] (a fresh tensor) of packed int32 device tensors."""
+        """Logits [2, T] (fresh; it may be a view of a wider tensor) of packed int32 device
+        tensors."""
         t, b = ids.shape[0], cu.shape[0] - 1
         with self._lock:
             bucket = self._graph_bucket(t, b, max_seqlen)
             if bucket is None or self._graphs is None:
                 return self._forward(ids, tt, pos, cu, b, max_seqlen)
-            if self._graphs.stages_itself:  # one launch: stages, runs, copies out
-                out = torch.empty((2, t), device=self.device, dtype=torch.float32)
-                return self._graphs.replay_into(bucket, ids, tt, pos, cu, out)
+            if self._graphs.stages_itself:  # one launch, nothing staged or copied around it
+                return self._graphs.replay_into(bucket, ids, tt, pos, cu)
             # Rows past t keep earlier batches' (valid) tokens: they belong to no sequence.
             self.ops.stage_inputs(self._graphs.inputs(bucket), bucket.tokens, ids, tt, pos, cu)
             return self._graphs.replay(bucket)[:, :t].clone()

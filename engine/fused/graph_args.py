@@ -1,19 +1,21 @@
-"""A kernel's arguments inside an instantiated CUDA graph, set between its launches.
+"""Kernel arguments inside an instantiated CUDA graph, set between its launches.
 
 A captured graph replays the arguments its kernels were captured with. The driver lets the
 host change one kernel node's arguments in the instantiated graph
 (``cuGraphExecKernelNodeSetParams``), and the change applies to launches made after it, never
 to one already queued or running. So a call can name its own tensors to a graph with no
-handshake with the GPU: the engine's graphs take the caller's input and output tensors as
-the arguments of their first and last kernels (``kernels.stage_call``,
-``kernels.logits_call``), and a call on device tensors is one launch whose kernels read
-nothing from host memory. torch has no binding for this; ctypes reaches the driver.
+handshake with the GPU: the engine's graphs read the caller's inputs in their first kernel
+(``kernels.STAGE_ARGS``) and write the logits into the caller's tensor in their last, and a
+call on device tensors is one launch with nothing staged or copied around it. torch has no
+binding for this; ctypes reaches the driver.
 
-The node is found in the graph (captured with ``keep_graph=True``) by its kernel's
-function handle; the argument layout (offset and size of each) comes from the driver
-(``cuFuncGetParamInfo``, CUDA 12.4 and later), and every argument keeps its captured value
-except the leading ones a call sets. Those must not have been specialised by triton at
-capture (``do_not_specialize``, also on alignment): the compiled kernel holds for any value.
+Nodes are found in the graph (captured with ``keep_graph=True``) by what their arguments
+held at capture: :func:`leading_args`, the one kernel whose leading arguments were given
+values; :func:`pointer_arg`, the argument of the graph's last kernel that held an address.
+Argument layouts (offset and size of each) come from the driver (``cuFuncGetParamInfo``,
+CUDA 12.4 and later). An argument a call sets must not have been specialised by triton at
+capture (``do_not_specialize``, on alignment too, for any value a call may set; a pointer
+to a fresh torch allocation keeps any alignment triton assumed).
 """
 
 from __future__ import annotations
@@ -57,21 +59,20 @@ def _check(result: int, what: str) -> None:
 
 
 def argument_layout(function: int) -> list[tuple[int, int]]:
-    """(offset, size) in bytes of each argument of a kernel (a ``CUfunction`` handle)."""
+    """(offset, size) in bytes of each argument of a kernel (a ``CUfunction`` handle);
+    empty where the driver cannot say."""
     cuda = _cuda()
     layout: list[tuple[int, int]] = []
     offset, size = ctypes.c_size_t(), ctypes.c_size_t()
     while cuda.cuFuncGetParamInfo(ctypes.c_void_p(function), ctypes.c_size_t(len(layout)),
                                   ctypes.byref(offset), ctypes.byref(size)) == 0:
         layout.append((offset.value, size.value))
-    if not layout:
-        raise RuntimeError("cuFuncGetParamInfo gave no argument layout for the kernel "
-                           "(it needs a CUDA 12.4 driver or later)")
-    return layout
+    return layout  # empty: not a function handle the driver describes (or a driver < 12.4)
 
 
-def _kernel_nodes(raw_graph: int) -> list[tuple[int, _NodeParams]]:
-    """Every kernel node of a (kept) CUDA graph with its parameters."""
+def _kernel_nodes(raw_graph: int, sinks_only: bool = False) -> list[tuple[int, _NodeParams]]:
+    """The kernel nodes of a (kept) CUDA graph with their parameters; ``sinks_only``: those
+    no other node depends on (in a captured stream: the last)."""
     cuda = _cuda()
     graph = ctypes.c_void_p(raw_graph)
     count = ctypes.c_size_t(0)
@@ -80,39 +81,93 @@ def _kernel_nodes(raw_graph: int) -> list[tuple[int, _NodeParams]]:
     _check(cuda.cuGraphGetNodes(graph, nodes, ctypes.byref(count)), "cuGraphGetNodes")
     found = []
     for node in nodes:
+        handle = ctypes.c_void_p(node)
         kind = ctypes.c_int()
-        _check(cuda.cuGraphNodeGetType(ctypes.c_void_p(node), ctypes.byref(kind)),
-               "cuGraphNodeGetType")
-        if kind.value == _NODE_KERNEL:
-            params = _NodeParams()
-            _check(cuda.cuGraphKernelNodeGetParams_v2(ctypes.c_void_p(node), ctypes.byref(params)),
-                   "cuGraphKernelNodeGetParams")
+        _check(cuda.cuGraphNodeGetType(handle, ctypes.byref(kind)), "cuGraphNodeGetType")
+        if kind.value != _NODE_KERNEL:
+            continue
+        if sinks_only:
+            dependents = ctypes.c_size_t(0)
+            _check(cuda.cuGraphNodeGetDependentNodes(handle, None, ctypes.byref(dependents)),
+                   "cuGraphNodeGetDependentNodes")
+            if dependents.value:
+                continue
+        params = _NodeParams()
+        _check(cuda.cuGraphKernelNodeGetParams_v2(handle, ctypes.byref(params)),
+               "cuGraphKernelNodeGetParams")
+        if params.kernel_params:  # else launched with a packed buffer: not ours
             found.append((int(node or 0), params))
     return found
 
 
+def _described(raw_graph: int, sinks_only: bool = False,
+               ) -> list[tuple[int, _NodeParams, list[tuple[int, int]]]]:
+    """:func:`_kernel_nodes` with each one's argument layout, where the driver gives one."""
+    layouts: dict[int, list[tuple[int, int]]] = {}
+    found = []
+    for node, params in _kernel_nodes(raw_graph, sinks_only):
+        function = params.func or params.kern
+        if function:
+            if function not in layouts:
+                layouts[function] = argument_layout(function)
+            if layouts[function]:
+                found.append((node, params, layouts[function]))
+    if not found:
+        raise RuntimeError("no kernel of the graph has an argument layout the driver "
+                           "describes (cuFuncGetParamInfo needs a CUDA 12.4 driver or later)")
+    return found
+
+
+def _values(params: _NodeParams, layout: list[tuple[int, int]]) -> list[int]:
+    """Each argument's captured value as an unsigned integer (little-endian)."""
+    return [int.from_bytes(ctypes.string_at(params.kernel_params[i], size), "little")
+            for i, (_, size) in enumerate(layout)]
+
+
+def leading_args(graph: torch.cuda.CUDAGraph, captured: tuple[int, ...],
+                 formats: str) -> KernelArgs:
+    """The leading arguments (struct ``formats``: ``Q`` an address, ``i`` an int32) of
+    the one kernel of ``graph`` captured with ``captured`` as them."""
+    want = [v & ((1 << (8 * _FORMATS[f])) - 1) for v, f in zip(captured, formats, strict=True)]
+    found = []
+    for node, params, layout in _described(graph.raw_cuda_graph()):
+        if (len(layout) >= len(formats)
+                and [size for _, size in layout[:len(formats)]] == [_FORMATS[f] for f in formats]
+                and _values(params, layout)[:len(formats)] == want):
+            found.append((node, params, layout))
+    if len(found) != 1:
+        raise RuntimeError(f"expected one graph kernel with those leading arguments, found "
+                           f"{len(found)}")
+    node, params, layout = found[0]
+    return KernelArgs(graph, node, params, layout, list(range(len(formats))), formats)
+
+
+def pointer_arg(graph: torch.cuda.CUDAGraph, address: int) -> KernelArgs:
+    """The one argument of the graph's last kernel that held ``address`` at capture."""
+    found = []
+    for node, params, layout in _described(graph.raw_cuda_graph(), sinks_only=True):
+        found += [(node, params, layout, i) for i, v in enumerate(_values(params, layout))
+                  if layout[i][1] == 8 and v == address]
+    if len(found) != 1:
+        raise RuntimeError(f"expected one argument of the graph's last kernel to hold the "
+                           f"address, found {len(found)}")
+    node, params, layout, slot = found[0]
+    return KernelArgs(graph, node, params, layout, [slot], "Q")
+
+
 class KernelArgs:
-    """The leading arguments of the one node of ``graph`` that runs ``function``.
+    """Some arguments (``slots``, increasing, struct ``formats``) of one kernel node of
+    ``graph`` (captured with ``keep_graph=True`` and instantiated), the rest kept as
+    captured: :meth:`set` changes them for the graph's later launches (only when they
+    differ from the last values set)."""
 
-    ``graph`` was captured with ``keep_graph=True`` and instantiated; ``formats`` gives the
-    struct format of each argument a call sets (``Q`` for an address, ``i`` for an int32),
-    which must match the kernel's argument sizes. :meth:`set` changes them for the graph's
-    later launches (only when they differ from the last values set)."""
-
-    def __init__(self, graph: torch.cuda.CUDAGraph, function: int, formats: str) -> None:
-        matches = [(node, params) for node, params in _kernel_nodes(graph.raw_cuda_graph())
-                   if function in (params.func, params.kern)]
-        if len(matches) != 1:
-            raise RuntimeError(f"expected one graph node running the kernel, found "
-                               f"{len(matches)}")
-        node, params = matches[0]
-        if not params.kernel_params:
-            raise RuntimeError("the graph node's kernel arguments are not readable")
-        layout = argument_layout(function)
-        if len(formats) > len(layout) or any(
-                _FORMATS.get(f) != size for f, (_, size) in zip(formats, layout, strict=False)):
+    def __init__(self, graph: torch.cuda.CUDAGraph, node: int, params: _NodeParams,
+                 layout: list[tuple[int, int]], slots: list[int], formats: str) -> None:
+        if (len(slots) != len(formats) or slots != sorted(set(slots))
+                or any(_FORMATS.get(f) != layout[i][1] for i, f in zip(slots, formats,
+                                                                        strict=True))):
             raise ValueError(f"argument formats {formats!r} do not match the kernel's "
-                             f"argument sizes {[size for _, size in layout]}")
+                             f"argument sizes {[layout[i][1] for i in slots]}")
         total = max(offset + size for offset, size in layout)
         self._buffer = ctypes.create_string_buffer(total)
         base = ctypes.addressof(self._buffer)
@@ -122,20 +177,20 @@ class KernelArgs:
         params.kernel_params = ctypes.cast(self._pointers, ctypes.POINTER(ctypes.c_void_p))
         params.extra = None
         self._params = params
-        # The settable arguments as one struct at the first one's offset (with padding).
-        first = layout[0][0]
-        fmt, at = "<", first
-        for f, (offset, size) in zip(formats, layout, strict=False):
-            fmt += "x" * (offset - at) + f
-            at = offset + size
-        self._struct, self._first = struct.Struct(fmt), first
+        # The set arguments as one struct from the first one's offset (with padding).
+        self._first = at = layout[slots[0]][0]
+        fmt = "<"
+        for i, f in zip(slots, formats, strict=True):
+            fmt += "x" * (layout[i][0] - at) + f
+            at = layout[i][0] + layout[i][1]
+        self._struct = struct.Struct(fmt)
         self._call = (ctypes.c_void_p(graph.raw_cuda_graph_exec()), ctypes.c_void_p(node),
                       ctypes.byref(self._params))
         self._set = _cuda().cuGraphExecKernelNodeSetParams_v2
         self._last: tuple[int, ...] | None = None
 
     def set(self, *values: int) -> None:
-        """The leading arguments of the graph's later launches."""
+        """The arguments of the graph's later launches."""
         if values == self._last:
             return
         self._struct.pack_into(self._buffer, self._first, *values)

@@ -3,10 +3,12 @@
 A graph owns static buffers: one int32 input buffer in the ``packing.bucket_layout``
 layout, and the float32 [2, bucket.tokens] logits its captured forward wrote. A call
 copies a batch into the input buffer, replays, and reads the logits before the next
-call (the caller copies out what it keeps). With ``call_ops`` (an op set with
-``stage_call`` / ``logits_call``) every graph also stages its own inputs and writes the
-caller's output tensor: a call sets those two kernels' arguments in the instantiated
-graph (``engine.fused.graph_args``), and :meth:`GraphCache.replay_into` is one launch.
+call (the caller copies out what it keeps). With ``stage_args`` every graph also reads
+the caller's tensors and writes a fresh output: a call sets where its inputs are as the
+first kernel's leading arguments (``kernels.STAGE_ARGS``: that kernel copies what later
+kernels read into the input buffer) and where the logits go as the last kernel's output
+argument, in the instantiated graph (``engine.fused.graph_args``), and
+:meth:`GraphCache.replay_into` is one launch with nothing staged or copied around it.
 Not thread-safe: the engine serialises calls.
 All graphs share one memory pool: they are
 replayed one at a time and none reads another's intermediates, so the pool's blocks can
@@ -17,12 +19,11 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import ModuleType
 
 import torch
 
 from engine.fused import cublaslt
-from engine.fused.graph_args import KernelArgs
+from engine.fused.graph_args import KernelArgs, leading_args, pointer_arg
 from engine.fused.packing import Bucket
 
 # Batches above this many tokens run eagerly (the engine's ``max_graph_tokens``): their
@@ -35,8 +36,10 @@ from engine.fused.packing import Bucket
 # sampled between); 16k leaves a margin for slower hosts.
 MAX_GRAPH_TOKENS = 16384
 
-# forward(ids, token_types, positions, cu_seqlens, n_seqs, max_seqlen) -> logits [2, T]
-Forward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, int], torch.Tensor]
+# forward(ids, token_types, positions, cu_seqlens, n_seqs, max_seqlen, stage) -> logits
+# [2, T]; with ``stage`` its first kernel stages a call's inputs (``kernels.STAGE_ARGS``).
+Forward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, int, int, bool],
+                   torch.Tensor]
 
 
 def split_inputs(buf: torch.Tensor, bucket: Bucket) -> tuple[torch.Tensor, ...]:
@@ -50,18 +53,18 @@ class _Captured:
     inputs: torch.Tensor  # int32 [bucket.buffer_len]
     logits: torch.Tensor  # float32 [2, bucket.tokens], written by each replay
     graph: torch.cuda.CUDAGraph
-    # With call ops: the staging and output kernels' per-call arguments, and the staging
-    # arguments of a call whose inputs the host wrote into ``inputs`` (stage nothing).
+    # Where a call sets its tensors (``stage_args``): the first kernel's leading arguments,
+    # their values for a batch the host wrote into ``inputs``, and the logits' address.
     stage: KernelArgs | None = None
-    output: KernelArgs | None = None
     host_stage: tuple[int, ...] = ()
+    output: KernelArgs | None = None
 
 
 class GraphCache:
     """Capture-once, replay-many forward passes keyed by :class:`Bucket`."""
 
     def __init__(self, forward: Forward, device: torch.device, max_graphs: int = 128,
-                 call_ops: ModuleType | None = None) -> None:
+                 stage_args: str | None = None) -> None:
         self._forward = forward
         self._device = device
         self._max_graphs = max_graphs
@@ -73,12 +76,12 @@ class GraphCache:
         # warm-up makes it before the capture.
         self._stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
         self._workspace = cublaslt.Workspace()
-        self._ops = call_ops
+        self._stage_args = stage_args
 
     @property
     def stages_itself(self) -> bool:
-        """Whether the graphs stage the caller's tensors themselves (:meth:`replay_into`)."""
-        return self._ops is not None
+        """Whether a call names its tensors to the graph (:meth:`replay_into`)."""
+        return self._stage_args is not None
 
     def __len__(self) -> int:
         return len(self._graphs)
@@ -96,44 +99,37 @@ class GraphCache:
         """Run the bucket's graph on what its input buffer holds; returns the static logits."""
         entry = self._graphs[bucket]
         if entry.stage is not None and entry.output is not None:
-            entry.stage.set(*entry.host_stage)  # nothing to stage
-            entry.output.set(entry.logits.data_ptr(), 0)  # nothing to copy out
+            entry.stage.set(*entry.host_stage)
+            entry.output.set(entry.logits.data_ptr())
         entry.graph.replay()
         return entry.logits
 
     def replay_into(self, bucket: Bucket, ids: torch.Tensor, tt: torch.Tensor,
-                    pos: torch.Tensor, cu: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-        """One launch: the bucket's graph stages contiguous int32 ``ids``/``tt``/``pos``
-        [T] and ``cu`` [B + 1] (rows past T keep earlier batches' tokens, in no sequence)
-        and writes the logits into ``out`` (float32 [2, T], contiguous), returned. The
-        tensors must stay alive until the launch has run (stream order)."""
+                    pos: torch.Tensor, cu: torch.Tensor) -> torch.Tensor:
+        """One launch on contiguous int32 ``ids``/``tt``/``pos`` [T] and ``cu`` [B + 1]
+        where the caller holds them (they must stay alive until the launch has run, in
+        stream order); returns the logits [2, T], a view of a fresh [2, bucket.tokens]
+        tensor (the last kernel writes every row of the bucket)."""
         entry = self._graphs.get(bucket) or self._capture(bucket)
         assert entry.stage is not None and entry.output is not None, \
-            "replay_into needs a GraphCache with call_ops"
+            "replay_into needs a GraphCache with stage_args"
         t, b = ids.shape[0], cu.shape[0] - 1
         if t > bucket.tokens or b > bucket.seqs:
             raise ValueError(f"batch ({t} tokens, {b} sequences) does not fit {bucket}")
+        out = torch.empty((2, bucket.tokens), device=self._device, dtype=torch.float32)
         entry.stage.set(ids.data_ptr(), tt.data_ptr(), pos.data_ptr(), cu.data_ptr(), t, b)
-        entry.output.set(out.data_ptr(), t)
+        entry.output.set(out.data_ptr())
         entry.graph.replay()
-        return out
+        return out[:, :t]
 
     def _capture(self, bucket: Bucket) -> _Captured:
         inputs = torch.zeros(bucket.buffer_len, dtype=torch.int32, device=self._device)
         ids, tt, pos, cu = split_inputs(inputs, bucket)
         cu.fill_(0)  # all sequences empty: the warm-up touches no uninitialised rows
-        ops = self._ops
-        handles: list[int | None] = []
+        stage = self._stage_args is not None
 
         def run() -> torch.Tensor:
-            handles.clear()
-            if ops is not None:  # stages nothing (no tokens) until a call sets its arguments
-                handles.append(ops.stage_call(inputs, bucket.tokens, ids[:0], tt[:0], pos[:0],
-                                              cu[:1]))
-            logits = self._forward(ids, tt, pos, cu, bucket.seqs, bucket.max_seqlen)
-            if ops is not None:
-                handles.append(ops.logits_call(logits, logits, 0))
-            return logits
+            return self._forward(ids, tt, pos, cu, bucket.seqs, bucket.max_seqlen, stage)
 
         # Warm up on the capture stream: Triton compiles and cuBLAS picks its kernels
         # and workspaces here, outside the capture (neither may happen inside one).
@@ -146,18 +142,17 @@ class GraphCache:
         torch.cuda.current_stream(self._device).wait_stream(side)
         # Kept (not only instantiated) where a call sets kernel arguments: the nodes are
         # found in it.
-        graph = torch.cuda.CUDAGraph(keep_graph=ops is not None)
+        graph = torch.cuda.CUDAGraph(keep_graph=stage)
         with (torch.cuda.graph(graph, pool=self._pool, stream=self._stream),
               cublaslt.using(self._workspace)):
             logits = run()
         entry = _Captured(inputs, logits, graph)
-        if ops is not None:
+        if self._stage_args is not None:
             graph.instantiate()
-            stage_fn, output_fn = handles
-            assert stage_fn is not None and output_fn is not None, "call ops run on CUDA"
-            entry.stage = KernelArgs(graph, stage_fn, ops.STAGE_ARGS)
-            entry.output = KernelArgs(graph, output_fn, ops.OUTPUT_ARGS)
+            # As captured: the batch the host writes into ``inputs``, every row of it.
             entry.host_stage = (ids.data_ptr(), tt.data_ptr(), pos.data_ptr(), cu.data_ptr(),
-                                0, 0)
+                                bucket.tokens, bucket.seqs)
+            entry.stage = leading_args(graph, entry.host_stage, self._stage_args)
+            entry.output = pointer_arg(graph, logits.data_ptr())
         self._graphs[bucket] = entry
         return entry

@@ -779,55 +779,65 @@ def test_small_gemm_kernels_match_torch(rows: int) -> None:
 
 
 def test_graph_kernel_arguments_set_between_launches() -> None:
-    """``graph_args.KernelArgs`` on a graph of the staging kernel alone: each replay stages
-    the tensors set before it (also queued back to back, no sync between), setting the same
-    values again is free, and formats that do not match the kernel's argument sizes, or a
-    kernel the graph does not run, are refused."""
+    """``graph_args`` on a graph of one staging embeddings kernel (``STAGE_ARGS``): each
+    replay reads the tensors set before it and writes the output set before it, also
+    queued back to back with no sync between; setting the same values again calls no
+    driver; rows past a batch embed token 0, cu_seqlens lands in the graph's buffer; a
+    node or argument that is not in the graph is refused."""
     from engine.fused import kernels as k
-    from engine.fused.graph_args import KernelArgs
+    from engine.fused.graph_args import leading_args, pointer_arg
 
-    n, seqs = 64, 3
+    n, d, seqs = 64, 128, 3
+    word, position, types = (torch.randn((m, d), device="cuda").half() for m in (500, 64, 2))
     buf = torch.zeros(3 * n + seqs + 1, dtype=torch.int32, device="cuda")
+    b_ids, b_tt, b_pos, b_cu = buf[:n], buf[n:2 * n], buf[2 * n:3 * n], buf[3 * n:]
+    z, z16, stats = (torch.zeros((n, d), device="cuda"), torch.zeros((n, d), device="cuda",
+                     dtype=torch.float16), torch.zeros((n, 2), device="cuda"))
+
+    def embed(src: tuple[torch.Tensor, ...], out16: torch.Tensor, staged: bool) -> None:
+        k.embed_sum(*src, word, position, types, z, out16, stats,
+                    stage=(b_cu, seqs) if staged else None)
+
     batches = []
     for t, cu in [(5, [0, 5]), (64, [0, 30, 50, 64]), (17, [0, 9, 17])]:
-        ids, tt, pos = (torch.randint(0, 999, (t,), dtype=torch.int32, device="cuda")
-                        for _ in range(3))
-        batches.append((ids, tt, pos, torch.tensor(cu, dtype=torch.int32, device="cuda")))
+        batches.append((torch.randint(1, 500, (t,), dtype=torch.int32, device="cuda"),
+                        torch.randint(0, 2, (t,), dtype=torch.int32, device="cuda"),
+                        torch.randint(0, 64, (t,), dtype=torch.int32, device="cuda"),
+                        torch.tensor(cu, dtype=torch.int32, device="cuda")))
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):
-        k.stage_call(buf, n, *batches[0])  # compiles outside the capture
+        embed((b_ids, b_tt, b_pos), z16, True)  # compiles outside the capture
     side.synchronize()
     graph = torch.cuda.CUDAGraph(keep_graph=True)
     with torch.cuda.graph(graph, stream=side):
-        fn = k.stage_call(buf, n, buf[:0], buf[:0], buf[:0], buf[3 * n:3 * n + 1])
+        embed((b_ids, b_tt, b_pos), z16, True)
     graph.instantiate()
-    assert fn is not None
-    args = KernelArgs(graph, fn, k.STAGE_ARGS)
+    host = (b_ids.data_ptr(), b_tt.data_ptr(), b_pos.data_ptr(), b_cu.data_ptr(), n, seqs)
+    args, out = leading_args(graph, host, k.STAGE_ARGS), pointer_arg(graph, z16.data_ptr())
     driver_calls = []
     driver_set = args._set
     args._set = lambda *a: driver_calls.append(1) or driver_set(*a)  # type: ignore[method-assign]
-    copies = []
+    results = []
     for ids, tt, pos, cu in batches + batches[::-1]:
+        fresh = torch.empty_like(z16)
         for _ in range(2):  # the second time: the same values, no driver call
             args.set(ids.data_ptr(), tt.data_ptr(), pos.data_ptr(), cu.data_ptr(),
                      ids.shape[0], cu.shape[0] - 1)
+            out.set(fresh.data_ptr())
         graph.replay()
-        copies.append(buf.clone())  # queued behind the replay, as the next set is not
+        results.append((fresh, b_cu.clone()))  # queued behind the replay; the next set is not
     torch.cuda.synchronize()
     assert len(driver_calls) == 5  # six sets of values, the middle two the same
-    for (ids, tt, pos, cu), got in zip(batches + batches[::-1], copies, strict=True):
-        want = torch.zeros_like(buf)
-        k.stage_inputs(want, n, ids, tt, pos, cu)
-        t = ids.shape[0]
-        for i in range(3):  # rows past t hold an earlier batch's: not compared
-            assert torch.equal(got[i * n:i * n + t], want[i * n:i * n + t])
-        assert torch.equal(got[3 * n:], want[3 * n:])
-    with pytest.raises(ValueError, match="do not match"):
-        KernelArgs(graph, fn, "QQQQqq")
+    for (ids, tt, pos, cu), (got, got_cu) in zip(batches + batches[::-1], results, strict=True):
+        t, pad = ids.shape[0], torch.zeros(n - ids.shape[0], dtype=torch.int32, device="cuda")
+        want = torch.empty_like(z16)
+        embed(tuple(torch.cat([x, pad]) for x in (ids, tt, pos)), want, False)
+        assert torch.equal(got, want)
+        assert torch.equal(got_cu, torch.cat([cu, cu[-1:].expand(seqs + 1 - cu.shape[0])]))
     with pytest.raises(RuntimeError, match="found 0"):
-        other = k.logits_call(torch.zeros(2, 8, device="cuda"), torch.zeros(2, 8, device="cuda"), 8)
-        assert other is not None
-        KernelArgs(graph, other, k.OUTPUT_ARGS)
+        leading_args(graph, host, "QQQQqq")  # 8-byte counts: not this kernel's
+    with pytest.raises(RuntimeError, match="found 0"):
+        pointer_arg(graph, torch.empty(1, device="cuda").data_ptr())
 
 
 _FAULT_SCRIPT = """

@@ -202,12 +202,12 @@ def test_trace_pass_sets_module_constants(monkeypatch: pytest.MonkeyPatch) -> No
     """``trace_pass.py --set module.ATTR=VALUE``: the constant is set (a literal), and a
     misspelt one or a malformed item is an error, not a silently unchanged trace."""
     from benchmarks.trace_pass import apply_settings
-    from engine.fused.kernels import staging
+    from engine.fused import graphs
 
-    monkeypatch.setattr(staging, "TABLE_PDL", True)
-    apply_settings(["engine.fused.kernels.staging.TABLE_PDL=False"])
-    assert staging.TABLE_PDL is False
-    with pytest.raises(AttributeError, match="TABLE_PLD"):
-        apply_settings(["engine.fused.kernels.staging.TABLE_PLD=False"])
+    monkeypatch.setattr(graphs, "MAX_GRAPH_TOKENS", 16384)
+    apply_settings(["engine.fused.graphs.MAX_GRAPH_TOKENS=4096"])
+    assert graphs.MAX_GRAPH_TOKENS == 4096
+    with pytest.raises(AttributeError, match="MAX_GRAPH_TOKEN"):
+        apply_settings(["engine.fused.graphs.MAX_GRAPH_TOKEN=4096"])
     with pytest.raises(argparse.ArgumentTypeError):
-        apply_settings(["engine.fused.kernels.staging.TABLE_PDL"])
+        apply_settings(["engine.fused.graphs.MAX_GRAPH_TOKENS"])

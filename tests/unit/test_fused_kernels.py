@@ -574,37 +574,54 @@ def _check_stage_inputs() -> tuple[float, float]:
     return float((ours != want).sum() + (spec != want).sum()), 0.0
 
 
-def _check_call_kernels(block: int) -> tuple[float, float]:
-    """The graph's own staging and output kernels, their arguments as a call sets them,
-    with ``block``-wide programs (16: several programs, as in a large bucket): they stage
-    what ``stage_inputs`` stages, nothing without tokens, and copy the first T logit
-    columns into the output, nothing for T = 0. Returns the number of wrong entries
-    (tolerance 0)."""
+def _check_staging_embeddings(kind: str, cu_block: int) -> tuple[float, float]:
+    """The embeddings kernels as a graph's first kernel, with the leading arguments a call
+    sets (``STAGE_ARGS``): the caller's T < n tokens read where it holds them, rows from T
+    on as token 0, and cu_seqlens copied into the graph's buffer (entries past the batch's
+    B sequences repeat its end; ``cu_block`` 4: over several loop steps). The same kernel
+    on the batch padded with token 0 must give the same rows bit for bit. Returns the
+    number of wrong entries (tolerance 0)."""
     import torch
 
     from engine.fused import kernels as k
-    from engine.fused.kernels import staging
+    from engine.fused.kernels import deferred, rows
 
-    n, seqs, t = 40, 6, 29
+    n, d, seqs, t = 24, 32, 6, 19
     g = torch.Generator().manual_seed(12)
-    before = torch.randint(0, 99, (3 * n + seqs + 1,), generator=g, dtype=torch.int32)
-    ids, tt, pos = (torch.randint(0, 99, (t,), generator=g, dtype=torch.int32) for _ in range(3))
-    cu = torch.tensor([0, 10, t], dtype=torch.int32)
-    logits = torch.randn((2, n), generator=g)
-    out = torch.zeros((2, t))
-    saved, staging._STAGE_BLOCK = staging._STAGE_BLOCK, block
+    word, position, types = (torch.randn((m, d), generator=g).half() for m in (50, 32, 2))
+    gamma, beta = torch.rand(d, generator=g) + 0.5, torch.randn(d, generator=g)
+    ids = torch.randint(1, 50, (t,), generator=g, dtype=torch.int32)
+    tt = torch.randint(0, 2, (t,), generator=g, dtype=torch.int32)
+    pos = torch.randint(0, 32, (t,), generator=g, dtype=torch.int32)
+    cu = torch.tensor([0, 7, t], dtype=torch.int32)
+    buf = torch.full((3 * n + seqs + 1,), 5, dtype=torch.int32)  # what a graph holds
+    b_ids, b_tt, b_pos, b_cu = buf[:n], buf[n:2 * n], buf[2 * n:3 * n], buf[3 * n:]
+
+    def call(*_: object) -> tuple[tuple[object, ...], tuple[torch.Tensor, int]]:
+        return (ids, tt, pos, cu, t, 2), (b_cu, seqs + 1)  # as a call sets them
+
+    def run(src: tuple[torch.Tensor, ...], staged: bool) -> list[torch.Tensor]:
+        stage = (b_cu, seqs) if staged else None
+        if kind == "sum":
+            z, stats = torch.zeros((n, d)), torch.zeros((n, 2))
+            z16 = torch.zeros((n, d), dtype=torch.float16)
+            k.embed_sum(*src, word, position, types, z, z16, stats, stage=stage)
+            return [z, z16, stats]
+        return [k.embed_layernorm(*src, word, position, types, gamma, beta, 1e-12,
+                                  stage=stage)[0]]
+
+    saved = rows.staging_args, deferred.staging_args, rows._CU_BLOCK, deferred._CU_BLOCK
+    rows.staging_args = deferred.staging_args = call  # type: ignore[assignment]
+    rows._CU_BLOCK = deferred._CU_BLOCK = cu_block
     try:
-        ours, want = before.clone(), before.clone()
-        k.stage_call(ours, n, ids, tt, pos, cu)
-        k.stage_inputs(want, n, ids, tt, pos, cu)
-        k.logits_call(logits, out, t)
-        wrong = (ours != want).sum() + (out != logits[:, :t]).sum()
-        kept, out[:] = before.clone(), 0.0  # what the host path sets: nothing either way
-        k.stage_call(kept, n, ids[:0], tt[:0], pos[:0], cu[:1])
-        k.logits_call(logits, out, 0)
-        wrong += (kept != before).sum() + (out != 0).sum()
+        got = run((b_ids, b_tt, b_pos), True)
     finally:
-        staging._STAGE_BLOCK = saved
+        rows.staging_args, deferred.staging_args, rows._CU_BLOCK, deferred._CU_BLOCK = saved
+    pad = torch.zeros(n - t, dtype=torch.int32)
+    want = run(tuple(torch.cat([x, pad]) for x in (ids, tt, pos)), False)
+    wrong = sum(int((a != b).sum()) for a, b in zip(got, want, strict=True))
+    wrong += int((b_cu != torch.tensor([0, 7, t, t, t, t, t], dtype=torch.int32)).sum())
+    wrong += int((buf[:3 * n] != 5).sum())  # the token sections are not written
     return float(wrong), 0.0
 
 
@@ -853,8 +870,8 @@ CASES: dict[str, Callable[[], tuple[float, float]]] = {
         "fp8", calibrate=True, static=("ffn_out",)),
     "packed_entry_points": _check_packed_entry_points,
     "stage_inputs": _check_stage_inputs,
-    "call_kernels": lambda: _check_call_kernels(1024),
-    "call_kernels_several_programs": lambda: _check_call_kernels(16),
+    "staging_embed_sum": lambda: _check_staging_embeddings("sum", 1024),
+    "staging_embed_layernorm": lambda: _check_staging_embeddings("layernorm", 4),
     "persistent_fp16_16_programs": lambda: _check_persistent(16),
     "persistent_fp16_3_programs": lambda: _check_persistent(3),
     "persistent_fp16_engine": lambda: _check_persistent(4, through_engine=True),

@@ -18,8 +18,6 @@ Every kernel computes in float32 and reads/writes whatever float dtype its tenso
 ``residual_linear``          a GEMM + bias + LayerNorm'd residual, stored or added atomically
 ``layernorm_qa``             LayerNorm + QA head (the deferred path's last step; ``deferred``)
 ``stage_inputs``             a batch into a CUDA graph's input buffer, in one launch
-``stage_call``               the same inside a graph, its arguments set per call (``graph_args``)
-``logits_call``              a graph's logits into the caller's tensor, set per call likewise
 ``encode_persistent``        the whole encoder of a small batch as one persistent kernel
                              whose phases are the tasks above (``persistent``)
 ==========================  ==================================================================
@@ -62,18 +60,13 @@ from engine.fused.kernels.matmul import (
 )
 from engine.fused.kernels.persistent import encode_persistent, persistent_supported
 from engine.fused.kernels.rows import (
+    STAGE_ARGS,
     bias_gelu,
     bias_residual_layernorm,
     bias_residual_layernorm_qa,
     embed_layernorm,
 )
-from engine.fused.kernels.staging import (
-    OUTPUT_ARGS,
-    STAGE_ARGS,
-    logits_call,
-    stage_call,
-    stage_inputs,
-)
+from engine.fused.kernels.staging import stage_inputs
 
 __all__ = [
     "ATTN_LARGE",
@@ -81,7 +74,6 @@ __all__ = [
     "ATTN_SMALL",
     "GEMM_LARGE",
     "GEMM_SMALL",
-    "OUTPUT_ARGS",
     "STAGE_ARGS",
     "AttnTiles",
     "GemmConfig",
@@ -100,11 +92,9 @@ __all__ = [
     "gemm_supported",
     "layernorm_qa",
     "linear",
-    "logits_call",
     "pdl_available",
     "persistent_supported",
     "residual_linear",
     "small_batch_plan",
-    "stage_call",
     "stage_inputs",
 ]

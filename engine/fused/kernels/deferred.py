@@ -53,7 +53,16 @@ from engine.fused.kernels.matmul import (
     tile_product,
     unpack_config,
 )
-from engine.fused.kernels.rows import _row_tile, embed_rows, qa_head_rows, row_block
+from engine.fused.kernels.rows import (
+    _CU_BLOCK,
+    _STAGED,
+    _row_tile,
+    embed_rows,
+    qa_head_rows,
+    row_block,
+    stage_cu,
+    staging_args,
+)
 
 _ZERO_BLOCK = tl.constexpr(1024)  # float32 elements a program zeroes per step
 
@@ -393,17 +402,21 @@ def residual_linear(
     return out if out16 is None else out16
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_STAGED, do_not_specialize_on_alignment=_STAGED[:4])
 def _embed_sum_kernel(
-    ids_ptr, tt_ptr, pos_ptr, word_ptr, posemb_ptr, type_ptr, z_ptr, z16_ptr, stats_ptr,
-    z8_ptr, inv8_ptr, n_rows, D, BLOCK_D: tl.constexpr, ROWS: tl.constexpr,
-    USE_PDL: tl.constexpr, COPY8: tl.constexpr,
+    ids_ptr, tt_ptr, pos_ptr, cu_src, n_valid, n_seqs,
+    word_ptr, posemb_ptr, type_ptr, z_ptr, z16_ptr, stats_ptr,
+    z8_ptr, inv8_ptr, cu_dst, n_cu, n_rows, D, BLOCK_D: tl.constexpr, ROWS: tl.constexpr,
+    USE_PDL: tl.constexpr, COPY8: tl.constexpr, CU_BLOCK: tl.constexpr,
 ):
+    """The deferred layer's first kernel; it stages a graph's inputs as ``_embed_ln_kernel``
+    does (``rows.STAGE_ARGS``)."""
     pdl_enter(USE_PDL)
+    stage_cu(cu_src, cu_dst, n_seqs, n_cu, CU_BLOCK)
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     rmask, cols, _, mask, offs = row_block(rows, n_rows, D, BLOCK_D)
-    x = embed_rows(rows, ids_ptr, tt_ptr, pos_ptr, word_ptr, posemb_ptr, type_ptr, mask, rmask,
-                   cols, D)
+    x = embed_rows(rows, ids_ptr, tt_ptr, pos_ptr, n_valid, word_ptr, posemb_ptr, type_ptr,
+                   mask, rmask, cols, D)
     tl.store(z_ptr + offs, x, mask=mask)
     tl.store(z16_ptr + offs, x.to(z16_ptr.dtype.element_ty), mask=mask)
     if COPY8:
@@ -425,19 +438,22 @@ def embed_sum(
     pdl: bool = False,
     z8: torch.Tensor | None = None,
     inv8: torch.Tensor | None = None,
+    stage: tuple[torch.Tensor, int] | None = None,
 ) -> None:
     """word[ids] + position[pos] + token_type[tt] (no LayerNorm) into float32 ``z`` and its
     model-dtype copy ``z16`` [T, D], with each row's (sum, sum of squares) in ``stats``;
-    and with ``z8`` an e4m3 copy of ``z`` times ``inv8`` [1]."""
+    and with ``z8`` an e4m3 copy of ``z`` times ``inv8`` [1]. ``stage`` (cu_seqlens, B): a
+    graph's first kernel, whose inputs a call sets (``rows.STAGE_ARGS``)."""
     if (z8 is None) != (inv8 is None):
         raise ValueError("an e4m3 copy needs both `z8` and `inv8`")
     n, d = input_ids.shape[0], word.shape[1]
     block, rows, warps = _row_tile(n, d)
+    staged, (cu_dst, n_cu) = staging_args(input_ids, token_type_ids, position_ids, stage)
     _embed_sum_kernel[(triton.cdiv(n, rows),)](
-        input_ids, token_type_ids, position_ids, word, position, token_type, z, z16, stats,
-        z16 if z8 is None else z8, stats if inv8 is None else inv8, n, d, BLOCK_D=block,
-        ROWS=rows, USE_PDL=pdl, COPY8=z8 is not None, num_warps=warps,
-        **launch_options(pdl),
+        *staged, word, position, token_type, z, z16, stats,
+        z16 if z8 is None else z8, stats if inv8 is None else inv8, cu_dst, n_cu, n, d,
+        BLOCK_D=block, ROWS=rows, USE_PDL=pdl, COPY8=z8 is not None, CU_BLOCK=_CU_BLOCK,
+        num_warps=warps, **launch_options(pdl),
     )
 
 

@@ -94,7 +94,7 @@ def _encoder_kernel(
     for p in range(phase_lo, phase_hi):
         if p == 0:
             for r0 in range(pid * ROWS, T, nprog * ROWS):
-                embed_ln_rows(r0 + tl.arange(0, ROWS), ids_ptr, tt_ptr, pos_ptr, word_ptr,
+                embed_ln_rows(r0 + tl.arange(0, ROWS), ids_ptr, tt_ptr, pos_ptr, T, word_ptr,
                               posemb_ptr, type_ptr, emb_g_ptr, emb_b_ptr, x_ptr, x_ptr, x_ptr,
                               T, D, eps, BLOCK_D, False)
         else:

@@ -36,12 +36,14 @@ def row_block(rows, n_rows, D, BLOCK_D: tl.constexpr):
 
 
 @triton.jit
-def embed_rows(rows, ids_ptr, tt_ptr, pos_ptr, word_ptr, posemb_ptr, type_ptr, mask, rmask,
-               cols, D):
-    """float32 word + position + token-type embeddings of token rows ``rows``."""
-    tok = tl.load(ids_ptr + rows, mask=rmask, other=0, cache_modifier=".cg").to(tl.int64)
-    typ = tl.load(tt_ptr + rows, mask=rmask, other=0, cache_modifier=".cg").to(tl.int64)
-    pos = tl.load(pos_ptr + rows, mask=rmask, other=0, cache_modifier=".cg").to(tl.int64)
+def embed_rows(rows, ids_ptr, tt_ptr, pos_ptr, n_valid, word_ptr, posemb_ptr, type_ptr, mask,
+               rmask, cols, D):
+    """float32 word + position + token-type embeddings of token rows ``rows``; rows from
+    ``n_valid`` on read no input and embed token 0 (a graph's rows past its call's batch)."""
+    valid = rmask & (rows < n_valid)
+    tok = tl.load(ids_ptr + rows, mask=valid, other=0, cache_modifier=".cg").to(tl.int64)
+    typ = tl.load(tt_ptr + rows, mask=valid, other=0, cache_modifier=".cg").to(tl.int64)
+    pos = tl.load(pos_ptr + rows, mask=valid, other=0, cache_modifier=".cg").to(tl.int64)
     x = tl.load(word_ptr + tok[:, None] * D + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     x += tl.load(posemb_ptr + pos[:, None] * D + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     x += tl.load(type_ptr + typ[:, None] * D + cols[None, :], mask=mask, other=0.0).to(tl.float32)
@@ -50,14 +52,14 @@ def embed_rows(rows, ids_ptr, tt_ptr, pos_ptr, word_ptr, posemb_ptr, type_ptr, m
 
 @triton.jit
 def embed_ln_rows(
-    rows, ids_ptr, tt_ptr, pos_ptr, word_ptr, posemb_ptr, type_ptr, g_ptr, b_ptr,
+    rows, ids_ptr, tt_ptr, pos_ptr, n_valid, word_ptr, posemb_ptr, type_ptr, g_ptr, b_ptr,
     out_ptr, q_ptr, qs_ptr, n_rows, D, eps,
     BLOCK_D: tl.constexpr, FP8_OUT: tl.constexpr,
 ):
     """Embeddings + LayerNorm of token rows ``rows`` (a [ROWS] index vector)."""
     rmask, cols, cmask, mask, offs = row_block(rows, n_rows, D, BLOCK_D)
-    x = embed_rows(rows, ids_ptr, tt_ptr, pos_ptr, word_ptr, posemb_ptr, type_ptr, mask, rmask,
-                   cols, D)
+    x = embed_rows(rows, ids_ptr, tt_ptr, pos_ptr, n_valid, word_ptr, posemb_ptr, type_ptr,
+                   mask, rmask, cols, D)
     y = layernorm_rows(x, mask, load_vector(g_ptr, cols, cmask), load_vector(b_ptr, cols, cmask),
                        D, eps)
     tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
@@ -65,17 +67,61 @@ def embed_ln_rows(
         store_rows_fp8(y, mask, rmask, q_ptr + offs, qs_ptr, rows, n_rows, D, FP8_OUT)
 
 
+# ------------------------------------------------------------ a graph's inputs, per call
+#
+# The embeddings kernels are a graph's first kernel, and they stage its inputs: their
+# leading arguments (``STAGE_ARGS``: the token ids', token types' and positions' addresses,
+# cu_seqlens' address, the batch's tokens T and sequences B) are what a call sets in the
+# instantiated graph (``engine.fused.graph_args``), so a call on device tensors reads them
+# where the caller holds them, with no staging kernel in front. They are never specialised
+# by triton (the graph's one compiled kernel must hold for every call's values). Rows from
+# T on embed token 0; the first program copies cu_seqlens into the graph's buffer, which
+# attention reads (``n_cu`` entries, those past the batch's last sequence repeating its end:
+# empty sequences). Outside a graph cu_seqlens is where attention reads it (``n_cu`` 0).
+STAGE_ARGS = "QQQQii"
+_STAGED = ("ids_ptr", "tt_ptr", "pos_ptr", "cu_src", "n_valid", "n_seqs")
+
+
 @triton.jit
+def stage_cu(cu_src, cu_dst, n_seqs, n_cu, BLOCK: tl.constexpr):
+    """``cu_dst[i] = cu_src[min(i, n_seqs)]`` for ``i < n_cu``, by the first program."""
+    if tl.program_id(0) == 0:
+        for start in range(0, n_cu, BLOCK):
+            i = start + tl.arange(0, BLOCK)
+            m = i < n_cu
+            tl.store(cu_dst + i, tl.load(cu_src + tl.minimum(i, n_seqs), mask=m), mask=m)
+
+
+@triton.jit(do_not_specialize=_STAGED, do_not_specialize_on_alignment=_STAGED[:4])
 def _embed_ln_kernel(
-    ids_ptr, tt_ptr, pos_ptr, word_ptr, posemb_ptr, type_ptr, g_ptr, b_ptr,
-    out_ptr, q_ptr, qs_ptr,
+    ids_ptr, tt_ptr, pos_ptr, cu_src, n_valid, n_seqs,
+    word_ptr, posemb_ptr, type_ptr, g_ptr, b_ptr,
+    out_ptr, q_ptr, qs_ptr, cu_dst, n_cu,
     n_rows, D, eps,
     BLOCK_D: tl.constexpr, ROWS: tl.constexpr, FP8_OUT: tl.constexpr, USE_PDL: tl.constexpr,
+    CU_BLOCK: tl.constexpr,
 ):
     pdl_enter(USE_PDL)
+    stage_cu(cu_src, cu_dst, n_seqs, n_cu, CU_BLOCK)
     embed_ln_rows(tl.program_id(0) * ROWS + tl.arange(0, ROWS), ids_ptr, tt_ptr, pos_ptr,
-                  word_ptr, posemb_ptr, type_ptr, g_ptr, b_ptr, out_ptr, q_ptr, qs_ptr,
-                  n_rows, D, eps, BLOCK_D, FP8_OUT)
+                  n_valid, word_ptr, posemb_ptr, type_ptr, g_ptr, b_ptr, out_ptr, q_ptr,
+                  qs_ptr, n_rows, D, eps, BLOCK_D, FP8_OUT)
+
+
+def staging_args(input_ids: torch.Tensor, token_type_ids: torch.Tensor,
+                 position_ids: torch.Tensor, stage: tuple[torch.Tensor, int] | None,
+                 ) -> tuple[tuple[object, ...], tuple[torch.Tensor, int]]:
+    """The embeddings kernels' leading arguments and (cu_dst, n_cu): with ``stage``
+    (cu_seqlens, B), a graph capture's, which copy cu_seqlens onto itself until a call
+    names its own; else none copied."""
+    n = input_ids.shape[0]
+    if stage is None:
+        return (input_ids, token_type_ids, position_ids, input_ids, n, 0), (input_ids, 0)
+    cu, seqs = stage
+    return (input_ids, token_type_ids, position_ids, cu, n, seqs), (cu, cu.shape[0])
+
+
+_CU_BLOCK = 1024
 
 
 @triton.jit
@@ -287,18 +333,21 @@ def embed_layernorm(
     pdl: bool = False,
     fp8_blocks: bool = False,
     fp8_scale: torch.Tensor | None = None,
+    stage: tuple[torch.Tensor, int] | None = None,
 ) -> tuple[torch.Tensor, Quantized | None]:
     """LayerNorm(word[ids] + position[pos] + token_type[tt]) for packed int32 [T] inputs
     (+ e4m3 copy: per-row scales, 1x128 block scales with ``fp8_blocks``, or the one
-    calibrated scale ``fp8_scale``, float32 [1], values beyond it saturating)."""
+    calibrated scale ``fp8_scale``, float32 [1], values beyond it saturating). ``stage``
+    (cu_seqlens, B): a graph's first kernel, whose inputs a call sets (``STAGE_ARGS``)."""
     n, d = input_ids.shape[0], word.shape[1]
     out = torch.empty((n, d), device=word.device, dtype=word.dtype)
     f8 = _fp8_out(out, fp8, fp8_blocks, fp8_scale)
     block, rows, warps = _row_tile(n, d)
+    staged, (cu_dst, n_cu) = staging_args(input_ids, token_type_ids, position_ids, stage)
     _embed_ln_kernel[(triton.cdiv(n, rows),)](
-        input_ids, token_type_ids, position_ids, word, position, token_type, gamma, beta,
-        out, f8.q, f8.qs, n, d, eps,
-        BLOCK_D=block, ROWS=rows, FP8_OUT=f8.mode, USE_PDL=pdl,
+        *staged, word, position, token_type, gamma, beta,
+        out, f8.q, f8.qs, cu_dst, n_cu, n, d, eps,
+        BLOCK_D=block, ROWS=rows, FP8_OUT=f8.mode, USE_PDL=pdl, CU_BLOCK=_CU_BLOCK,
         num_warps=warps, **launch_options(pdl),
     )
     return out, f8.result()
