@@ -142,17 +142,20 @@ def leading_args(graph: torch.cuda.CUDAGraph, captured: tuple[int, ...],
     return KernelArgs(graph, node, params, layout, list(range(len(formats))), formats)
 
 
-def pointer_arg(graph: torch.cuda.CUDAGraph, address: int) -> KernelArgs:
-    """The one argument of the graph's last kernel that held ``address`` at capture."""
+def pointer_arg(graph: torch.cuda.CUDAGraph, address: int) -> PointerArg:
+    """Every argument of the graph's last kernel that held ``address`` at capture (a kernel
+    may be given one tensor for several arguments, e.g. for outputs it does not store)."""
     found = []
     for node, params, layout in _described(graph.raw_cuda_graph(), sinks_only=True):
-        found += [(node, params, layout, i) for i, v in enumerate(_values(params, layout))
-                  if layout[i][1] == 8 and v == address]
+        slots = [i for i, v in enumerate(_values(params, layout))
+                 if layout[i][1] == 8 and v == address]
+        if slots:
+            found.append((node, params, layout, slots))
     if len(found) != 1:
-        raise RuntimeError(f"expected one argument of the graph's last kernel to hold the "
-                           f"address, found {len(found)}")
-    node, params, layout, slot = found[0]
-    return KernelArgs(graph, node, params, layout, [slot], "Q")
+        raise RuntimeError(f"expected one last kernel of the graph to hold the address, "
+                           f"found {len(found)}")
+    node, params, layout, slots = found[0]
+    return PointerArg(graph, node, params, layout, slots, "Q" * len(slots))
 
 
 class KernelArgs:
@@ -177,13 +180,17 @@ class KernelArgs:
         params.kernel_params = ctypes.cast(self._pointers, ctypes.POINTER(ctypes.c_void_p))
         params.extra = None
         self._params = params
-        # The set arguments as one struct from the first one's offset (with padding).
-        self._first = at = layout[slots[0]][0]
-        fmt = "<"
+        # The set arguments as runs of adjacent ones, a struct each (the bytes between runs
+        # hold other arguments: never written).
+        runs: list[tuple[int, str, int]] = []  # (offset, format, arguments)
         for i, f in zip(slots, formats, strict=True):
-            fmt += "x" * (layout[i][0] - at) + f
-            at = layout[i][0] + layout[i][1]
-        self._struct = struct.Struct(fmt)
+            offset, size = layout[i]
+            if runs and runs[-1][0] + struct.calcsize("<" + runs[-1][1]) == offset:
+                runs[-1] = (runs[-1][0], runs[-1][1] + f, runs[-1][2] + 1)
+            else:
+                runs.append((offset, f, 1))
+        self._runs = [(offset, struct.Struct("<" + fmt), n) for offset, fmt, n in runs]
+        self._count = len(slots)
         self._call = (ctypes.c_void_p(graph.raw_cuda_graph_exec()), ctypes.c_void_p(node),
                       ctypes.byref(self._params))
         self._set = _cuda().cuGraphExecKernelNodeSetParams_v2
@@ -193,7 +200,21 @@ class KernelArgs:
         """The arguments of the graph's later launches."""
         if values == self._last:
             return
-        self._struct.pack_into(self._buffer, self._first, *values)
+        if len(values) != self._count:
+            raise ValueError(f"{self._count} argument values expected, got {len(values)}")
+        at = 0
+        for offset, run, n in self._runs:
+            run.pack_into(self._buffer, offset, *values[at:at + n])
+            at += n
         self._last = None  # unknown until the driver has taken them
         _check(self._set(*self._call), "cuGraphExecKernelNodeSetParams")
         self._last = values
+
+
+class PointerArg(KernelArgs):
+    """One address for every argument it covers (:func:`pointer_arg`)."""
+
+    def set(self, *values: int) -> None:
+        """The address (one value) of the graph's later launches."""
+        (address,) = values
+        super().set(*(address,) * self._count)
