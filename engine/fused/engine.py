@@ -472,7 +472,7 @@ class FusedEngine:
             bucket = self._graph_bucket(t, b, max_seqlen)
             if bucket is None or self._graphs is None:
                 return self._forward(ids, tt, pos, cu, b, max_seqlen)
-            if self._graphs.stages_itself:  # one launch, nothing staged or copied around it
+            if self._graphs.stages_itself(bucket):  # one launch, nothing around it
                 return self._graphs.replay_into(bucket, ids, tt, pos, cu)
             # Rows past t keep earlier batches' (valid) tokens: they belong to no sequence.
             self.ops.stage_inputs(self._graphs.inputs(bucket), bucket.tokens, ids, tt, pos, cu)

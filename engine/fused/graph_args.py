@@ -10,8 +10,9 @@ call on device tensors is one launch with nothing staged or copied around it. to
 binding for this; ctypes reaches the driver.
 
 Nodes are found in the graph (captured with ``keep_graph=True``) by what their arguments
-held at capture: :func:`leading_args`, the one kernel whose leading arguments were given
-values; :func:`pointer_arg`, the argument of the graph's last kernel that held an address.
+held at capture: :func:`leading_args`, the graph's first kernel, whose leading arguments
+were given values; :func:`pointer_arg`, the arguments of its last kernel that held an
+address. Kernels between them (library ones among them) are never queried.
 Argument layouts (offset and size of each) come from the driver (``cuFuncGetParamInfo``,
 CUDA 12.4 and later). An argument a call sets must not have been specialised by triton at
 capture (``do_not_specialize``, on alignment too, for any value a call may set; a pointer
@@ -70,9 +71,11 @@ def argument_layout(function: int) -> list[tuple[int, int]]:
     return layout  # empty: not a function handle the driver describes (or a driver < 12.4)
 
 
-def _kernel_nodes(raw_graph: int, sinks_only: bool = False) -> list[tuple[int, _NodeParams]]:
-    """The kernel nodes of a (kept) CUDA graph with their parameters; ``sinks_only``: those
-    no other node depends on (in a captured stream: the last)."""
+def _kernel_nodes(raw_graph: int, end: str) -> list[tuple[int, _NodeParams]]:
+    """The kernel nodes at one end of a (kept) CUDA graph, with their parameters: ``end``
+    "first", those that depend on no node, or "last", those no node depends on (in a
+    captured stream: the first and the last). No other node is looked at: library kernels
+    (cuBLAS) in between are never queried."""
     cuda = _cuda()
     graph = ctypes.c_void_p(raw_graph)
     count = ctypes.c_size_t(0)
@@ -86,12 +89,12 @@ def _kernel_nodes(raw_graph: int, sinks_only: bool = False) -> list[tuple[int, _
         _check(cuda.cuGraphNodeGetType(handle, ctypes.byref(kind)), "cuGraphNodeGetType")
         if kind.value != _NODE_KERNEL:
             continue
-        if sinks_only:
-            dependents = ctypes.c_size_t(0)
-            _check(cuda.cuGraphNodeGetDependentNodes(handle, None, ctypes.byref(dependents)),
-                   "cuGraphNodeGetDependentNodes")
-            if dependents.value:
-                continue
+        edges = ctypes.c_size_t(0)
+        query = (cuda.cuGraphNodeGetDependencies if end == "first"
+                 else cuda.cuGraphNodeGetDependentNodes)
+        _check(query(handle, None, ctypes.byref(edges)), "cuGraphNodeGet" + end + " edges")
+        if edges.value:
+            continue
         params = _NodeParams()
         _check(cuda.cuGraphKernelNodeGetParams_v2(handle, ctypes.byref(params)),
                "cuGraphKernelNodeGetParams")
@@ -100,12 +103,12 @@ def _kernel_nodes(raw_graph: int, sinks_only: bool = False) -> list[tuple[int, _
     return found
 
 
-def _described(raw_graph: int, sinks_only: bool = False,
+def _described(raw_graph: int, end: str,
                ) -> list[tuple[int, _NodeParams, list[tuple[int, int]]]]:
     """:func:`_kernel_nodes` with each one's argument layout, where the driver gives one."""
     layouts: dict[int, list[tuple[int, int]]] = {}
     found = []
-    for node, params in _kernel_nodes(raw_graph, sinks_only):
+    for node, params in _kernel_nodes(raw_graph, end):
         function = params.func or params.kern
         if function:
             if function not in layouts:
@@ -113,7 +116,7 @@ def _described(raw_graph: int, sinks_only: bool = False,
             if layouts[function]:
                 found.append((node, params, layouts[function]))
     if not found:
-        raise RuntimeError("no kernel of the graph has an argument layout the driver "
+        raise RuntimeError(f"no {end} kernel of the graph has an argument layout the driver "
                            "describes (cuFuncGetParamInfo needs a CUDA 12.4 driver or later)")
     return found
 
@@ -127,17 +130,17 @@ def _values(params: _NodeParams, layout: list[tuple[int, int]]) -> list[int]:
 def leading_args(graph: torch.cuda.CUDAGraph, captured: tuple[int, ...],
                  formats: str) -> KernelArgs:
     """The leading arguments (struct ``formats``: ``Q`` an address, ``i`` an int32) of
-    the one kernel of ``graph`` captured with ``captured`` as them."""
+    the one first kernel of ``graph`` captured with ``captured`` as them."""
     want = [v & ((1 << (8 * _FORMATS[f])) - 1) for v, f in zip(captured, formats, strict=True)]
     found = []
-    for node, params, layout in _described(graph.raw_cuda_graph()):
+    for node, params, layout in _described(graph.raw_cuda_graph(), "first"):
         if (len(layout) >= len(formats)
                 and [size for _, size in layout[:len(formats)]] == [_FORMATS[f] for f in formats]
                 and _values(params, layout)[:len(formats)] == want):
             found.append((node, params, layout))
     if len(found) != 1:
-        raise RuntimeError(f"expected one graph kernel with those leading arguments, found "
-                           f"{len(found)}")
+        raise RuntimeError(f"expected one first kernel of the graph with those leading "
+                           f"arguments, found {len(found)}")
     node, params, layout = found[0]
     return KernelArgs(graph, node, params, layout, list(range(len(formats))), formats)
 
@@ -146,7 +149,7 @@ def pointer_arg(graph: torch.cuda.CUDAGraph, address: int) -> PointerArg:
     """Every argument of the graph's last kernel that held ``address`` at capture (a kernel
     may be given one tensor for several arguments, e.g. for outputs it does not store)."""
     found = []
-    for node, params, layout in _described(graph.raw_cuda_graph(), sinks_only=True):
+    for node, params, layout in _described(graph.raw_cuda_graph(), "last"):
         slots = [i for i, v in enumerate(_values(params, layout))
                  if layout[i][1] == 8 and v == address]
         if slots:
@@ -191,6 +194,7 @@ class KernelArgs:
                 runs.append((offset, f, 1))
         self._runs = [(offset, struct.Struct("<" + fmt), n) for offset, fmt, n in runs]
         self._count = len(slots)
+        self.node = node  # two KernelArgs on one node would undo each other's values
         self._call = (ctypes.c_void_p(graph.raw_cuda_graph_exec()), ctypes.c_void_p(node),
                       ctypes.byref(self._params))
         self._set = _cuda().cuGraphExecKernelNodeSetParams_v2

@@ -3,7 +3,8 @@
 A graph owns static buffers: one int32 input buffer in the ``packing.bucket_layout``
 layout, and the float32 [2, bucket.tokens] logits its captured forward wrote. A call
 copies a batch into the input buffer, replays, and reads the logits before the next
-call (the caller copies out what it keeps). With ``stage_args`` every graph also reads
+call (the caller copies out what it keeps). With ``stage_args`` every graph of up to
+``STAGE_MAX_TOKENS`` tokens also reads
 the caller's tensors and writes a fresh output: a call sets where its inputs are as the
 first kernel's leading arguments (``kernels.STAGE_ARGS``: that kernel copies what later
 kernels read into the input buffer) and where the logits go as the last kernel's output
@@ -25,6 +26,13 @@ import torch
 from engine.fused import cublaslt
 from engine.fused.graph_args import KernelArgs, leading_args, pointer_arg
 from engine.fused.packing import Bucket
+
+# Graphs of buckets up to this many tokens stage their own inputs (``stage_args``): one
+# launch a call. Above it a call stages and copies out around the replay, as v22's graphs
+# did above 2,048 tokens; larger buckets were not measured with in-graph staging (H200,
+# 2026-12-01: one such capture failed once in a full GPU suite run and passed alone, cause
+# not found), and at their size three launches cost little.
+STAGE_MAX_TOKENS = 2048
 
 # Batches above this many tokens run eagerly (the engine's ``max_graph_tokens``): their
 # exact token count, no bucket padding, and the GPU's work hides the host's launches.
@@ -78,10 +86,9 @@ class GraphCache:
         self._workspace = cublaslt.Workspace()
         self._stage_args = stage_args
 
-    @property
-    def stages_itself(self) -> bool:
-        """Whether a call names its tensors to the graph (:meth:`replay_into`)."""
-        return self._stage_args is not None
+    def stages_itself(self, bucket: Bucket) -> bool:
+        """Whether a call names its tensors to the bucket's graph (:meth:`replay_into`)."""
+        return self._stage_args is not None and bucket.tokens <= STAGE_MAX_TOKENS
 
     def __len__(self) -> int:
         return len(self._graphs)
@@ -112,7 +119,7 @@ class GraphCache:
         tensor (the last kernel writes every row of the bucket)."""
         entry = self._graphs.get(bucket) or self._capture(bucket)
         assert entry.stage is not None and entry.output is not None, \
-            "replay_into needs a GraphCache with stage_args"
+            "replay_into needs a GraphCache with stage_args and a bucket that stages itself"
         t, b = ids.shape[0], cu.shape[0] - 1
         if t > bucket.tokens or b > bucket.seqs:
             raise ValueError(f"batch ({t} tokens, {b} sequences) does not fit {bucket}")
@@ -126,7 +133,7 @@ class GraphCache:
         inputs = torch.zeros(bucket.buffer_len, dtype=torch.int32, device=self._device)
         ids, tt, pos, cu = split_inputs(inputs, bucket)
         cu.fill_(0)  # all sequences empty: the warm-up touches no uninitialised rows
-        stage = self._stage_args is not None
+        stage = self.stages_itself(bucket)
 
         def run() -> torch.Tensor:
             return self._forward(ids, tt, pos, cu, bucket.seqs, bucket.max_seqlen, stage)
@@ -147,12 +154,15 @@ class GraphCache:
               cublaslt.using(self._workspace)):
             logits = run()
         entry = _Captured(inputs, logits, graph)
-        if self._stage_args is not None:
+        if stage and self._stage_args is not None:
             graph.instantiate()
             # As captured: the batch the host writes into ``inputs``, every row of it.
             entry.host_stage = (ids.data_ptr(), tt.data_ptr(), pos.data_ptr(), cu.data_ptr(),
                                 bucket.tokens, bucket.seqs)
             entry.stage = leading_args(graph, entry.host_stage, self._stage_args)
             entry.output = pointer_arg(graph, logits.data_ptr())
+            if entry.stage.node == entry.output.node:  # a one-kernel forward
+                raise RuntimeError("the graph's first kernel is also its last: a call cannot "
+                                   "set both its inputs and its output there")
         self._graphs[bucket] = entry
         return entry

@@ -517,22 +517,25 @@ def test_torch_entry_points_on_gpu() -> None:
 
 
 def test_graph_staging_one_launch_calls() -> None:
-    """Calls on device tensors as one graph launch (``graph_staging``, the arguments of
-    the graph's staging and output kernels set per call, ``graph_args``): the logits of
+    """Calls on device tensors as one graph launch (``graph_staging``: the graph's first
+    kernel's inputs and last kernel's output set per call, ``graph_args``): the logits of
     the three-launch path (staging kernel, graph, copy; bit for bit above the small path,
     whose float32 atomics leave the last bits to arrival order; the batches of 3 and 12
-    sequences run attention over a tile list, the last one's bucket stages with several
-    programs), over several buckets, interleaved with host-path calls on the same graphs,
-    and with 24 calls issued back to back without a sync (each launch must read the
-    arguments set before it, never the next call's: the driver applies a change to later
-    launches only)."""
+    sequences run attention over a tile list), over several buckets, interleaved with
+    host-path calls on the same graphs, and with 24 calls issued back to back without a
+    sync (each launch must read the arguments set before it, never the next call's: the
+    driver applies a change to later launches only)."""
     from engine.fused.encoder import SMALL_BATCH_MAX_TOKENS
     from engine.fused.engine import FusedEngine
 
     one = FusedEngine.from_pretrained(CHECKPOINT, device="cuda", dtype="float16")
     three = FusedEngine(one.weights, "cuda", graph_staging=False)
-    assert one._graphs is not None and one._graphs.stages_itself
-    assert three._graphs is not None and not three._graphs.stages_itself
+    from engine.fused.packing import bucket_for
+
+    small, large = bucket_for(384, 1, 384), bucket_for(8192, 16, 384)
+    assert one._graphs is not None and one._graphs.stages_itself(small)
+    assert not one._graphs.stages_itself(large)  # above STAGE_MAX_TOKENS: three launches
+    assert three._graphs is not None and not three._graphs.stages_itself(small)
     rng = np.random.default_rng(21)
 
     def packed(windows: int, seq: int) -> tuple[tuple[Any, ...], Any, Any]:
@@ -554,7 +557,7 @@ def test_graph_staging_one_launch_calls() -> None:
         return a.shape == b.shape and bool(((a - b).abs() <= 4e-3 * b.abs() + 1e-2).all())
 
     batches = [packed(w, s) for w, s in [(1, 128), (3, 200), (1, 384), (8, 64), (1, 128),
-                                         (12, 384)]]  # the last: several programs stage
+                                         (12, 384)]]  # the last above STAGE_MAX_TOKENS
     with torch.inference_mode():
         for x, keep, host in batches:
             a, b = one._run_device(*x), three._run_device(*x)
@@ -779,24 +782,28 @@ def test_small_gemm_kernels_match_torch(rows: int) -> None:
 
 
 def test_graph_kernel_arguments_set_between_launches() -> None:
-    """``graph_args`` on a graph of one staging embeddings kernel (``STAGE_ARGS``): each
-    replay reads the tensors set before it and writes the output set before it, also
-    queued back to back with no sync between; setting the same values again calls no
-    driver; rows past a batch embed token 0, cu_seqlens lands in the graph's buffer; a
-    node or argument that is not in the graph is refused."""
+    """``graph_args`` on a graph of two kernels, as the engine's graphs begin and end: the
+    staging embeddings kernel (``STAGE_ARGS``) and LayerNorm + QA head. Each replay reads
+    the tensors set before it and writes the logits where set before it, also queued back
+    to back with no sync between; setting the same values again calls no driver; rows past
+    a batch embed token 0, cu_seqlens lands in the graph's buffer; a node or argument that
+    is not in the graph is refused."""
     from engine.fused import kernels as k
     from engine.fused.graph_args import leading_args, pointer_arg
 
     n, d, seqs = 64, 128, 3
     word, position, types = (torch.randn((m, d), device="cuda").half() for m in (500, 64, 2))
+    gamma, beta = torch.rand(d, device="cuda") + 0.5, torch.randn(d, device="cuda")
+    qa_w, qa_b = torch.randn((2, d), device="cuda"), torch.randn(2, device="cuda")
     buf = torch.zeros(3 * n + seqs + 1, dtype=torch.int32, device="cuda")
     b_ids, b_tt, b_pos, b_cu = buf[:n], buf[n:2 * n], buf[2 * n:3 * n], buf[3 * n:]
-    z, z16, stats = (torch.zeros((n, d), device="cuda"), torch.zeros((n, d), device="cuda",
-                     dtype=torch.float16), torch.zeros((n, 2), device="cuda"))
+    z, stats = torch.zeros((n, d), device="cuda"), torch.zeros((n, 2), device="cuda")
+    z16 = torch.zeros((n, d), device="cuda", dtype=torch.float16)
 
-    def embed(src: tuple[torch.Tensor, ...], out16: torch.Tensor, staged: bool) -> None:
-        k.embed_sum(*src, word, position, types, z, out16, stats,
+    def forward(src: tuple[torch.Tensor, ...], staged: bool) -> torch.Tensor:
+        k.embed_sum(*src, word, position, types, z, z16, stats,
                     stage=(b_cu, seqs) if staged else None)
+        return k.layernorm_qa(z16, gamma, beta, 1e-12, qa_w, qa_b)
 
     batches = []
     for t, cu in [(5, [0, 5]), (64, [0, 30, 50, 64]), (17, [0, 9, 17])]:
@@ -806,20 +813,21 @@ def test_graph_kernel_arguments_set_between_launches() -> None:
                         torch.tensor(cu, dtype=torch.int32, device="cuda")))
     side = torch.cuda.Stream()
     with torch.cuda.stream(side):
-        embed((b_ids, b_tt, b_pos), z16, True)  # compiles outside the capture
+        forward((b_ids, b_tt, b_pos), True)  # compiles outside the capture
     side.synchronize()
     graph = torch.cuda.CUDAGraph(keep_graph=True)
     with torch.cuda.graph(graph, stream=side):
-        embed((b_ids, b_tt, b_pos), z16, True)
+        logits = forward((b_ids, b_tt, b_pos), True)
     graph.instantiate()
     host = (b_ids.data_ptr(), b_tt.data_ptr(), b_pos.data_ptr(), b_cu.data_ptr(), n, seqs)
-    args, out = leading_args(graph, host, k.STAGE_ARGS), pointer_arg(graph, z16.data_ptr())
+    args, out = leading_args(graph, host, k.STAGE_ARGS), pointer_arg(graph, logits.data_ptr())
+    assert args.node != out.node
     driver_calls = []
     driver_set = args._set
     args._set = lambda *a: driver_calls.append(1) or driver_set(*a)  # type: ignore[method-assign]
     results = []
     for ids, tt, pos, cu in batches + batches[::-1]:
-        fresh = torch.empty_like(z16)
+        fresh = torch.empty_like(logits)
         for _ in range(2):  # the second time: the same values, no driver call
             args.set(ids.data_ptr(), tt.data_ptr(), pos.data_ptr(), cu.data_ptr(),
                      ids.shape[0], cu.shape[0] - 1)
@@ -829,9 +837,8 @@ def test_graph_kernel_arguments_set_between_launches() -> None:
     torch.cuda.synchronize()
     assert len(driver_calls) == 5  # six sets of values, the middle two the same
     for (ids, tt, pos, cu), (got, got_cu) in zip(batches + batches[::-1], results, strict=True):
-        t, pad = ids.shape[0], torch.zeros(n - ids.shape[0], dtype=torch.int32, device="cuda")
-        want = torch.empty_like(z16)
-        embed(tuple(torch.cat([x, pad]) for x in (ids, tt, pos)), want, False)
+        pad = torch.zeros(n - ids.shape[0], dtype=torch.int32, device="cuda")
+        want = forward(tuple(torch.cat([x, pad]) for x in (ids, tt, pos)), False)
         assert torch.equal(got, want)
         assert torch.equal(got_cu, torch.cat([cu, cu[-1:].expand(seqs + 1 - cu.shape[0])]))
     with pytest.raises(RuntimeError, match="found 0"):
