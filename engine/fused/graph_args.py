@@ -90,9 +90,8 @@ def _kernel_nodes(raw_graph: int, end: str) -> list[tuple[int, _NodeParams]]:
         if kind.value != _NODE_KERNEL:
             continue
         edges = ctypes.c_size_t(0)
-        query = (cuda.cuGraphNodeGetDependencies if end == "first"
-                 else cuda.cuGraphNodeGetDependentNodes)
-        _check(query(handle, None, ctypes.byref(edges)), "cuGraphNodeGet" + end + " edges")
+        name = "cuGraphNodeGetDependencies" if end == "first" else "cuGraphNodeGetDependentNodes"
+        _check(getattr(cuda, name)(handle, None, ctypes.byref(edges)), name)
         if edges.value:
             continue
         params = _NodeParams()
