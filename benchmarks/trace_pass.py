@@ -17,7 +17,9 @@ kernels (graph kernels are traced one by one) it reports:
   the time from the previous kernel's end to its own end, and the steps add up to the
   span (gaps before a kernel are charged to it);
 * the copies before the graph and the logits clone after it ("copy/fill") where a graph
-  does not stage its own inputs, whose steps include the host's launch gaps between them.
+  does not stage its own inputs, whose steps include the host's launch gaps between them;
+* where the trace holds the CUDA runtime's graph-launch call: its host time and how long
+  after its start the first kernel started (``launch_gap``; not yet checked on a GPU).
 
 ``--set module.ATTR=VALUE`` sets a module constant before any engine is built (a launch
 choice fixed into the graph at capture, as ``ab_replay.py --set`` does per variant).
@@ -92,6 +94,20 @@ _LAYER_KINDS = ("deferred-LN GEMM", "attention", "Triton GEMM", "cuBLAS GEMM", "
                 "bias GELU")
 
 
+def launch_gap(events: list[dict[str, Any]], first_kernel_ts: float) -> dict[str, float] | None:
+    """The last graph launch (a CUDA runtime call whose name holds "GraphLaunch") that
+    starts before ``first_kernel_ts``: how long the call took on the host and how long
+    after its start the pass's first kernel started (us, CUPTI's common clock); None
+    without such a call (the trace holds no runtime calls, or the pass was not a graph)."""
+    launches = [e for e in events if e.get("cat") == "cuda_runtime" and "dur" in e
+                and "GraphLaunch" in e.get("name", "") and e["ts"] <= first_kernel_ts]
+    if not launches:
+        return None
+    launch = max(launches, key=lambda e: e["ts"])
+    return {"launch_api_us": launch["dur"], "launch_to_first_kernel_us":
+            first_kernel_ts - launch["ts"]}
+
+
 def layer_positions(kernels: list[dict[str, Any]], layers: int) -> list[dict[str, Any]]:
     """Mean step and own time (us) of each kernel position within a layer: the layer
     kernels (``_LAYER_KINDS``, in end order) cut into ``layers`` equal runs, position ``i``
@@ -152,7 +168,8 @@ def trace_shape(name: str, batch: int, seq: int, options: dict[str, Any],
                 torch.cuda.synchronize()
     path = out / f"trace_{name}_{shape}.json"
     prof.export_chrome_trace(str(path))
-    events = [e for e in json.loads(path.read_text())["traceEvents"]
+    trace = json.loads(path.read_text())["traceEvents"]
+    events = [e for e in trace
               if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset") and "dur" in e]
     events.sort(key=lambda e: e["ts"])
     marks = [i for i, e in enumerate(events) if "spin_kernel" in e["name"]]
@@ -161,6 +178,7 @@ def trace_shape(name: str, batch: int, seq: int, options: dict[str, Any],
     graph = [e for e in last if kind(e["name"]) != "copy/fill"]
     res = {"model": name, "shape": shape, "options": options, **steps(last),
            "graph_span_us": steps(graph)["span_us"],
+           "launch": launch_gap(trace, last[0]["ts"]) if last else None,
            "per_layer": layer_positions(last, cfg.num_hidden_layers)}
     print(f"trace {name} {shape}: span {res['span_us']:.1f} us (graph "
           f"{res['graph_span_us']:.1f}), {res['kernels']} "
@@ -177,6 +195,10 @@ def markdown(results: list[dict[str, Any]]) -> str:
                   f"{r['span_us']:.1f} us (graph {r['graph_span_us']:.1f}), {r['kernels']} "
                   "kernels", "",
                   "| kernel | count | step us | step us each | own us |", "|---|---|---|---|---|"]
+        if r.get("launch"):
+            lines += [f"Graph launch: {r['launch']['launch_api_us']:.1f} us on the host; the "
+                      f"first kernel starts {r['launch']['launch_to_first_kernel_us']:.1f} us "
+                      "after the launch call does.", ""]
         for k, v in r["by_kind"].items():
             lines.append(f"| {k} | {v['count']} | {v['step_us']:.1f} | "
                          f"{v['step_us'] / v['count']:.2f} | {v['own_us']:.1f} |")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.trace_pass import kind, layer_positions, steps
+from benchmarks.trace_pass import kind, launch_gap, layer_positions, steps
 
 
 def test_kinds_of_kernel_names() -> None:
@@ -54,3 +54,20 @@ def test_layer_positions_average_each_kernel_of_a_layer() -> None:
     assert pos[0]["step_us"] == pytest.approx(3.0) and pos[0]["own_us"] == pytest.approx(3.75)
     assert pos[1]["step_us"] == pytest.approx(1.75) and pos[1]["own_us"] == pytest.approx(2.25)
     assert layer_positions(events, 3) == []
+
+
+def test_launch_gap_takes_the_last_graph_launch_before_the_pass() -> None:
+    """The graph launch that started the pass is the last one before its first kernel; a
+    later launch (the next pass) and other runtime calls do not count."""
+    events = [
+        {"cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": 100.0, "dur": 5.0},
+        {"cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": 190.0, "dur": 2.0},
+        {"cat": "cuda_runtime", "name": "cudaGraphLaunch_v10000", "ts": 200.0, "dur": 4.5},
+        {"cat": "kernel", "name": "_embed_sum_kernel", "ts": 208.0, "dur": 3.0},
+        {"cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": 300.0, "dur": 5.0},
+    ]
+    gap = launch_gap(events, 208.0)
+    assert gap == {"launch_api_us": 4.5, "launch_to_first_kernel_us": 8.0}
+    assert launch_gap(events, 50.0) is None
+    assert launch_gap([e for e in events if e["name"] != "_embed_sum_kernel"
+                       and "Graph" not in e["name"]], 208.0) is None
