@@ -116,7 +116,7 @@ def main() -> None:
         eng._graph_bucket = timed("bucket lookup", bucket_of)  # type: ignore[method-assign]
         entry.stage.set = timed("input args", stage_set)  # type: ignore[method-assign]
         entry.output.set = timed("output arg", output_set)  # type: ignore[method-assign]
-    outs = [torch.empty((2, args.seq), device="cuda") for _ in range(2)]
+    outs = [torch.empty((2, bucket.tokens), device="cuda") for _ in range(2)]
     flip = [0]
 
     def call_args() -> None:

@@ -33,7 +33,7 @@ import numpy as np
 import torch
 
 from engine.base import Float32Array, Int32Array
-from engine.fused import small_gemm
+from engine.fused import graph_args, small_gemm
 from engine.fused.calibration import CALIBRATION_MARGIN, GEMMS, AmaxRecorder, Calibration
 from engine.fused.config import BertQAConfig
 from engine.fused.encoder import (
@@ -304,9 +304,9 @@ class FusedEngine:
         if not self.cuda_graphs:
             return None
         # Graphs stage their own inputs where the first kernel can (the Triton kernels, not
-        # the persistent one).
+        # the persistent one) and the driver lets a call set kernel arguments.
         staging = (self.graph_staging and hasattr(self.ops, "STAGE_ARGS")
-                   and not self.options.persistent)
+                   and not self.options.persistent and graph_args.supported())
         return GraphCache(self._forward, self.device,
                           stage_args=self.ops.STAGE_ARGS if staging else None)
 
@@ -534,7 +534,8 @@ class FusedEngine:
         device sync): ids must be < vocab size and sequences <= max positions.
         """
         dev = self.device
-        # Contiguous: the staging kernels read them as flat arrays.
+        # Contiguous: the graph's first kernel (or the staging kernel) reads them as flat
+        # arrays.
         ids = input_ids_flat.to(device=dev, dtype=torch.int32).contiguous()
         tt = token_type_ids_flat.to(device=dev, dtype=torch.int32).contiguous()
         cu = cu_seqlens.to(device=dev, dtype=torch.int32).contiguous()

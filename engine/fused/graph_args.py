@@ -14,7 +14,7 @@ held at capture: :func:`leading_args`, the graph's first kernel, whose leading a
 were given values; :func:`pointer_arg`, the arguments of its last kernel that held an
 address. Kernels between them (library ones among them) are never queried.
 Argument layouts (offset and size of each) come from the driver (``cuFuncGetParamInfo``,
-CUDA 12.4 and later). An argument a call sets must not have been specialised by triton at
+CUDA 12.4 and later: :func:`supported`). An argument a call sets must not have been specialised by triton at
 capture (``do_not_specialize``, on alignment too, for any value a call may set; a pointer
 to a fresh torch allocation keeps any alignment triton assumed).
 """
@@ -27,6 +27,8 @@ import struct
 import torch
 
 _NODE_KERNEL = 0  # CU_GRAPH_NODE_TYPE_KERNEL
+_LOSSY_QUERY = 402  # CUDA_ERROR_LOSSY_QUERY: the node's edges carry data (e.g. PDL ones)
+_MIN_DRIVER = 12040  # cuFuncGetParamInfo
 _FORMATS = {"Q": 8, "q": 8, "i": 4, "I": 4}  # struct formats of the settable arguments
 
 
@@ -54,6 +56,19 @@ def _cuda() -> ctypes.CDLL:
     return _driver
 
 
+def supported() -> bool:
+    """Whether this process's CUDA driver can do what this module asks of it (12.4 or
+    later, with ``cuFuncGetParamInfo``); False where there is no driver at all."""
+    try:
+        lib = _cuda()
+    except OSError:
+        return False
+    version = ctypes.c_int(0)
+    return (hasattr(lib, "cuFuncGetParamInfo")
+            and lib.cuDriverGetVersion(ctypes.byref(version)) == 0
+            and version.value >= _MIN_DRIVER)
+
+
 def _check(result: int, what: str) -> None:
     if result != 0:
         raise RuntimeError(f"{what} failed (CUresult {result})")
@@ -68,20 +83,21 @@ def argument_layout(function: int) -> list[tuple[int, int]]:
     while cuda.cuFuncGetParamInfo(ctypes.c_void_p(function), ctypes.c_size_t(len(layout)),
                                   ctypes.byref(offset), ctypes.byref(size)) == 0:
         layout.append((offset.value, size.value))
-    return layout  # empty: not a function handle the driver describes (or a driver < 12.4)
+    return layout  # empty: not a function handle the driver describes
 
 
 def _kernel_nodes(raw_graph: int, end: str) -> list[tuple[int, _NodeParams]]:
     """The kernel nodes at one end of a (kept) CUDA graph, with their parameters: ``end``
-    "first", those that depend on no node, or "last", those no node depends on (in a
-    captured stream: the first and the last). No other node is looked at: library kernels
-    (cuBLAS) in between are never queried."""
+    "first", the graph's roots, or "last", the nodes no node depends on (in a captured
+    stream: the first and the last). No other node is looked at: library kernels (cuBLAS)
+    in between are never queried."""
     cuda = _cuda()
     graph = ctypes.c_void_p(raw_graph)
     count = ctypes.c_size_t(0)
-    _check(cuda.cuGraphGetNodes(graph, None, ctypes.byref(count)), "cuGraphGetNodes")
+    listing = "cuGraphGetRootNodes" if end == "first" else "cuGraphGetNodes"
+    _check(getattr(cuda, listing)(graph, None, ctypes.byref(count)), listing)
     nodes = (ctypes.c_void_p * count.value)()
-    _check(cuda.cuGraphGetNodes(graph, nodes, ctypes.byref(count)), "cuGraphGetNodes")
+    _check(getattr(cuda, listing)(graph, nodes, ctypes.byref(count)), listing)
     found = []
     for node in nodes:
         handle = ctypes.c_void_p(node)
@@ -89,11 +105,12 @@ def _kernel_nodes(raw_graph: int, end: str) -> list[tuple[int, _NodeParams]]:
         _check(cuda.cuGraphNodeGetType(handle, ctypes.byref(kind)), "cuGraphNodeGetType")
         if kind.value != _NODE_KERNEL:
             continue
-        edges = ctypes.c_size_t(0)
-        name = "cuGraphNodeGetDependencies" if end == "first" else "cuGraphNodeGetDependentNodes"
-        _check(getattr(cuda, name)(handle, None, ctypes.byref(edges)), name)
-        if edges.value:
-            continue
+        if end == "last":
+            dependents = ctypes.c_size_t(0)
+            result = cuda.cuGraphNodeGetDependentNodes(handle, None, ctypes.byref(dependents))
+            if result == _LOSSY_QUERY or (result == 0 and dependents.value):
+                continue  # it has dependents (edges with data make the count query lossy)
+            _check(result, "cuGraphNodeGetDependentNodes")
         params = _NodeParams()
         _check(cuda.cuGraphKernelNodeGetParams_v2(handle, ctypes.byref(params)),
                "cuGraphKernelNodeGetParams")
@@ -116,7 +133,7 @@ def _described(raw_graph: int, end: str,
                 found.append((node, params, layouts[function]))
     if not found:
         raise RuntimeError(f"no {end} kernel of the graph has an argument layout the driver "
-                           "describes (cuFuncGetParamInfo needs a CUDA 12.4 driver or later)")
+                           "describes")
     return found
 
 

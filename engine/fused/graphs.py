@@ -6,9 +6,10 @@ copies a batch into the input buffer, replays, and reads the logits before the n
 call (the caller copies out what it keeps). With ``stage_args`` every graph of up to
 ``STAGE_MAX_TOKENS`` tokens also reads
 the caller's tensors and writes a fresh output: a call sets where its inputs are as the
-first kernel's leading arguments (``kernels.STAGE_ARGS``: that kernel copies what later
-kernels read into the input buffer) and where the logits go as the last kernel's output
-argument, in the instantiated graph (``engine.fused.graph_args``), and
+first kernel's leading arguments (``kernels.STAGE_ARGS``: that kernel reads the tokens
+there and copies cu_seqlens, which attention reads, into the input buffer) and where the
+logits go as the last kernel's output argument, in the instantiated graph
+(``engine.fused.graph_args``), and
 :meth:`GraphCache.replay_into` is one launch with nothing staged or copied around it.
 Not thread-safe: the engine serialises calls.
 All graphs share one memory pool: they are
@@ -59,7 +60,8 @@ def split_inputs(buf: torch.Tensor, bucket: Bucket) -> tuple[torch.Tensor, ...]:
 @dataclass
 class _Captured:
     inputs: torch.Tensor  # int32 [bucket.buffer_len]
-    logits: torch.Tensor  # float32 [2, bucket.tokens], written by each replay
+    logits: torch.Tensor  # float32 [2, bucket.tokens], written by each replay (not by
+    # replay_into, which gives the last kernel a fresh tensor)
     graph: torch.cuda.CUDAGraph
     # Where a call sets its tensors (``stage_args``): the first kernel's leading arguments,
     # their values for a batch the host wrote into ``inputs``, and the logits' address.
@@ -123,6 +125,12 @@ class GraphCache:
         t, b = ids.shape[0], cu.shape[0] - 1
         if t > bucket.tokens or b > bucket.seqs:
             raise ValueError(f"batch ({t} tokens, {b} sequences) does not fit {bucket}")
+        # The kernel gets bare addresses: a wrong dtype, stride or length would be misread.
+        if not (tt.shape == pos.shape == ids.shape == (t,) and all(
+                x.dtype == torch.int32 and x.is_cuda and x.is_contiguous()
+                for x in (ids, tt, pos, cu))):
+            raise ValueError("replay_into takes contiguous int32 CUDA tensors, ids, token "
+                             "types and positions of one length")
         out = torch.empty((2, bucket.tokens), device=self._device, dtype=torch.float32)
         entry.stage.set(ids.data_ptr(), tt.data_ptr(), pos.data_ptr(), cu.data_ptr(), t, b)
         entry.output.set(out.data_ptr())

@@ -558,6 +558,11 @@ def test_graph_staging_one_launch_calls() -> None:
 
     batches = [packed(w, s) for w, s in [(1, 128), (3, 200), (1, 384), (8, 64), (1, 128),
                                          (12, 384)]]  # the last above STAGE_MAX_TOKENS
+    (ids0, tt0, pos0, cu0, _), _, _ = batches[0]
+    with pytest.raises(ValueError, match="contiguous int32"):  # bare addresses: checked
+        one._graphs.replay_into(bucket_for(128, 1, 128), ids0.long(), tt0, pos0, cu0)
+    with pytest.raises(ValueError, match="contiguous int32"):
+        one._graphs.replay_into(bucket_for(128, 1, 128), ids0, tt0[:-1], pos0, cu0)
     with torch.inference_mode():
         for x, keep, host in batches:
             a, b = one._run_device(*x), three._run_device(*x)

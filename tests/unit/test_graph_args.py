@@ -19,7 +19,9 @@ class _Graph:
 
 
 def _args(monkeypatch: pytest.MonkeyPatch, cls: Any, slots: list[int], formats: str,
-          sent: list[list[bytes]]) -> Any:
+          sent: list[list[bytes]], results: list[int] | None = None) -> Any:
+    """KernelArgs over ``LAYOUT`` whose driver records each buffer it is handed in ``sent``
+    and answers with ``results`` in turn (then 0)."""
     from engine.fused import graph_args as ga
 
     captured = [bytes([i + 1]) * size for i, (_, size) in enumerate(LAYOUT)]
@@ -32,7 +34,7 @@ def _args(monkeypatch: pytest.MonkeyPatch, cls: Any, slots: list[int], formats: 
         p = ref._obj  # the node parameters handed to the driver: read every argument
         sent.append([ctypes.string_at(p.kernel_params[i], size)
                      for i, (_, size) in enumerate(LAYOUT)])
-        return 0
+        return results.pop(0) if results else 0
 
     driver = type("Driver", (), {"cuGraphExecKernelNodeSetParams_v2": staticmethod(driver_set)})
     monkeypatch.setattr(ga, "_driver", driver())
@@ -51,7 +53,7 @@ def test_leading_arguments_set_and_the_rest_kept(monkeypatch: pytest.MonkeyPatch
     args.set(7, 2, 3, 4, 5, 6)
     assert len(sent) == 2
     first = sent[0]
-    assert first[0] == (0x1122334455).to_bytes(8, "little")
+    assert first[:4] == [v.to_bytes(8, "little") for v in (0x1122334455, 2, 3, 4)]
     assert first[4] == (5).to_bytes(4, "little") and first[5] == (6).to_bytes(4, "little")
     assert first[6:] == [bytes([i + 1]) * size for i, (_, size) in enumerate(LAYOUT)][6:]
     assert sent[1][0] == (7).to_bytes(8, "little")
@@ -79,3 +81,30 @@ def test_formats_must_match_the_argument_sizes(monkeypatch: pytest.MonkeyPatch) 
         _args(monkeypatch, KernelArgs, [0, 4], "QQ", [])  # argument 4 is 4 bytes
     with pytest.raises(ValueError, match="do not match"):
         _args(monkeypatch, KernelArgs, [1, 0], "QQ", [])  # not increasing
+
+
+def test_values_the_driver_refused_are_sent_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failed set leaves no cached values: the same values go to the driver next time."""
+    from engine.fused.graph_args import KernelArgs
+
+    sent: list[list[bytes]] = []
+    args = _args(monkeypatch, KernelArgs, [0], "Q", sent, results=[700])
+    with pytest.raises(RuntimeError, match="CUresult 700"):
+        args.set(42)
+    args.set(42)
+    args.set(42)  # now cached
+    assert len(sent) == 2 and sent[1][0] == (42).to_bytes(8, "little")
+
+
+def test_adjacent_arguments_across_an_alignment_gap(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An int32 at 56 and an address at 64 are not adjacent (4 bytes of padding between):
+    each is written at its own offset and the padding is left alone."""
+    from engine.fused.graph_args import KernelArgs
+
+    sent: list[list[bytes]] = []
+    args = _args(monkeypatch, KernelArgs, [8, 9], "iQ", sent)
+    args.set(-3, 0xFEED)
+    assert sent[0][8] == (-3).to_bytes(4, "little", signed=True)
+    assert sent[0][9] == (0xFEED).to_bytes(8, "little")
+    assert sent[0][:8] == [bytes([i + 1]) * size for i, (_, size) in enumerate(LAYOUT)][:8]
+    assert len(args._runs) == 2

@@ -6,7 +6,8 @@ types and positions, each ``bucket.tokens`` long, then ``bucket.seqs + 1`` cu_se
 Filling it with torch ops takes five launches (four copies and the fill of the unused
 cu_seqlens entries); at batch 1 their host-side launch cost is a tenth of the whole call.
 Graphs that stage their own inputs do it in their first kernel instead (``rows.STAGE_ARGS``);
-this launch serves the engine's graphs without that (``graph_staging=False``) and tests.
+this launch serves the engine's other graphs (above ``graphs.STAGE_MAX_TOKENS`` tokens, or
+with ``graph_staging=False``) and tests.
 """
 
 from __future__ import annotations
