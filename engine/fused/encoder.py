@@ -270,7 +270,7 @@ def encode_packed(
         input_ids, token_type_ids, position_ids, w.word_embeddings, w.position_embeddings,
         w.token_type_embeddings, w.emb_ln_weight, w.emb_ln_bias, eps,
         fp8=wants8(layers[0].qkv), pdl=pdl, fp8_blocks=w.fp8_blocks,
-        fp8_scale=x_scale(0, "qkv"), stage=(cu_seqlens, n_seqs) if stage else None,
+        fp8_scale=x_scale(0, "qkv"), stage=cu_seqlens if stage else None,
     )
     tiles = (ops.attention_tiles(cu_seqlens, tokens, n_seqs, max_seqlen, cfg.num_heads,
                                  d // cfg.num_heads, config=opts.attn_config)
@@ -398,7 +398,7 @@ def _encode_deferred(
     ops.embed_sum(input_ids, token_type_ids, position_ids, w.word_embeddings,
                   w.position_embeddings, w.token_type_embeddings, z32[1], z16, z_sums[1],
                   pdl=pdl, z8=z8, inv8=f8s[0].qkv_inv if f8s is not None else None,
-                  stage=(cu_seqlens, n_seqs) if stage else None)
+                  stage=cu_seqlens if stage else None)
     ln_g, ln_b = w.emb_ln_weight, w.emb_ln_bias
 
     def folded(x: torch.Tensor, x8: torch.Tensor | None, lin: FoldedLinear,

@@ -56,7 +56,7 @@ def embed_layernorm(
     pdl: bool = False,  # launch detail: meaningless here
     fp8_blocks: bool = False,
     fp8_scale: torch.Tensor | None = None,
-    stage: tuple[torch.Tensor, int] | None = None,  # cu_seqlens stays where it is: no copy
+    stage: torch.Tensor | None = None,  # cu_seqlens stays where it is: no copy
 ) -> tuple[torch.Tensor, Quantized | None]:
     x = (
         word[input_ids.long()].float()
@@ -184,7 +184,7 @@ def embed_sum(
     pdl: bool = False,
     z8: torch.Tensor | None = None,
     inv8: torch.Tensor | None = None,
-    stage: tuple[torch.Tensor, int] | None = None,  # cu_seqlens stays where it is: no copy
+    stage: torch.Tensor | None = None,  # cu_seqlens stays where it is: no copy
 ) -> None:
     x = (word[input_ids.long()].float() + position[position_ids.long()].float()
          + token_type[token_type_ids.long()].float())

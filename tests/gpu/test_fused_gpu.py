@@ -807,7 +807,7 @@ def test_graph_kernel_arguments_set_between_launches() -> None:
 
     def forward(src: tuple[torch.Tensor, ...], staged: bool) -> torch.Tensor:
         k.embed_sum(*src, word, position, types, z, z16, stats,
-                    stage=(b_cu, seqs) if staged else None)
+                    stage=b_cu if staged else None)
         return k.layernorm_qa(z16, gamma, beta, 1e-12, qa_w, qa_b)
 
     batches = []

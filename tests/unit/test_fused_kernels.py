@@ -601,7 +601,7 @@ def _check_staging_embeddings(kind: str, cu_block: int) -> tuple[float, float]:
         return (ids, tt, pos, cu, t, 2), (b_cu, seqs + 1)  # as a call sets them
 
     def run(src: tuple[torch.Tensor, ...], staged: bool) -> list[torch.Tensor]:
-        stage = (b_cu, seqs) if staged else None
+        stage = b_cu if staged else None
         if kind == "sum":
             z, stats = torch.zeros((n, d)), torch.zeros((n, 2))
             z16 = torch.zeros((n, d), dtype=torch.float16)

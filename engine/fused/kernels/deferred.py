@@ -438,12 +438,13 @@ def embed_sum(
     pdl: bool = False,
     z8: torch.Tensor | None = None,
     inv8: torch.Tensor | None = None,
-    stage: tuple[torch.Tensor, int] | None = None,
+    stage: torch.Tensor | None = None,
 ) -> None:
     """word[ids] + position[pos] + token_type[tt] (no LayerNorm) into float32 ``z`` and its
     model-dtype copy ``z16`` [T, D], with each row's (sum, sum of squares) in ``stats``;
-    and with ``z8`` an e4m3 copy of ``z`` times ``inv8`` [1]. ``stage`` (cu_seqlens, B): a
-    graph's first kernel, whose inputs a call sets (``rows.STAGE_ARGS``)."""
+    and with ``z8`` an e4m3 copy of ``z`` times ``inv8`` [1]. ``stage`` (the graph
+    buffer's cu_seqlens): a graph's first kernel, whose inputs a call sets
+    (``rows.STAGE_ARGS``)."""
     if (z8 is None) != (inv8 is None):
         raise ValueError("an e4m3 copy needs both `z8` and `inv8`")
     n, d = input_ids.shape[0], word.shape[1]

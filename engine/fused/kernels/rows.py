@@ -80,16 +80,23 @@ def embed_ln_rows(
 # empty sequences). Outside a graph cu_seqlens is where attention reads it (``n_cu`` 0).
 STAGE_ARGS = "QQQQii"
 _STAGED = ("ids_ptr", "tt_ptr", "pos_ptr", "cu_src", "n_valid", "n_seqs")
+_CU_BLOCK = 1024
+
+
+@triton.jit
+def copy_cu(i, cu_src, cu_dst, n_seqs, n_cu):
+    """``cu_dst[i] = cu_src[min(i, n_seqs)]`` for the entries ``i < n_cu``: those past the
+    batch's last sequence repeat its end (the bucket's extra sequences are empty)."""
+    m = i < n_cu
+    tl.store(cu_dst + i, tl.load(cu_src + tl.minimum(i, n_seqs), mask=m), mask=m)
 
 
 @triton.jit
 def stage_cu(cu_src, cu_dst, n_seqs, n_cu, BLOCK: tl.constexpr):
-    """``cu_dst[i] = cu_src[min(i, n_seqs)]`` for ``i < n_cu``, by the first program."""
+    """:func:`copy_cu` of all ``n_cu`` entries, by the first program."""
     if tl.program_id(0) == 0:
         for start in range(0, n_cu, BLOCK):
-            i = start + tl.arange(0, BLOCK)
-            m = i < n_cu
-            tl.store(cu_dst + i, tl.load(cu_src + tl.minimum(i, n_seqs), mask=m), mask=m)
+            copy_cu(start + tl.arange(0, BLOCK), cu_src, cu_dst, n_seqs, n_cu)
 
 
 @triton.jit(do_not_specialize=_STAGED, do_not_specialize_on_alignment=_STAGED[:4])
@@ -109,19 +116,16 @@ def _embed_ln_kernel(
 
 
 def staging_args(input_ids: torch.Tensor, token_type_ids: torch.Tensor,
-                 position_ids: torch.Tensor, stage: tuple[torch.Tensor, int] | None,
+                 position_ids: torch.Tensor, stage: torch.Tensor | None,
                  ) -> tuple[tuple[object, ...], tuple[torch.Tensor, int]]:
-    """The embeddings kernels' leading arguments and (cu_dst, n_cu): with ``stage``
-    (cu_seqlens, B), a graph capture's, which copy cu_seqlens onto itself until a call
-    names its own; else none copied."""
+    """The embeddings kernels' leading arguments and (cu_dst, n_cu): with ``stage`` (the
+    graph buffer's cu_seqlens, B + 1 entries), a graph capture's, which copy cu_seqlens
+    onto itself until a call names its own; else none copied."""
     n = input_ids.shape[0]
     if stage is None:
         return (input_ids, token_type_ids, position_ids, input_ids, n, 0), (input_ids, 0)
-    cu, seqs = stage
-    return (input_ids, token_type_ids, position_ids, cu, n, seqs), (cu, cu.shape[0])
-
-
-_CU_BLOCK = 1024
+    return ((input_ids, token_type_ids, position_ids, stage, n, stage.shape[0] - 1),
+            (stage, stage.shape[0]))
 
 
 @triton.jit
@@ -333,12 +337,13 @@ def embed_layernorm(
     pdl: bool = False,
     fp8_blocks: bool = False,
     fp8_scale: torch.Tensor | None = None,
-    stage: tuple[torch.Tensor, int] | None = None,
+    stage: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, Quantized | None]:
     """LayerNorm(word[ids] + position[pos] + token_type[tt]) for packed int32 [T] inputs
     (+ e4m3 copy: per-row scales, 1x128 block scales with ``fp8_blocks``, or the one
     calibrated scale ``fp8_scale``, float32 [1], values beyond it saturating). ``stage``
-    (cu_seqlens, B): a graph's first kernel, whose inputs a call sets (``STAGE_ARGS``)."""
+    (the graph buffer's cu_seqlens): a graph's first kernel, whose inputs a call sets
+    (``STAGE_ARGS``)."""
     n, d = input_ids.shape[0], word.shape[1]
     out = torch.empty((n, d), device=word.device, dtype=word.dtype)
     f8 = _fp8_out(out, fp8, fp8_blocks, fp8_scale)

@@ -16,6 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.fused.kernels.rows import copy_cu
+
 _BLOCK = 1024
 
 
@@ -27,9 +29,7 @@ def _stage_kernel(ids_ptr, tt_ptr, pos_ptr, cu_ptr, buf_ptr, t, n, b, seqs,
     tl.store(buf_ptr + i, tl.load(ids_ptr + i, mask=tok), mask=tok)
     tl.store(buf_ptr + n + i, tl.load(tt_ptr + i, mask=tok), mask=tok)
     tl.store(buf_ptr + 2 * n + i, tl.load(pos_ptr + i, mask=tok), mask=tok)
-    # Entries past the batch's last sequence repeat its end: those sequences are empty.
-    seq = i <= seqs
-    tl.store(buf_ptr + 3 * n + i, tl.load(cu_ptr + tl.minimum(i, b), mask=seq), mask=seq)
+    copy_cu(i, cu_ptr, buf_ptr + 3 * n, b, seqs + 1)
 
 
 def stage_inputs(buf: torch.Tensor, tokens: int, ids: torch.Tensor, tt: torch.Tensor,
