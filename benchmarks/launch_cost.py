@@ -1,0 +1,151 @@
+"""What a graph launch adds to a call's CUDA-event time, batch 1.
+
+    python benchmarks/launch_cost.py [--model bert-base] [--seq 128] --out F.json
+
+``bench_gpu``'s "graph alone" records a start event on an idle GPU, launches the bucket's
+graph and records the end event: the time holds the launch's host part (the GPU waits for
+the host to submit the graph) as well as the kernels. This splits it, for calibrated FP8
+(random weights, calibrated on random windows as ``bench_gpu`` does), in interleaved rounds:
+
+- ``idle``: events around one call, the GPU idle before it (``bench_gpu``'s method);
+- ``queued``: the same, with a ~50 µs sleep kernel queued in front of the start event, so
+  the call is submitted before the start event is timestamped: the GPU's own time from
+  the graph's start to its end;
+- ``host``: the call's host time until it returns (perf_counter; the sync off the clock);
+
+for these calls: ``torch replay`` (``CUDAGraph.replay``), ``driver launch`` (``cuGraphLaunch``
+through ctypes on the same executable graph and stream), ``GraphCache.replay`` (the bare
+replay with its argument bookkeeping), ``_run_device`` on one set of input tensors (its
+arguments set once) and on four sets in turn (two driver calls per call, as ``bench_gpu``'s
+per-call rows). Prints a table, writes JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import statistics
+import sys
+import time
+from collections import defaultdict
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+SLEEP_CYCLES = 100_000  # ~50 µs at the H200's clock: enough to hide any launch
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="bert-base")
+    p.add_argument("--seq", type=int, default=128)
+    p.add_argument("--calls", type=int, default=200, help="per variant, mode and round")
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--commit", default="")
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args()
+    sys.path.insert(0, str(REPO))
+    import numpy as np
+    import torch
+
+    from benchmarks.bench_gpu import device_packed, make_hf, make_ours, random_padded
+    from engine.fused.engine import FusedEngine
+
+    model, cfg = make_hf(args.model)
+    fp8 = make_ours(model, cfg, dtype="fp8")
+    del model
+    eng = FusedEngine(fp8.weights, "cuda")
+    eng.calibrate(*random_padded(np.random.default_rng(7), 64, 384))
+    rng = np.random.default_rng(0)
+    sets = [device_packed(*random_padded(rng, 1, args.seq)) for _ in range(4)]
+    ids, tt, pos, cu, max_len = sets[0]
+    with torch.inference_mode():
+        eng._run_device(ids, tt, pos, cu, max_len)
+    bucket = eng._graph_bucket(args.seq, 1, args.seq)
+    graphs = eng._graphs
+    assert bucket is not None and graphs is not None
+    graphs.replay(bucket)
+    entry = graphs._graphs[bucket]
+    cuda = ctypes.CDLL("libcuda.so.1")
+    launch = cuda.cuGraphLaunch
+    launch.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    launch.restype = ctypes.c_int
+    exec_handle = ctypes.c_void_p(entry.graph.raw_cuda_graph_exec())
+    stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+
+    def driver_launch() -> None:
+        if launch(exec_handle, stream) != 0:
+            raise RuntimeError("cuGraphLaunch failed")
+
+    turn = [0]
+
+    def rotating() -> None:
+        turn[0] = (turn[0] + 1) % len(sets)
+        eng._run_device(*sets[turn[0]])
+
+    calls: dict[str, Callable[[], Any]] = {
+        "torch replay": entry.graph.replay,
+        "driver launch": driver_launch,
+        "GraphCache.replay": lambda: graphs.replay(bucket),
+        "_run_device, one input set": lambda: eng._run_device(ids, tt, pos, cu, max_len),
+        "_run_device, four sets in turn": rotating,
+    }
+    times: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+
+    def events(fn: Callable[[], Any], queued: bool) -> float:
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        if queued:
+            torch.cuda._sleep(SLEEP_CYCLES)
+        s.record()
+        fn()
+        e.record()
+        e.synchronize()
+        return s.elapsed_time(e) * 1e3
+
+    def host(fn: Callable[[], Any]) -> float:
+        t0 = time.perf_counter()
+        fn()
+        dt = time.perf_counter() - t0
+        torch.cuda.synchronize()
+        return dt * 1e6
+
+    with torch.inference_mode():
+        for r in range(args.rounds):
+            for name, fn in calls.items():
+                for _ in range(10):
+                    fn()
+                torch.cuda.synchronize()
+                for _ in range(args.calls):
+                    times[name]["idle"].append(events(fn, queued=False))
+                for _ in range(args.calls):
+                    times[name]["queued"].append(events(fn, queued=True))
+                for _ in range(args.calls):
+                    times[name]["host"].append(host(fn))
+            print(f"round {r + 1}/{args.rounds} done", flush=True)
+        # the sleep kernel alone, queued: what "queued" would read with no call at all
+        for _ in range(args.calls):
+            times["nothing"]["queued"].append(events(lambda: None, queued=True))
+
+    rows = {name: {mode: {"median_us": statistics.median(v),
+                          "p10_us": sorted(v)[len(v) // 10], "calls": len(v)}
+                   for mode, v in modes.items()} for name, modes in times.items()}
+    print(f"\n{args.model} 1x{args.seq} calibrated FP8, µs (median over "
+          f"{args.rounds}x{args.calls} calls)")
+    print(f"{'call':34s} {'idle':>8s} {'queued':>8s} {'host':>8s}")
+    for name, modes in rows.items():
+        cells = [f"{modes[m]['median_us']:8.1f}" if m in modes else f"{'':8s}"
+                 for m in ("idle", "queued", "host")]
+        print(f"{name:34s} {' '.join(cells)}")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps({
+            "model": args.model, "seq": args.seq, "commit": args.commit,
+            "gpu": torch.cuda.get_device_name(), "date": time.strftime("%Y-%m-%d"),
+            "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
