@@ -458,6 +458,148 @@ def embed_sum(
     )
 
 
+@triton.jit(do_not_specialize=_STAGED, do_not_specialize_on_alignment=_STAGED[:4])
+def _embed_folded_kernel(
+    ids_ptr, tt_ptr, pos_ptr, cu_src, n_valid, n_seqs,
+    word_ptr, posemb_ptr, type_ptr, w_ptr, u_ptr, out_ptr, z_ptr, stats_ptr, zero_ptr,
+    scale_ptr, inv8_ptr, cu_dst, n_cu, M, N, K, zero_numel, eps,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr, ZERO: tl.constexpr, USE_PDL: tl.constexpr,
+    PREFETCH: tl.constexpr, W_BYTES: tl.constexpr, SCALED: tl.constexpr,
+    CU_BLOCK: tl.constexpr,
+):
+    """Output tile of ``LN(e) @ W^T`` (folded ``w``, ``u`` its row sums) where ``e`` is the
+    embeddings' sum of the tile's rows, built in the K loop from the three tables (rows
+    from ``n_valid`` on embed token 0) and, with ``SCALED``, multiplied in e4m3 (``e``
+    times ``inv8_ptr[0]``; the product times ``scale_ptr[0]``). The rows' moments come
+    from the loop too: every program sees whole rows (no K split). Column tile 0 stores
+    ``e`` (float32) and each row's (sum, sum of squares), which the out-projection's
+    residual reads. Stages a graph's inputs as ``_embed_sum_kernel`` does
+    (``rows.STAGE_ARGS``); ``ZERO`` as ``_deferred_gemm_kernel``."""
+    pid = tl.program_id(0)
+    pid_m, pid_n = grouped_tile(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = tl.minimum(offs_n, N - 1).to(tl.int64)
+    if PREFETCH:  # weights never depend on earlier kernels
+        prefetch_rows_l2(w_ptr + cols * K, K * W_BYTES, [BLOCK_N])
+        prefetch_l1(u_ptr + tl.minimum(pid_n * BLOCK_N + tl.arange(0, BLOCK_N // 16) * 16,
+                                       N - 1))
+    scale = 1.0
+    inv8 = 1.0
+    if SCALED:
+        scale = tl.load(scale_ptr)
+        inv8 = tl.load(inv8_ptr)
+    pdl_enter(USE_PDL)
+    stage_cu(cu_src, cu_dst, n_seqs, n_cu, CU_BLOCK)
+    rmask = offs_m < M
+    nmask = offs_n < N
+    valid = rmask & (offs_m < n_valid)
+    tok = tl.load(ids_ptr + offs_m, mask=valid, other=0, cache_modifier=".cg").to(tl.int64)
+    typ = tl.load(tt_ptr + offs_m, mask=valid, other=0, cache_modifier=".cg").to(tl.int64)
+    pos = tl.load(pos_ptr + offs_m, mask=valid, other=0, cache_modifier=".cg").to(tl.int64)
+    offs_k = tl.arange(0, BLOCK_K)
+    word_ptrs = word_ptr + tok[:, None] * K + offs_k[None, :]  # rows past M: token 0
+    pos_ptrs = posemb_ptr + pos[:, None] * K + offs_k[None, :]
+    type_ptrs = type_ptr + typ[:, None] * K + offs_k[None, :]
+    w_ptrs = w_ptr + cols[:, None] * K + offs_k[None, :]
+    z_ptrs = z_ptr + offs_m.to(tl.int64)[:, None] * K + offs_k[None, :]
+    # Column tile 0 stores the rows and their sums (a vector: the interpreter mis-types a
+    # vector mask and'ed with a scalar).
+    kept = rmask & ((offs_m * 0 + pid_n) == 0)
+    keep = kept[:, None] & (offs_k[None, :] < K)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), tl.float32)
+    s1 = tl.zeros((BLOCK_M,), tl.float32)
+    s2 = tl.zeros((BLOCK_M,), tl.float32)
+    for _ in range(0, K, BLOCK_K):
+        x = tl.load(word_ptrs).to(tl.float32)
+        x += tl.load(pos_ptrs).to(tl.float32)
+        x += tl.load(type_ptrs).to(tl.float32)
+        s1 += tl.sum(x, axis=1)
+        s2 += tl.sum(x * x, axis=1)
+        tl.store(z_ptrs, x, mask=keep)
+        a = to_e4m3(x * inv8) if SCALED else x.to(w_ptr.dtype.element_ty)
+        acc = tl.dot(a, tl.trans(tl.load(w_ptrs)), acc)
+        word_ptrs += BLOCK_K
+        pos_ptrs += BLOCK_K
+        type_ptrs += BLOCK_K
+        w_ptrs += BLOCK_K
+        z_ptrs += BLOCK_K
+    if SCALED:
+        acc *= scale
+    mean = s1 / K
+    rstd = 1.0 / tl.sqrt(tl.maximum(s2 / K - mean * mean, 0.0) + eps)
+    u = load_vector(u_ptr, offs_n, nmask)
+    y = rstd[:, None] * (acc - mean[:, None] * u[None, :])
+    o_offs = offs_m.to(tl.int64)[:, None] * N + offs_n[None, :]
+    tl.store(out_ptr + o_offs, y.to(out_ptr.dtype.element_ty),
+             mask=rmask[:, None] & nmask[None, :])
+    tl.store(stats_ptr + 2 * offs_m, s1, mask=kept)
+    tl.store(stats_ptr + 2 * offs_m + 1, s2, mask=kept)
+    if ZERO:
+        zero_share(zero_ptr, zero_numel, pid, 0)
+
+
+def embed_folded_plan(k: int, fp8: bool) -> GemmConfig:
+    """Tiles of :func:`embed_folded_linear`: the folded GEMMs' 64x64, BLOCK_K at most 128
+    (each K step holds the float32 sum of three table tiles in registers)."""
+    return (64, 64, next(b for b in (128, 64, 32, 16) if k % b == 0), 4, 3)
+
+
+def embed_folded_linear(
+    input_ids: torch.Tensor,
+    token_type_ids: torch.Tensor,
+    position_ids: torch.Tensor,
+    word: torch.Tensor,
+    position: torch.Tensor,
+    token_type: torch.Tensor,
+    w: torch.Tensor,
+    colsum: torch.Tensor,
+    z: torch.Tensor,
+    stats: torch.Tensor,
+    eps: float,
+    zero: torch.Tensor | None = None,
+    config: GemmConfig | None = None,
+    pdl: bool = False,
+    prefetch: bool = False,
+    scale: torch.Tensor | None = None,
+    inv8: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+    stage: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """:func:`folded_linear` of :func:`embed_sum`'s rows in one kernel (layer 0's QKV with
+    the embeddings, so the pass has no embeddings kernel): ``LN(e) @ W^T`` in
+    ``out_dtype`` (default the tables' dtype) for ``e = word[ids] + position[pos] +
+    token_type[tt]``, its LayerNorm folded into ``w`` with ``colsum`` (no bias here, as
+    for QKV). Leaves ``e`` in float32 ``z`` [T, D] and the rows' (sum, sum of squares) in
+    ``stats`` [T, 2]; zeroes ``zero`` if given. FP8: ``w`` in e4m3, ``e`` multiplied in
+    e4m3 times ``inv8`` [1], the product times ``scale`` [1]. ``stage`` as for
+    :func:`embed_sum`."""
+    if (scale is None) != (inv8 is None) or (scale is None) != (w.dtype != torch.float8_e4m3fn):
+        raise ValueError("e4m3 weights go with both `scale` and `inv8`, 16-bit ones with neither")
+    m, d, n = input_ids.shape[0], word.shape[1], w.shape[0]
+    if w.shape[1] != d or z.shape != (m, d) or stats.shape != (m, 2):
+        raise ValueError("`w` [N, D], `z` [T, D] and `stats` [T, 2] for T tokens of width D")
+    bm, bn, bk, warps, stages, _ = unpack_config(config or embed_folded_plan(d, scale is not None))
+    check_k_split(d, 1, bk)
+    out = torch.empty((m, n), device=word.device, dtype=out_dtype or word.dtype)
+    staged, (cu_dst, n_cu) = staging_args(input_ids, token_type_ids, position_ids, stage)
+    if m == 0:
+        return out
+    tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
+    _embed_folded_kernel[(tiles,)](
+        *staged, word, position, token_type, w, colsum, out, z, stats,
+        z if zero is None else zero, w if scale is None else scale,
+        w if inv8 is None else inv8, cu_dst, n_cu, m, n, d,
+        zero.numel() if zero is not None else 0, eps,
+        BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, ZERO=zero is not None,
+        USE_PDL=pdl, PREFETCH=pdl and prefetch, W_BYTES=w.element_size(),
+        SCALED=scale is not None, CU_BLOCK=_CU_BLOCK, num_warps=warps, num_stages=stages,
+        **launch_options(pdl),
+    )
+    return out
+
+
 @triton.jit
 def _layernorm_qa_kernel(
     z_ptr, g_ptr, b_ptr, qa_w_ptr, qa_b_ptr, logits_ptr, n_rows, logits_stride, D, eps,
