@@ -46,8 +46,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 
 _KINDS = [  # (substring of the kernel name, label), first match wins
-    ("_deferred_gemm", "deferred-LN GEMM"), ("_embed_folded", "deferred-LN GEMM"),
-    ("_layernorm_qa", "LN + QA head"),
+    ("_deferred_gemm", "deferred-LN GEMM"), ("_layernorm_qa", "LN + QA head"),
     ("_gemm_kernel", "Triton GEMM"), ("_gemm_tma_kernel", "Triton GEMM"),
     ("_attn", "attention"), ("_residual_ln", "residual LN"),
     ("_embed_ln", "embed LN"), ("_bias_gelu", "bias GELU"), ("_encoder_kernel", "persistent"),

@@ -79,11 +79,6 @@ FFN1_FUSED_MAX_TOKENS: int | None = 512
 # +0.094 on average over 4 weight roundings (-0.07 to +0.33), the calibrated large
 # path's +0.095 (engine/fused/NOTES.md, v20).
 FP8_DEFERRED = True
-# The deferred layer's pass has no embeddings kernel: layer 0's QKV sums the three
-# embeddings of its rows in its K loop (``kernels.embed_folded_linear``) and stages a
-# graph's inputs; the graph's second kernel cannot start earlier than ~3.3 us after its
-# first (H200, v23), so a short first kernel is time lost.
-EMBED_IN_QKV = True
 # Up to this many tokens the small-batch path runs (None: never). H200, 2026-11-30, whole
 # passes against the large path: it wins at 128 tokens (BERT-base 0.383 vs 0.488 ms,
 # BERT-large 0.912 vs 1.011) and ties or loses above: 192 (0.501 vs 0.498 with its current
@@ -125,14 +120,12 @@ class EncodeOptions:
     """How :func:`encode_packed` runs; the defaults are the engine's.
 
     ``gemm_plans`` overrides the small-batch plan of GEMMs by name (``qkv``, ``out``,
-    ``ffn1``, ``ffn2``; ``embed_qkv``, the deferred layer's first QKV with
-    ``embed_in_qkv``, whose split count is ignored); ``attn_config`` imposes attention
-    tiles; ``attn_tile_list`` lets the large path launch attention over a tile list
-    (``kernels.attention_tiles``, built once per pass) where that saves programs.
-    ``deferred_ln_max_hidden`` runs the small-batch path without LayerNorm kernels for
-    models up to that hidden size (where the weights have folded copies). ``persistent``
-    runs the batches the small-batch path takes, if at most ``persistent_max_tokens``
-    tokens, as one persistent kernel
+    ``ffn1``, ``ffn2``); ``attn_config`` imposes attention tiles; ``attn_tile_list`` lets
+    the large path launch attention over a tile list (``kernels.attention_tiles``, built
+    once per pass) where that saves programs. ``deferred_ln_max_hidden``
+    runs the small-batch path without LayerNorm kernels for models up to that hidden size
+    (where the weights have folded copies). ``persistent`` runs the batches the small-batch
+    path takes, if at most ``persistent_max_tokens`` tokens, as one persistent kernel
     (``kernels.persistent``) where the op set and the weights support it (measured slower
     than the separate kernels; see ``NOTES.md``, v4b). ``fp8_static_inputs`` names the
     GEMMs (of ``calibration.GEMMS``) whose input a calibrated pass quantizes with its
@@ -149,9 +142,7 @@ class EncodeOptions:
     attention and the LayerNorms after their stores), not right after their wait. The
     CUTLASS kernels keep their own placement. ``fp8_deferred`` runs the deferred layer's
     QKV, FFN1 and FFN2 on e4m3 operands where the weights have them (``folded8``, from a
-    calibration that recorded the un-normalised inputs). ``embed_in_qkv``: the deferred
-    layer's pass builds the embeddings' sum in layer 0's QKV (no embeddings kernel; that
-    QKV releases its successor right after its wait, whatever ``late_release`` says).
+    calibration that recorded the un-normalised inputs).
     """
 
     fp8_out_dtype: torch.dtype | None = None
@@ -173,7 +164,6 @@ class EncodeOptions:
     qkv_late_release_min_seqs: int | None = QKV_LATE_RELEASE_MIN_SEQS
     late_release: tuple[str, ...] = ()
     fp8_deferred: bool = FP8_DEFERRED
-    embed_in_qkv: bool = EMBED_IN_QKV
 
 
 def _linear(x: torch.Tensor | None, xq: Quantized | None, lin: Linear,
@@ -405,12 +395,10 @@ def _encode_deferred(
     if f8s is not None:
         z8, y8 = (torch.empty((t, d), device=input_ids.device, dtype=torch.float8_e4m3fn)
                   for _ in range(2))
-    tables = (input_ids, token_type_ids, position_ids, w.word_embeddings,
-              w.position_embeddings, w.token_type_embeddings)
-    staged = cu_seqlens if stage else None
-    if not opts.embed_in_qkv:
-        ops.embed_sum(*tables, z32[1], z16, z_sums[1], pdl=pdl, z8=z8,
-                      inv8=f8s[0].qkv_inv if f8s is not None else None, stage=staged)
+    ops.embed_sum(input_ids, token_type_ids, position_ids, w.word_embeddings,
+                  w.position_embeddings, w.token_type_embeddings, z32[1], z16, z_sums[1],
+                  pdl=pdl, z8=z8, inv8=f8s[0].qkv_inv if f8s is not None else None,
+                  stage=cu_seqlens if stage else None)
     ln_g, ln_b = w.emb_ln_weight, w.emb_ln_bias
 
     def folded(x: torch.Tensor, x8: torch.Tensor | None, lin: FoldedLinear,
@@ -424,17 +412,9 @@ def _encode_deferred(
         p, q = i % 2, (i + 1) % 2  # this layer's scratch, the previous one's
         f8 = f8s[i] if f8s is not None else None
         nxt = f8s[i + 1] if f8s is not None and i + 1 < len(f8s) else None
-        if i == 0 and opts.embed_in_qkv:  # the embeddings' sum in QKV's K loop
-            qkv = ops.embed_folded_linear(
-                *tables, f8.qkv.w8 if f8 else fold.qkv.weight,
-                f8.qkv.colsum if f8 else fold.qkv.colsum, z32[1], z_sums[1], eps,
-                zero=scratch[p], config=plans.get("embed_qkv", (None,))[0], pdl=pdl,
-                prefetch=pf, scale=f8.qkv.scale if f8 else None,
-                inv8=f8.qkv_inv if f8 else None, out_dtype=w.dtype, stage=staged)
-        else:
-            qkv = folded(z16, z8, fold.qkv, f8.qkv if f8 else None, None, z_sums[q], eps,
-                         zero=scratch[p], config=c_qkv, pdl=pdl, prefetch=pf,
-                         late_release="qkv" in late, out_dtype=w.dtype)
+        qkv = folded(z16, z8, fold.qkv, f8.qkv if f8 else None, None, z_sums[q], eps,
+                     zero=scratch[p], config=c_qkv, pdl=pdl, prefetch=pf,
+                     late_release="qkv" in late, out_dtype=w.dtype)
         ctx = ops.attention_varlen(qkv, fold.qkv.bias, cu_seqlens, max_seqlen, n_seqs,
                                    cfg.num_heads, config=opts.attn_config, pdl=pdl,
                                    prefetch=pf, late_release="attention" in late)

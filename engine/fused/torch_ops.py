@@ -228,37 +228,6 @@ def folded_linear(
     return y.to(out_dtype or x.dtype)
 
 
-def embed_folded_linear(
-    input_ids: torch.Tensor,
-    token_type_ids: torch.Tensor,
-    position_ids: torch.Tensor,
-    word: torch.Tensor,
-    position: torch.Tensor,
-    token_type: torch.Tensor,
-    w: torch.Tensor,
-    colsum: torch.Tensor,
-    z: torch.Tensor,
-    stats: torch.Tensor,
-    eps: float,
-    zero: torch.Tensor | None = None,
-    config: tuple[int, ...] | None = None,
-    pdl: bool = False,
-    prefetch: bool = False,
-    scale: torch.Tensor | None = None,
-    inv8: torch.Tensor | None = None,
-    out_dtype: torch.dtype | None = None,
-    stage: torch.Tensor | None = None,  # cu_seqlens stays where it is: no copy
-) -> torch.Tensor:
-    """:func:`embed_sum` then :func:`folded_linear` on its rows (e4m3 ones with ``inv8``)."""
-    z16 = torch.empty_like(z, dtype=word.dtype)
-    z8 = torch.empty_like(z, dtype=torch.float8_e4m3fn) if inv8 is not None else None
-    embed_sum(input_ids, token_type_ids, position_ids, word, position, token_type, z, z16,
-              stats, z8=z8, inv8=inv8)
-    x = z16 if z8 is None else z8
-    return folded_linear(x, w, colsum, None, stats, eps, zero=zero, scale=scale,
-                         out_dtype=out_dtype or word.dtype)
-
-
 def residual_linear(
     x: torch.Tensor,
     w: torch.Tensor,

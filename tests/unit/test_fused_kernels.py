@@ -625,67 +625,6 @@ def _check_staging_embeddings(kind: str, cu_block: int) -> tuple[float, float]:
     return float(wrong), 0.0
 
 
-def _check_embed_folded(fp8: bool, staged: bool) -> tuple[float, float]:
-    """``embed_folded_linear`` (layer 0's QKV building the embeddings' sum in its K loop)
-    against ``embed_sum`` then ``folded_linear`` on the same tables and weights, each
-    error in units of its tolerance: the product (fp16 output; FP8: e4m3 operands), the
-    float32 rows it leaves, their (sum, sum of squares) and the buffer it zeroes. With
-    ``staged`` the inputs come as a call sets them in a graph (``staging_args``, rows
-    from T on as token 0, cu_seqlens copied into the buffer), checked against the batch
-    padded with token 0. M and N are not tile multiples; K = 3 x 64."""
-    import torch
-
-    from engine.fused import kernels as k
-    from engine.fused.folding import fold_fp8, fold_linear
-    from engine.fused.kernels import deferred
-    from engine.fused.weights import Linear
-
-    g = torch.Generator().manual_seed(31)
-    m, t, n, d, eps = 45, 40, 80, 192, 1e-5
-    tables = [torch.randn(r, d, generator=g).half() for r in (50, 64, 2)]
-    ids = torch.randint(1, 50, (t,), generator=g, dtype=torch.int32)
-    tt = torch.randint(0, 2, (t,), generator=g, dtype=torch.int32)
-    pos = torch.randint(0, 64, (t,), generator=g, dtype=torch.int32)
-    pad = torch.zeros(m - t, dtype=torch.int32)
-    padded = [torch.cat([x, pad]) for x in (ids, tt, pos)]
-    lin = Linear(torch.randn(n, d, generator=g).half() * 0.1, torch.randn(n, generator=g))
-    f = fold_linear(lin, torch.rand(d, generator=g) + 0.5, torch.randn(d, generator=g))
-    weight, colsum, scale, inv = f.weight, f.colsum, None, None
-    if fp8:
-        f8 = fold_fp8(f, torch.tensor([0.05]))
-        weight, colsum, scale, inv = f8.w8, f8.colsum, f8.scale, torch.tensor([20.0])
-    tab = tuple(tables)
-
-    z, zs = torch.empty(m, d), torch.empty(m, 2)
-    z16 = torch.empty(m, d).half()
-    z8 = torch.empty(m, d, dtype=torch.float8_e4m3fn) if fp8 else None
-    k.embed_sum(padded[0], padded[1], padded[2], *tab, z, z16, zs, z8=z8, inv8=inv)
-    want = k.folded_linear(z8 if fp8 else z16, weight, colsum, None, zs, eps,
-                           config=(32, 32, 64, 4, 2), scale=scale, out_dtype=torch.float16)
-
-    got_z, got_zs = torch.full((m, d), math.nan), torch.full((m, 2), math.nan)
-    zero = torch.full((777,), math.nan)
-    cu = torch.tensor([0, 17, t], dtype=torch.int32)
-    buf_cu = torch.full((5,), 9, dtype=torch.int32)  # a bucket of 4 sequences
-    saved = deferred.staging_args
-    if staged:
-        deferred.staging_args = (  # type: ignore[assignment]
-            lambda *_: ((ids, tt, pos, cu, t, 2), (buf_cu, 5)))
-    try:
-        got = k.embed_folded_linear(*padded, *tab, weight, colsum, got_z, got_zs, eps,
-                                    zero=zero, config=(32, 32, 64, 4, 2), scale=scale,
-                                    inv8=inv, out_dtype=torch.float16,
-                                    stage=buf_cu if staged else None)
-    finally:
-        deferred.staging_args = saved
-    errs = [_rel(got, want) / _TOL["float16"], _rel(got_z, z) / 1e-6, _rel(got_zs, zs) / 1e-5,
-            0.0 if bool((zero == 0).all()) else math.inf]
-    if staged:
-        same = bool((buf_cu == torch.tensor([0, 17, t, t, t], dtype=torch.int32)).all())
-        errs.append(0.0 if same else math.inf)
-    return max(errs), 1.0
-
-
 def _tiny_bert(seed: int = 0, hidden: int = 64) -> tuple[object, object]:
     """A random 2-layer, 4-head HF BERT-QA (LayerNorms and biases perturbed)."""
     import torch
@@ -909,9 +848,6 @@ CASES: dict[str, Callable[[], tuple[float, float]]] = {
     "deferred_ln_kernels_3_splits": lambda: _check_deferred(3),
     "deferred_ln_kernels_fp8": lambda: _check_deferred_fp8(1),
     "deferred_ln_kernels_fp8_3_splits": lambda: _check_deferred_fp8(3),
-    "embed_folded_fp16": lambda: _check_embed_folded(False, False),
-    "embed_folded_fp8": lambda: _check_embed_folded(True, False),
-    "embed_folded_fp8_staged": lambda: _check_embed_folded(True, True),
     "tiny_bert_fp32": lambda: _check_tiny_bert("float32"),
     "tiny_bert_fp16": lambda: _check_tiny_bert("float16"),
     "tiny_bert_fp16_splitk_2": lambda: _check_tiny_bert("float16", splits=2),

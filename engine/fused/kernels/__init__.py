@@ -14,7 +14,6 @@ Every kernel computes in float32 and reads/writes whatever float dtype its tenso
 ``linear``                   a GEMM with a bias / GELU epilogue or split-K partials: FFN1 for
                              few tokens, and every GEMM of the small-batch path (``matmul``)
 ``embed_sum``                the embeddings' sum without LayerNorm, with row sums (``deferred``)
-``embed_folded_linear``      ``folded_linear`` of that sum, built in the GEMM's K loop
 ``folded_linear``            a GEMM reading un-normalised rows, the LayerNorm before it folded in
 ``residual_linear``          a GEMM + bias + LayerNorm'd residual, stored or added atomically
 ``layernorm_qa``             LayerNorm + QA head (the deferred path's last step; ``deferred``)
@@ -45,7 +44,6 @@ from engine.fused.kernels.attention import (
 from engine.fused.kernels.common import pdl_available
 from engine.fused.kernels.deferred import (
     deferred_plan,
-    embed_folded_linear,
     embed_sum,
     folded_linear,
     layernorm_qa,
@@ -86,7 +84,6 @@ __all__ = [
     "bias_residual_layernorm",
     "bias_residual_layernorm_qa",
     "deferred_plan",
-    "embed_folded_linear",
     "embed_layernorm",
     "embed_sum",
     "encode_persistent",
