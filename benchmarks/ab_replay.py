@@ -101,6 +101,9 @@ def main() -> None:
     p.add_argument("--setup", default=None, help="module:function to call before the engines")
     p.add_argument("--variant", type=_variant, action="append", required=True,
                    help="NAME=JSON engine options (the first is the reference)")
+    p.add_argument("--idle", action="store_true",
+                   help="time each replay alone, the GPU idle before it (rounds.idle_ms: "
+                        "median per round) instead of back-to-back replays")
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--iters", type=int, default=200)
     p.add_argument("--out", type=Path, default=None)
@@ -120,7 +123,7 @@ def main() -> None:
     import torch
 
     from benchmarks.bench_gpu import device_packed, make_hf, make_ours, random_padded, squad_lengths
-    from benchmarks.rounds import interleaved
+    from benchmarks.rounds import cuda_ms, idle_ms, interleaved
     from engine.fused.engine import FusedEngine
 
     rng = np.random.default_rng(5)
@@ -175,10 +178,13 @@ def main() -> None:
                 "max_abs_vs_first": float((out - ref).abs().max())}
         times = interleaved({name: lambda g=graphs, b=bucket: g.replay(b)
                              for name, (graphs, bucket) in replays.items()},
-                            args.rounds, args.iters, warm=10)
+                            args.rounds, args.iters, warm=10,
+                            timer=idle_ms if args.idle else cuda_ms)
         for name, ms in times.items():
             result["variants"][name]["round_ms"] = ms
-    print(f"{args.model} {args.shape}, graph replay ms ({args.rounds} rounds x {args.iters}):")
+    result["timing"] = "idle" if args.idle else "back to back"
+    print(f"{args.model} {args.shape}, graph replay ms ({result['timing']}, {args.rounds} "
+          f"rounds x {args.iters}):")
     for name, v in result["variants"].items():
         v["median_ms"] = statistics.median(v["round_ms"])
         print(f"  {name:24s} {v['median_ms']:.4f}  ({min(v['round_ms']):.4f}-"

@@ -61,6 +61,25 @@ def cuda_ms(fn: Callable[[], object], reps: int) -> float:
     return float(start.elapsed_time(end)) / reps
 
 
+def idle_ms(fn: Callable[[], object], reps: int) -> float:
+    """Median CUDA-event time of one call of ``fn``, the device idle before each (synced
+    after each): a lone call's latency, its launch's host part included (``bench_gpu``'s
+    method), where :func:`cuda_ms` lets back-to-back calls overlap launch and drain."""
+    import statistics
+
+    import torch
+
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(float(start.elapsed_time(end)))
+    return statistics.median(times)
+
+
 def wall_ms(fn: Callable[[], object], reps: int) -> float:
     """Wall-clock time of ``reps`` calls of ``fn`` between two device synchronizations, ms
     per call: what a caller waits for, host work and every stream included."""
