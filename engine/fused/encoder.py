@@ -49,7 +49,7 @@ from typing import Any
 import torch
 
 from engine.fused import small_gemm
-from engine.fused.folding import FoldedFP8, FoldedLinear, QAHead
+from engine.fused.folding import FoldedFP8, FoldedLinear
 from engine.fused.fp8 import Quantized, calibrated_ffn1, scaled_linear, static_linear
 from engine.fused.weights import BertQAWeights, Linear
 
@@ -79,10 +79,6 @@ FFN1_FUSED_MAX_TOKENS: int | None = 512
 # +0.094 on average over 4 weight roundings (-0.07 to +0.33), the calibrated large
 # path's +0.095 (engine/fused/NOTES.md, v20).
 FP8_DEFERRED = True
-# The deferred layer's pass ends with the last FFN2: its finished tiles make the QA logits
-# (``kernels.residual_linear``'s ``qa``), with no LayerNorm + QA head kernel after it.
-# A module constant read at each pass (not an engine option): ``ab_replay --set`` A/Bs it.
-QA_IN_FFN2 = True
 # Up to this many tokens the small-batch path runs (None: never). H200, 2026-11-30, whole
 # passes against the large path: it wins at 128 tokens (BERT-base 0.383 vs 0.488 ms,
 # BERT-large 0.912 vs 1.011) and ties or loses above: 192 (0.501 vs 0.498 with its current
@@ -359,19 +355,16 @@ def _encode_deferred(
         h   = gelu(LN1(y) @ W1^T + b1)                  folded
         z  += h @ W2^T + b2 + LN1(y)                    split-K atomics, float32; + sums
 
-    and LN2(z) of the last layer goes to the QA head: made by the last FFN2's finished
-    tiles (``QA_IN_FFN2``, where the weights hold the folded head) or by a LayerNorm + QA
-    head kernel after it. With ``opts.fp8_deferred`` and
+    and LN2(z) of the last layer goes to the QA head. With ``opts.fp8_deferred`` and
     e4m3 layers (``w.folded8``) QKV, FFN1 and FFN2 multiply e4m3 operands: ``z`` and ``y``
     also get e4m3 copies from whoever writes them, and FFN1 writes ``h`` in e4m3 only.
     LayerNorm moments come from each
     row's (sum, sum of squares), added up by the GEMM that produced the row. Per layer
-    parity ``p`` a scratch row holds ``z``, its sums, ``y``'s sums, the QA head's
-    accumulator and FFN2's tile and row-block counters; layer ``i``'s QKV zeroes scratch
-    ``i % 2``, which layer ``i - 2`` filled and nothing reads after layer ``i - 1``'s
-    out-projection. (Zeroing it all once before the pass measured slower: by the time
-    FFN2 adds into it, the weight streams have evicted it from L2.) The embeddings' sum
-    is "layer -1" (scratch 1).
+    parity ``p`` a scratch row holds ``z``, its sums, ``y``'s sums and FFN2's tile
+    counters; layer ``i``'s QKV zeroes scratch ``i % 2``, which layer ``i - 2`` filled and
+    nothing reads after layer ``i - 1``'s out-projection. (Zeroing it all once before the
+    pass measured slower: by the time FFN2 adds into it, the weight streams have evicted
+    it from L2.) The embeddings' sum is "layer -1" (scratch 1).
     """
     assert w.folded is not None
     cfg = w.config
@@ -390,18 +383,13 @@ def _encode_deferred(
 
     (c_qkv, _), (c_out, _) = plan("qkv", 3 * d, d, "folded"), plan("out", d, d, "residual")
     (c_ff1, _), (c_ff2, s_ff2) = plan("ffn1", f, d, "folded"), plan("ffn2", d, f, "accumulate")
-    row_tiles = -(-t // 32)  # FFN2's blocks of rows, at most (32 rows the smallest)
-    tiles = row_tiles * -(-d // 32)  # its output tiles, at most (32x32 the smallest)
-    qa = w.folded_qa if QA_IN_FFN2 else None
-    scratch = torch.empty((2, t * d + 6 * t + tiles + row_tiles), device=input_ids.device,
+    tiles = -(-t // 32) * -(-d // 32)  # FFN2's output tiles, at most (32x32 the smallest)
+    scratch = torch.empty((2, t * d + 4 * t + tiles), device=input_ids.device,
                           dtype=torch.float32)
     z32 = [scratch[p, : t * d].view(t, d) for p in (0, 1)]
     z_sums = [scratch[p, t * d: t * d + 2 * t].view(t, 2) for p in (0, 1)]
     y_sums = [scratch[p, t * d + 2 * t: t * d + 4 * t].view(t, 2) for p in (0, 1)]
-    qa_acc = [scratch[p, t * d + 4 * t: t * d + 6 * t].view(t, 2) for p in (0, 1)]
-    counters = [scratch[p, t * d + 6 * t: t * d + 6 * t + tiles].view(torch.int32)
-                for p in (0, 1)]
-    row_counters = [scratch[p, t * d + 6 * t + tiles:].view(torch.int32) for p in (0, 1)]
+    counters = [scratch[p, t * d + 4 * t:].view(torch.int32) for p in (0, 1)]
     z16 = torch.empty((t, d), device=input_ids.device, dtype=w.dtype)
     z8 = y8 = None
     if f8s is not None:
@@ -437,20 +425,13 @@ def _encode_deferred(
         h = folded(y, y8, fold.ffn_in, f8.ffn_in if f8 else None, fold.ffn_in.bias, y_sums[p],
                    eps, act=act, config=c_ff1, pdl=pdl, prefetch=pf,
                    late_release="ffn1" in late, out_inv=f8.ffn_out_inv if f8 else None)
-        last = i == len(w.layers) - 1
-        head = (QAHead(qa, qa_acc[p], row_counters[p],
-                       torch.empty((2, t), device=input_ids.device, dtype=torch.float32))
-                if last and qa is not None else None)
         ops.residual_linear(h, f8.ffn_out_w8 if f8 else layer.ffn_out.weight,
                             layer.ffn_out.bias, y, y_sums[p], layer.ln1_weight,
                             layer.ln1_bias, eps, z_sums[p], out=z32[p], out16=z16,
                             counters=counters[p], splits=s_ff2, config=c_ff2, pdl=pdl,
                             prefetch=pf, late_release="ffn2" in late,
                             scale=f8.ffn_out_scale if f8 else None,
-                            out8=z8 if nxt else None, inv8=nxt.qkv_inv if nxt else None,
-                            qa=head)
-        if head is not None:
-            return head.logits
+                            out8=z8 if nxt else None, inv8=nxt.qkv_inv if nxt else None)
         ln_g, ln_b = layer.ln2_weight, layer.ln2_bias
     return ops.layernorm_qa(z32[(len(w.layers) - 1) % 2], ln_g, ln_b, eps,  # type: ignore[no-any-return]
                             w.qa_weight, w.qa_bias, pdl=pdl)

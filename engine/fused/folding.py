@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import torch
 
@@ -39,17 +38,6 @@ class FoldedLinear:
     weight: torch.Tensor  # [out, in], model dtype: W diag(gamma)
     colsum: torch.Tensor  # [out] float32: row sums of `weight` as stored
     bias: torch.Tensor  # [out] float32: W beta + b
-
-
-class QAHead(NamedTuple):
-    """The QA head as the last layer's FFN2 finishes it (``residual_linear``'s ``qa``):
-    the head with the last LayerNorm folded in (``BertQAWeights.folded_qa``) and the
-    pass's buffers for it."""
-
-    head: FoldedLinear
-    acc: torch.Tensor  # [M, 2] float32, zeroed: each row's two dot products
-    counters: torch.Tensor  # int32, zeroed: one per block of rows of the GEMM's tiles
-    logits: torch.Tensor  # [2, M] float32, written
 
 
 @dataclass(frozen=True)
@@ -141,13 +129,10 @@ def fold_layernorms(w: BertQAWeights) -> tuple[FoldedLayer, ...]:
 
 
 def with_folded(w: BertQAWeights, max_hidden: int | None) -> BertQAWeights:
-    """``w`` with folded layers (and the QA head with the last LayerNorm folded in) added
-    if the deferred-LayerNorm path will run it: fp16/bf16 weights of at most
-    ``max_hidden`` hidden size (None: never). Unchanged otherwise, or if they are already
-    there."""
+    """``w`` with folded layers added if the deferred-LayerNorm path will run it: fp16/bf16
+    weights of at most ``max_hidden`` hidden size (None: never). Unchanged otherwise, or
+    if they are already there."""
     if (w.folded is not None or max_hidden is None or w.config.hidden_size > max_hidden
             or w.dtype not in (torch.float16, torch.bfloat16)):
         return w
-    last = w.layers[-1]
-    return dataclasses.replace(w, folded=fold_layernorms(w), folded_qa=fold_linear(
-        Linear(w.qa_weight, w.qa_bias), last.ln2_weight, last.ln2_bias))
+    return dataclasses.replace(w, folded=fold_layernorms(w))

@@ -11,7 +11,6 @@ import math
 import torch
 import torch.nn.functional as F
 
-from engine.fused.folding import QAHead
 from engine.fused.fp8 import (
     Quantized,
     e4m3_times,
@@ -250,11 +249,10 @@ def residual_linear(
     scale: torch.Tensor | None = None,
     out8: torch.Tensor | None = None,
     inv8: torch.Tensor | None = None,
-    qa: QAHead | None = None,
 ) -> torch.Tensor:
     """``x @ w^T + bias + LN(residual)`` (moments from ``res_stats``): stored in ``x``'s
     dtype, or added into the float32 ``out`` with its copy in ``out16``; the result's
-    row sums go into ``stats_out``. FP8 and ``qa`` as in ``kernels.residual_linear``."""
+    row sums go into ``stats_out``. FP8 as in ``kernels.residual_linear``."""
     mean, rstd = _moments(res_stats, residual.shape[1], eps)
     ln = (residual.float() - mean) * rstd * gamma.float() + beta.float()
     y = _product(x, w, scale) + bias.float() + ln
@@ -273,9 +271,6 @@ def residual_linear(
     if out8 is not None and inv8 is not None:
         out8.copy_(e4m3_times(out, inv8))
     stats_out += _row_sums(out)
-    if qa is not None:
-        qa.logits[:, : out.shape[0]] = folded_linear(out, qa.head.weight, qa.head.colsum,
-                                                     qa.head.bias, stats_out, eps).t()
     return out16
 
 

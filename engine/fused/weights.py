@@ -35,7 +35,7 @@ from engine.fused.config import BertQAConfig
 from engine.fused.fp8 import CalibratedLayer, quantize_rows, quantize_weight_blocks
 
 if TYPE_CHECKING:
-    from engine.fused.folding import DeferredFP8Layer, FoldedLayer, FoldedLinear
+    from engine.fused.folding import DeferredFP8Layer, FoldedLayer
 
 _PREFIXES = ("bert.",)
 
@@ -131,9 +131,6 @@ class BertQAWeights:
     # only for models that path serves (``folding.with_folded``): a second copy of those
     # matrices (fp16: BERT-base 99 MB, BERT-large 352 MB, MiniLM 12 MB).
     folded: tuple[FoldedLayer, ...] | None = None
-    # The QA head with the last layer's LayerNorm folded in, added with ``folded``: that
-    # path's last GEMM (FFN2) finishes the logits (``kernels.residual_linear``'s ``qa``).
-    folded_qa: FoldedLinear | None = None
     fp8_blocks: bool = False  # the e4m3 copies are block-scaled (engine.fused.fp8)
     # The FP8 GEMMs with calibrated per-tensor scales (engine.fused.calibration), per
     # layer: added by ``FusedEngine.load_calibration`` (``calibrating()``,

@@ -32,7 +32,6 @@ import torch
 import triton
 import triton.language as tl
 
-from engine.fused.folding import QAHead
 from engine.fused.kernels.common import (
     gelu,
     launch_options,
@@ -125,45 +124,16 @@ def epilogue_addend(bias_ptr, res_ptr, stats_ptr, g_ptr, b_ptr, offs_m, offs_n, 
 
 
 @triton.jit
-def qa_head_tile(z, pid_m, offs_m, offs_n, rmask, nmask, M, N, eps, stats_ptr, qa_w_ptr,
-                 qa_u_ptr, qa_b_ptr, qa_acc_ptr, row_cnt_ptr, logits_ptr, logits_stride,
-                 n_col_tiles):
-    """The QA head from finished tiles ``z`` of the last layer's rows: each tile adds its
-    part of ``z @ qa_w^T`` (LayerNorm's gamma folded into ``qa_w`` [2, N]) into
-    ``qa_acc`` [M, 2]; the row block's last tile (counter ``row_cnt_ptr[pid_m]``, after
-    the rows' sums are complete in ``stats_ptr``) writes ``r * (acc - mean * u) + b``
-    ([2] each) into ``logits`` [2, stride]."""
-    w0 = tl.load(qa_w_ptr + offs_n, mask=nmask, other=0.0)
-    w1 = tl.load(qa_w_ptr + N + offs_n, mask=nmask, other=0.0)
-    tl.atomic_add(qa_acc_ptr + 2 * offs_m, tl.sum(z * w0[None, :], axis=1), mask=rmask,
-                  sem="relaxed")
-    tl.atomic_add(qa_acc_ptr + 2 * offs_m + 1, tl.sum(z * w1[None, :], axis=1), mask=rmask,
-                  sem="relaxed")
-    tl.debug_barrier()  # this tile's sums and products happen before its count
-    done = tl.atomic_add(row_cnt_ptr + pid_m, 1, sem="acq_rel", scope="gpu")
-    if done == n_col_tiles - 1:  # every tile of these rows is in
-        mean, rstd = row_moments(stats_ptr, offs_m, M, N, eps)
-        a0 = tl.load(qa_acc_ptr + 2 * offs_m, mask=rmask, other=0.0, cache_modifier=".cg")
-        a1 = tl.load(qa_acc_ptr + 2 * offs_m + 1, mask=rmask, other=0.0, cache_modifier=".cg")
-        tl.store(logits_ptr + offs_m,
-                 rstd * (a0 - mean * tl.load(qa_u_ptr)) + tl.load(qa_b_ptr), mask=rmask)
-        tl.store(logits_ptr + logits_stride + offs_m,
-                 rstd * (a1 - mean * tl.load(qa_u_ptr + 1)) + tl.load(qa_b_ptr + 1),
-                 mask=rmask)
-
-
-@triton.jit
 def _deferred_gemm_kernel(
     x_ptr, w_ptr, u_ptr, bias_ptr, out_ptr, out16_ptr, stats_ptr, stats_out_ptr, cnt_ptr,
     res_ptr, res_g_ptr, res_b_ptr, zero_ptr, scale_ptr, out8_ptr, inv8_ptr,
-    qa_w_ptr, qa_u_ptr, qa_b_ptr, qa_acc_ptr, row_cnt_ptr, logits_ptr, logits_stride,
     M, N, K, k_split, zero_numel, eps,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr, FOLD_LN: tl.constexpr, GELU: tl.constexpr, TANH: tl.constexpr,
     HAS_BIAS: tl.constexpr, RESIDUAL: tl.constexpr, ATOMIC: tl.constexpr,
     STATS_OUT: tl.constexpr, ZERO: tl.constexpr, USE_PDL: tl.constexpr,
     PREFETCH: tl.constexpr, W_BYTES: tl.constexpr, LATE_RELEASE: tl.constexpr,
-    SCALED: tl.constexpr, Q_OUT: tl.constexpr, COPY8: tl.constexpr, QA: tl.constexpr,
+    SCALED: tl.constexpr, Q_OUT: tl.constexpr, COPY8: tl.constexpr,
 ):
     """Output tile of ``x @ w^T`` over K slice ``program_id(1)``, then:
 
@@ -179,8 +149,6 @@ def _deferred_gemm_kernel(
       add the stored values' row sums;
     * ``COPY8``: also store the result (the finished tile with ``ATOMIC``) in e4m3 times
       ``inv8_ptr[0]`` into ``out8``: the next GEMM's FP8 operand;
-    * ``QA`` (with ``ATOMIC`` and ``STATS_OUT``: the last layer's FFN2): the finished
-      tiles also make the QA logits (:func:`qa_head_tile`), so no kernel follows;
     * ``ZERO``: then the programs zero ``zero_ptr[:zero_numel]`` (float32) between them.
 
     With ``USE_PDL`` the next kernel may launch right after the wait, or with
@@ -249,10 +217,6 @@ def _deferred_gemm_kernel(
                 if COPY8:
                     tl.store(out8_ptr + o_offs, to_e4m3(z * inv8), mask=omask)
                 add_row_sums(stats_out_ptr, z, offs_m, rmask)
-                if QA:
-                    qa_head_tile(z, pid_m, offs_m, offs_n, rmask, nmask, M, N, eps,
-                                 stats_out_ptr, qa_w_ptr, qa_u_ptr, qa_b_ptr, qa_acc_ptr,
-                                 row_cnt_ptr, logits_ptr, logits_stride, tl.cdiv(N, BLOCK_N))
     else:
         if GELU:
             y = gelu(y, TANH)
@@ -306,7 +270,7 @@ def deferred_plan(m: int, n: int, k: int, kind: str,
 def _launch(x, w, out, *, config, pdl, prefetch, u=None, bias=None, out16=None, stats=None,
             stats_out=None, counters=None, residual=None, res_gamma=None, res_beta=None,
             zero=None, eps=0.0, act=None, splits=1, fold=False, late_release=False,
-            scale=None, out8=None, inv8=None, qa=None) -> None:
+            scale=None, out8=None, inv8=None) -> None:
     m, k = x.shape
     n = w.shape[0]
     bm, bn, bk, warps, stages, loads = unpack_config(config)
@@ -323,32 +287,23 @@ def _launch(x, w, out, *, config, pdl, prefetch, u=None, bias=None, out16=None, 
     tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
     if atomic and (counters is None or counters.numel() < tiles):
         raise ValueError(f"split-K accumulation needs {tiles} zeroed tile counters")
-    if qa is not None and (not atomic or stats_out is None
-                           or qa.counters.numel() < triton.cdiv(m, bm)
-                           or qa.acc.shape != (m, 2) or qa.logits.shape[1] < m):
-        raise ValueError("the QA head rides on split-K accumulation with row sums, with "
-                         "a zeroed [M, 2] accumulator, a counter per row block and [2, M] "
-                         "logits")
     if m == 0:
         return
 
     def arg(t):  # a valid pointer for arguments a variant never reads
         return w if t is None else t
 
-    qa_args = ((qa.head.weight, qa.head.colsum, qa.head.bias, qa.acc, qa.counters, qa.logits,
-                qa.logits.stride(0)) if qa is not None else (w,) * 6 + (0,))
-
     _deferred_gemm_kernel[(tiles, splits)](
         x, w, arg(u), arg(bias), out, arg(out16), arg(stats), arg(stats_out), arg(counters),
         arg(residual), arg(res_gamma), arg(res_beta), arg(zero), arg(scale), arg(out8),
-        arg(inv8), *qa_args,
+        arg(inv8),
         m, n, k, k // splits, zero.numel() if zero is not None else 0, eps,
         BLOCK_M=bm, BLOCK_N=bn, BLOCK_K=bk, GROUP_M=8, FOLD_LN=fold,
         GELU=act is not None, TANH=act == "gelu_tanh", HAS_BIAS=bias is not None,
         RESIDUAL=residual is not None, ATOMIC=atomic, STATS_OUT=stats_out is not None,
         ZERO=zero is not None, USE_PDL=pdl, PREFETCH=pdl and prefetch,
         W_BYTES=w.element_size(), LATE_RELEASE=pdl and late_release, SCALED=scaled,
-        Q_OUT=q_out, COPY8=out8 is not None, QA=qa is not None, num_warps=warps,
+        Q_OUT=q_out, COPY8=out8 is not None, num_warps=warps,
         num_stages=stages, **launch_options(pdl),
     )
 
@@ -413,7 +368,6 @@ def residual_linear(
     scale: torch.Tensor | None = None,
     out8: torch.Tensor | None = None,
     inv8: torch.Tensor | None = None,
-    qa: QAHead | None = None,
 ) -> torch.Tensor:
     """``v = x @ w^T + bias + LN(residual)`` (LN's moments from ``res_stats``, the rows'
     (sum, sum of squares)), whose rows' sums are added into ``stats_out`` [M, 2].
@@ -426,11 +380,6 @@ def residual_linear(
 
     FP8: ``x`` and ``w`` in e4m3 (with ``out``) and ``scale`` [1] float32 the product's.
     ``out8`` ([M, N] e4m3) also gets ``v`` times ``inv8`` [1]: the next GEMM's operand.
-
-    ``qa`` (with ``out``; the last layer's FFN2): also the QA logits of ``LN(v)`` (the
-    LayerNorm folded into ``qa.head``, its moments from ``stats_out``, which must start
-    at zero) into ``qa.logits`` [2, M], finished by the last tile of each block of rows:
-    the pass needs no LayerNorm + QA head kernel after it.
     """
     m, n = x.shape[0], w.shape[0]
     if out is None:
@@ -449,7 +398,7 @@ def residual_linear(
             splits=splits, config=config or deferred_plan(m, n, x.shape[1], kind,
                                                           scale is not None)[0],
             pdl=pdl, prefetch=prefetch, late_release=late_release, scale=scale, out8=out8,
-            inv8=inv8, qa=qa)
+            inv8=inv8)
     return out if out16 is None else out16
 
 
