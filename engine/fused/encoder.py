@@ -79,11 +79,6 @@ FFN1_FUSED_MAX_TOKENS: int | None = 512
 # +0.094 on average over 4 weight roundings (-0.07 to +0.33), the calibrated large
 # path's +0.095 (engine/fused/NOTES.md, v20).
 FP8_DEFERRED = True
-# The deferred layer's embeddings kernel, a graph's first, asks L2 for layer 0's QKV
-# weights (``kernels.embed_sum``'s ``prefetch``): QKV, the graph's second kernel, starts
-# ~3.3 us after it (H200, v23) and would fetch them only then. A module constant read at
-# each pass, which ``ab_replay --set`` A/Bs.
-EMBED_PREFETCH_QKV = True
 # Up to this many tokens the small-batch path runs (None: never). H200, 2026-11-30, whole
 # passes against the large path: it wins at 128 tokens (BERT-base 0.383 vs 0.488 ms,
 # BERT-large 0.912 vs 1.011) and ties or loses above: 192 (0.501 vs 0.498 with its current
@@ -403,9 +398,7 @@ def _encode_deferred(
     ops.embed_sum(input_ids, token_type_ids, position_ids, w.word_embeddings,
                   w.position_embeddings, w.token_type_embeddings, z32[1], z16, z_sums[1],
                   pdl=pdl, z8=z8, inv8=f8s[0].qkv_inv if f8s is not None else None,
-                  stage=cu_seqlens if stage else None,
-                  prefetch=(f8s[0].qkv.w8 if f8s is not None else w.folded[0].qkv.weight)
-                  if pf and EMBED_PREFETCH_QKV else None)
+                  stage=cu_seqlens if stage else None)
     ln_g, ln_b = w.emb_ln_weight, w.emb_ln_bias
 
     def folded(x: torch.Tensor, x8: torch.Tensor | None, lin: FoldedLinear,

@@ -131,8 +131,7 @@ class GraphCache:
                 for x in (ids, tt, pos, cu))):
             raise ValueError("replay_into takes contiguous int32 CUDA tensors, ids, token "
                              "types and positions of one length")
-        out = torch.empty_like(entry.logits)  # [2, bucket.tokens] float32 (half the host
-        # time of naming shape, device and dtype)
+        out = torch.empty((2, bucket.tokens), device=self._device, dtype=torch.float32)
         entry.stage.set(ids.data_ptr(), tt.data_ptr(), pos.data_ptr(), cu.data_ptr(), t, b)
         entry.output.set(out.data_ptr())
         entry.graph.replay()

@@ -185,7 +185,6 @@ def embed_sum(
     z8: torch.Tensor | None = None,
     inv8: torch.Tensor | None = None,
     stage: torch.Tensor | None = None,  # cu_seqlens stays where it is: no copy
-    prefetch: torch.Tensor | None = None,  # an L2 hint: nothing to do here
 ) -> None:
     x = (word[input_ids.long()].float() + position[position_ids.long()].float()
          + token_type[token_type_ids.long()].float())

@@ -406,18 +406,11 @@ def residual_linear(
 def _embed_sum_kernel(
     ids_ptr, tt_ptr, pos_ptr, cu_src, n_valid, n_seqs,
     word_ptr, posemb_ptr, type_ptr, z_ptr, z16_ptr, stats_ptr,
-    z8_ptr, inv8_ptr, cu_dst, n_cu, pf_ptr, pf_rows, pf_row_len, pf_row_bytes, n_rows, D,
-    BLOCK_D: tl.constexpr, ROWS: tl.constexpr, USE_PDL: tl.constexpr, COPY8: tl.constexpr,
-    CU_BLOCK: tl.constexpr, PF_ROWS: tl.constexpr,
+    z8_ptr, inv8_ptr, cu_dst, n_cu, n_rows, D, BLOCK_D: tl.constexpr, ROWS: tl.constexpr,
+    USE_PDL: tl.constexpr, COPY8: tl.constexpr, CU_BLOCK: tl.constexpr,
 ):
     """The deferred layer's first kernel; it stages a graph's inputs as ``_embed_ln_kernel``
-    does (``rows.STAGE_ARGS``). With ``PF_ROWS`` (> 0) each program first asks L2 for its
-    share of the ``pf_rows`` rows (``pf_row_len`` elements, ``pf_row_bytes`` bytes) at
-    ``pf_ptr``: the next GEMM's weights."""
-    if PF_ROWS > 0:
-        first = tl.program_id(0) * PF_ROWS + tl.arange(0, PF_ROWS)
-        prefetch_rows_l2(pf_ptr + tl.minimum(first, pf_rows - 1).to(tl.int64) * pf_row_len,
-                         pf_row_bytes, [PF_ROWS])
+    does (``rows.STAGE_ARGS``)."""
     pdl_enter(USE_PDL)
     stage_cu(cu_src, cu_dst, n_seqs, n_cu, CU_BLOCK)
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
@@ -446,35 +439,22 @@ def embed_sum(
     z8: torch.Tensor | None = None,
     inv8: torch.Tensor | None = None,
     stage: torch.Tensor | None = None,
-    prefetch: torch.Tensor | None = None,
 ) -> None:
     """word[ids] + position[pos] + token_type[tt] (no LayerNorm) into float32 ``z`` and its
     model-dtype copy ``z16`` [T, D], with each row's (sum, sum of squares) in ``stats``;
     and with ``z8`` an e4m3 copy of ``z`` times ``inv8`` [1]. ``stage`` (the graph
     buffer's cu_seqlens): a graph's first kernel, whose inputs a call sets
-    (``rows.STAGE_ARGS``). ``prefetch`` (with ``pdl``; a contiguous matrix whose rows
-    are multiples of 16 bytes): the programs ask L2 for it between them, e.g. the first
-    QKV's weights, which the graph's second kernel could only ask for after the graph's
-    launch lag (its prefetch otherwise hides under the kernel before it)."""
+    (``rows.STAGE_ARGS``)."""
     if (z8 is None) != (inv8 is None):
         raise ValueError("an e4m3 copy needs both `z8` and `inv8`")
     n, d = input_ids.shape[0], word.shape[1]
     block, rows, warps = _row_tile(n, d)
-    programs = triton.cdiv(n, rows)
     staged, (cu_dst, n_cu) = staging_args(input_ids, token_type_ids, position_ids, stage)
-    pf_rows = pf_len = pf_bytes = pf_each = 0
-    if prefetch is not None and pdl and n:
-        pf_rows, pf_len = prefetch.shape
-        pf_bytes = pf_len * prefetch.element_size()
-        if not prefetch.is_contiguous() or pf_bytes % 16:
-            raise ValueError("`prefetch` must be contiguous, its rows multiples of 16 bytes")
-        pf_each = triton.next_power_of_2(triton.cdiv(pf_rows, programs))
-    _embed_sum_kernel[(programs,)](
+    _embed_sum_kernel[(triton.cdiv(n, rows),)](
         *staged, word, position, token_type, z, z16, stats,
-        z16 if z8 is None else z8, stats if inv8 is None else inv8, cu_dst, n_cu,
-        word if prefetch is None else prefetch, pf_rows, pf_len, pf_bytes, n, d,
+        z16 if z8 is None else z8, stats if inv8 is None else inv8, cu_dst, n_cu, n, d,
         BLOCK_D=block, ROWS=rows, USE_PDL=pdl, COPY8=z8 is not None, CU_BLOCK=_CU_BLOCK,
-        PF_ROWS=pf_each, num_warps=warps, **launch_options(pdl),
+        num_warps=warps, **launch_options(pdl),
     )
 
 
