@@ -504,9 +504,10 @@ class FusedEngine:
         end = np.full(ids.shape, PAD_LOGIT, dtype=np.float32)
         if ids.size == 0:
             return start, end
-        keep = mask != 0
-        chunks = ([slice(None)] if np.count_nonzero(keep) <= self.max_tokens_per_pass
-                  else chunks_by_tokens(keep.sum(axis=1), self.max_tokens_per_pass))
+        # Counted on the mask itself: pack_padded makes the boolean mask, once per chunk.
+        chunks = ([slice(None)] if np.count_nonzero(mask) <= self.max_tokens_per_pass
+                  else chunks_by_tokens(np.count_nonzero(mask, axis=1),
+                                        self.max_tokens_per_pass))
         for rows in chunks:
             p = pack_padded(ids[rows], mask[rows], tt[rows])
             if p.tokens == 0:

@@ -310,3 +310,26 @@ def test_calibrating_cannot_nest_and_leaves_the_engine_usable() -> None:
     assert engine._recorder is None and engine.calibration is None
     assert all(np.array_equal(a, b) for a, b in zip(engine.infer(ids, mask, tt), before,
                                                      strict=True))
+
+
+def test_infer_in_chunks_of_max_tokens_per_pass_matches_one_pass() -> None:
+    """A batch over ``max_tokens_per_pass`` tokens runs as passes of whole rows (row
+    lengths from the mask, padding and empty rows included) and gives one pass's logits;
+    padding positions keep ``PAD_LOGIT``."""
+    from engine.fused.engine import PAD_LOGIT, FusedEngine
+
+    model = REPO_ROOT / "models" / "minilm-l6-squad"
+    one = FusedEngine.from_pretrained(model, device="cpu", backend="torch", dtype="float32")
+    ids, mask, tt = request(5, 40, 8)
+    mask[1, 25:] = 0
+    mask[3, :] = 0  # an empty row
+    chunked = FusedEngine(one.weights, "cpu", backend="torch", max_tokens_per_pass=70)
+    calls: list[int] = []
+    real = chunked._run_host
+    chunked._run_host = lambda p: calls.append(p.tokens) or real(p)  # type: ignore[method-assign]
+    start, end = chunked.infer(ids, mask, tt)
+    want_start, want_end = one.infer(ids, mask, tt)
+    assert calls == [65, 40, 40]  # rows 0-1, then 2-3 (row 3 empty), then 4
+    np.testing.assert_allclose(start, want_start, atol=1e-4)
+    np.testing.assert_allclose(end, want_end, atol=1e-4)
+    assert (start[mask == 0] == PAD_LOGIT).all() and (end[mask == 0] == PAD_LOGIT).all()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.trace_pass import kind, launch_gap, layer_positions, steps
+from benchmarks.trace_pass import kind, launch_gap, layer_positions, markdown, steps
 
 
 def test_kinds_of_kernel_names() -> None:
@@ -71,3 +71,17 @@ def test_launch_gap_takes_the_last_graph_launch_before_the_pass() -> None:
     assert launch_gap(events, 50.0) is None
     assert launch_gap([e for e in events if e["name"] != "_embed_sum_kernel"
                        and "Graph" not in e["name"]], 208.0) is None
+
+
+def test_markdown_keeps_the_launch_line_out_of_the_table() -> None:
+    """The launch line comes before the kernel table's header: a line between a markdown
+    table's header and its rows would end the table there."""
+    result = {"model": "bert-base", "shape": "1x128", "options": None, "span_us": 10.0,
+              "graph_span_us": 10.0, "kernels": 1,
+              "by_kind": {"attention": {"count": 1, "step_us": 10.0, "own_us": 10.0}},
+              "launch": {"launch_api_us": 3.0, "launch_to_first_kernel_us": 4.0}}
+    lines = markdown([result]).splitlines()
+    header = lines.index("| kernel | count | step us | step us each | own us |")
+    assert lines[header + 1] == "|---|---|---|---|---|"
+    assert lines[header + 2].startswith("| attention |")
+    assert any(line.startswith("Graph launch") for line in lines[:header])
