@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -129,7 +128,7 @@ def _time_graph(fn: Callable[[], Any], layers: int, replays: int) -> tuple[float
     """Median µs per call of ``fn`` replayed as a graph of ``layers`` calls (or eagerly)."""
     import torch
 
-    from benchmarks.rounds import capture_graph
+    from benchmarks.rounds import capture_graph, idle_ms
 
     try:
         run, graphed = capture_graph(fn, layers).replay, True
@@ -142,15 +141,7 @@ def _time_graph(fn: Callable[[], Any], layers: int, replays: int) -> tuple[float
         graphed = False
     for _ in range(3):
         run()
-    times = []
-    for _ in range(replays):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        run()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / layers)
-    return statistics.median(times), graphed
+    return idle_ms(run, replays) * 1e3 / layers, graphed
 
 
 def packed_qkv(lengths: list[int], hidden: int) -> tuple[Any, Any, Any]:
