@@ -19,6 +19,7 @@ serve every graph's activations.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -138,6 +139,21 @@ class GraphCache:
         return out[:, :t]
 
     def _capture(self, bucket: Bucket) -> _Captured:
+        # No automatic garbage collection while capturing: a collection can free another
+        # graph (an engine dropped in a reference cycle: its cache holds its bound forward),
+        # and destroying a graph or releasing its memory inside a capture invalidates the
+        # capture ("operation failed due to a previous error during capture"). torch no
+        # longer collects before a capture (``force_cudagraph_gc``). Garbage waits until
+        # the capture is done.
+        collecting = gc.isenabled()
+        gc.disable()
+        try:
+            return self._capture_unguarded(bucket)
+        finally:
+            if collecting:
+                gc.enable()
+
+    def _capture_unguarded(self, bucket: Bucket) -> _Captured:
         inputs = torch.zeros(bucket.buffer_len, dtype=torch.int32, device=self._device)
         ids, tt, pos, cu = split_inputs(inputs, bucket)
         cu.fill_(0)  # all sequences empty: the warm-up touches no uninitialised rows

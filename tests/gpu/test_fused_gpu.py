@@ -402,6 +402,46 @@ def test_graph_and_eager_agree_across_buckets() -> None:
     assert {b.tokens for b in fine._graphs._graphs} == {round_tokens(t, 64) for t in tokens}
 
 
+def test_no_automatic_garbage_collection_inside_a_capture() -> None:
+    """Engines dropped with captured graphs sit in a reference cycle (each graph cache
+    holds its engine's bound forward) until the cyclic collector frees them, at any
+    allocation; freeing a graph inside another's capture can invalidate that capture
+    (``benchmarks/capture_gc.py``). With a young-generation collection at nearly every
+    allocation, none may run while a graph is being captured (the graph cache holds
+    automatic collection off), and the graphs must match the eager pass."""
+    import gc
+
+    from engine.fused.engine import FusedEngine
+
+    eager = FusedEngine.from_pretrained(CHECKPOINT, device="cuda", dtype="float16",
+                                        cuda_graphs=False)
+    rng = np.random.default_rng(8)
+    batches = [_random_batch(rng, w, s, 30522) for w, s in [(1, 128), (3, 200), (9, 384)]]
+    seen = {"capturing": 0, "outside": 0}
+
+    def during(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            capturing = torch.cuda.is_current_stream_capturing()
+            seen["capturing" if capturing else "outside"] += 1
+
+    thresholds = gc.get_threshold()
+    gc.callbacks.append(during)
+    gc.set_threshold(1, 10**6, 10**6)  # generation 0 at nearly every allocation
+    try:
+        engine = FusedEngine(eager.weights, "cuda")
+        got = [engine.infer(*b) for b in batches]
+    finally:
+        gc.set_threshold(*thresholds)
+        gc.callbacks.remove(during)
+    assert seen["capturing"] == 0 and seen["outside"] > 0, seen
+    for (ids, mask, tt), (start, end) in zip(batches, got, strict=True):
+        want_start, want_end = eager.infer(ids, mask, tt)
+        keep = mask.astype(bool)
+        assert np.abs(start[keep] - want_start[keep]).max() < 3e-2
+        assert np.abs(end[keep] - want_end[keep]).max() < 3e-2
+    assert engine._graphs is not None and len(engine._graphs) == 3
+
+
 @pytest.mark.parametrize("variant", ["large_path", "no_pdl", "no_prefetch", "ffn1_unfused",
                                      "attn_64x32", "persistent", "seven_kernels",
                                      "seven_kernels_no_pdl", "seven_kernels_tma",
