@@ -31,9 +31,9 @@ from engine.fused.packing import Bucket
 
 # Graphs of buckets up to this many tokens stage their own inputs (``stage_args``): one
 # launch a call. Above it a call stages and copies out around the replay, as v22's graphs
-# did above 2,048 tokens; larger buckets were not measured with in-graph staging (H200,
-# 2026-12-01: one such capture failed once in a full GPU suite run and passed alone, cause
-# not found), and at their size three launches cost little.
+# did above 2,048 tokens; larger buckets were not measured with in-graph staging, and at
+# their size three launches cost little. (The one such capture that failed in a GPU suite
+# run, H200, 2026-12-01, was a garbage collection inside it: see ``_capture``.)
 STAGE_MAX_TOKENS = 2048
 
 # Batches above this many tokens run eagerly (the engine's ``max_graph_tokens``): their
