@@ -19,8 +19,10 @@ serve every graph's activations.
 
 from __future__ import annotations
 
+import contextlib
 import gc
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -33,7 +35,7 @@ from engine.fused.packing import Bucket
 # launch a call. Above it a call stages and copies out around the replay, as v22's graphs
 # did above 2,048 tokens; larger buckets were not measured with in-graph staging, and at
 # their size three launches cost little. (The one such capture that failed in a GPU suite
-# run, H200, 2026-12-01, was a garbage collection inside it: see ``_capture``.)
+# run, H200, 2026-12-01, was a garbage collection inside it: ``no_automatic_collection``.)
 STAGE_MAX_TOKENS = 2048
 
 # Batches above this many tokens run eagerly (the engine's ``max_graph_tokens``): their
@@ -56,6 +58,35 @@ def split_inputs(buf: torch.Tensor, bucket: Bucket) -> tuple[torch.Tensor, ...]:
     """Views (ids, token types, positions, cu_seqlens) of a bucket's input buffer."""
     n = bucket.tokens
     return buf[:n], buf[n : 2 * n], buf[2 * n : 3 * n], buf[3 * n :]
+
+
+_gc_lock = threading.Lock()
+_gc_holders = 0  # captures under way (any engine, any thread)
+_gc_was_enabled = False
+
+
+@contextlib.contextmanager
+def no_automatic_collection() -> Iterator[None]:
+    """Automatic garbage collection off until the last of the overlapping holders (captures
+    in any thread) is done, then as it was. A collection inside a capture can free another
+    graph (an engine dropped in a reference cycle: its graph cache holds its bound forward),
+    and destroying a graph or releasing its memory inside a capture invalidates the capture
+    ("operation failed due to a previous error during capture": ``benchmarks/capture_gc.py``,
+    H200, 2026-12-01). torch no longer collects before a capture (``force_cudagraph_gc``).
+    Garbage waits until the captures are done. An explicit ``gc.collect()`` still runs."""
+    global _gc_holders, _gc_was_enabled
+    with _gc_lock:
+        if _gc_holders == 0:
+            _gc_was_enabled = gc.isenabled()
+            gc.disable()
+        _gc_holders += 1
+    try:
+        yield
+    finally:
+        with _gc_lock:
+            _gc_holders -= 1
+            if _gc_holders == 0 and _gc_was_enabled:
+                gc.enable()
 
 
 @dataclass
@@ -139,19 +170,8 @@ class GraphCache:
         return out[:, :t]
 
     def _capture(self, bucket: Bucket) -> _Captured:
-        # No automatic garbage collection while capturing: a collection can free another
-        # graph (an engine dropped in a reference cycle: its cache holds its bound forward),
-        # and destroying a graph or releasing its memory inside a capture invalidates the
-        # capture ("operation failed due to a previous error during capture"). torch no
-        # longer collects before a capture (``force_cudagraph_gc``). Garbage waits until
-        # the capture is done.
-        collecting = gc.isenabled()
-        gc.disable()
-        try:
+        with no_automatic_collection():
             return self._capture_unguarded(bucket)
-        finally:
-            if collecting:
-                gc.enable()
 
     def _capture_unguarded(self, bucket: Bucket) -> _Captured:
         inputs = torch.zeros(bucket.buffer_len, dtype=torch.int32, device=self._device)

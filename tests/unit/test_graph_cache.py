@@ -40,3 +40,18 @@ def test_captures_run_without_automatic_garbage_collection(fails: bool) -> None:
         finally:
             gc.enable()
     assert seen == [False, False]
+
+
+def test_overlapping_captures_keep_collection_off_until_the_last_ends() -> None:
+    """Captures in two threads overlap: the first to finish must not turn collection back
+    on under the other (the pause is counted, and restores the state it found)."""
+    from engine.fused.graphs import no_automatic_collection
+
+    assert gc.isenabled()
+    first, second = no_automatic_collection(), no_automatic_collection()
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)
+    assert not gc.isenabled()
+    second.__exit__(None, None, None)
+    assert gc.isenabled()
