@@ -107,15 +107,15 @@ def main() -> None:
     graphs = eng._graphs
     graphs.inputs(bucket)  # captured now
     entry = graphs._graphs[bucket]
-    assert entry.stage is not None and entry.output is not None
-    stage_set, output_set = entry.stage.set, entry.output.set  # unwrapped, for the pieces
+    assert entry.args is not None
+    stage_set, output_set = entry.args.stage.set, entry.args.output.set  # unwrapped, for the pieces
     bucket_of = eng._graph_bucket
     if args.steps:  # steps inside the calls, per variant
         graphs.replay_into = timed("replay_into", graphs.replay_into)  # type: ignore[method-assign]
         entry.graph.replay = timed("graph launch", entry.graph.replay)  # type: ignore[method-assign]
         eng._graph_bucket = timed("bucket lookup", bucket_of)  # type: ignore[method-assign]
-        entry.stage.set = timed("input args", stage_set)  # type: ignore[method-assign]
-        entry.output.set = timed("output arg", output_set)  # type: ignore[method-assign]
+        entry.args.stage.set = timed("input args", stage_set)  # type: ignore[method-assign]
+        entry.args.output.set = timed("output arg", output_set)  # type: ignore[method-assign]
     outs = [torch.empty((2, bucket.tokens), device="cuda") for _ in range(2)]
     flip = [0]
 

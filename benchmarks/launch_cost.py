@@ -52,6 +52,7 @@ def main() -> None:
     import torch
 
     from benchmarks.bench_gpu import device_packed, make_hf, make_ours, random_padded
+    from benchmarks.rounds import event_ms
     from engine.fused.engine import FusedEngine
 
     model, cfg = make_hf(args.model)
@@ -95,15 +96,8 @@ def main() -> None:
     }
     times: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
 
-    def events(fn: Callable[[], Any], queued: bool) -> float:
-        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        if queued:
-            torch.cuda._sleep(SLEEP_CYCLES)
-        s.record()
-        fn()
-        e.record()
-        e.synchronize()
-        return s.elapsed_time(e) * 1e3
+    def sleep() -> None:
+        torch.cuda._sleep(SLEEP_CYCLES)
 
     def host(fn: Callable[[], Any]) -> float:
         t0 = time.perf_counter()
@@ -118,16 +112,14 @@ def main() -> None:
                 for _ in range(10):
                     fn()
                 torch.cuda.synchronize()
-                for _ in range(args.calls):
-                    times[name]["idle"].append(events(fn, queued=False))
-                for _ in range(args.calls):
-                    times[name]["queued"].append(events(fn, queued=True))
+                times[name]["idle"] += [ms * 1e3 for ms in event_ms(fn, args.calls)]
+                times[name]["queued"] += [ms * 1e3 for ms in event_ms(fn, args.calls, sleep)]
                 for _ in range(args.calls):
                     times[name]["host"].append(host(fn))
             print(f"round {r + 1}/{args.rounds} done", flush=True)
         # the sleep kernel alone, queued: what "queued" would read with no call at all
-        for _ in range(args.calls):
-            times["nothing"]["queued"].append(events(lambda: None, queued=True))
+        times["nothing"]["queued"] = [ms * 1e3 for ms in event_ms(lambda: None, args.calls,
+                                                                   sleep)]
 
     rows = {name: {mode: {"median_us": statistics.median(v),
                           "p10_us": sorted(v)[len(v) // 10], "calls": len(v)}

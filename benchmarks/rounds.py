@@ -61,23 +61,34 @@ def cuda_ms(fn: Callable[[], object], reps: int) -> float:
     return float(start.elapsed_time(end)) / reps
 
 
-def idle_ms(fn: Callable[[], object], reps: int) -> float:
-    """Median CUDA-event time of one call of ``fn``, the device idle before each (synced
-    after each): a lone call's latency, its launch's host part included (``bench_gpu``'s
-    method), where :func:`cuda_ms` lets back-to-back calls overlap launch and drain."""
-    import statistics
-
+def event_ms(fn: Callable[[], object], reps: int,
+             before: Callable[[], object] | None = None) -> list[float]:
+    """CUDA-event time of each of ``reps`` calls of ``fn``, ms, synced after each: the
+    device idle before each call, or busy with whatever ``before`` queues ahead of the
+    start event (e.g. a sleep kernel, so that the call is submitted before the start is
+    stamped)."""
     import torch
 
     times = []
     for _ in range(reps):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        if before is not None:
+            before()
         start.record()
         fn()
         end.record()
         end.synchronize()
         times.append(float(start.elapsed_time(end)))
-    return statistics.median(times)
+    return times
+
+
+def idle_ms(fn: Callable[[], object], reps: int) -> float:
+    """Median CUDA-event time of one call of ``fn``, the device idle before each: a lone
+    call's latency, its launch's host part included (``bench_gpu``'s method), where
+    :func:`cuda_ms` lets back-to-back calls overlap launch and drain."""
+    import statistics
+
+    return statistics.median(event_ms(fn, reps))
 
 
 def wall_ms(fn: Callable[[], object], reps: int) -> float:

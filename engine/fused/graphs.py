@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.fused import cublaslt
-from engine.fused.graph_args import KernelArgs, leading_args, pointer_arg
+from engine.fused.graph_args import KernelArgs, PointerArg, leading_args, pointer_arg
 from engine.fused.packing import Bucket
 
 # Graphs of buckets up to this many tokens stage their own inputs (``stage_args``): one
@@ -89,17 +89,41 @@ def no_automatic_collection() -> Iterator[None]:
                 gc.enable()
 
 
+class _CallArgs:
+    """Where a call names its tensors to a graph (``stage_args``): the first kernel's
+    leading arguments and the last kernel's output address. :meth:`host` points them back
+    at the graph's own buffers (what the host writes into ``inputs``, every row of it, and
+    the static logits) and remembers that it did, so that replays of host batches in a
+    row cost no argument work at all; :meth:`call` names a caller's tensors."""
+
+    def __init__(self, stage: KernelArgs, output: PointerArg,
+                 host_values: tuple[int, ...], logits: torch.Tensor) -> None:
+        if stage.node == output.node:  # a one-kernel forward
+            raise RuntimeError("the graph's first kernel is also its last: a call cannot "
+                               "set both its inputs and its output there")
+        self.stage, self.output = stage, output
+        self._host_values, self._logits = host_values, logits
+        self._on_host = False
+
+    def host(self) -> None:
+        if not self._on_host:
+            self.stage.set(*self._host_values)
+            self.output.set(self._logits.data_ptr())
+            self._on_host = True
+
+    def call(self, values: tuple[int, ...], out: torch.Tensor) -> None:
+        self._on_host = False  # first: a failed set leaves the host values to be restored
+        self.stage.set(*values)
+        self.output.set(out.data_ptr())
+
+
 @dataclass
 class _Captured:
     inputs: torch.Tensor  # int32 [bucket.buffer_len]
     logits: torch.Tensor  # float32 [2, bucket.tokens], written by each replay (not by
     # replay_into, which gives the last kernel a fresh tensor)
     graph: torch.cuda.CUDAGraph
-    # Where a call sets its tensors (``stage_args``): the first kernel's leading arguments,
-    # their values for a batch the host wrote into ``inputs``, and the logits' address.
-    stage: KernelArgs | None = None
-    host_stage: tuple[int, ...] = ()
-    output: KernelArgs | None = None
+    args: _CallArgs | None = None  # with ``stage_args``, for buckets that stage themselves
 
 
 class GraphCache:
@@ -139,9 +163,8 @@ class GraphCache:
     def replay(self, bucket: Bucket) -> torch.Tensor:
         """Run the bucket's graph on what its input buffer holds; returns the static logits."""
         entry = self._graphs[bucket]
-        if entry.stage is not None and entry.output is not None:
-            entry.stage.set(*entry.host_stage)
-            entry.output.set(entry.logits.data_ptr())
+        if entry.args is not None:
+            entry.args.host()
         entry.graph.replay()
         return entry.logits
 
@@ -152,7 +175,7 @@ class GraphCache:
         stream order); returns the logits [2, T], a view of a fresh [2, bucket.tokens]
         tensor (the last kernel writes every row of the bucket)."""
         entry = self._graphs.get(bucket) or self._capture(bucket)
-        assert entry.stage is not None and entry.output is not None, \
+        assert entry.args is not None, \
             "replay_into needs a GraphCache with stage_args and a bucket that stages itself"
         t, b = ids.shape[0], cu.shape[0] - 1
         if t > bucket.tokens or b > bucket.seqs:
@@ -164,8 +187,8 @@ class GraphCache:
             raise ValueError("replay_into takes contiguous int32 CUDA tensors, ids, token "
                              "types and positions of one length")
         out = torch.empty((2, bucket.tokens), device=self._device, dtype=torch.float32)
-        entry.stage.set(ids.data_ptr(), tt.data_ptr(), pos.data_ptr(), cu.data_ptr(), t, b)
-        entry.output.set(out.data_ptr())
+        entry.args.call((ids.data_ptr(), tt.data_ptr(), pos.data_ptr(), cu.data_ptr(), t, b),
+                        out)
         entry.graph.replay()
         return out[:, :t]
 
@@ -201,12 +224,9 @@ class GraphCache:
         if stage and self._stage_args is not None:
             graph.instantiate()
             # As captured: the batch the host writes into ``inputs``, every row of it.
-            entry.host_stage = (ids.data_ptr(), tt.data_ptr(), pos.data_ptr(), cu.data_ptr(),
-                                bucket.tokens, bucket.seqs)
-            entry.stage = leading_args(graph, entry.host_stage, self._stage_args)
-            entry.output = pointer_arg(graph, logits.data_ptr())
-            if entry.stage.node == entry.output.node:  # a one-kernel forward
-                raise RuntimeError("the graph's first kernel is also its last: a call cannot "
-                                   "set both its inputs and its output there")
+            host = (ids.data_ptr(), tt.data_ptr(), pos.data_ptr(), cu.data_ptr(),
+                    bucket.tokens, bucket.seqs)
+            entry.args = _CallArgs(leading_args(graph, host, self._stage_args),
+                                   pointer_arg(graph, logits.data_ptr()), host, logits)
         self._graphs[bucket] = entry
         return entry

@@ -55,3 +55,51 @@ def test_overlapping_captures_keep_collection_off_until_the_last_ends() -> None:
     assert not gc.isenabled()
     second.__exit__(None, None, None)
     assert gc.isenabled()
+
+
+class _FakeArgs:
+    """A kernel node's settable arguments: records what is set (``graph_args.KernelArgs``
+    talks to the driver; its own tests are in ``test_graph_args``)."""
+
+    def __init__(self, node: int, log: list[tuple[str, tuple[int, ...]]], name: str) -> None:
+        self.node, self._log, self._name = node, log, name
+        self.fail = False
+
+    def set(self, *values: int) -> None:
+        if self.fail:
+            raise RuntimeError("refused")
+        self._log.append((self._name, values))
+
+
+def test_call_args_point_back_at_the_graph_buffers_once_per_switch() -> None:
+    """Replays of host batches in a row set nothing after the first; a call on the
+    caller's tensors sets both kernels, and the next host replay points them back, also
+    after a call whose set failed halfway. One kernel for both ends is refused."""
+    torch = pytest.importorskip("torch")
+    from engine.fused.graphs import _CallArgs
+
+    log: list[tuple[str, tuple[int, ...]]] = []
+    stage, output = _FakeArgs(1, log, "stage"), _FakeArgs(2, log, "output")
+    logits, out = torch.zeros(2, 8), torch.zeros(2, 8)
+    args = _CallArgs(stage, output, (10, 11, 12, 13, 8, 1), logits)  # type: ignore[arg-type]
+    host = [("stage", (10, 11, 12, 13, 8, 1)), ("output", (logits.data_ptr(),))]
+    args.host()
+    args.host()
+    assert log == host
+    log.clear()
+    args.call((20, 21, 22, 23, 5, 1), out)
+    assert log == [("stage", (20, 21, 22, 23, 5, 1)), ("output", (out.data_ptr(),))]
+    log.clear()
+    args.host()
+    args.host()
+    assert log == host
+    log.clear()
+    output.fail = True
+    with pytest.raises(RuntimeError, match="refused"):
+        args.call((30, 31, 32, 33, 5, 1), out)
+    output.fail = False
+    log.clear()
+    args.host()
+    assert log == host
+    with pytest.raises(RuntimeError, match="first kernel is also its last"):
+        _CallArgs(stage, _FakeArgs(1, log, "x"), (), logits)  # type: ignore[arg-type]
