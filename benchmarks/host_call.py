@@ -3,8 +3,10 @@
     python benchmarks/host_call.py [--model bert-base] [--seq 128] [--calls 400] --out F.json
 
 The numpy path is what the Triton model (``serving``) calls per request: pack the padded
-batch, check it, run the bucket's graph (a copy into its input buffer, the replay, a copy
-of the logits out), unpack the logits. Host wall-clock per call (``perf_counter``; the call
+batch, check it, run the bucket's graph (``GraphCache.run_host``: the graph reads the
+batch from pinned host memory and writes the logits there; ``infer, copied``: a copy into
+its input buffer, the replay, a copy of the logits out, as before v25), unpack the logits.
+Host wall-clock per call (``perf_counter``; the call
 returns with the logits on the host), interleaved over rounds, for ``infer`` and for
 ``device_call`` (``_run_device`` on int32 device tensors, synchronised: the engine's own
 per-call path, without packing or host copies); the host part alone (until the call
@@ -15,7 +17,7 @@ and three pieces of the former alone (mean of a loop per round:
 the bucket lookup, the output tensor's allocation, setting the graph's per-call kernel
 arguments with new values, which calls the driver twice); and the parts
 of ``infer``: packing (``pack_padded``), checks (``_check_host``) and ``_run_host`` with
-the logits' copy to the host; the rest is ``infer``'s own (output arrays, chunking,
+the logits on the host; the rest is ``infer``'s own (output arrays, chunking,
 unpacking). Random weights (fp16); prints a table, writes JSON.
 """
 
@@ -55,6 +57,7 @@ def main() -> None:
     import torch
 
     import engine.fused.engine as fe
+    import engine.fused.graphs as graphs_module
     from benchmarks.bench_gpu import make_hf, make_ours
 
     model, cfg = make_hf(args.model)
@@ -74,15 +77,13 @@ def main() -> None:
         def run(*a: Any) -> Any:
             t0 = time.perf_counter()
             out = fn(*a)
-            if name == "run_host + copy out":
-                out = out.cpu()  # what infer does next
             parts[name].append(time.perf_counter() - t0)
             return out
         return run
 
     fe.pack_padded = timed("pack_padded", fe.pack_padded)  # type: ignore[assignment]
     eng._check_host = timed("check_host", eng._check_host)  # type: ignore[method-assign]
-    eng._run_host = timed("run_host + copy out", eng._run_host)  # type: ignore[method-assign]
+    eng._run_host = timed("run_host", eng._run_host)  # type: ignore[method-assign]
 
     def device_call() -> None:
         eng._run_device(dev[0], dev[1], dev[2], cu, args.seq)
@@ -112,7 +113,7 @@ def main() -> None:
     bucket_of = eng._graph_bucket
     if args.steps:  # steps inside the calls, per variant
         graphs.replay_into = timed("replay_into", graphs.replay_into)  # type: ignore[method-assign]
-        entry.graph.replay = timed("graph launch", entry.graph.replay)  # type: ignore[method-assign]
+        entry.launch = timed("graph launch", entry.launch)  # type: ignore[method-assign]
         eng._graph_bucket = timed("bucket lookup", bucket_of)  # type: ignore[method-assign]
         entry.args.stage.set = timed("input args", stage_set)  # type: ignore[method-assign]
         entry.args.output.set = timed("output arg", output_set)  # type: ignore[method-assign]
@@ -132,7 +133,16 @@ def main() -> None:
                                                    dtype=torch.float32),
         "  call args (two driver calls)": call_args,
     }
-    variants = {"infer": lambda: eng.infer(ids, mask, tt), "device_call": device_call,
+    def infer_copied() -> None:
+        """``infer`` as before v25's pinned host path: the batch copied in, the logits out."""
+        graphs_module.HOST_ZERO_COPY = False
+        try:
+            eng.infer(ids, mask, tt)
+        finally:
+            graphs_module.HOST_ZERO_COPY = True
+
+    variants = {"infer": lambda: eng.infer(ids, mask, tt), "infer, copied": infer_copied,
+                "device_call": device_call,
                 "device_call, host part": host_part(
                     "device_call, host part",
                     lambda: eng._run_device(dev[0], dev[1], dev[2], cu, args.seq)),

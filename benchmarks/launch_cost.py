@@ -13,9 +13,10 @@ the host to submit the graph) as well as the kernels. This splits it, for calibr
   the graph's start to its end;
 - ``host``: the call's host time until it returns (perf_counter; the sync off the clock);
 
-for these calls: ``torch replay`` (``CUDAGraph.replay``), ``driver launch`` (``cuGraphLaunch``
-through ctypes on the same executable graph and stream), ``GraphCache.replay`` (the bare
-replay with its argument bookkeeping), ``_run_device`` on one set of input tensors (its
+for these calls: ``torch replay`` (``CUDAGraph.replay``), ``driver launch``
+(``graph_args.Launcher``: ``cuGraphLaunch`` through ctypes on the same executable graph
+and stream), ``GraphCache.replay`` (the bare replay with its argument bookkeeping and
+context check, through ``Launcher`` since v25), ``_run_device`` on one set of input tensors (its
 arguments set once) and on four sets in turn (two driver calls per call, as ``bench_gpu``'s
 per-call rows). Prints a table, writes JSON.
 """
@@ -23,7 +24,6 @@ per-call rows). Prints a table, writes JSON.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import statistics
 import sys
@@ -54,6 +54,7 @@ def main() -> None:
     from benchmarks.bench_gpu import device_packed, make_hf, make_ours, random_padded
     from benchmarks.rounds import event_ms
     from engine.fused.engine import FusedEngine
+    from engine.fused.graph_args import Launcher
 
     model, cfg = make_hf(args.model)
     fp8 = make_ours(model, cfg, dtype="fp8")
@@ -70,16 +71,10 @@ def main() -> None:
     assert bucket is not None and graphs is not None
     graphs.replay(bucket)
     entry = graphs._graphs[bucket]
-    cuda = ctypes.CDLL("libcuda.so.1")
-    launch = cuda.cuGraphLaunch
-    launch.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
-    launch.restype = ctypes.c_int
-    exec_handle = ctypes.c_void_p(entry.graph.raw_cuda_graph_exec())
-    stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+    launch, stream = Launcher(entry.graph), torch.cuda.current_stream().cuda_stream
 
     def driver_launch() -> None:
-        if launch(exec_handle, stream) != 0:
-            raise RuntimeError("cuGraphLaunch failed")
+        launch(stream)
 
     turn = [0]
 

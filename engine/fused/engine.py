@@ -59,7 +59,6 @@ from engine.fused.packing import (
     Bucket,
     PackedHost,
     bucket_for,
-    bucket_layout,
     buckets_per_octave,
     chunks_by_tokens,
     pack_padded,
@@ -448,20 +447,20 @@ class FusedEngine:
             if bucket is not None and self._graphs is not None:
                 self._graphs.inputs(bucket)
 
-    def _run_host(self, p: PackedHost) -> torch.Tensor:
-        """Logits [2, T] (on the device) of a host-packed batch; caller holds the lock."""
+    def _run_host(self, p: PackedHost) -> Float32Array:
+        """Logits [2, T] on the host of a host-packed batch, valid until the next call (a
+        graph's pinned output: copy what you keep); caller holds the lock."""
         t, b = p.tokens, p.seqs
         bucket = self._graph_bucket(t, b, p.max_seqlen)
         if bucket is not None and self._graphs is not None:
-            buf = self._graphs.inputs(bucket)
-            host = bucket_layout(p.input_ids, p.token_type_ids, p.position_ids, p.cu_seqlens,
-                                 bucket)
-            buf.copy_(torch.from_numpy(host))
-            return self._graphs.replay(bucket)[:, :t]
+            return self._graphs.run_host(bucket, p.input_ids, p.token_type_ids,
+                                         p.position_ids, p.cu_seqlens)
         flat = np.concatenate([p.input_ids, p.token_type_ids, p.position_ids, p.cu_seqlens])
         dev = torch.from_numpy(flat).to(self.device)
         ids, tt, pos, cu = dev[:t], dev[t : 2 * t], dev[2 * t : 3 * t], dev[3 * t :]
-        return self._forward(ids, tt, pos, cu, b, p.max_seqlen)
+        logits: Float32Array = self._forward(ids, tt, pos, cu, b,
+                                                        p.max_seqlen).cpu().numpy()
+        return logits
 
     def _run_device(self, ids: torch.Tensor, tt: torch.Tensor, pos: torch.Tensor,
                     cu: torch.Tensor, max_seqlen: int) -> torch.Tensor:
@@ -514,9 +513,9 @@ class FusedEngine:
                 continue
             self._check_host(p)
             with self._lock, torch.inference_mode():
-                logits = self._run_host(p).cpu().numpy()
-            start[rows][p.keep] = logits[0]
-            end[rows][p.keep] = logits[1]
+                logits = self._run_host(p)
+                start[rows][p.keep] = logits[0]  # under the lock: the next call reuses it
+                end[rows][p.keep] = logits[1]
         return start, end
 
     def infer_packed(

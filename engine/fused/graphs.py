@@ -1,17 +1,19 @@
 """CUDA graphs of the whole forward pass, one per bucket, captured on first use.
 
 A graph owns static buffers: one int32 input buffer in the ``packing.bucket_layout``
-layout, and the float32 [2, bucket.tokens] logits its captured forward wrote. A call
-copies a batch into the input buffer, replays, and reads the logits before the next
-call (the caller copies out what it keeps). With ``stage_args`` every graph of up to
-``STAGE_MAX_TOKENS`` tokens also reads
-the caller's tensors and writes a fresh output: a call sets where its inputs are as the
-first kernel's leading arguments (``kernels.STAGE_ARGS``: that kernel reads the tokens
-there and copies cu_seqlens, which attention reads, into the input buffer) and where the
-logits go as the last kernel's output argument, in the instantiated graph
-(``engine.fused.graph_args``), and
-:meth:`GraphCache.replay_into` is one launch with nothing staged or copied around it.
-Not thread-safe: the engine serialises calls.
+layout, and the float32 [2, bucket.tokens] logits its captured forward wrote.
+:meth:`GraphCache.replay` runs it on what that buffer holds. With ``stage_args`` every
+graph of up to ``STAGE_MAX_TOKENS`` tokens can also read its inputs and write its logits
+elsewhere: a call sets where its inputs are as the first kernel's leading arguments
+(``kernels.STAGE_ARGS``: that kernel reads the tokens there and copies cu_seqlens, which
+attention reads, into the input buffer) and where the logits go as the last kernel's
+output argument, in the instantiated graph (``engine.fused.graph_args``). So
+:meth:`GraphCache.replay_into` (the caller's device tensors) is one launch with nothing
+staged or copied around it, and :meth:`GraphCache.run_host` (a host batch) is one launch
+that reads the batch from pinned host memory and writes the logits there; buckets that
+do not stage themselves copy a host batch in and the logits out around the replay.
+Graphs are launched through the driver (``graph_args.Launcher``), in the context of the
+device they were captured on. Not thread-safe: the engine serialises calls.
 All graphs share one memory pool: they are
 replayed one at a time and none reads another's intermediates, so the pool's blocks can
 serve every graph's activations.
@@ -25,11 +27,21 @@ import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+import numpy as np
+import numpy.typing as npt
 import torch
 
 from engine.fused import cublaslt
-from engine.fused.graph_args import KernelArgs, PointerArg, leading_args, pointer_arg
-from engine.fused.packing import Bucket
+from engine.fused.graph_args import (
+    Context,
+    KernelArgs,
+    Launcher,
+    PointerArg,
+    device_address,
+    leading_args,
+    pointer_arg,
+)
+from engine.fused.packing import I32, Bucket, bucket_layout
 
 # Graphs of buckets up to this many tokens stage their own inputs (``stage_args``): one
 # launch a call. Above it a call stages and copies out around the replay, as v22's graphs
@@ -37,6 +49,11 @@ from engine.fused.packing import Bucket
 # their size three launches cost little. (The one such capture that failed in a GPU suite
 # run, H200, 2026-12-01, was a garbage collection inside it: ``no_automatic_collection``.)
 STAGE_MAX_TOKENS = 2048
+
+# Host batches (``GraphCache.run_host``) of buckets that stage themselves are read and
+# their logits written in pinned host memory, with no copies; False: copied in and out
+# (for A/B measurements: ``benchmarks/host_call.py``).
+HOST_ZERO_COPY = True
 
 # Batches above this many tokens run eagerly (the engine's ``max_graph_tokens``): their
 # exact token count, no bucket padding, and the GPU's work hides the host's launches.
@@ -91,10 +108,11 @@ def no_automatic_collection() -> Iterator[None]:
 
 class _CallArgs:
     """Where a call names its tensors to a graph (``stage_args``): the first kernel's
-    leading arguments and the last kernel's output address. :meth:`host` points them back
-    at the graph's own buffers (what the host writes into ``inputs``, every row of it, and
-    the static logits) and remembers that it did, so that replays of host batches in a
-    row cost no argument work at all; :meth:`call` names a caller's tensors."""
+    leading arguments and the last kernel's output address. :meth:`name` sets them for the
+    graph's later launches and remembers what it set, so that calls in a row on the same
+    buffers cost one tuple comparison and no driver call: :meth:`host` names the graph's
+    own buffers (what the host writes into ``inputs``, every row of it, and the static
+    logits); the engine's host path names a bucket's pinned buffers (:class:`_HostIO`)."""
 
     def __init__(self, stage: KernelArgs, output: PointerArg,
                  host_values: tuple[int, ...], logits: torch.Tensor) -> None:
@@ -102,28 +120,54 @@ class _CallArgs:
             raise RuntimeError("the graph's first kernel is also its last: a call cannot "
                                "set both its inputs and its output there")
         self.stage, self.output = stage, output
-        self._host_values, self._logits = host_values, logits
-        self._on_host = False
+        self._host = (host_values, logits.data_ptr())
+        self._named: tuple[tuple[int, ...], int] | None = None
 
     def host(self) -> None:
-        if not self._on_host:
-            self.stage.set(*self._host_values)
-            self.output.set(self._logits.data_ptr())
-            self._on_host = True
+        self.name(*self._host)
 
-    def call(self, values: tuple[int, ...], out: torch.Tensor) -> None:
-        self._on_host = False  # first: a failed set leaves the host values to be restored
+    def name(self, values: tuple[int, ...], out: int) -> None:
+        """The inputs (``STAGE_ARGS`` values) and output address of later launches."""
+        if (values, out) == self._named:
+            return
+        self._named = None  # unknown until both are set: a failed set is redone next time
         self.stage.set(*values)
-        self.output.set(out.data_ptr())
+        self.output.set(out)
+        self._named = (values, out)
+
+
+class _HostIO:
+    """A bucket's batch and logits in pinned host memory, reused by every host call (a
+    call waits for its work before the next may write): the host writes the bucket's
+    input layout into ``inputs`` and reads the logits from ``logits``. ``device``: where
+    kernels reach them (unified addressing), as (``STAGE_ARGS`` values, logits address)
+    for :meth:`_CallArgs.name`; None where the driver maps them nowhere."""
+
+    def __init__(self, bucket: Bucket) -> None:
+        self.inputs = torch.zeros(bucket.buffer_len, dtype=torch.int32, pin_memory=True)
+        self.logits = torch.zeros((2, bucket.tokens), dtype=torch.float32, pin_memory=True)
+        self.inputs_np: I32 = self.inputs.numpy()
+        self.logits_np: npt.NDArray[np.float32] = self.logits.numpy()
+        at = device_address(self.inputs.data_ptr())
+        out = device_address(self.logits.data_ptr())
+        n = bucket.tokens
+        # As ``_CallArgs.host``'s values, on this buffer: the layout's every row.
+        self.device = None if at is None or out is None else (
+            (at, at + 4 * n, at + 8 * n, at + 12 * n, n, bucket.seqs), out)
 
 
 @dataclass
 class _Captured:
     inputs: torch.Tensor  # int32 [bucket.buffer_len]
     logits: torch.Tensor  # float32 [2, bucket.tokens], written by each replay (not by
-    # replay_into, which gives the last kernel a fresh tensor)
+    # replay_into or a host call of a bucket that stages itself: they name other outputs)
     graph: torch.cuda.CUDAGraph
+    launch: Launcher
     args: _CallArgs | None = None  # with ``stage_args``, for buckets that stage themselves
+    host_io: _HostIO | None = None  # made by the first host call
+    # replay_into's next output, made after the previous call's launch, and its stream
+    spare: torch.Tensor | None = None
+    spare_stream: int = 0
 
 
 class GraphCache:
@@ -133,6 +177,7 @@ class GraphCache:
                  stage_args: str | None = None) -> None:
         self._forward = forward
         self._device = device
+        self._index = device.index if device.index is not None else torch.cuda.current_device()
         self._max_graphs = max_graphs
         self._graphs: dict[Bucket, _Captured] = {}
         self._pool = torch.cuda.graph_pool_handle()
@@ -143,6 +188,8 @@ class GraphCache:
         self._stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
         self._workspace = cublaslt.Workspace()
         self._stage_args = stage_args
+        torch.zeros(1, device=device)  # CUDA work on the device: its context is current
+        self._context = Context()
 
     def stages_itself(self, bucket: Bucket) -> bool:
         """Whether a call names its tensors to the bucket's graph (:meth:`replay_into`)."""
@@ -160,12 +207,19 @@ class GraphCache:
         entry = self._graphs.get(bucket) or self._capture(bucket)
         return entry.inputs
 
+    def _current_stream(self) -> int:
+        return torch._C._cuda_getCurrentRawStream(self._index)
+
     def replay(self, bucket: Bucket) -> torch.Tensor:
         """Run the bucket's graph on what its input buffer holds; returns the static logits."""
         entry = self._graphs[bucket]
-        if entry.args is not None:
-            entry.args.host()
-        entry.graph.replay()
+        previous = self._context.enter()
+        try:
+            if entry.args is not None:
+                entry.args.host()
+            entry.launch(self._current_stream())
+        finally:
+            self._context.leave(previous)
         return entry.logits
 
     def replay_into(self, bucket: Bucket, ids: torch.Tensor, tt: torch.Tensor,
@@ -180,17 +234,66 @@ class GraphCache:
         t, b = ids.shape[0], cu.shape[0] - 1
         if t > bucket.tokens or b > bucket.seqs:
             raise ValueError(f"batch ({t} tokens, {b} sequences) does not fit {bucket}")
-        # The kernel gets bare addresses: a wrong dtype, stride or length would be misread.
-        if not (tt.shape == pos.shape == ids.shape == (t,) and all(
-                x.dtype == torch.int32 and x.is_cuda and x.is_contiguous()
-                for x in (ids, tt, pos, cu))):
+        # The kernel gets bare addresses: a wrong dtype, stride, device or length would be
+        # misread. (Spelled out rather than looped: this is every call's host path.)
+        if not (tt.shape == pos.shape == ids.shape == (t,)
+                and ids.dtype == tt.dtype == pos.dtype == cu.dtype == torch.int32
+                and ids.is_cuda and tt.is_cuda and pos.is_cuda and cu.is_cuda
+                and ids.is_contiguous() and tt.is_contiguous() and pos.is_contiguous()
+                and cu.is_contiguous()):
             raise ValueError("replay_into takes contiguous int32 CUDA tensors, ids, token "
                              "types and positions of one length")
-        out = torch.empty((2, bucket.tokens), device=self._device, dtype=torch.float32)
-        entry.args.call((ids.data_ptr(), tt.data_ptr(), pos.data_ptr(), cu.data_ptr(), t, b),
-                        out)
-        entry.graph.replay()
-        return out[:, :t]
+        stream = self._current_stream()
+        out = entry.spare
+        if out is None or entry.spare_stream != stream:  # the spare belongs to its stream
+            out = torch.empty((2, bucket.tokens), device=self._device, dtype=torch.float32)
+        entry.spare = None
+        previous = self._context.enter()
+        try:
+            entry.args.name((ids.data_ptr(), tt.data_ptr(), pos.data_ptr(), cu.data_ptr(),
+                             t, b), out.data_ptr())
+            entry.launch(stream)
+        finally:
+            self._context.leave(previous)
+        # The next call's output, made while this one runs (on the stream it will be
+        # written on, as torch makes an op's output): off the next call's path to its launch.
+        entry.spare = torch.empty((2, bucket.tokens), device=self._device, dtype=torch.float32)
+        entry.spare_stream = stream
+        return out if t == bucket.tokens else out[:, :t]
+
+    def run_host(self, bucket: Bucket, ids: I32, tt: I32, pos: I32,
+                 cu: I32) -> npt.NDArray[np.float32]:
+        """The logits [2, T] of a packed host batch (int32 ``ids``/``tt``/``pos`` [T],
+        ``cu`` [B + 1]), waited for: a view of the bucket's pinned output, which the next
+        call overwrites (copy what you keep).
+
+        A bucket that stages itself reads the batch where the host wrote it, pinned host
+        memory (:class:`_HostIO`), and writes the logits there: one launch and no copies,
+        and no kernel argument set while calls stay on host batches (``HOST_ZERO_COPY``).
+        Other buckets copy the pinned batch into their input buffer and the logits back,
+        in stream order."""
+        entry = self._graphs.get(bucket) or self._capture(bucket)
+        io = entry.host_io
+        if io is None:
+            io = entry.host_io = _HostIO(bucket)
+        bucket_layout(ids, tt, pos, cu, bucket, out=io.inputs_np)
+        stream = torch.cuda.current_stream(self._device)
+        previous = self._context.enter()
+        try:
+            if entry.args is not None and io.device is not None and HOST_ZERO_COPY:
+                entry.args.name(*io.device)
+                entry.launch(stream.cuda_stream)
+            else:
+                entry.inputs.copy_(io.inputs, non_blocking=True)
+                if entry.args is not None:
+                    entry.args.host()
+                entry.launch(stream.cuda_stream)
+                io.logits.copy_(entry.logits, non_blocking=True)
+        finally:
+            self._context.leave(previous)
+        stream.synchronize()
+        t = ids.shape[0]
+        return io.logits_np if t == bucket.tokens else io.logits_np[:, :t]
 
     def _capture(self, bucket: Bucket) -> _Captured:
         with no_automatic_collection():
@@ -220,13 +323,14 @@ class GraphCache:
         with (torch.cuda.graph(graph, pool=self._pool, stream=self._stream),
               cublaslt.using(self._workspace)):
             logits = run()
-        entry = _Captured(inputs, logits, graph)
+        call_args = None
         if stage and self._stage_args is not None:
             graph.instantiate()
             # As captured: the batch the host writes into ``inputs``, every row of it.
             host = (ids.data_ptr(), tt.data_ptr(), pos.data_ptr(), cu.data_ptr(),
                     bucket.tokens, bucket.seqs)
-            entry.args = _CallArgs(leading_args(graph, host, self._stage_args),
-                                   pointer_arg(graph, logits.data_ptr()), host, logits)
+            call_args = _CallArgs(leading_args(graph, host, self._stage_args),
+                                  pointer_arg(graph, logits.data_ptr()), host, logits)
+        entry = _Captured(inputs, logits, graph, Launcher(graph), call_args)
         self._graphs[bucket] = entry
         return entry

@@ -117,15 +117,26 @@ def bucket_for(tokens: int, seqs: int, max_seqlen: int,
 
 
 def bucket_layout(
-    ids: I32, token_types: I32, positions: I32, cu_seqlens: I32, bucket: Bucket
+    ids: I32, token_types: I32, positions: I32, cu_seqlens: I32, bucket: Bucket,
+    out: I32 | None = None,
 ) -> I32:
-    """The bucket's int32 input buffer: padding tokens are id 0 at position 0, and extra
-    sequences are empty (their cu_seqlens entries repeat the real token count)."""
+    """The bucket's int32 input buffer (written into ``out``, int32 [bucket.buffer_len],
+    if given): padding tokens are id 0 at position 0, and extra sequences are empty
+    (their cu_seqlens entries repeat the real token count)."""
     t, b = ids.shape[0], cu_seqlens.shape[0] - 1
     if t > bucket.tokens or b > bucket.seqs:
         raise ValueError(f"batch ({t} tokens, {b} sequences) does not fit {bucket}")
     n = bucket.tokens
-    buf = np.zeros(bucket.buffer_len, dtype=np.int32)
+    if out is None:
+        buf = np.zeros(bucket.buffer_len, dtype=np.int32)
+    else:
+        if out.shape != (bucket.buffer_len,) or out.dtype != np.int32:
+            raise ValueError(f"out must be int32 [{bucket.buffer_len}], got {out.dtype} "
+                             f"{out.shape}")
+        buf = out
+        buf[t:n] = 0  # the padding rows: ids, then token types and positions below
+        buf[n + t : 2 * n] = 0
+        buf[2 * n + t : 3 * n] = 0
     buf[:t] = ids
     buf[n : n + t] = token_types
     buf[2 * n : 2 * n + t] = positions

@@ -618,6 +618,69 @@ def test_graph_staging_one_launch_calls() -> None:
         assert close(g, want[i % len(batches)]), i
 
 
+def test_host_batches_read_and_answered_in_pinned_memory(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``infer``'s graphs read a host batch from pinned host memory and write the logits
+    there (``GraphCache.run_host``, ``graphs.HOST_ZERO_COPY``): the logits of the path that
+    copies in and out, over one bucket's batches of shrinking lengths (the reused pinned
+    layout's padding rows are cleared), a bucket above ``STAGE_MAX_TOKENS`` (copied either
+    way) and device calls in between, on another stream too; and from a thread that has
+    made no CUDA call yet (the driver calls run in the graphs' context)."""
+    import threading
+
+    from engine.fused import graphs
+    from engine.fused.engine import FusedEngine
+    from engine.fused.packing import bucket_for
+
+    eng = FusedEngine.from_pretrained(CHECKPOINT, device="cuda", dtype="float16")
+    rng = np.random.default_rng(22)
+    batches = [_random_batch(rng, w, s, 30522) for w, s in
+               [(1, 128), (1, 128), (3, 200), (12, 384), (1, 128)]]
+    batches[1][1][0, 90:] = 0  # shorter than the first, same bucket
+    batches[4][1][0, 40:] = 0
+    batches[3][1][:] = 1  # 4,608 tokens: above STAGE_MAX_TOKENS
+
+    def close(a: np.ndarray, b: np.ndarray) -> bool:  # small-path atomics: last bits vary
+        return bool((np.abs(a - b) <= 4e-3 * np.abs(b) + 1e-2).all())
+
+    def device_call() -> Any:
+        ids = torch.arange(1000, 1100, dtype=torch.int32, device="cuda")
+        pos = torch.arange(100, dtype=torch.int32, device="cuda")
+        cu = torch.tensor([0, 100], dtype=torch.int32, device="cuda")
+        return eng._run_device(ids, torch.zeros_like(ids), pos, cu, 100)
+
+    with torch.inference_mode():
+        want = device_call().cpu()
+        zero = []
+        for b in batches:
+            zero.append(eng.infer(*b))
+            assert close(device_call().cpu().numpy(), want.numpy())
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):  # replay_into's spare output belongs to its stream
+            got = device_call()
+        side.synchronize()
+        assert close(got.cpu().numpy(), want.numpy())
+    assert eng._graphs is not None
+    entry = eng._graphs._graphs[bucket_for(128, 1, 128)]
+    assert entry.args is not None and entry.host_io is not None
+    assert entry.host_io.device is not None  # pinned memory the GPU reaches
+    eng.infer(*batches[0])
+    assert entry.args._named == entry.host_io.device  # the last host call named it
+    assert not eng._graphs.stages_itself(bucket_for(12 * 384, 12, 384))
+    monkeypatch.setattr(graphs, "HOST_ZERO_COPY", False)
+    copied = [eng.infer(*b) for b in batches]
+    for b, z, c in zip(batches, zero, copied, strict=True):
+        keep = b[1].astype(bool)
+        assert close(z[0][keep], c[0][keep]) and close(z[1][keep], c[1][keep])
+    monkeypatch.setattr(graphs, "HOST_ZERO_COPY", True)
+    result: list[Any] = []
+    thread = threading.Thread(target=lambda: result.append(eng.infer(*batches[2])))
+    thread.start()
+    thread.join()
+    keep = batches[2][1].astype(bool)
+    assert close(result[0][0][keep], copied[2][0][keep])
+
+
 # fp8 measured 0.108 on 2026-11-29 (H200) with SQuAD F1 unchanged (77.66 vs 77.68).
 @pytest.mark.parametrize(("dtype", "tol"), [("float16", 1e-2), ("bfloat16", 4e-2), ("fp8", 0.2)])
 def test_shipped_checkpoint_parity(dtype: str, tol: float) -> None:

@@ -1051,6 +1051,15 @@ def test_buckets_bound_padding() -> None:
     assert buf.shape == (b.buffer_len,)
     assert buf[3 * 320 :].tolist() == [0, 100, 200, 300, 300]  # the extra sequence is empty
     assert buf[300:320].sum() == 0
+    # Into a reused buffer (the host path's pinned one) that held a longer batch: the
+    # same layout as a fresh one, padding rows cleared.
+    used = np.full(b.buffer_len, 7, np.int32)
+    small = (np.arange(5, 10, dtype=np.int32), np.ones(5, np.int32),
+             np.arange(5, dtype=np.int32), np.array([0, 5], np.int32))
+    assert bucket_layout(*small, b, out=used) is used
+    assert used.tolist() == bucket_layout(*small, b).tolist()
+    with pytest.raises(ValueError, match="out must be int32"):
+        bucket_layout(*small, b, out=np.zeros(b.buffer_len, np.int64))  # type: ignore[arg-type]
 
 
 def test_chunks_by_tokens() -> None:

@@ -72,9 +72,10 @@ class _FakeArgs:
 
 
 def test_call_args_point_back_at_the_graph_buffers_once_per_switch() -> None:
-    """Replays of host batches in a row set nothing after the first; a call on the
-    caller's tensors sets both kernels, and the next host replay points them back, also
-    after a call whose set failed halfway. One kernel for both ends is refused."""
+    """Replays of host batches in a row set nothing after the first, and so do calls in
+    a row on the same buffers (the pinned ones of ``run_host``); a call on other tensors
+    sets both kernels, and the next host replay points them back, also after a call whose
+    set failed halfway. One kernel for both ends is refused."""
     torch = pytest.importorskip("torch")
     from engine.fused.graphs import _CallArgs
 
@@ -87,8 +88,12 @@ def test_call_args_point_back_at_the_graph_buffers_once_per_switch() -> None:
     args.host()
     assert log == host
     log.clear()
-    args.call((20, 21, 22, 23, 5, 1), out)
+    args.name((20, 21, 22, 23, 5, 1), out.data_ptr())
+    args.name((20, 21, 22, 23, 5, 1), out.data_ptr())
     assert log == [("stage", (20, 21, 22, 23, 5, 1)), ("output", (out.data_ptr(),))]
+    log.clear()
+    args.name((20, 21, 22, 23, 5, 1), out.data_ptr() + 64)  # the output alone differs
+    assert log == [("stage", (20, 21, 22, 23, 5, 1)), ("output", (out.data_ptr() + 64,))]
     log.clear()
     args.host()
     args.host()
@@ -96,7 +101,7 @@ def test_call_args_point_back_at_the_graph_buffers_once_per_switch() -> None:
     log.clear()
     output.fail = True
     with pytest.raises(RuntimeError, match="refused"):
-        args.call((30, 31, 32, 33, 5, 1), out)
+        args.name((30, 31, 32, 33, 5, 1), out.data_ptr())
     output.fail = False
     log.clear()
     args.host()
