@@ -83,7 +83,7 @@ def _check(result: int, what: str) -> None:
         raise RuntimeError(f"{what} failed (CUresult {result})")
 
 
-_DEVICE_POINTER = 2  # CU_POINTER_ATTRIBUTE_DEVICE_POINTER
+_DEVICE_POINTER = 3  # CU_POINTER_ATTRIBUTE_DEVICE_POINTER (2 is the memory type)
 
 
 def device_address(host_address: int) -> int | None:
