@@ -663,7 +663,9 @@ def test_host_batches_read_and_answered_in_pinned_memory(
     assert eng._graphs is not None
     entry = eng._graphs._graphs[bucket_for(128, 1, 128)]
     assert entry.args is not None and entry.host_io is not None
-    assert entry.host_io.device is not None  # pinned memory the GPU reaches
+    io = entry.host_io
+    assert io.device is not None  # pinned memory the GPU reaches: at the host's addresses
+    assert (io.device[0][0], io.device[1]) == (io.inputs.data_ptr(), io.logits.data_ptr())
     eng.infer(*batches[0])
     assert entry.args._named == entry.host_io.device  # the last host call named it
     assert not eng._graphs.stages_itself(bucket_for(12 * 384, 12, 384))
