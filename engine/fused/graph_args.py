@@ -79,8 +79,15 @@ def supported() -> bool:
 
 
 def _check(result: int, what: str) -> None:
+    """Raise on a driver error, named as the driver names it (e.g. CUDA_ERROR_ASSERT, a
+    device-side assert that ended the context)."""
     if result != 0:
-        raise RuntimeError(f"{what} failed (CUresult {result})")
+        name, text = ctypes.c_char_p(), ctypes.c_char_p()
+        cuda = _cuda()
+        cuda.cuGetErrorName(result, ctypes.byref(name))
+        cuda.cuGetErrorString(result, ctypes.byref(text))
+        raise RuntimeError(f"CUDA error: {what} failed: {(name.value or b'?').decode()} "
+                           f"({(text.value or b'?').decode()}; CUresult {result})")
 
 
 _DEVICE_POINTER = 3  # CU_POINTER_ATTRIBUTE_DEVICE_POINTER (2 is the memory type)

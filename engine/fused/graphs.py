@@ -248,17 +248,21 @@ class GraphCache:
         if out is None or entry.spare_stream != stream:  # the spare belongs to its stream
             out = torch.empty((2, bucket.tokens), device=self._device, dtype=torch.float32)
         entry.spare = None
+        values = (ids.data_ptr(), tt.data_ptr(), pos.data_ptr(), cu.data_ptr(), t, b)
         previous = self._context.enter()
         try:
-            entry.args.name((ids.data_ptr(), tt.data_ptr(), pos.data_ptr(), cu.data_ptr(),
-                             t, b), out.data_ptr())
+            # The spare was named as the output after the last call's launch: this sets
+            # the inputs alone, where they changed.
+            entry.args.name(values, out.data_ptr())
             entry.launch(stream)
+            # The next call's output, made (on the stream it will be written on, as torch
+            # makes an op's output) and named while this call runs, off the next call's
+            # path to its launch: a set applies to later launches only.
+            spare = torch.empty((2, bucket.tokens), device=self._device, dtype=torch.float32)
+            entry.args.name(values, spare.data_ptr())
         finally:
             self._context.leave(previous)
-        # The next call's output, made while this one runs (on the stream it will be
-        # written on, as torch makes an op's output): off the next call's path to its launch.
-        entry.spare = torch.empty((2, bucket.tokens), device=self._device, dtype=torch.float32)
-        entry.spare_stream = stream
+        entry.spare, entry.spare_stream = spare, stream
         return out if t == bucket.tokens else out[:, :t]
 
     def run_host(self, bucket: Bucket, ids: I32, tt: I32, pos: I32,

@@ -36,7 +36,13 @@ def _args(monkeypatch: pytest.MonkeyPatch, cls: Any, slots: list[int], formats: 
                      for i, (_, size) in enumerate(LAYOUT)])
         return results.pop(0) if results else 0
 
-    driver = type("Driver", (), {"cuGraphExecKernelNodeSetParams_v2": staticmethod(driver_set)})
+    def error_name(result: int, ref: Any) -> int:  # the driver's name of an error code
+        ref._obj.value = {700: b"CUDA_ERROR_ILLEGAL_ADDRESS"}.get(result)
+        return 0
+
+    driver = type("Driver", (), {"cuGraphExecKernelNodeSetParams_v2": staticmethod(driver_set),
+                                 "cuGetErrorName": staticmethod(error_name),
+                                 "cuGetErrorString": staticmethod(lambda _r, _ref: 1)})
     monkeypatch.setattr(ga, "_driver", driver())
     args = cls(_Graph(), 1, params, LAYOUT, slots, formats)
     del keep  # the arguments were copied at construction
@@ -89,7 +95,8 @@ def test_values_the_driver_refused_are_sent_again(monkeypatch: pytest.MonkeyPatc
 
     sent: list[list[bytes]] = []
     args = _args(monkeypatch, KernelArgs, [0], "Q", sent, results=[700])
-    with pytest.raises(RuntimeError, match="CUresult 700"):
+    with pytest.raises(RuntimeError, match=r"CUDA error: .* CUDA_ERROR_ILLEGAL_ADDRESS \(\?; "
+                                           r"CUresult 700\)"):
         args.set(42)
     args.set(42)
     args.set(42)  # now cached
