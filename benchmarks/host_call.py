@@ -4,8 +4,10 @@
 
 The numpy path is what the Triton model (``serving``) calls per request: pack the padded
 batch, check it, run the bucket's graph (``GraphCache.run_host``: the graph reads the
-batch from pinned host memory and writes the logits there; ``infer, copied``: a copy into
-its input buffer, the replay, a copy of the logits out, as before v25), unpack the logits.
+batch from pinned host memory and writes the logits there; ``infer, copied``:
+``HOST_ZERO_COPY`` off, the pinned batch copied into the graph's input buffer and the
+logits back, asynchronously, one synchronisation; v24's path copied from and to pageable
+memory, run an older tree for it), unpack the logits.
 Host wall-clock per call (``perf_counter``; the call
 returns with the logits on the host), interleaved over rounds, for ``infer`` and for
 ``device_call`` (``_run_device`` on int32 device tensors, synchronised: the engine's own
@@ -13,9 +15,11 @@ per-call path, without packing or host copies); the host part alone (until the c
 returns, the GPU idle before it) of ``_run_device`` and of the bare graph replay
 (``GraphCache.replay``), the same two timed by CUDA events around the call as
 ``bench_gpu`` times them (with ``--steps`` also the steps inside each variant's calls),
-and three pieces of the former alone (mean of a loop per round:
-the bucket lookup, the output tensor's allocation, setting the graph's per-call kernel
-arguments with new values, which calls the driver twice); and the parts
+and three pieces of the former alone (mean of a loop per round: the bucket lookup, an
+output tensor's allocation (since v25 made after the launch, for the next call), setting
+the graph's per-call kernel arguments with new values through ``_CallArgs.name``, two
+driver calls (since v25 a call makes one before its launch, for its inputs, and one
+after, for the next call's output)); and the parts
 of ``infer``: packing (``pack_padded``), checks (``_check_host``) and ``_run_host`` with
 the logits on the host; the rest is ``infer``'s own (output arrays, chunking,
 unpacking). Random weights (fp16); prints a table, writes JSON.
@@ -109,7 +113,7 @@ def main() -> None:
     graphs.inputs(bucket)  # captured now
     entry = graphs._graphs[bucket]
     assert entry.args is not None
-    stage_set, output_set = entry.args.stage.set, entry.args.output.set  # unwrapped, for the pieces
+    stage_set, output_set = entry.args.stage.set, entry.args.output.set  # to wrap (--steps)
     bucket_of = eng._graph_bucket
     if args.steps:  # steps inside the calls, per variant
         graphs.replay_into = timed("replay_into", graphs.replay_into)  # type: ignore[method-assign]
@@ -121,11 +125,12 @@ def main() -> None:
     flip = [0]
 
     def call_args() -> None:
-        """New values each time (two output tensors in turn), so both reach the driver."""
+        """New values each time (two output tensors in turn), so both reach the driver;
+        through ``_CallArgs``, which then knows what the graph holds."""
+        assert entry.args is not None
         flip[0] ^= 1
-        stage_set(dev[0].data_ptr(), dev[1].data_ptr(), dev[2].data_ptr(), cu.data_ptr(),
-                  args.seq - flip[0], 1)
-        output_set(outs[flip[0]].data_ptr())
+        entry.args.name((dev[0].data_ptr(), dev[1].data_ptr(), dev[2].data_ptr(),
+                         cu.data_ptr(), args.seq - flip[0], 1), outs[flip[0]].data_ptr())
 
     pieces = {  # pieces of _run_device's host part, each alone
         "  bucket lookup": lambda: bucket_of(args.seq, 1, args.seq),
@@ -134,7 +139,8 @@ def main() -> None:
         "  call args (two driver calls)": call_args,
     }
     def infer_copied() -> None:
-        """``infer`` as before v25's pinned host path: the batch copied in, the logits out."""
+        """``infer`` with ``HOST_ZERO_COPY`` off: the pinned batch copied in, the logits
+        out."""
         graphs_module.HOST_ZERO_COPY = False
         try:
             eng.infer(ids, mask, tt)

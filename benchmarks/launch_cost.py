@@ -16,9 +16,11 @@ the host to submit the graph) as well as the kernels. This splits it, for calibr
 for these calls: ``torch replay`` (``CUDAGraph.replay``), ``driver launch``
 (``graph_args.Launcher``: ``cuGraphLaunch`` through ctypes on the same executable graph
 and stream), ``GraphCache.replay`` (the bare replay with its argument bookkeeping and
-context check, through ``Launcher`` since v25), ``_run_device`` on one set of input tensors (its
-arguments set once) and on four sets in turn (two driver calls per call, as ``bench_gpu``'s
-per-call rows). Prints a table, writes JSON.
+context check, through ``Launcher`` since v25), ``_run_device`` on one set of input tensors and on
+four sets in turn (as ``bench_gpu``'s per-call rows). Since v25 a call sets its inputs
+before its launch where they changed (none with one set, one driver call with four), and
+names the next call's output after it (one driver call, off the timed path to the launch);
+v24 set both before the launch. Prints a table, writes JSON.
 """
 
 from __future__ import annotations

@@ -10,13 +10,17 @@ Three entry points, all returning float32 start/end logits:
 - :meth:`FusedEngine.infer_packed` -- already-packed CUDA tensors: flat tokens of all
   sequences plus ``cu_seqlens`` (Triton ragged batching).
 
-Calls are serialised by a lock (static graph buffers are shared). With ``cuda_graphs``
+Calls are serialised by a lock (static graph buffers, and the pinned host buffers that
+``infer``'s results are copied out of, are shared). With ``cuda_graphs``
 on, a batch replays the graph of its bucket (``packing.bucket_for``), captured the first
 time that bucket is seen; batches above ``max_graph_tokens`` tokens run eagerly, where
 launch overhead no longer matters and the exact token count beats the bucket's padding
-(``graphs.MAX_GRAPH_TOKENS``). With ``graph_staging`` (and the Triton op set) a call on
-device tensors is one graph launch: the call sets where the inputs are and where the
-logits go as arguments of the graph's first and last kernels (``engine.fused.graph_args``).
+(``graphs.MAX_GRAPH_TOKENS``). With ``graph_staging`` (and the Triton op set) a call is
+one graph launch: the call sets where the inputs are and where the logits go as
+arguments of the graph's first and last kernels (``engine.fused.graph_args``), the
+caller's device tensors, or for ``infer`` pinned host buffers that the GPU reads and
+writes directly (``GraphCache.run_host``). Calls on several streams are ordered one after
+another (the graphs share their memory).
 """
 
 from __future__ import annotations

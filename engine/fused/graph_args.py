@@ -53,6 +53,7 @@ def _cuda() -> ctypes.CDLL:
         lib = ctypes.CDLL("libcuda.so.1")
         lib.cuGraphLaunch.restype = ctypes.c_int
         lib.cuGraphLaunch.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+        lib.cuCtxSetCurrent.argtypes = [ctypes.c_void_p]
         _driver = lib
     return _driver
 
@@ -104,20 +105,24 @@ def device_address(host_address: int) -> int | None:
 
 
 class Context:
-    """The CUDA context current where this is made (after CUDA work on the graphs'
-    device). The driver calls here (launches, argument sets) act in the calling thread's
-    current context, and a thread that has made no CUDA runtime call yet has none, while
-    one that last worked on another device has that device's: :meth:`enter` makes this
-    one current where it is not, :meth:`leave` restores what was."""
+    """The primary CUDA context of one device (the one torch's runtime uses), retained
+    here and never released (torch keeps it for the process's life as well). Driver calls
+    (launches, argument sets) act in the calling thread's current context: a thread that
+    has made no CUDA runtime call yet has none, and one that last worked on another
+    device has that device's. :meth:`enter` makes this one current where it is not and
+    :meth:`leave` restores what was. One thread at a time (the engine's lock)."""
 
-    def __init__(self) -> None:
-        self._get, self._set = _cuda().cuCtxGetCurrent, _cuda().cuCtxSetCurrent
-        self._set.argtypes = [ctypes.c_void_p]
-        self._found = ctypes.c_void_p()
-        _check(self._get(ctypes.byref(self._found)), "cuCtxGetCurrent")
-        if not self._found.value:
-            raise RuntimeError("no CUDA context is current in this thread")
-        self._context: int = self._found.value
+    def __init__(self, device_index: int) -> None:
+        cuda = _cuda()
+        device, context = ctypes.c_int(), ctypes.c_void_p()
+        _check(cuda.cuDeviceGet(ctypes.byref(device), device_index), "cuDeviceGet")
+        _check(cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), device),
+               "cuDevicePrimaryCtxRetain")
+        if not context.value:
+            raise RuntimeError(f"device {device_index} has no primary context")
+        self._context: int = context.value
+        self._get, self._set = cuda.cuCtxGetCurrent, cuda.cuCtxSetCurrent
+        self._found = ctypes.c_void_p()  # scratch: one caller at a time
 
     def enter(self) -> int | None:
         """None if this context was current already, else the one to :meth:`leave` to
@@ -138,9 +143,11 @@ class Launcher:
     """``cuGraphLaunch`` of one instantiated graph on a raw stream handle: what
     ``CUDAGraph.replay`` does without its bookkeeping of random-number generators (the
     engine's graphs draw none). Host time per launch, BERT-base 1x128 (``launch_cost.py``,
-    H200): 2.9 against 3.6 µs (v24), 4.8 against 6.9 on a slower host (v25)."""
+    H200): 2.9 against 3.6 µs (v24), 4.8 against 6.9 on a slower host (v25). Holds the
+    graph: its executable graph lives as long as it does."""
 
     def __init__(self, graph: torch.cuda.CUDAGraph) -> None:
+        self._graph = graph
         self._exec = graph.raw_cuda_graph_exec()
         self._launch = _cuda().cuGraphLaunch
 

@@ -16,7 +16,8 @@ Graphs are launched through the driver (``graph_args.Launcher``), in the context
 device they were captured on. Not thread-safe: the engine serialises calls.
 All graphs share one memory pool: they are
 replayed one at a time and none reads another's intermediates, so the pool's blocks can
-serve every graph's activations.
+serve every graph's activations. One at a time on the GPU too: a call on another stream
+than the previous call's waits for that stream's work first (``GraphCache._follow``).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import threading
+import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
@@ -112,7 +114,8 @@ class _CallArgs:
     graph's later launches and remembers what it set, so that calls in a row on the same
     buffers cost one tuple comparison and no driver call: :meth:`host` names the graph's
     own buffers (what the host writes into ``inputs``, every row of it, and the static
-    logits); the engine's host path names a bucket's pinned buffers (:class:`_HostIO`)."""
+    logits), :meth:`GraphCache.run_host` a bucket's pinned buffers (:class:`_HostIO`);
+    :meth:`GraphCache.replay_into` names a fresh output after every launch."""
 
     def __init__(self, stage: KernelArgs, output: PointerArg,
                  host_values: tuple[int, ...], logits: torch.Tensor) -> None:
@@ -176,8 +179,9 @@ class GraphCache:
     def __init__(self, forward: Forward, device: torch.device, max_graphs: int = 128,
                  stage_args: str | None = None) -> None:
         self._forward = forward
-        self._device = device
+        # The device by its index: "cuda" alone would follow the calling thread's device.
         self._index = device.index if device.index is not None else torch.cuda.current_device()
+        self._device = torch.device("cuda", self._index)
         self._max_graphs = max_graphs
         self._graphs: dict[Bucket, _Captured] = {}
         self._pool = torch.cuda.graph_pool_handle()
@@ -185,11 +189,12 @@ class GraphCache:
         # workspace of its own: its graphs keep the pointer and replay on their callers'
         # streams, so no other engine's GEMMs may share it (cublaslt.Workspace); the
         # warm-up makes it before the capture.
-        self._stream = torch.cuda.Stream(device)  # type: ignore[no-untyped-call]
+        self._stream = torch.cuda.Stream(self._device)  # type: ignore[no-untyped-call]
         self._workspace = cublaslt.Workspace()
         self._stage_args = stage_args
-        torch.zeros(1, device=device)  # CUDA work on the device: its context is current
-        self._context = Context()
+        self._context = Context(self._index)
+        # The stream of the last call, raw and as torch's object (see ``_follow``).
+        self._last: tuple[int, torch.cuda.Stream] | None = None
 
     def stages_itself(self, bucket: Bucket) -> bool:
         """Whether a call names its tensors to the bucket's graph (:meth:`replay_into`)."""
@@ -203,21 +208,39 @@ class GraphCache:
         return bucket in self._graphs or len(self._graphs) < self._max_graphs
 
     def inputs(self, bucket: Bucket) -> torch.Tensor:
-        """The bucket's static input buffer (capturing the graph first if needed)."""
+        """The bucket's static input buffer (capturing the graph first if needed), for
+        work on the current stream ahead of :meth:`replay`."""
         entry = self._graphs.get(bucket) or self._capture(bucket)
+        self._follow(self._current_stream())
         return entry.inputs
 
     def _current_stream(self) -> int:
         return torch._C._cuda_getCurrentRawStream(self._index)
 
+    def _follow(self, stream: int) -> None:
+        """Order a call on ``stream`` after the previous call's work when that came on
+        another stream: the graphs share one memory pool (and a bucket its buffers), so
+        no two passes may overlap. On one stream, one comparison."""
+        last = self._last
+        if last is not None and last[0] == stream:
+            return
+        current = torch.cuda.current_stream(self._device)
+        if last is not None:
+            done = torch.cuda.Event()  # type: ignore[no-untyped-call]
+            done.record(last[1])
+            current.wait_event(done)
+        self._last = (stream, current)
+
     def replay(self, bucket: Bucket) -> torch.Tensor:
         """Run the bucket's graph on what its input buffer holds; returns the static logits."""
         entry = self._graphs[bucket]
+        stream = self._current_stream()
+        self._follow(stream)
         previous = self._context.enter()
         try:
             if entry.args is not None:
                 entry.args.host()
-            entry.launch(self._current_stream())
+            entry.launch(stream)
         finally:
             self._context.leave(previous)
         return entry.logits
@@ -238,12 +261,14 @@ class GraphCache:
         # misread. (Spelled out rather than looped: this is every call's host path.)
         if not (tt.shape == pos.shape == ids.shape == (t,)
                 and ids.dtype == tt.dtype == pos.dtype == cu.dtype == torch.int32
-                and ids.is_cuda and tt.is_cuda and pos.is_cuda and cu.is_cuda
+                and ids.get_device() == tt.get_device() == pos.get_device()
+                == cu.get_device() == self._index
                 and ids.is_contiguous() and tt.is_contiguous() and pos.is_contiguous()
                 and cu.is_contiguous()):
-            raise ValueError("replay_into takes contiguous int32 CUDA tensors, ids, token "
-                             "types and positions of one length")
+            raise ValueError(f"replay_into takes contiguous int32 tensors on cuda:"
+                             f"{self._index}, ids, token types and positions of one length")
         stream = self._current_stream()
+        self._follow(stream)
         out = entry.spare
         if out is None or entry.spare_stream != stream:  # the spare belongs to its stream
             out = torch.empty((2, bucket.tokens), device=self._device, dtype=torch.float32)
@@ -257,9 +282,15 @@ class GraphCache:
             entry.launch(stream)
             # The next call's output, made (on the stream it will be written on, as torch
             # makes an op's output) and named while this call runs, off the next call's
-            # path to its launch: a set applies to later launches only.
-            spare = torch.empty((2, bucket.tokens), device=self._device, dtype=torch.float32)
-            entry.args.name(values, spare.data_ptr())
+            # path to its launch: a set applies to later launches only. (Made under this
+            # call's inference mode, or not: the next call returns it as it is.)
+            try:
+                spare: torch.Tensor | None = torch.empty(
+                    (2, bucket.tokens), device=self._device, dtype=torch.float32)
+            except torch.OutOfMemoryError:  # this call's logits are done: return them
+                spare = None
+            if spare is not None:
+                entry.args.name(values, spare.data_ptr())
         finally:
             self._context.leave(previous)
         entry.spare, entry.spare_stream = spare, stream
@@ -277,13 +308,18 @@ class GraphCache:
         Other buckets copy the pinned batch into their input buffer and the logits back,
         in stream order."""
         entry = self._graphs.get(bucket) or self._capture(bucket)
-        io = entry.host_io
-        if io is None:
-            io = entry.host_io = _HostIO(bucket)
-        bucket_layout(ids, tt, pos, cu, bucket, out=io.inputs_np)
         stream = torch.cuda.current_stream(self._device)
+        self._follow(stream.cuda_stream)
         previous = self._context.enter()
         try:
+            io = entry.host_io
+            if io is None:  # in the context: the driver maps the buffers for its device
+                io = entry.host_io = _HostIO(bucket)
+                if io.device is None and entry.args is not None:
+                    warnings.warn("pinned host memory has no device address here: host "
+                                  "batches are copied in and out", RuntimeWarning,
+                                  stacklevel=2)
+            bucket_layout(ids, tt, pos, cu, bucket, out=io.inputs_np)
             if entry.args is not None and io.device is not None and HOST_ZERO_COPY:
                 entry.args.name(*io.device)
                 entry.launch(stream.cuda_stream)
@@ -293,6 +329,11 @@ class GraphCache:
                     entry.args.host()
                 entry.launch(stream.cuda_stream)
                 io.logits.copy_(entry.logits, non_blocking=True)
+        except BaseException:
+            # What was queued must not read the pinned batch after the next call writes it.
+            with contextlib.suppress(RuntimeError):
+                stream.synchronize()
+            raise
         finally:
             self._context.leave(previous)
         stream.synchronize()

@@ -115,3 +115,95 @@ def test_adjacent_arguments_across_an_alignment_gap(monkeypatch: pytest.MonkeyPa
     assert sent[0][9] == (0xFEED).to_bytes(8, "little")
     assert sent[0][:8] == [bytes([i + 1]) * size for i, (_, size) in enumerate(LAYOUT)][:8]
     assert len(args._runs) == 2
+
+
+class _ContextDriver:
+    """The driver calls ``Context``, ``Launcher`` and ``device_address`` make: one thread's
+    current context, primary contexts by device, launches and pointer queries recorded."""
+
+    def __init__(self) -> None:
+        self.current: int | None = None
+        self.launches: list[tuple[int, int]] = []
+        self.launch_result = 0
+
+    def cuDeviceGet(self, ref: Any, ordinal: int) -> int:
+        ref._obj.value = ordinal
+        return 0
+
+    def cuDevicePrimaryCtxRetain(self, ref: Any, device: Any) -> int:
+        ref._obj.value = 0x1000 + device.value
+        return 0
+
+    def cuCtxGetCurrent(self, ref: Any) -> int:
+        ref._obj.value = self.current
+        return 0
+
+    def cuCtxSetCurrent(self, context: int | None) -> int:
+        self.current = context
+        return 0
+
+    def cuGraphLaunch(self, graph_exec: int, stream: int) -> int:
+        self.launches.append((graph_exec, stream))
+        return self.launch_result
+
+    def cuPointerGetAttribute(self, ref: Any, attribute: int, address: Any) -> int:
+        if attribute != 3 or address.value % 2:  # the device pointer, of pinned memory only
+            return 1
+        ref._obj.value = address.value
+        return 0
+
+    def cuGetErrorName(self, result: int, ref: Any) -> int:
+        ref._obj.value = {710: b"CUDA_ERROR_ASSERT"}.get(result)
+        return 0
+
+    def cuGetErrorString(self, result: int, ref: Any) -> int:
+        ref._obj.value = {710: b"device-side assert triggered"}.get(result)
+        return 0
+
+
+def test_context_made_current_only_where_it_is_not_and_restored(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A device's primary context, whatever is current where it is made: entered from a
+    thread with none current, or with another device's, it is made current and the
+    previous one comes back on leaving; already current, nothing is set."""
+    from engine.fused import graph_args as ga
+
+    driver = _ContextDriver()
+    monkeypatch.setattr(ga, "_driver", driver)
+    driver.current = 0x1000  # device 0's context current where device 1's is made
+    ctx = ga.Context(1)
+    assert driver.current == 0x1000
+    for before in (None, 0x1000):  # no context (a fresh thread), then another device's
+        driver.current = before
+        previous = ctx.enter()
+        assert driver.current == 0x1001 and previous == (before or 0)
+        ctx.leave(previous)
+        assert driver.current == before
+    driver.current = 0x1001
+    assert ctx.enter() is None
+    ctx.leave(None)
+    assert driver.current == 0x1001
+
+
+def test_launcher_and_device_address(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A launch goes to the driver with the graph's executable graph and the stream; a
+    failed one raises with the driver's name of the error. A pinned buffer's device
+    address is the driver's answer; None where the driver has none."""
+    from engine.fused import graph_args as ga
+
+    driver = _ContextDriver()
+    monkeypatch.setattr(ga, "_driver", driver)
+
+    class Graph:
+        def raw_cuda_graph_exec(self) -> int:
+            return 77
+
+    launch = ga.Launcher(Graph())  # type: ignore[arg-type]
+    launch(5)
+    assert driver.launches == [(77, 5)]
+    driver.launch_result = 710
+    with pytest.raises(RuntimeError, match=r"CUDA error: cuGraphLaunch failed: "
+                                           r"CUDA_ERROR_ASSERT \(device-side assert"):
+        launch(5)
+    assert ga.device_address(4096) == 4096
+    assert ga.device_address(4097) is None
