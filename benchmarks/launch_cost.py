@@ -16,11 +16,12 @@ the host to submit the graph) as well as the kernels. This splits it, for calibr
 for these calls: ``torch replay`` (``CUDAGraph.replay``), ``driver launch``
 (``graph_args.Launcher``: ``cuGraphLaunch`` through ctypes on the same executable graph
 and stream), ``GraphCache.replay`` (the bare replay with its argument bookkeeping and
-context check, through ``Launcher`` since v25), ``_run_device`` on one set of input tensors and on
-four sets in turn (as ``bench_gpu``'s per-call rows). Since v25 a call sets its inputs
-before its launch where they changed (none with one set, one driver call with four), and
-names the next call's output after it (one driver call, off the timed path to the launch);
-v24 set both before the launch. Prints a table, writes JSON.
+context check, through ``Launcher`` since v25), ``_run_device`` on one set of input
+tensors and on four sets in turn (as ``bench_gpu``'s per-call rows; and, one median a
+round, through ``bench_gpu.time_calls`` itself, to tell the timer from the calls). Since
+v25 a call sets its inputs before its launch where they changed (none with one set, one
+driver call with four), and names the next call's output after it (one driver call, off
+the timed path to the launch); v24 set both before the launch. Prints a table, writes JSON.
 """
 
 from __future__ import annotations
@@ -53,7 +54,13 @@ def main() -> None:
     import numpy as np
     import torch
 
-    from benchmarks.bench_gpu import device_packed, make_hf, make_ours, random_padded
+    from benchmarks.bench_gpu import (
+        device_packed,
+        make_hf,
+        make_ours,
+        random_padded,
+        time_calls,
+    )
     from benchmarks.rounds import event_ms
     from engine.fused.engine import FusedEngine
     from engine.fused.graph_args import Launcher
@@ -113,6 +120,10 @@ def main() -> None:
                 times[name]["queued"] += [ms * 1e3 for ms in event_ms(fn, args.calls, sleep)]
                 for _ in range(args.calls):
                     times[name]["host"].append(host(fn))
+            # bench_gpu's own timer on the same calls: its per-call rows did not resolve
+            # what the rows above show for v25 (GPU_RESULTS v25); one round's median each
+            timing = time_calls(lambda x: eng._run_device(*x), sets, target_s=0.07)
+            times["bench_gpu.time_calls, four sets"]["idle"].append(timing.median_ms * 1e3)
             print(f"round {r + 1}/{args.rounds} done", flush=True)
         # the sleep kernel alone, queued: what "queued" would read with no call at all
         times["nothing"]["queued"] = [ms * 1e3 for ms in event_ms(lambda: None, args.calls,
