@@ -27,7 +27,6 @@ unpacking). Random weights (fp16); prints a table, writes JSON.
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -41,12 +40,10 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="bert-base")
-    p.add_argument("--seq", type=int, default=128)
-    p.add_argument("--calls", type=int, default=400, help="per variant and round")
-    p.add_argument("--rounds", type=int, default=5)
+    sys.path.insert(0, str(REPO))
+    from benchmarks.rounds import batch1_parser
+
+    p = batch1_parser(__doc__, calls=400, calls_help="per variant and round")
     p.add_argument("--spin-us", type=float, default=0.0,
                    help="host parts: spin this long on the host after each call's sync, off "
                         "the clock (does the host run slower right after a wait?)")
@@ -54,9 +51,7 @@ def main() -> None:
                    help="also time the steps inside the calls (bucket lookup, call args, "
                         "graph launch, replay_into); their wrappers add ~0.3 us each to every "
                         "row that runs them")
-    p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
-    sys.path.insert(0, str(REPO))
     import numpy as np
     import torch
 

@@ -26,7 +26,6 @@ the timed path to the launch); v24 set both before the launch. Prints a table, w
 
 from __future__ import annotations
 
-import argparse
 import json
 import statistics
 import sys
@@ -41,16 +40,12 @@ SLEEP_CYCLES = 100_000  # ~50 µs at the H200's clock: enough to hide any launch
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="bert-base")
-    p.add_argument("--seq", type=int, default=128)
-    p.add_argument("--calls", type=int, default=200, help="per variant, mode and round")
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--commit", default="")
-    p.add_argument("--out", type=Path, default=None)
-    args = p.parse_args()
     sys.path.insert(0, str(REPO))
+    from benchmarks.rounds import batch1_parser
+
+    p = batch1_parser(__doc__, calls=200, calls_help="per variant, mode and round")
+    p.add_argument("--commit", default="")
+    args = p.parse_args()
     import numpy as np
     import torch
 

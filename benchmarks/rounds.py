@@ -2,13 +2,30 @@
 turn, so that drift in clocks, temperature and (at the H200's power cap) power hits them
 alike; the tools report the median of the rounds (``ab_replay``, ``bucket_padding``,
 ``large_m_configs``, ``cutlass_ffn1``). Also the one stream and capture helper for the
-CUDA graphs the tools time."""
+CUDA graphs the tools time, and the command line the batch-1 call tools share."""
 
 from __future__ import annotations
 
+import argparse
 import functools
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
+
+
+def batch1_parser(doc: str | None, calls: int, calls_help: str) -> argparse.ArgumentParser:
+    """The options of the tools that time one batch-1 call's parts (``host_call``,
+    ``launch_cost``): the model, the sequence length, calls per round, rounds and the JSON
+    output; each tool adds its own."""
+    p = argparse.ArgumentParser(description=doc,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="bert-base")
+    p.add_argument("--seq", type=int, default=128)
+    p.add_argument("--calls", type=int, default=calls, help=calls_help)
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--out", type=Path, default=None)
+    return p
+
 
 # timer(fn, reps) -> ms per call of fn, over reps calls
 Timer = Callable[[Callable[[], object], int], float]

@@ -462,8 +462,7 @@ class FusedEngine:
         flat = np.concatenate([p.input_ids, p.token_type_ids, p.position_ids, p.cu_seqlens])
         dev = torch.from_numpy(flat).to(self.device)
         ids, tt, pos, cu = dev[:t], dev[t : 2 * t], dev[2 * t : 3 * t], dev[3 * t :]
-        logits: Float32Array = self._forward(ids, tt, pos, cu, b,
-                                                        p.max_seqlen).cpu().numpy()
+        logits: Float32Array = self._forward(ids, tt, pos, cu, b, p.max_seqlen).cpu().numpy()
         return logits
 
     def _run_device(self, ids: torch.Tensor, tt: torch.Tensor, pos: torch.Tensor,
