@@ -22,7 +22,13 @@ driver calls (since v25 a call makes one before its launch, for its inputs, and 
 after, for the next call's output)); and the parts
 of ``infer``: packing (``pack_padded``), checks (``_check_host``) and ``_run_host`` with
 the logits on the host; the rest is ``infer``'s own (output arrays, chunking,
-unpacking). Random weights (fp16); prints a table, writes JSON.
+unpacking). Since v26, to find where ``run_host``'s wall time beyond the GPU's goes (v25:
+~370 us against ~318 for ``device_call``, synchronised, on the same graph): ``run_host``
+alone (lock and inference mode, as ``infer`` holds them), the bare replay waited for by
+its stream's or the device's synchronisation, ``run_host`` timed by CUDA events (the
+graph on pinned host memory, or copied), and the pieces of its host part: the bucket
+layout written into the pinned buffer, torch's current-stream object, the context check
+and an idle stream's synchronisation. Random weights (fp16); prints a table, writes JSON.
 """
 
 from __future__ import annotations
@@ -132,17 +138,50 @@ def main() -> None:
         "  output allocation": lambda: torch.empty((2, bucket.tokens), device=eng.device,
                                                    dtype=torch.float32),
         "  call args (two driver calls)": call_args,
+        # pieces of run_host's host part before its launch, and its wait
+        "  bucket_layout into pinned": lambda: graphs_module.bucket_layout(
+            packed.input_ids, packed.token_type_ids, packed.position_ids, packed.cu_seqlens,
+            bucket, out=io.inputs_np),
+        "  torch.cuda.current_stream": lambda: torch.cuda.current_stream(eng.device),
+        "  context enter + leave": lambda: context_switch(),
+        "  idle stream sync": lambda: stream.synchronize(),
     }
-    def infer_copied() -> None:
-        """``infer`` with ``HOST_ZERO_COPY`` off: the pinned batch copied in, the logits
-        out."""
+
+    def copied(fn: Callable[[], Any]) -> None:
+        """``fn`` with ``HOST_ZERO_COPY`` off: the pinned batch copied in, the logits out."""
         graphs_module.HOST_ZERO_COPY = False
         try:
-            eng.infer(ids, mask, tt)
+            fn()
         finally:
             graphs_module.HOST_ZERO_COPY = True
 
+    def infer_copied() -> None:
+        copied(lambda: eng.infer(ids, mask, tt))
+
+    def context_switch() -> None:
+        graphs._context.leave(graphs._context.enter())
+
+    packed = fe.pack_padded(ids, mask, tt)
+    stream = torch.cuda.current_stream()
+    eng.infer(ids, mask, tt)  # the bucket's pinned buffers, made by its first host call
+    io = entry.host_io
+    assert io is not None
+
+    def run_host() -> None:
+        """The engine's host call alone, as ``infer`` makes it (lock, inference mode)."""
+        with eng._lock, torch.inference_mode():
+            eng._run_host(packed)
+
+    def replay_synced(sync: Callable[[], None]) -> Callable[[], None]:
+        def run() -> None:
+            graphs.replay(bucket)
+            sync()
+        return run
+
     variants = {"infer": lambda: eng.infer(ids, mask, tt), "infer, copied": infer_copied,
+                "run_host": run_host,
+                "graph replay, stream sync": replay_synced(stream.synchronize),
+                "graph replay, device sync": replay_synced(torch.cuda.synchronize),
                 "device_call": device_call,
                 "device_call, host part": host_part(
                     "device_call, host part",
@@ -168,7 +207,12 @@ def main() -> None:
     events = {  # GPU time per call as bench_gpu takes it: events around the call
         "device_call, CUDA events": lambda: eng._run_device(dev[0], dev[1], dev[2], cu,
                                                             args.seq),
-        "graph replay, CUDA events": lambda: graphs.replay(bucket)}
+        "graph replay, CUDA events": lambda: graphs.replay(bucket),
+        # GPU time of a host call: the graph reading the batch from pinned host memory and
+        # writing the logits there, or the copies in and out around it (and the host work
+        # before its launch, the GPU idle)
+        "run_host, CUDA events": run_host,
+        "run_host copied, CUDA events": lambda: copied(run_host)}
     for _ in range(args.rounds):
         for name, fn in events.items():
             for _ in range(20):
