@@ -54,6 +54,8 @@ def _cuda() -> ctypes.CDLL:
         lib.cuGraphLaunch.restype = ctypes.c_int
         lib.cuGraphLaunch.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
         lib.cuCtxSetCurrent.argtypes = [ctypes.c_void_p]
+        lib.cuStreamSynchronize.restype = ctypes.c_int
+        lib.cuStreamSynchronize.argtypes = [ctypes.c_void_p]
         _driver = lib
     return _driver
 
@@ -153,6 +155,13 @@ class Launcher:
 
     def __call__(self, stream: int) -> None:
         _check(self._launch(self._exec, stream), "cuGraphLaunch")
+
+
+def synchronize(stream: int) -> None:
+    """Wait for the work queued so far on a raw stream handle (in the current context:
+    0 is its legacy default stream), as ``torch.cuda.Stream.synchronize`` does, without
+    making torch's stream object (~5 µs of host time on the H200's host, v26)."""
+    _check(_cuda().cuStreamSynchronize(stream or None), "cuStreamSynchronize")
 
 
 def argument_layout(function: int) -> list[tuple[int, int]]:

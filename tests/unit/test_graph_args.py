@@ -118,13 +118,16 @@ def test_adjacent_arguments_across_an_alignment_gap(monkeypatch: pytest.MonkeyPa
 
 
 class _ContextDriver:
-    """The driver calls ``Context``, ``Launcher`` and ``device_address`` make: one thread's
-    current context, primary contexts by device, launches and pointer queries recorded."""
+    """The driver calls ``Context``, ``Launcher``, ``synchronize`` and ``device_address``
+    make: one thread's current context, primary contexts by device, launches, stream
+    waits and pointer queries recorded."""
 
     def __init__(self) -> None:
         self.current: int | None = None
         self.launches: list[tuple[int, int]] = []
         self.launch_result = 0
+        self.syncs: list[int | None] = []
+        self.sync_result = 0
 
     def cuDeviceGet(self, ref: Any, ordinal: int) -> int:
         ref._obj.value = ordinal
@@ -145,6 +148,10 @@ class _ContextDriver:
     def cuGraphLaunch(self, graph_exec: int, stream: int) -> int:
         self.launches.append((graph_exec, stream))
         return self.launch_result
+
+    def cuStreamSynchronize(self, stream: int | None) -> int:
+        self.syncs.append(stream)
+        return self.sync_result
 
     def cuPointerGetAttribute(self, ref: Any, attribute: int, address: Any) -> int:
         if attribute != 3 or address.value % 2:  # the device pointer, of pinned memory only
@@ -207,3 +214,19 @@ def test_launcher_and_device_address(monkeypatch: pytest.MonkeyPatch) -> None:
         launch(5)
     assert ga.device_address(4096) == 4096
     assert ga.device_address(4097) is None
+
+
+def test_stream_synchronize(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A raw stream handle goes to the driver as it is (0, the default stream, as NULL);
+    a failed wait (a fault found there) raises with the driver's name of the error."""
+    from engine.fused import graph_args as ga
+
+    driver = _ContextDriver()
+    monkeypatch.setattr(ga, "_driver", driver)
+    ga.synchronize(0)
+    ga.synchronize(5)
+    assert driver.syncs == [None, 5]
+    driver.sync_result = 710
+    with pytest.raises(RuntimeError, match=r"CUDA error: cuStreamSynchronize failed: "
+                                           r"CUDA_ERROR_ASSERT"):
+        ga.synchronize(5)
