@@ -28,7 +28,9 @@ alone (lock and inference mode, as ``infer`` holds them), the bare replay waited
 its stream's or the device's synchronisation, ``run_host`` timed by CUDA events (the
 graph on pinned host memory, or copied), and the pieces of its host part: the bucket
 layout written into the pinned buffer, torch's current-stream object, the context check
-and an idle stream's synchronisation. Random weights (fp16); prints a table, writes JSON.
+and an idle stream's synchronisation; and the zero-copy launch alone (the graph named to
+the pinned buffers), waited for or timed by CUDA events, to tell the GPU's time on host
+memory from the host's work around it. Random weights (fp16); prints a table, writes JSON.
 """
 
 from __future__ import annotations
@@ -178,10 +180,22 @@ def main() -> None:
             sync()
         return run
 
+    def zero_copy_launch() -> None:
+        """``run_host``'s launch alone: the graph named to the pinned batch and logits
+        (no driver call after the first), launched on the current stream."""
+        assert entry.args is not None and io is not None and io.device is not None
+        entry.args.name(*io.device)
+        entry.launch(graphs._current_stream())
+
+    def zero_copy_synced() -> None:
+        zero_copy_launch()
+        stream.synchronize()
+
     variants = {"infer": lambda: eng.infer(ids, mask, tt), "infer, copied": infer_copied,
                 "run_host": run_host,
                 "graph replay, stream sync": replay_synced(stream.synchronize),
                 "graph replay, device sync": replay_synced(torch.cuda.synchronize),
+                "zero-copy launch, stream sync": zero_copy_synced,
                 "device_call": device_call,
                 "device_call, host part": host_part(
                     "device_call, host part",
@@ -211,6 +225,8 @@ def main() -> None:
         # GPU time of a host call: the graph reading the batch from pinned host memory and
         # writing the logits there, or the copies in and out around it (and the host work
         # before its launch, the GPU idle)
+        "zero-copy launch, CUDA events": zero_copy_launch,  # GPU time on pinned memory
+        # (events around a call that waits inside: its host time after the wait too)
         "run_host, CUDA events": run_host,
         "run_host copied, CUDA events": lambda: copied(run_host)}
     for _ in range(args.rounds):
