@@ -27,11 +27,12 @@ unpacking). Since v26, to find where ``run_host``'s wall time beyond the GPU's g
 alone (lock and inference mode, as ``infer`` holds them), the bare replay waited for by
 its stream's or the device's synchronisation, ``run_host`` timed by CUDA events (the
 graph on pinned host memory, or copied; it waits inside, so its end event is recorded
-after the wait and holds the host's return too: not the GPU's time), and the pieces of its host part: the bucket
-layout written into the pinned buffer, torch's current-stream object, the context check
-and an idle stream's synchronisation; and the zero-copy launch alone (the graph named to
-the pinned buffers), waited for or timed by CUDA events, to tell the GPU's time on host
-memory from the host's work around it. Random weights (fp16); prints a table, writes JSON.
+after the wait and holds the host's return too: not the GPU's time), and the pieces of
+its host part: the bucket layout written into the pinned buffer, torch's current-stream
+object, the context check and an idle stream's synchronisation; and the zero-copy launch
+alone (the graph named to the pinned buffers), waited for or timed by CUDA events, to
+tell the GPU's time on host memory from the host's work around it. Random weights (fp16);
+prints a table, writes JSON.
 """
 
 from __future__ import annotations
