@@ -32,7 +32,8 @@ its host part: the bucket layout written into the pinned buffer, torch's current
 object, the context check and an idle stream's synchronisation; and the zero-copy launch
 alone (the graph named to the pinned buffers), waited for or timed by CUDA events, to
 tell the GPU's time on host memory from the host's work around it, and with only the
-batch or only the logits in pinned memory. Random weights (fp16);
+batch or only the logits in pinned memory, and with the batch copied in (one copy
+before the launch, the logits still written to pinned memory) and that copy alone. Random weights (fp16);
 prints a table, writes JSON.
 """
 
@@ -202,6 +203,14 @@ def main() -> None:
             entry.launch(graphs._current_stream())
         return run
 
+    def copy_batch_in() -> None:
+        assert io is not None
+        entry.inputs.copy_(io.inputs, non_blocking=True)
+
+    def copied_in_pinned_out() -> None:
+        copy_batch_in()
+        named_launch(False, True)()
+
     def zero_copy_synced() -> None:
         zero_copy_launch()
         stream.synchronize()
@@ -243,6 +252,8 @@ def main() -> None:
         "zero-copy launch, CUDA events": zero_copy_launch,  # GPU time on pinned memory
         "pinned batch, device logits, CUDA events": named_launch(True, False),
         "device batch, pinned logits, CUDA events": named_launch(False, True),
+        "batch copied in, pinned logits, CUDA events": copied_in_pinned_out,
+        "batch copy alone, CUDA events": copy_batch_in,
         # (events around a call that waits inside: its host time after the wait too)
         "run_host, CUDA events": run_host,
         "run_host copied, CUDA events": lambda: copied(run_host)}
