@@ -56,6 +56,9 @@ def _cuda() -> ctypes.CDLL:
         lib.cuCtxSetCurrent.argtypes = [ctypes.c_void_p]
         lib.cuStreamSynchronize.restype = ctypes.c_int
         lib.cuStreamSynchronize.argtypes = [ctypes.c_void_p]
+        lib.cuMemcpyHtoDAsync_v2.restype = ctypes.c_int
+        lib.cuMemcpyHtoDAsync_v2.argtypes = [ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t,
+                                             ctypes.c_void_p]
         _driver = lib
     return _driver
 
@@ -155,6 +158,14 @@ class Launcher:
 
     def __call__(self, stream: int) -> None:
         _check(self._launch(self._exec, stream), "cuGraphLaunch")
+
+
+def copy_to_device(device: int, host: int, nbytes: int, stream: int) -> None:
+    """Queue a copy of ``nbytes`` from (pinned) host memory to device memory on a raw
+    stream handle, in the current context (``cuMemcpyHtoDAsync``): one driver call, where
+    torch's ``copy_`` adds its dispatch."""
+    _check(_cuda().cuMemcpyHtoDAsync_v2(device, host, nbytes, stream or None),
+           "cuMemcpyHtoDAsync")
 
 
 def synchronize(stream: int) -> None:

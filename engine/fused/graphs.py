@@ -39,6 +39,7 @@ from engine.fused.graph_args import (
     KernelArgs,
     Launcher,
     PointerArg,
+    copy_to_device,
     device_address,
     leading_args,
     pointer_arg,
@@ -53,10 +54,16 @@ from engine.fused.packing import I32, Bucket, bucket_layout
 # run, H200, 2026-12-01, was a garbage collection inside it: ``no_automatic_collection``.)
 STAGE_MAX_TOKENS = 2048
 
-# Host batches (``GraphCache.run_host``) of buckets that stage themselves are read and
-# their logits written in pinned host memory, with no copies; False: copied in and out
-# (for A/B measurements: ``benchmarks/host_call.py``).
+# Host batches (``GraphCache.run_host``) of buckets that stage themselves have their
+# logits written straight into pinned host memory by the graph's last kernel; False:
+# copied out, and the batch copied in (for A/B measurements: ``benchmarks/host_call.py``).
 HOST_ZERO_COPY = True
+# ... and their batch copied from pinned host memory into the graph's input buffer by the
+# copy engine, one copy queued before the launch. False: the graph's first kernel reads it
+# over the bus where the host wrote it, which cost the GPU 21-22 µs more per call than a
+# batch in device memory (H200, BERT-base 1x128 fp16, `host_call.py`, v26: the GPU's time
+# 327-329 µs against 305-307; the logits written over the bus cost nothing measurable).
+HOST_BATCH_COPIED = True
 
 # Batches above this many tokens run eagerly (the engine's ``max_graph_tokens``): their
 # exact token count, no bucket padding, and the GPU's work hides the host's launches.
@@ -124,6 +131,7 @@ class _CallArgs:
             raise RuntimeError("the graph's first kernel is also its last: a call cannot "
                                "set both its inputs and its output there")
         self.stage, self.output = stage, output
+        self.host_values = host_values
         self._host = (host_values, logits.data_ptr())
         self._named: tuple[tuple[int, ...], int] | None = None
 
@@ -303,11 +311,13 @@ class GraphCache:
         ``cu`` [B + 1]), waited for: a view of the bucket's pinned output, which the next
         call overwrites (copy what you keep).
 
-        A bucket that stages itself reads the batch where the host wrote it, pinned host
-        memory (:class:`_HostIO`), and writes the logits there: one launch and no copies,
-        and no kernel argument set while calls stay on host batches (``HOST_ZERO_COPY``).
-        Other buckets copy the pinned batch into their input buffer and the logits back,
-        in stream order."""
+        The host writes the batch into pinned memory (:class:`_HostIO`). A bucket that
+        stages itself gets it copied into its input buffer by the copy engine (one copy
+        queued before its launch, ``HOST_BATCH_COPIED``; read over the bus by the first
+        kernel instead, it cost the GPU ~22 µs) and writes the logits straight into
+        pinned memory (``HOST_ZERO_COPY``): one copy and one launch, and no kernel
+        argument set while calls stay on host batches. Other buckets also copy the logits
+        back, in stream order."""
         entry = self._graphs.get(bucket) or self._capture(bucket)
         stream = self._current_stream()  # raw: torch's stream object costs ~5 µs (v26)
         self._follow(stream)
@@ -322,7 +332,12 @@ class GraphCache:
                                   stacklevel=2)
             bucket_layout(ids, tt, pos, cu, bucket, out=io.inputs_np)
             if entry.args is not None and io.device is not None and HOST_ZERO_COPY:
-                entry.args.name(*io.device)
+                if HOST_BATCH_COPIED:
+                    copy_to_device(entry.inputs.data_ptr(), io.inputs.data_ptr(),
+                                   io.inputs.nbytes, stream)
+                    entry.args.name(entry.args.host_values, io.device[1])
+                else:
+                    entry.args.name(*io.device)
                 entry.launch(stream)
             else:
                 entry.inputs.copy_(io.inputs, non_blocking=True)

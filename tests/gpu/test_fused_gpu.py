@@ -620,15 +620,16 @@ def test_graph_staging_one_launch_calls() -> None:
 
 def test_host_batches_read_and_answered_in_pinned_memory(
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """``infer``'s graphs read a host batch from pinned host memory and write the logits
-    there (``GraphCache.run_host``, ``graphs.HOST_ZERO_COPY``): the logits of the path that
-    copies in and out, over one bucket's batches of shrinking lengths (the reused pinned
-    layout's padding rows are cleared), a bucket above ``STAGE_MAX_TOKENS`` (copied either
-    way) and device calls in between, on another stream too (ordered after the previous
-    call's); both agree with the eager pass (no graphs, no reused buffers: what the
-    reused layout's padding rows would break); and from a thread that has made no CUDA
-    call yet, on a bucket new to it (its pinned buffers made there, in the graphs'
-    context)."""
+    """``infer``'s graphs get a host batch copied in from pinned host memory (or read it
+    there: ``graphs.HOST_BATCH_COPIED`` off) and write the logits into pinned memory
+    (``GraphCache.run_host``, ``graphs.HOST_ZERO_COPY``): the logits of the paths that
+    read the batch over the bus, and that copy in and out, over one bucket's batches of
+    shrinking lengths (the reused pinned layout's padding rows are cleared), a bucket
+    above ``STAGE_MAX_TOKENS`` (copied either way) and device calls in between, on
+    another stream too (ordered after the previous call's); all agree with the eager pass
+    (no graphs, no reused buffers: what the reused layout's padding rows would break);
+    and from a thread that has made no CUDA call yet, on a bucket new to it (its pinned
+    buffers made there, in the graphs' context)."""
     import threading
 
     from engine.fused import graphs
@@ -676,13 +677,19 @@ def test_host_batches_read_and_answered_in_pinned_memory(
     assert io.device is not None  # pinned memory the GPU reaches: at the host's addresses
     assert (io.device[0][0], io.device[1]) == (io.inputs.data_ptr(), io.logits.data_ptr())
     eng.infer(*batches[0])
-    assert entry.args._named == entry.host_io.device  # the last host call named it
+    # The last host call named the graph's own input buffer and the pinned logits.
+    assert entry.args._named == (entry.args.host_values, io.device[1])
     assert not eng._graphs.stages_itself(bucket_for(12 * 384, 12, 384))
+    monkeypatch.setattr(graphs, "HOST_BATCH_COPIED", False)
+    bus = [eng.infer(*b) for b in batches]
+    assert entry.args._named == io.device  # the last (batches[4]): the pinned batch too
+    monkeypatch.setattr(graphs, "HOST_BATCH_COPIED", True)
     monkeypatch.setattr(graphs, "HOST_ZERO_COPY", False)
     copied = [eng.infer(*b) for b in batches]
-    for b, z, c in zip(batches, zero, copied, strict=True):
+    for b, z, r, c in zip(batches, zero, bus, copied, strict=True):
         keep = b[1].astype(bool)
-        assert close(z[0][keep], c[0][keep]) and close(z[1][keep], c[1][keep])
+        for other in (r, c):
+            assert close(z[0][keep], other[0][keep]) and close(z[1][keep], other[1][keep])
         assert like_eager(b, z)
     monkeypatch.setattr(graphs, "HOST_ZERO_COPY", True)
     fresh = _random_batch(rng, 2, 64, 30522)  # two sequences: a bucket new to this engine

@@ -118,15 +118,16 @@ def test_adjacent_arguments_across_an_alignment_gap(monkeypatch: pytest.MonkeyPa
 
 
 class _ContextDriver:
-    """The driver calls ``Context``, ``Launcher``, ``synchronize`` and ``device_address``
-    make: one thread's current context, primary contexts by device, launches, stream
-    waits and pointer queries recorded."""
+    """The driver calls ``Context``, ``Launcher``, ``synchronize``, ``copy_to_device`` and
+    ``device_address`` make: one thread's current context, primary contexts by device,
+    launches, stream waits, copies and pointer queries recorded."""
 
     def __init__(self) -> None:
         self.current: int | None = None
         self.launches: list[tuple[int, int]] = []
         self.launch_result = 0
         self.syncs: list[int | None] = []
+        self.copies: list[tuple[int, int, int, int | None]] = []
         self.sync_result = 0
 
     def cuDeviceGet(self, ref: Any, ordinal: int) -> int:
@@ -148,6 +149,11 @@ class _ContextDriver:
     def cuGraphLaunch(self, graph_exec: int, stream: int) -> int:
         self.launches.append((graph_exec, stream))
         return self.launch_result
+
+    def cuMemcpyHtoDAsync_v2(self, device: int, host: int, nbytes: int,
+                             stream: int | None) -> int:
+        self.copies.append((device, host, nbytes, stream))
+        return 0
 
     def cuStreamSynchronize(self, stream: int | None) -> int:
         self.syncs.append(stream)
@@ -216,9 +222,10 @@ def test_launcher_and_device_address(monkeypatch: pytest.MonkeyPatch) -> None:
     assert ga.device_address(4097) is None
 
 
-def test_stream_synchronize(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_stream_synchronize_and_copy(monkeypatch: pytest.MonkeyPatch) -> None:
     """A raw stream handle goes to the driver as it is (0, the default stream, as NULL);
-    a failed wait (a fault found there) raises with the driver's name of the error."""
+    a failed wait (a fault found there) raises with the driver's name of the error. A
+    copy to the device goes with its addresses, size and stream."""
     from engine.fused import graph_args as ga
 
     driver = _ContextDriver()
@@ -226,6 +233,9 @@ def test_stream_synchronize(monkeypatch: pytest.MonkeyPatch) -> None:
     ga.synchronize(0)
     ga.synchronize(5)
     assert driver.syncs == [None, 5]
+    ga.copy_to_device(4096, 8192, 1548, 0)
+    ga.copy_to_device(4096, 8192, 1548, 5)
+    assert driver.copies == [(4096, 8192, 1548, None), (4096, 8192, 1548, 5)]
     driver.sync_result = 710
     with pytest.raises(RuntimeError, match=r"CUDA error: cuStreamSynchronize failed: "
                                            r"CUDA_ERROR_ASSERT"):
