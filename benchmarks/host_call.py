@@ -3,40 +3,37 @@
     python benchmarks/host_call.py [--model bert-base] [--seq 128] [--calls 400] --out F.json
 
 The numpy path is what the Triton model (``serving``) calls per request: pack the padded
-batch, check it, run the bucket's graph (``GraphCache.run_host``: the graph reads the
-batch from pinned host memory and writes the logits there; ``infer, copied``:
-``HOST_ZERO_COPY`` off, the pinned batch copied into the graph's input buffer and the
-logits back, asynchronously, one synchronisation; v24's path copied from and to pageable
-memory, run an older tree for it), unpack the logits.
-Host wall-clock per call (``perf_counter``; the call
-returns with the logits on the host), interleaved over rounds, for ``infer`` and for
-``device_call`` (``_run_device`` on int32 device tensors, synchronised: the engine's own
-per-call path, without packing or host copies); the host part alone (until the call
-returns, the GPU idle before it) of ``_run_device`` and of the bare graph replay
-(``GraphCache.replay``), the same two timed by CUDA events around the call as
-``bench_gpu`` times them (with ``--steps`` also the steps inside each variant's calls),
-and three pieces of the former alone (mean of a loop per round: the bucket lookup, an
-output tensor's allocation (since v25 made after the launch, for the next call), setting
-the graph's per-call kernel arguments with new values through ``_CallArgs.name``, two
-driver calls (since v25 a call makes one before its launch, for its inputs, and one
-after, for the next call's output)); and the parts
-of ``infer``: packing (``pack_padded``), checks (``_check_host``) and ``_run_host`` with
-the logits on the host; the rest is ``infer``'s own (output arrays, chunking,
-unpacking). Since v26, to find where ``run_host``'s wall time beyond the GPU's goes (v25:
-~370 us against ~318 for ``device_call``, synchronised, on the same graph): ``run_host``
-alone (lock and inference mode, as ``infer`` holds them), the bare replay waited for by
-its stream's or the device's synchronisation, ``run_host`` timed by CUDA events (the
-graph on pinned host memory, or copied; it waits inside, so its end event is recorded
-after the wait and holds the host's return too: not the GPU's time), and the pieces of
-its host part: the bucket layout written into the pinned buffer, torch's current-stream
-object, the context check and an idle stream's synchronisation; and the zero-copy launch
-alone (the graph named to the pinned buffers), waited for or timed by CUDA events, to
-tell the GPU's time on host memory from the host's work around it, and with only the
-batch or only the logits in pinned memory, and with the batch copied in (one copy
-before the launch, the logits still written to pinned memory) and that copy alone. Since
-v26's change ``infer`` copies the batch in (``HOST_BATCH_COPIED``); ``infer, batch over
-the bus`` is v25's path. Random weights (fp16);
-prints a table, writes JSON.
+batch, check it, run the bucket's graph (``GraphCache.run_host``), unpack the logits.
+Since v26 ``run_host`` copies the batch from pinned host memory into the graph's input
+buffer (one driver copy) and the graph writes the logits straight into pinned memory.
+Variants: ``infer, batch over the bus`` (``HOST_BATCH_COPIED`` off: the first kernel reads
+the pinned batch, v25's path) and ``infer, copied`` (``HOST_ZERO_COPY`` off: the logits
+copied out too); v24's path copied from and to pageable memory (run an older tree).
+Random weights (fp16); interleaved over rounds; prints a table, writes JSON. Rows:
+
+- host wall-clock per call (``perf_counter``; the call returns with the logits on the
+  host): ``infer`` and its variants, with their parts (``pack_padded``, ``_check_host``,
+  ``_run_host``; the rest is ``infer``'s own: output arrays, chunking, unpacking);
+  ``run_host`` alone (under the lock and inference mode, as ``infer`` calls it);
+  ``device_call`` (``_run_device`` on int32 device tensors, synchronised); the bare
+  replay (``GraphCache.replay``) waited for by its stream's or the device's
+  synchronisation, and the launch named to the pinned batch and logits, waited for;
+- host parts alone (until the call returns, the GPU idle before it) of ``_run_device``
+  and of the bare replay;
+- CUDA events around one call, as ``bench_gpu`` times them: ``_run_device``, the bare
+  replay (batch and logits in device memory), the launch with the pinned batch and/or the
+  pinned logits named, the batch copied in (torch's ``copy_``, or the driver's copy that
+  ``run_host`` uses) before a launch to pinned logits, each copy alone, and ``run_host``
+  itself (which waits inside: its end event holds the host's return too, so those rows
+  are not the GPU's time);
+- pieces, the mean of a loop: the bucket lookup, an output tensor's allocation (since
+  v25 made after the launch, for the next call), two driver sets of the per-call kernel
+  arguments through ``_CallArgs.name``, the bucket layout written into the pinned
+  buffer, torch's current-stream object and stream synchronisation (v25's ``run_host``)
+  against the raw stream and the driver's wait (since v26), the context check.
+
+With ``--steps`` also the steps inside each variant's calls (their wrappers add ~0.3 µs
+each).
 """
 
 from __future__ import annotations
@@ -72,6 +69,7 @@ def main() -> None:
     import engine.fused.engine as fe
     import engine.fused.graphs as graphs_module
     from benchmarks.bench_gpu import make_hf, make_ours
+    from engine.fused import graph_args
 
     model, cfg = make_hf(args.model)
     eng = make_ours(model, cfg, dtype="float16")
@@ -96,6 +94,7 @@ def main() -> None:
 
     fe.pack_padded = timed("pack_padded", fe.pack_padded)  # type: ignore[assignment]
     eng._check_host = timed("check_host", eng._check_host)  # type: ignore[method-assign]
+    run_host_alone = eng._run_host  # unwrapped, for the rows of run_host alone
     eng._run_host = timed("run_host", eng._run_host)  # type: ignore[method-assign]
 
     def device_call() -> None:
@@ -152,18 +151,22 @@ def main() -> None:
             bucket, out=io.inputs_np),
         "  torch.cuda.current_stream": lambda: torch.cuda.current_stream(eng.device),
         "  context enter + leave": lambda: context_switch(),
-        "  idle stream sync": lambda: stream.synchronize(),
+        "  idle stream sync": lambda: stream.synchronize(),  # torch's (v25's run_host)
+        # what run_host uses since v26 instead of the two above
+        "  raw current stream": lambda: graphs._current_stream(),
+        "  idle stream wait, driver": lambda: graph_args.synchronize(graphs._current_stream()),
     }
 
     def flag_off(flag: str, fn: Callable[[], Any]) -> None:
         """``fn`` with a flag of ``graphs`` off: ``HOST_ZERO_COPY``, the pinned batch
         copied in and the logits out; ``HOST_BATCH_COPIED``, the batch read over the bus
         by the graph's first kernel."""
+        before = getattr(graphs_module, flag)
         setattr(graphs_module, flag, False)
         try:
             fn()
         finally:
-            setattr(graphs_module, flag, True)
+            setattr(graphs_module, flag, before)
 
     def copied(fn: Callable[[], Any]) -> None:
         flag_off("HOST_ZERO_COPY", fn)
@@ -186,7 +189,7 @@ def main() -> None:
     def run_host() -> None:
         """The engine's host call alone, as ``infer`` makes it (lock, inference mode)."""
         with eng._lock, torch.inference_mode():
-            eng._run_host(packed)
+            run_host_alone(packed)
 
     def replay_synced(sync: Callable[[], None]) -> Callable[[], None]:
         def run() -> None:
@@ -214,8 +217,19 @@ def main() -> None:
         return run
 
     def copy_batch_in() -> None:
+        """torch's ``copy_`` (v26's rows measured it so; ``run_host`` copies through the
+        driver: ``driver_copy_in``)."""
         assert io is not None
         entry.inputs.copy_(io.inputs, non_blocking=True)
+
+    def driver_copy_in() -> None:
+        assert io is not None
+        graph_args.copy_to_device(entry.inputs.data_ptr(), io.inputs.data_ptr(),
+                                  io.inputs.nbytes, graphs._current_stream())
+
+    def driver_copied_in_pinned_out() -> None:
+        driver_copy_in()
+        named_launch(False, True)()
 
     def copied_in_pinned_out() -> None:
         copy_batch_in()
@@ -265,6 +279,8 @@ def main() -> None:
         "device batch, pinned logits, CUDA events": named_launch(False, True),
         "batch copied in, pinned logits, CUDA events": copied_in_pinned_out,
         "batch copy alone, CUDA events": copy_batch_in,
+        "batch copied in (driver), pinned logits, CUDA events": driver_copied_in_pinned_out,
+        "batch copy alone (driver), CUDA events": driver_copy_in,
         # (events around a call that waits inside: its host time after the wait too)
         "run_host, CUDA events": run_host,
         "run_host copied, CUDA events": lambda: copied(run_host),

@@ -18,8 +18,9 @@ launch overhead no longer matters and the exact token count beats the bucket's p
 (``graphs.MAX_GRAPH_TOKENS``). With ``graph_staging`` (and the Triton op set) a call is
 one graph launch: the call sets where the inputs are and where the logits go as
 arguments of the graph's first and last kernels (``engine.fused.graph_args``), the
-caller's device tensors, or for ``infer`` pinned host buffers that the GPU reads and
-writes directly (``GraphCache.run_host``). Calls on several streams are ordered one after
+caller's device tensors, or for ``infer`` the graph's own input buffer, which one copy
+fills from a pinned host buffer, and pinned host logits that the GPU writes directly
+(``GraphCache.run_host``). Calls on several streams are ordered one after
 another (the graphs share their memory).
 """
 

@@ -9,9 +9,10 @@ elsewhere: a call sets where its inputs are as the first kernel's leading argume
 attention reads, into the input buffer) and where the logits go as the last kernel's
 output argument, in the instantiated graph (``engine.fused.graph_args``). So
 :meth:`GraphCache.replay_into` (the caller's device tensors) is one launch with nothing
-staged or copied around it, and :meth:`GraphCache.run_host` (a host batch) is one launch
-that reads the batch from pinned host memory and writes the logits there; buckets that
-do not stage themselves copy a host batch in and the logits out around the replay.
+staged or copied around it, and :meth:`GraphCache.run_host` (a host batch) is one copy
+of the batch from pinned host memory into the input buffer and one launch that writes the
+logits straight into pinned memory; buckets that do not stage themselves also copy the
+logits out after the replay.
 Graphs are launched through the driver (``graph_args.Launcher``), in the context of the
 device they were captured on. Not thread-safe: the engine serialises calls.
 All graphs share one memory pool: they are
@@ -62,7 +63,8 @@ HOST_ZERO_COPY = True
 # copy engine, one copy queued before the launch. False: the graph's first kernel reads it
 # over the bus where the host wrote it, which cost the GPU 21-22 µs more per call than a
 # batch in device memory (H200, BERT-base 1x128 fp16, `host_call.py`, v26: the GPU's time
-# 327-329 µs against 305-307; the logits written over the bus cost nothing measurable).
+# 327-331 µs against 304-309; the logits written over the bus cost nothing measurable;
+# the batch copied in first, 313-320).
 HOST_BATCH_COPIED = True
 
 # Batches above this many tokens run eagerly (the engine's ``max_graph_tokens``): their
@@ -122,8 +124,10 @@ class _CallArgs:
     graph's later launches and remembers what it set, so that calls in a row on the same
     buffers cost one tuple comparison and no driver call: :meth:`host` names the graph's
     own buffers (what the host writes into ``inputs``, every row of it, and the static
-    logits), :meth:`GraphCache.run_host` a bucket's pinned buffers (:class:`_HostIO`);
-    :meth:`GraphCache.replay_into` names a fresh output after every launch."""
+    logits; ``host_values`` the inputs alone), :meth:`GraphCache.run_host` those inputs
+    and the bucket's pinned logits (:class:`_HostIO`; its pinned batch too with
+    ``HOST_BATCH_COPIED`` off); :meth:`GraphCache.replay_into` names a fresh output after
+    every launch."""
 
     def __init__(self, stage: KernelArgs, output: PointerArg,
                  host_values: tuple[int, ...], logits: torch.Tensor) -> None:

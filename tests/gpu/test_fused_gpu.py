@@ -626,10 +626,10 @@ def test_host_batches_read_and_answered_in_pinned_memory(
     read the batch over the bus, and that copy in and out, over one bucket's batches of
     shrinking lengths (the reused pinned layout's padding rows are cleared), a bucket
     above ``STAGE_MAX_TOKENS`` (copied either way) and device calls in between, on
-    another stream too (ordered after the previous call's); all agree with the eager pass
-    (no graphs, no reused buffers: what the reused layout's padding rows would break);
-    and from a thread that has made no CUDA call yet, on a bucket new to it (its pinned
-    buffers made there, in the graphs' context)."""
+    another stream too (ordered after the previous call's), and a host call there; all
+    agree with the eager pass (no graphs, no reused buffers: what the reused layout's
+    padding rows would break); and from a thread that has made no CUDA call yet, on a
+    bucket new to it (its pinned buffers made there, in the graphs' context)."""
     import threading
 
     from engine.fused import graphs
@@ -670,6 +670,9 @@ def test_host_batches_read_and_answered_in_pinned_memory(
             got = device_call()
         side.synchronize()
         assert close(got.cpu().numpy(), want.numpy())
+        with torch.cuda.stream(side):  # a host call there: its copy and wait on that stream
+            on_side = eng.infer(*batches[0])
+        assert all(close(a, b) for a, b in zip(on_side, zero[0], strict=True))
     assert eng._graphs is not None
     entry = eng._graphs._graphs[bucket_for(128, 1, 128)]
     assert entry.args is not None and entry.host_io is not None
@@ -682,7 +685,7 @@ def test_host_batches_read_and_answered_in_pinned_memory(
     assert not eng._graphs.stages_itself(bucket_for(12 * 384, 12, 384))
     monkeypatch.setattr(graphs, "HOST_BATCH_COPIED", False)
     bus = [eng.infer(*b) for b in batches]
-    assert entry.args._named == io.device  # the last (batches[4]): the pinned batch too
+    assert entry.args._named == io.device  # its last host call (batches[1]): the pinned batch too
     monkeypatch.setattr(graphs, "HOST_BATCH_COPIED", True)
     monkeypatch.setattr(graphs, "HOST_ZERO_COPY", False)
     copied = [eng.infer(*b) for b in batches]
