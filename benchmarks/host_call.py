@@ -52,7 +52,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def main() -> None:
     sys.path.insert(0, str(REPO))
-    from benchmarks.rounds import batch1_parser
+    from benchmarks.rounds import batch1_parser, event_ms
 
     p = batch1_parser(__doc__, calls=400, calls_help="per variant and round")
     p.add_argument("--spin-us", type=float, default=0.0,
@@ -197,20 +197,14 @@ def main() -> None:
             sync()
         return run
 
-    def zero_copy_launch() -> None:
-        """``run_host``'s launch alone: the graph named to the pinned batch and logits
-        (no driver call after the first), launched on the current stream."""
-        assert entry.args is not None and io is not None and io.device is not None
-        entry.args.name(*io.device)
-        entry.launch(graphs._current_stream())
-
     def named_launch(inputs_pinned: bool, output_pinned: bool) -> Callable[[], None]:
-        """The graph named to the pinned batch or its own input buffer (the same layout,
-        as the last copied call left it), and to the pinned logits or its own: which of
-        the two bus transfers costs the GPU's time."""
+        """A launch alone (no driver set after the first), the graph named to the pinned
+        batch or its own input buffer (the same layout, as the last copied call left it),
+        and to the pinned logits or its own: which of the two bus transfers costs the
+        GPU's time. Both pinned: v25's ``run_host`` launch."""
         def run() -> None:
             assert entry.args is not None and io is not None and io.device is not None
-            host_values, logits = entry.args._host
+            host_values, logits = entry.args.host_values, entry.logits.data_ptr()
             entry.args.name(io.device[0] if inputs_pinned else host_values,
                             io.device[1] if output_pinned else logits)
             entry.launch(graphs._current_stream())
@@ -227,24 +221,21 @@ def main() -> None:
         graph_args.copy_to_device(entry.inputs.data_ptr(), io.inputs.data_ptr(),
                                   io.inputs.nbytes, graphs._current_stream())
 
-    def driver_copied_in_pinned_out() -> None:
-        driver_copy_in()
-        named_launch(False, True)()
+    def then(first: Callable[[], None], second: Callable[[], None]) -> Callable[[], None]:
+        def run() -> None:
+            first()
+            second()
+        return run
 
-    def copied_in_pinned_out() -> None:
-        copy_batch_in()
-        named_launch(False, True)()
-
-    def zero_copy_synced() -> None:
-        zero_copy_launch()
-        stream.synchronize()
+    zero_copy_launch = named_launch(True, True)
+    to_pinned_logits = named_launch(False, True)
 
     variants = {"infer": lambda: eng.infer(ids, mask, tt), "infer, copied": infer_copied,
                 "infer, batch over the bus": infer_over_bus,
                 "run_host": run_host,
                 "graph replay, stream sync": replay_synced(stream.synchronize),
                 "graph replay, device sync": replay_synced(torch.cuda.synchronize),
-                "zero-copy launch, stream sync": zero_copy_synced,
+                "zero-copy launch, stream sync": then(zero_copy_launch, stream.synchronize),
                 "device_call": device_call,
                 "device_call, host part": host_part(
                     "device_call, host part",
@@ -271,15 +262,15 @@ def main() -> None:
         "device_call, CUDA events": lambda: eng._run_device(dev[0], dev[1], dev[2], cu,
                                                             args.seq),
         "graph replay, CUDA events": lambda: graphs.replay(bucket),
-        # GPU time of a host call: the graph reading the batch from pinned host memory and
-        # writing the logits there, or the copies in and out around it (and the host work
-        # before its launch, the GPU idle)
-        "zero-copy launch, CUDA events": zero_copy_launch,  # GPU time on pinned memory
+        # GPU time of a host call's parts: the graph on the pinned batch and/or logits,
+        # the batch copied in first (the copy's submission inside the events too)
+        "zero-copy launch, CUDA events": zero_copy_launch,
         "pinned batch, device logits, CUDA events": named_launch(True, False),
-        "device batch, pinned logits, CUDA events": named_launch(False, True),
-        "batch copied in, pinned logits, CUDA events": copied_in_pinned_out,
+        "device batch, pinned logits, CUDA events": to_pinned_logits,
+        "batch copied in, pinned logits, CUDA events": then(copy_batch_in, to_pinned_logits),
         "batch copy alone, CUDA events": copy_batch_in,
-        "batch copied in (driver), pinned logits, CUDA events": driver_copied_in_pinned_out,
+        "batch copied in (driver), pinned logits, CUDA events": then(driver_copy_in,
+                                                                     to_pinned_logits),
         "batch copy alone (driver), CUDA events": driver_copy_in,
         # (events around a call that waits inside: its host time after the wait too)
         "run_host, CUDA events": run_host,
@@ -291,13 +282,7 @@ def main() -> None:
             for _ in range(20):
                 fn()
             torch.cuda.synchronize()
-            for _ in range(args.calls):
-                start, end = (torch.cuda.Event(enable_timing=True) for _ in range(2))
-                start.record()
-                fn()
-                end.record()
-                end.synchronize()
-                times[name].append(start.elapsed_time(end) * 1e-3)
+            times[name] += [ms * 1e-3 for ms in event_ms(fn, args.calls)]
     for _ in range(args.rounds):
         for name, fn in pieces.items():
             for _ in range(20):

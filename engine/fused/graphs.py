@@ -135,12 +135,11 @@ class _CallArgs:
             raise RuntimeError("the graph's first kernel is also its last: a call cannot "
                                "set both its inputs and its output there")
         self.stage, self.output = stage, output
-        self.host_values = host_values
-        self._host = (host_values, logits.data_ptr())
+        self.host_values, self._logits = host_values, logits.data_ptr()
         self._named: tuple[tuple[int, ...], int] | None = None
 
     def host(self) -> None:
-        self.name(*self._host)
+        self.name(self.host_values, self._logits)
 
     def name(self, values: tuple[int, ...], out: int) -> None:
         """The inputs (``STAGE_ARGS`` values) and output address of later launches."""
@@ -335,19 +334,19 @@ class GraphCache:
                                   "batches are copied in and out", RuntimeWarning,
                                   stacklevel=2)
             bucket_layout(ids, tt, pos, cu, bucket, out=io.inputs_np)
-            if entry.args is not None and io.device is not None and HOST_ZERO_COPY:
-                if HOST_BATCH_COPIED:
-                    copy_to_device(entry.inputs.data_ptr(), io.inputs.data_ptr(),
-                                   io.inputs.nbytes, stream)
-                    entry.args.name(entry.args.host_values, io.device[1])
-                else:
-                    entry.args.name(*io.device)
-                entry.launch(stream)
+            args = entry.args
+            pinned = io.device if args is not None and HOST_ZERO_COPY else None
+            if args is not None and pinned is not None and not HOST_BATCH_COPIED:
+                args.name(*pinned)  # the first kernel reads the batch over the bus
             else:
-                entry.inputs.copy_(io.inputs, non_blocking=True)
-                if entry.args is not None:
-                    entry.args.host()
-                entry.launch(stream)
+                copy_to_device(entry.inputs.data_ptr(), io.inputs.data_ptr(),
+                               io.inputs.nbytes, stream)
+                if args is not None and pinned is not None:
+                    args.name(args.host_values, pinned[1])
+                elif args is not None:
+                    args.host()
+            entry.launch(stream)
+            if pinned is None:
                 io.logits.copy_(entry.logits, non_blocking=True)
             synchronize(stream)  # in the context: a raw handle names its stream there
         except BaseException:
