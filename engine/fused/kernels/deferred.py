@@ -66,6 +66,15 @@ from engine.fused.kernels.rows import (
 
 _ZERO_BLOCK = tl.constexpr(1024)  # float32 elements a program zeroes per step
 
+# Where a program's weight slice goes before its PDL wait: "l2" (with ``prefetch``, a
+# bulk prefetch into L2; the K loop loads it after the wait) or "loaded" (the whole slice
+# loaded in BLOCK_K chunks, which triton stores in shared memory before the wait; after
+# it, every activation chunk is loaded at once and multiplied, with no K loop). "loaded"
+# takes tiles of 64 rows and up (wgmma; 32-row tiles spill) and K slices of up to
+# ``_EARLY_CHUNKS`` chunks; other launches keep the K loop.
+WEIGHT_EARLY = "l2"
+_EARLY_CHUNKS = 6
+
 
 @triton.jit
 def row_moments(stats_ptr, offs_m, M, D, eps):
@@ -124,6 +133,24 @@ def epilogue_addend(bias_ptr, res_ptr, stats_ptr, g_ptr, b_ptr, offs_m, offs_n, 
 
 
 @triton.jit
+def _chunk(ptrs, i: tl.constexpr, NCH: tl.constexpr, BLOCK_K: tl.constexpr, first,
+           CG: tl.constexpr):
+    """Chunk ``i`` of a K slice (``first`` where the slice has no such chunk)."""
+    if i < NCH:
+        if CG:
+            return tl.load(ptrs + i * BLOCK_K, cache_modifier=".cg")
+        return tl.load(ptrs + i * BLOCK_K)
+    return first
+
+
+@triton.jit
+def _chunk_dot(acc, a, b, i: tl.constexpr, NCH: tl.constexpr):
+    if i < NCH:
+        acc = tl.dot(a, tl.trans(b), acc)
+    return acc
+
+
+@triton.jit
 def _deferred_gemm_kernel(
     x_ptr, w_ptr, u_ptr, bias_ptr, out_ptr, out16_ptr, stats_ptr, stats_out_ptr, cnt_ptr,
     res_ptr, res_g_ptr, res_b_ptr, zero_ptr, scale_ptr, out8_ptr, inv8_ptr,
@@ -134,6 +161,7 @@ def _deferred_gemm_kernel(
     STATS_OUT: tl.constexpr, ZERO: tl.constexpr, USE_PDL: tl.constexpr,
     PREFETCH: tl.constexpr, W_BYTES: tl.constexpr, LATE_RELEASE: tl.constexpr,
     SCALED: tl.constexpr, Q_OUT: tl.constexpr, COPY8: tl.constexpr,
+    EARLY: tl.constexpr, NCH: tl.constexpr,
 ):
     """Output tile of ``x @ w^T`` over K slice ``program_id(1)``, then:
 
@@ -186,14 +214,38 @@ def _deferred_gemm_kernel(
     inv8 = 1.0
     if Q_OUT or COPY8:
         inv8 = tl.load(inv8_ptr)
+    if EARLY:  # the whole weight slice, loaded before the wait
+        w_ptrs = w_ptr + cols[:, None] * K + k0 + tl.arange(0, BLOCK_K)[None, :]
+        b0 = tl.load(w_ptrs)
+        b1 = _chunk(w_ptrs, 1, NCH, BLOCK_K, b0, False)
+        b2 = _chunk(w_ptrs, 2, NCH, BLOCK_K, b0, False)
+        b3 = _chunk(w_ptrs, 3, NCH, BLOCK_K, b0, False)
+        b4 = _chunk(w_ptrs, 4, NCH, BLOCK_K, b0, False)
+        b5 = _chunk(w_ptrs, 5, NCH, BLOCK_K, b0, False)
     pdl_enter(USE_PDL, not LATE_RELEASE)
     rmask = offs_m < M
     nmask = offs_n < N
     lead = 1  # 1 where this program adds bias and residual (ATOMIC: K slice 0 only), else 0
     if ATOMIC:
         lead = (split == 0).to(tl.int32)
-    acc = tile_product(x_ptr, w_ptr, M, N, K, k0, k_split, offs_m, offs_n, BLOCK_M, BLOCK_N,
-                       BLOCK_K)
+    if EARLY:  # every activation chunk in flight at once, then the products
+        x_ptrs = (x_ptr + tl.minimum(offs_m, M - 1).to(tl.int64)[:, None] * K + k0
+                  + tl.arange(0, BLOCK_K)[None, :])
+        a0 = tl.load(x_ptrs, cache_modifier=".cg")
+        a1 = _chunk(x_ptrs, 1, NCH, BLOCK_K, a0, True)
+        a2 = _chunk(x_ptrs, 2, NCH, BLOCK_K, a0, True)
+        a3 = _chunk(x_ptrs, 3, NCH, BLOCK_K, a0, True)
+        a4 = _chunk(x_ptrs, 4, NCH, BLOCK_K, a0, True)
+        a5 = _chunk(x_ptrs, 5, NCH, BLOCK_K, a0, True)
+        acc = tl.dot(a0, tl.trans(b0))
+        acc = _chunk_dot(acc, a1, b1, 1, NCH)
+        acc = _chunk_dot(acc, a2, b2, 2, NCH)
+        acc = _chunk_dot(acc, a3, b3, 3, NCH)
+        acc = _chunk_dot(acc, a4, b4, 4, NCH)
+        acc = _chunk_dot(acc, a5, b5, 5, NCH)
+    else:
+        acc = tile_product(x_ptr, w_ptr, M, N, K, k0, k_split, offs_m, offs_n, BLOCK_M,
+                           BLOCK_N, BLOCK_K)
     pdl_release(LATE_RELEASE)
     if SCALED:
         acc *= scale
@@ -285,6 +337,10 @@ def _launch(x, w, out, *, config, pdl, prefetch, u=None, bias=None, out16=None, 
     if (q_out or out8 is not None) and inv8 is None:
         raise ValueError("an e4m3 output needs `inv8`, the multiplier it is stored with")
     tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
+    chunks = k // splits // bk
+    if WEIGHT_EARLY not in ("l2", "loaded"):
+        raise ValueError(f"unknown WEIGHT_EARLY {WEIGHT_EARLY!r}")
+    early = WEIGHT_EARLY == "loaded" and bm >= 64 and chunks <= _EARLY_CHUNKS
     if atomic and (counters is None or counters.numel() < tiles):
         raise ValueError(f"split-K accumulation needs {tiles} zeroed tile counters")
     if m == 0:
@@ -303,7 +359,8 @@ def _launch(x, w, out, *, config, pdl, prefetch, u=None, bias=None, out16=None, 
         RESIDUAL=residual is not None, ATOMIC=atomic, STATS_OUT=stats_out is not None,
         ZERO=zero is not None, USE_PDL=pdl, PREFETCH=pdl and prefetch,
         W_BYTES=w.element_size(), LATE_RELEASE=pdl and late_release, SCALED=scaled,
-        Q_OUT=q_out, COPY8=out8 is not None, num_warps=warps,
+        Q_OUT=q_out, COPY8=out8 is not None, EARLY=early, NCH=chunks if early else 0,
+        num_warps=warps,
         num_stages=stages, **launch_options(pdl),
     )
 
