@@ -109,6 +109,11 @@ QKV_LATE_RELEASE_MIN_SEQS: int | None = 2
 # LayerNorms ln1 (after the out-projection) and ln2 (after FFN2; the last layer's, which
 # feeds the QA head, has no successor to release).
 LATE_RELEASE_KERNELS = ("qkv", "attention", "out", "ln1", "ffn1", "ffn2", "ln2")
+# The deferred layer's GEMMs (``EncodeOptions.early_weights``), and those that load their
+# weight slice whole before their PDL wait by default (``kernels.deferred``; where the
+# slice does not fit, a GEMM keeps its K loop).
+DEFERRED_GEMMS = ("qkv", "out", "ffn1", "ffn2")
+EARLY_WEIGHTS: tuple[str, ...] = ()
 
 # Tiles and K splits of one GEMM: (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages[, loads]),
 # splits (``kernels.matmul.GemmConfig``; the optional ``loads`` only for ``linear``).
@@ -142,7 +147,9 @@ class EncodeOptions:
     attention and the LayerNorms after their stores), not right after their wait. The
     CUTLASS kernels keep their own placement. ``fp8_deferred`` runs the deferred layer's
     QKV, FFN1 and FFN2 on e4m3 operands where the weights have them (``folded8``, from a
-    calibration that recorded the un-normalised inputs).
+    calibration that recorded the un-normalised inputs). ``early_weights`` names GEMMs of
+    the deferred layer (of ``DEFERRED_GEMMS``) whose programs load their whole weight
+    slice before their PDL wait, where it fits (``kernels.deferred.early_weights_fit``).
     """
 
     fp8_out_dtype: torch.dtype | None = None
@@ -164,6 +171,7 @@ class EncodeOptions:
     qkv_late_release_min_seqs: int | None = QKV_LATE_RELEASE_MIN_SEQS
     late_release: tuple[str, ...] = ()
     fp8_deferred: bool = FP8_DEFERRED
+    early_weights: tuple[str, ...] = EARLY_WEIGHTS
 
 
 def _linear(x: torch.Tensor | None, xq: Quantized | None, lin: Linear,
@@ -374,6 +382,7 @@ def _encode_deferred(
     d, f = cfg.hidden_size, cfg.intermediate_size
     pf = pdl and opts.prefetch
     late = opts.late_release
+    early = opts.early_weights
     plans = dict(opts.gemm_plans)
     f8s = w.folded8 if opts.fp8_deferred else None
 
@@ -414,24 +423,26 @@ def _encode_deferred(
         nxt = f8s[i + 1] if f8s is not None and i + 1 < len(f8s) else None
         qkv = folded(z16, z8, fold.qkv, f8.qkv if f8 else None, None, z_sums[q], eps,
                      zero=scratch[p], config=c_qkv, pdl=pdl, prefetch=pf,
-                     late_release="qkv" in late, out_dtype=w.dtype)
+                     late_release="qkv" in late, out_dtype=w.dtype, early="qkv" in early)
         ctx = ops.attention_varlen(qkv, fold.qkv.bias, cu_seqlens, max_seqlen, n_seqs,
                                    cfg.num_heads, config=opts.attn_config, pdl=pdl,
                                    prefetch=pf, late_release="attention" in late)
         y = ops.residual_linear(ctx, layer.attn_out.weight, layer.attn_out.bias, z32[q],
                                 z_sums[q], ln_g, ln_b, eps, y_sums[p], config=c_out, pdl=pdl,
                                 prefetch=pf, late_release="out" in late, out8=y8,
-                                inv8=f8.ffn_in_inv if f8 else None)
+                                inv8=f8.ffn_in_inv if f8 else None, early="out" in early)
         h = folded(y, y8, fold.ffn_in, f8.ffn_in if f8 else None, fold.ffn_in.bias, y_sums[p],
                    eps, act=act, config=c_ff1, pdl=pdl, prefetch=pf,
-                   late_release="ffn1" in late, out_inv=f8.ffn_out_inv if f8 else None)
+                   late_release="ffn1" in late, out_inv=f8.ffn_out_inv if f8 else None,
+                   early="ffn1" in early)
         ops.residual_linear(h, f8.ffn_out_w8 if f8 else layer.ffn_out.weight,
                             layer.ffn_out.bias, y, y_sums[p], layer.ln1_weight,
                             layer.ln1_bias, eps, z_sums[p], out=z32[p], out16=z16,
                             counters=counters[p], splits=s_ff2, config=c_ff2, pdl=pdl,
                             prefetch=pf, late_release="ffn2" in late,
                             scale=f8.ffn_out_scale if f8 else None,
-                            out8=z8 if nxt else None, inv8=nxt.qkv_inv if nxt else None)
+                            out8=z8 if nxt else None, inv8=nxt.qkv_inv if nxt else None,
+                            early="ffn2" in early)
         ln_g, ln_b = layer.ln2_weight, layer.ln2_bias
     return ops.layernorm_qa(z32[(len(w.layers) - 1) % 2], ln_g, ln_b, eps,  # type: ignore[no-any-return]
                             w.qa_weight, w.qa_bias, pdl=pdl)

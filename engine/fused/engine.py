@@ -43,7 +43,9 @@ from engine.fused.calibration import CALIBRATION_MARGIN, GEMMS, AmaxRecorder, Ca
 from engine.fused.config import BertQAConfig
 from engine.fused.encoder import (
     AUTO_SMALL_GEMMS_MIN_HIDDEN,
+    DEFERRED_GEMMS,
     DEFERRED_LN_MAX_HIDDEN,
+    EARLY_WEIGHTS,
     FFN1_FUSED_MAX_TOKENS,
     FP8_CALIBRATED_MIN_TOKENS,
     FP8_DEFERRED,
@@ -154,6 +156,7 @@ class FusedEngine:
         qkv_late_release_min_seqs: int | None = QKV_LATE_RELEASE_MIN_SEQS,
         late_release: Sequence[str] | str | None = None,
         fp8_deferred: bool = FP8_DEFERRED,
+        early_weights: Sequence[str] | str | None = EARLY_WEIGHTS,
     ) -> None:
         """FP8 weights (if packed) are used for batches of at least ``fp8_min_tokens``
         tokens, and once calibrated (:meth:`calibrating`) from ``fp8_calibrated_min_tokens``
@@ -193,6 +196,9 @@ class FusedEngine:
         ``fp8_deferred`` (on by default): once calibrated (with the un-normalised inputs
         recorded), the deferred layer (``deferred_ln_max_hidden``) runs QKV, FFN1 and FFN2
         on e4m3 operands (``folding.DeferredFP8Layer``).
+        ``early_weights`` (of ``encoder.DEFERRED_GEMMS``, or as text) names the deferred
+        layer's GEMMs whose programs load their whole weight slice before their PDL wait
+        (where it fits; ``kernels.deferred``).
         ``graph_buckets_per_octave``: token buckets per power of two of the
         graphs, itself a power of two (``packing.round_tokens``: padding under 1/that of
         the tokens from 64 x that many tokens up; more buckets pad less but capture more
@@ -221,6 +227,7 @@ class FusedEngine:
                                                 deferred_ln_max_hidden, gemm_plans or {})
         late_release = _option_names("late_release", late_release, LATE_RELEASE_KERNELS,
                                      "kernels")
+        early_weights = _option_names("early_weights", early_weights, DEFERRED_GEMMS)
         self.options = EncodeOptions(
             fp8_out_dtype=(weights.dtype if weights.fp8_blocks  # the CUTLASS kernel: fp16/bf16
                            else rowwise_out_dtype(self.device, weights.dtype) if self.fp8
@@ -242,6 +249,7 @@ class FusedEngine:
             qkv_late_release_min_seqs=qkv_late_release_min_seqs,
             late_release=tuple(k for k in LATE_RELEASE_KERNELS if k in late_release),
             fp8_deferred=fp8_deferred,
+            early_weights=tuple(g for g in DEFERRED_GEMMS if g in early_weights),
         )
         self.graph_staging = graph_staging
         self._graphs = self._new_graphs()

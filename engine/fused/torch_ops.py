@@ -211,6 +211,7 @@ def folded_linear(
     scale: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
     out_inv: torch.Tensor | None = None,
+    early: bool = False,  # where weights are loaded: meaningless here
 ) -> torch.Tensor:
     """``r * (x @ w^T - mean * colsum) (+ bias) (then act)`` = ``LN(x) @ W^T ...`` for a
     folded ``w`` (``engine.fused.folding``), moments from the rows' sums ``stats``;
@@ -249,6 +250,7 @@ def residual_linear(
     scale: torch.Tensor | None = None,
     out8: torch.Tensor | None = None,
     inv8: torch.Tensor | None = None,
+    early: bool = False,  # where weights are loaded: meaningless here
 ) -> torch.Tensor:
     """``x @ w^T + bias + LN(residual)`` (moments from ``res_stats``): stored in ``x``'s
     dtype, or added into the float32 ``out`` with its copy in ``out16``; the result's

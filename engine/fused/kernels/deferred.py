@@ -66,14 +66,13 @@ from engine.fused.kernels.rows import (
 
 _ZERO_BLOCK = tl.constexpr(1024)  # float32 elements a program zeroes per step
 
-# Where a program's weight slice goes before its PDL wait: "l2" (with ``prefetch``, a
-# bulk prefetch into L2; the K loop loads it after the wait) or "loaded" (the whole slice
-# loaded in BLOCK_K chunks, which triton stores in shared memory before the wait; after
-# it, every activation chunk is loaded at once and multiplied, with no K loop). "loaded"
-# takes tiles of 64 rows and up (wgmma; 32-row tiles spill) and K slices of up to
-# ``_EARLY_CHUNKS`` chunks; other launches keep the K loop.
-WEIGHT_EARLY = "l2"
+# A launch with ``early`` weights (see :func:`folded_linear`) holds at most this many
+# chunks of BLOCK_K and this many bytes of weight slice per program (48 KB: an e4m3 slice
+# of 64 columns x 768; a 16-bit one of that size in shared memory, with its activations
+# as large, left the previous kernel's programs no room: BERT-base fp16 1x128 +12%, H200,
+# 2026-12-01), in tiles of at least 64 rows (``wgmma``; 32-row tiles spill registers).
 _EARLY_CHUNKS = 6
+_EARLY_BYTES = 48 * 1024
 
 
 @triton.jit
@@ -180,7 +179,10 @@ def _deferred_gemm_kernel(
     * ``ZERO``: then the programs zero ``zero_ptr[:zero_numel]`` (float32) between them.
 
     With ``USE_PDL`` the next kernel may launch right after the wait, or with
-    ``LATE_RELEASE`` after the K loop.
+    ``LATE_RELEASE`` after the K loop. ``EARLY``: the weight slice is loaded whole, in
+    ``NCH`` chunks of ``BLOCK_K`` (triton stores them in shared memory) before the wait,
+    and after it every activation chunk is loaded at once, then multiplied: no K loop,
+    and no weight bytes between the wait and the product.
 
     Everything the epilogue reads is loaded after the K loop, but for the FP8 scalars (in
     the prologue: after the loop each was a dependent load in FFN2's way, +1.2 us a layer,
@@ -319,10 +321,19 @@ def deferred_plan(m: int, n: int, k: int, kind: str,
     raise ValueError(f"unknown GEMM kind {kind!r}")
 
 
+def early_weights_fit(config: GemmConfig, k_slice: int, weight_bytes: int) -> bool:
+    """Whether a launch with ``early`` weights holds its weight slice (else it keeps the K
+    loop): tiles of 64 rows and up, and a slice within ``_EARLY_CHUNKS`` chunks and
+    ``_EARLY_BYTES``."""
+    bm, bn, bk = config[:3]
+    return (bm >= 64 and k_slice % bk == 0 and k_slice // bk <= _EARLY_CHUNKS
+            and bn * k_slice * weight_bytes <= _EARLY_BYTES)
+
+
 def _launch(x, w, out, *, config, pdl, prefetch, u=None, bias=None, out16=None, stats=None,
             stats_out=None, counters=None, residual=None, res_gamma=None, res_beta=None,
             zero=None, eps=0.0, act=None, splits=1, fold=False, late_release=False,
-            scale=None, out8=None, inv8=None) -> None:
+            scale=None, out8=None, inv8=None, early=False) -> None:
     m, k = x.shape
     n = w.shape[0]
     bm, bn, bk, warps, stages, loads = unpack_config(config)
@@ -337,10 +348,7 @@ def _launch(x, w, out, *, config, pdl, prefetch, u=None, bias=None, out16=None, 
     if (q_out or out8 is not None) and inv8 is None:
         raise ValueError("an e4m3 output needs `inv8`, the multiplier it is stored with")
     tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
-    chunks = k // splits // bk
-    if WEIGHT_EARLY not in ("l2", "loaded"):
-        raise ValueError(f"unknown WEIGHT_EARLY {WEIGHT_EARLY!r}")
-    early = WEIGHT_EARLY == "loaded" and bm >= 64 and chunks <= _EARLY_CHUNKS
+    early = early and early_weights_fit(config, k // splits, w.element_size())
     if atomic and (counters is None or counters.numel() < tiles):
         raise ValueError(f"split-K accumulation needs {tiles} zeroed tile counters")
     if m == 0:
@@ -359,7 +367,7 @@ def _launch(x, w, out, *, config, pdl, prefetch, u=None, bias=None, out16=None, 
         RESIDUAL=residual is not None, ATOMIC=atomic, STATS_OUT=stats_out is not None,
         ZERO=zero is not None, USE_PDL=pdl, PREFETCH=pdl and prefetch,
         W_BYTES=w.element_size(), LATE_RELEASE=pdl and late_release, SCALED=scaled,
-        Q_OUT=q_out, COPY8=out8 is not None, EARLY=early, NCH=chunks if early else 0,
+        Q_OUT=q_out, COPY8=out8 is not None, EARLY=early, NCH=k // splits // bk if early else 0,
         num_warps=warps,
         num_stages=stages, **launch_options(pdl),
     )
@@ -381,6 +389,7 @@ def folded_linear(
     scale: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
     out_inv: torch.Tensor | None = None,
+    early: bool = False,
 ) -> torch.Tensor:
     """``LN(x) @ W^T (+ bias) (then act)`` in ``x``'s dtype, from un-normalised rows ``x``
     [M, K], their (sum, sum of squares) ``stats`` [M, 2] float32, and the folded weight
@@ -391,7 +400,11 @@ def folded_linear(
 
     FP8: ``x`` and ``w`` in e4m3 with ``scale`` [1] float32 the product's (``colsum``
     then sums the dequantized weight); the result in ``out_dtype``, or with ``out_inv``
-    [1] in e4m3 times ``out_inv``."""
+    [1] in e4m3 times ``out_inv``.
+
+    ``early``: each program loads its whole weight slice before its PDL wait and its
+    activations all at once after it, where the slice fits (:func:`early_weights_fit`;
+    else the K loop runs as without it)."""
     if act not in (None, "gelu", "gelu_tanh"):
         raise ValueError(f"unknown activation {act!r}")
     m, n = x.shape[0], w.shape[0]
@@ -400,7 +413,7 @@ def folded_linear(
     config = config or deferred_plan(m, n, x.shape[1], "folded", scale is not None)[0]
     _launch(x, w, out, u=colsum, bias=bias, stats=stats, zero=zero, eps=eps, act=act,
             config=config, pdl=pdl, prefetch=prefetch, fold=True, late_release=late_release,
-            scale=scale, inv8=out_inv)
+            scale=scale, inv8=out_inv, early=early)
     return out
 
 
@@ -425,6 +438,7 @@ def residual_linear(
     scale: torch.Tensor | None = None,
     out8: torch.Tensor | None = None,
     inv8: torch.Tensor | None = None,
+    early: bool = False,
 ) -> torch.Tensor:
     """``v = x @ w^T + bias + LN(residual)`` (LN's moments from ``res_stats``, the rows'
     (sum, sum of squares)), whose rows' sums are added into ``stats_out`` [M, 2].
@@ -437,6 +451,7 @@ def residual_linear(
 
     FP8: ``x`` and ``w`` in e4m3 (with ``out``) and ``scale`` [1] float32 the product's.
     ``out8`` ([M, N] e4m3) also gets ``v`` times ``inv8`` [1]: the next GEMM's operand.
+    ``early`` as for :func:`folded_linear`.
     """
     m, n = x.shape[0], w.shape[0]
     if out is None:
@@ -455,7 +470,7 @@ def residual_linear(
             splits=splits, config=config or deferred_plan(m, n, x.shape[1], kind,
                                                           scale is not None)[0],
             pdl=pdl, prefetch=prefetch, late_release=late_release, scale=scale, out8=out8,
-            inv8=inv8)
+            inv8=inv8, early=early)
     return out if out16 is None else out16
 
 
