@@ -113,7 +113,7 @@ LATE_RELEASE_KERNELS = ("qkv", "attention", "out", "ln1", "ffn1", "ffn2", "ln2")
 # weight slice whole before their PDL wait by default (``kernels.deferred``; where the
 # slice does not fit, a GEMM keeps its K loop).
 DEFERRED_GEMMS = ("qkv", "out", "ffn1", "ffn2")
-EARLY_WEIGHTS: tuple[str, ...] = ()
+EARLY_WEIGHTS: tuple[str, ...] = ("qkv", "ffn1", "ffn2")
 
 # Tiles and K splits of one GEMM: (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages[, loads]),
 # splits (``kernels.matmul.GemmConfig``; the optional ``loads`` only for ``linear``).
