@@ -200,21 +200,24 @@ def _sums64(v: object) -> object:
     return torch.stack([v.sum(1), (v * v).sum(1)], 1)
 
 
-def _check_deferred(splits: int) -> tuple[float, float]:
+def _check_deferred(splits: int, early: bool = False) -> tuple[float, float]:
     """The deferred-LayerNorm kernels (``kernels.deferred``) against float64 LayerNorm-then-
     GEMM references, each error in units of its tolerance: the embeddings' sum with its
     row sums; the folded GEMM (GELU, and the buffer it zeroes); the residual GEMM stored
     whole and accumulated over ``splits`` K slices (atomics, tile counters, the copy and
-    the row sums left by each tile's last program); the LayerNorm + QA head."""
+    the row sums left by each tile's last program); the LayerNorm + QA head. ``early``:
+    the GEMMs on 64-row tiles, their weight slices loaded whole (``early``), no K loop."""
     import torch
 
     from engine.fused import kernels as k
     from engine.fused.folding import fold_linear
+    from engine.fused.kernels.deferred import early_weights_fit
     from engine.fused.weights import Linear
 
     g = torch.Generator().manual_seed(12)
     m, n, kk, eps = 45, 80, 192, 1e-5  # M, N not tile multiples; K = 3 x 64
-    tile = (32, 32, 64, 4, 2)
+    tile, tiles = ((64, 64, 64, 4, 2), 2) if early else ((32, 32, 64, 4, 2), 6)
+    assert not early or early_weights_fit(tile, kk // splits, 2)  # the path is taken
     errs = []
     ids, tt, pos = (torch.randint(0, 20, (m,), generator=g, dtype=torch.int32) for _ in range(3))
     tables = [torch.randn(20, kk, generator=g).half() for _ in range(3)]
@@ -229,7 +232,7 @@ def _check_deferred(splits: int) -> tuple[float, float]:
     f = fold_linear(lin, gamma, beta)
     zero = torch.full((3333,), math.nan)  # not a multiple of the zeroing block
     h = k.folded_linear(x, f.weight, f.colsum, f.bias, _sums64(x).float(), eps, act="gelu",
-                        zero=zero, config=tile)
+                        zero=zero, config=tile, early=early)
     ln = _ln64(x.double(), gamma, beta, eps)
     h_ref = _gelu64(ln @ lin.weight.double().t() + lin.bias.double(), False)
     errs += [_rel(h, h_ref) / _TOL["float16"], 0.0 if bool((zero == 0).all()) else math.inf]
@@ -242,13 +245,14 @@ def _check_deferred(splits: int) -> tuple[float, float]:
     ref = ctx.double() @ wo.double().t() + bo.double() + _ln64(res.double(), g2, b2, eps)
     start = torch.randn(m, 2)
     acc = start.clone()
-    y = k.residual_linear(ctx, wo, bo, res, res_sums, g2, b2, eps, acc, config=tile)
+    y = k.residual_linear(ctx, wo, bo, res, res_sums, g2, b2, eps, acc, config=tile,
+                          early=early)
     errs += [_rel(y, ref) / _TOL["float16"], _rel(acc, start.double() + _sums64(y)) / 1e-5]
     out, out16 = torch.zeros(m, n), torch.empty(m, n).half()
-    counters = torch.zeros(6, dtype=torch.int32)  # 2 x 3 tiles of 32x32
+    counters = torch.zeros(tiles, dtype=torch.int32)  # 2 x 3 tiles of 32x32, or 1 x 2
     acc = start.clone()
     k.residual_linear(ctx, wo, bo, res, res_sums, g2, b2, eps, acc, out=out, out16=out16,
-                      counters=counters, splits=splits, config=tile)
+                      counters=counters, splits=splits, config=tile, early=early)
     errs += [_rel(out, ref) / 1e-5, _rel(out16, ref) / _TOL["float16"],
              _rel(acc, start.double() + _sums64(out)) / 1e-5,
              0.0 if bool((counters == splits).all()) else math.inf]
@@ -263,21 +267,24 @@ def _check_deferred(splits: int) -> tuple[float, float]:
 _E4M3_STEP = 0.0625  # e4m3's relative rounding step (3 mantissa bits): at most half of it
 
 
-def _check_deferred_fp8(splits: int) -> tuple[float, float]:
+def _check_deferred_fp8(splits: int, early: bool = False) -> tuple[float, float]:
     """The deferred-LayerNorm kernels on e4m3 operands (``folding.DeferredFP8Layer``)
     against float64 math on the same e4m3 values, each error in units of its tolerance:
     the embeddings' e4m3 copy; the folded GEMM (FP8 product times its scale, LayerNorm
     algebra, GELU, e4m3 output); the out-projection's e4m3 copy of what it stores; FFN2's
-    FP8 product accumulated over ``splits`` K slices with the last program's e4m3 copy."""
+    FP8 product accumulated over ``splits`` K slices with the last program's e4m3 copy.
+    ``early`` as for :func:`_check_deferred`."""
     import torch
 
     from engine.fused import kernels as k
     from engine.fused.folding import fold_fp8, fold_linear
+    from engine.fused.kernels.deferred import early_weights_fit
     from engine.fused.weights import Linear
 
     g = torch.Generator().manual_seed(21)
     m, n, kk, eps = 45, 80, 192, 1e-5
-    tile = (32, 32, 64, 4, 2)
+    tile, tiles = ((64, 64, 64, 4, 2), 2) if early else ((32, 32, 64, 4, 2), 6)
+    assert not early or early_weights_fit(tile, kk // splits, 1)  # the path is taken
     e8 = torch.float8_e4m3fn
     errs = []
 
@@ -306,9 +313,9 @@ def _check_deferred_fp8(splits: int) -> tuple[float, float]:
     h_ref = _gelu64(folded + f16.bias.double(), False)
     h_inv = torch.tensor([200.0 / float(h_ref.abs().max())])  # none saturates
     h8 = k.folded_linear(x8, f8.w8, f8.colsum, f16.bias, sums, eps,
-                         act="gelu", config=tile, scale=f8.scale, out_inv=h_inv)
+                         act="gelu", config=tile, scale=f8.scale, out_inv=h_inv, early=early)
     q = k.folded_linear(x8, f8.w8, f8.colsum, None, sums, eps, config=tile, scale=f8.scale,
-                        out_dtype=torch.float16)
+                        out_dtype=torch.float16, early=early)
     errs += [_rel(deq(h8, h_inv), h_ref) / _E4M3_STEP if h8.dtype == e8 else math.inf,
              _rel(q, folded) / _TOL["float16"]]
 
@@ -329,11 +336,11 @@ def _check_deferred_fp8(splits: int) -> tuple[float, float]:
            + _ln64(res.double(), g2, b2, eps))
     out, out16 = torch.zeros(m, n), torch.empty(m, n).half()
     out8 = torch.empty(m, n, dtype=e8)
-    counters = torch.zeros(6, dtype=torch.int32)
+    counters = torch.zeros(tiles, dtype=torch.int32)
     z_inv = torch.tensor([200.0 / float(ref.abs().max())])
     k.residual_linear(x2, w2, bo, res, res_sums, g2, b2, eps, torch.zeros(m, 2), out=out,
                       out16=out16, counters=counters, splits=splits, config=tile, scale=s2,
-                      out8=out8, inv8=z_inv)
+                      out8=out8, inv8=z_inv, early=early)
     errs += [_rel(out, ref) / 1e-5, _rel(deq(out8, z_inv), ref) / _E4M3_STEP]
     return max(errs), 1.0
 
@@ -848,6 +855,10 @@ CASES: dict[str, Callable[[], tuple[float, float]]] = {
     "deferred_ln_kernels_3_splits": lambda: _check_deferred(3),
     "deferred_ln_kernels_fp8": lambda: _check_deferred_fp8(1),
     "deferred_ln_kernels_fp8_3_splits": lambda: _check_deferred_fp8(3),
+    "deferred_ln_kernels_early_weights": lambda: _check_deferred(1, early=True),
+    "deferred_ln_kernels_early_weights_3_splits": lambda: _check_deferred(3, early=True),
+    "deferred_ln_kernels_fp8_early_weights": lambda: _check_deferred_fp8(1, early=True),
+    "deferred_ln_kernels_fp8_early_weights_3_splits": lambda: _check_deferred_fp8(3, early=True),
     "tiny_bert_fp32": lambda: _check_tiny_bert("float32"),
     "tiny_bert_fp16": lambda: _check_tiny_bert("float16"),
     "tiny_bert_fp16_splitk_2": lambda: _check_tiny_bert("float16", splits=2),

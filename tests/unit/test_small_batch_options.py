@@ -52,10 +52,12 @@ def test_qkv_releases_attention_late_in_multi_sequence_batches(
     assert not any(late for qkv, late in seen if not qkv)
 
 
-def _record_launches(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, bool]]:
+def _record_launches(monkeypatch: pytest.MonkeyPatch,
+                     keyword: str = "late_release") -> list[tuple[str, bool]]:
     """The torch spec backend's small-batch ops replaced by recorders of (kernel role,
-    ``late_release``), each role named as ``LATE_RELEASE_KERNELS`` names it; the ops still
-    compute. A GEMM's role comes from its weight's shape, a LayerNorm's from the order."""
+    the launch keyword ``keyword``), each role named as ``LATE_RELEASE_KERNELS`` names it;
+    the ops still compute. A GEMM's role comes from its weight's shape, a LayerNorm's from
+    the order."""
     from engine.fused import torch_ops
 
     seen: list[tuple[str, bool]] = []
@@ -68,7 +70,7 @@ def _record_launches(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, bool]]:
     def wrap(name: str) -> None:
         spec = getattr(torch_ops, name)
 
-        def launch(*args: Any, late_release: bool = False, **kw: Any) -> Any:
+        def launch(*args: Any, **kw: Any) -> Any:
             nonlocal lns
             if name == "attention_varlen":
                 role = "attention"
@@ -76,7 +78,7 @@ def _record_launches(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, bool]]:
                 role, lns = ("ln1", "ln2")[lns % 2], lns + 1
             else:
                 role = gemm_role(args[0], args[1])
-            seen.append((role, late_release))
+            seen.append((role, bool(kw.get(keyword, False))))
             return spec(*args, **kw)
 
         monkeypatch.setattr(torch_ops, name, launch)
@@ -121,3 +123,49 @@ def test_late_release_option_is_checked(tiny: Any) -> None:
     assert FusedEngine(tiny, "cpu", backend="torch").options.late_release == ()
     with pytest.raises(ValueError, match="late_release: unknown kernels"):
         FusedEngine(tiny, "cpu", backend="torch", late_release=("qkv", "softmax"))
+
+
+@pytest.mark.parametrize("names", [("qkv",), ("out", "ffn2"), (), None])
+def test_early_weights_reach_the_named_gemms_only(
+        tiny: Any, monkeypatch: pytest.MonkeyPatch, names: tuple[str, ...] | None) -> None:
+    """``early_weights`` asks exactly the named GEMMs of every deferred layer to load their
+    weights before their wait (None: the default, ``encoder.EARLY_WEIGHTS``)."""
+    from engine.fused.encoder import EARLY_WEIGHTS
+    from engine.fused.engine import FusedEngine
+
+    seen = _record_launches(monkeypatch, "early")
+    kw = {} if names is None else {"early_weights": names}
+    engine = FusedEngine(tiny, "cpu", backend="torch", deferred_ln_max_hidden=48, **kw)
+    ids = np.random.default_rng(8).integers(1, 100, (2, 20)).astype(np.int32)
+    engine.infer(ids, np.ones_like(ids), np.zeros_like(ids))
+    expected = ["qkv", "attention", "out", "ffn1", "ffn2"] * 2
+    assert [role for role, _ in seen] == expected
+    named = EARLY_WEIGHTS if names is None else names
+    assert [role for role, early in seen if early] == [r for r in expected if r in named]
+
+
+def test_early_weights_option_is_checked(tiny: Any) -> None:
+    from engine.fused.engine import FusedEngine
+
+    engine = FusedEngine(tiny, "cpu", backend="torch", early_weights="ffn2, qkv")
+    assert engine.options.early_weights == ("qkv", "ffn2")  # canonical order
+    assert FusedEngine(tiny, "cpu", backend="torch", early_weights="").options.early_weights == ()
+    with pytest.raises(ValueError, match="early_weights: unknown GEMMs"):
+        FusedEngine(tiny, "cpu", backend="torch", early_weights=("qkv", "attention"))
+
+
+@pytest.mark.parametrize(("config", "k_slice", "weight_bytes", "fits"), [
+    ((64, 64, 256, 4, 3), 768, 1, True),     # BERT-base QKV/FFN1 on e4m3: 3 chunks, 48 KB
+    ((64, 64, 128, 4, 4), 768, 1, True),     # FFN2's K slice at 128 tokens: 6 chunks
+    ((64, 64, 128, 4, 3), 768, 2, False),    # the same in fp16: 96 KB
+    ((32, 32, 128, 4, 3), 768, 2, False),    # the out-projection's 32-row tiles
+    ((64, 64, 64, 4, 4), 768, 1, False),     # 12 chunks
+    ((64, 64, 256, 4, 3), 640, 1, False),    # a slice not in whole chunks
+    ((128, 64, 128, 8, 3), 384, 2, True),
+])
+def test_early_weights_fit(config: tuple[int, ...], k_slice: int, weight_bytes: int,
+                           fits: bool) -> None:
+    pytest.importorskip("triton")
+    from engine.fused.kernels.deferred import early_weights_fit
+
+    assert early_weights_fit(config, k_slice, weight_bytes) is fits
