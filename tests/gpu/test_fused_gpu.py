@@ -340,6 +340,54 @@ def test_deferred_fp8_parity(graphs: bool) -> None:
         assert e16 < 2e-2 and e8 < 0.2
 
 
+@pytest.mark.parametrize("rows", [128, 77, 32])
+def test_early_weights_match_the_k_loop(rows: int) -> None:
+    """The deferred GEMMs loading their whole weight slice before the PDL wait
+    (``early``) against the same launches with the K loop, on BERT-base's e4m3 shapes
+    with PDL and prefetch, as the engine runs them: QKV and FFN1 (one K slice, no atomics)
+    to the last bit of their output's rounding, FFN2 (4 K slices added by float32
+    atomics, whose order varies) to float32 rounding of the sum."""
+    from engine.fused import kernels as k
+    from engine.fused.kernels.deferred import deferred_plan, early_weights_fit
+
+    g = torch.Generator(device="cuda").manual_seed(rows)
+    e8, d, f, eps = torch.float8_e4m3fn, 768, 3072, 1e-12
+
+    def e4m3(*shape: int, scale: float = 1.0) -> torch.Tensor:
+        return (torch.randn(*shape, generator=g, device="cuda") * scale).to(e8)
+
+    x8, stats = e4m3(rows, d, scale=40.0), torch.rand(rows, 2, generator=g, device="cuda")
+    stats[:, 1] += 1.0  # a positive variance
+    s = torch.tensor([1e-4], device="cuda")
+    for n, act in ((3 * d, None), (f, "gelu")):  # QKV, FFN1
+        w8 = e4m3(n, d, scale=40.0)
+        colsum, bias = (torch.randn(n, generator=g, device="cuda") for _ in range(2))
+        config = deferred_plan(rows, n, d, "folded", True)[0]
+        assert early_weights_fit(config, d, 1)
+        a, b = (k.folded_linear(x8, w8, colsum, bias, stats, eps, act=act, config=config,
+                                pdl=True, prefetch=True, scale=s,
+                                out_dtype=torch.float16, early=early) for early in (False, True))
+        torch.cuda.synchronize()
+        assert torch.equal(a, b), float((a.float() - b.float()).abs().max())
+    h8, w2 = e4m3(rows, f, scale=40.0), e4m3(d, f, scale=40.0)
+    bias, gamma, beta = (torch.randn(d, generator=g, device="cuda") for _ in range(3))
+    res = torch.randn(rows, d, generator=g, device="cuda").half()
+    res_stats = torch.stack([res.float().sum(1), (res.float() ** 2).sum(1)], 1)
+    config, splits = deferred_plan(rows, d, f, "accumulate", True)
+    assert early_weights_fit(config, f // splits, 1)
+    outs = []
+    for early in (False, True):
+        out, out16 = torch.zeros(rows, d, device="cuda"), torch.empty(rows, d, device="cuda").half()
+        counters = torch.zeros(-(-rows // config[0]) * (d // config[1]), device="cuda",
+                               dtype=torch.int32)
+        k.residual_linear(h8, w2, bias, res, res_stats, gamma, beta, eps,
+                          torch.zeros(rows, 2, device="cuda"), out=out, out16=out16,
+                          counters=counters, splits=splits, config=config, pdl=True,
+                          prefetch=True, scale=s, early=early)
+        outs.append(out)
+    torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-5 * float(outs[0].abs().max()))
+
+
 def test_static_inputs_per_gemm_on_the_gpu() -> None:
     """Calibrated engines with only some GEMM inputs static (``fp8_static_inputs``; the
     others per token): every single GEMM, every three-GEMM combination (the default is
