@@ -109,13 +109,14 @@ QKV_LATE_RELEASE_MIN_SEQS: int | None = 2
 # LayerNorms ln1 (after the out-projection) and ln2 (after FFN2; the last layer's, which
 # feeds the QA head, has no successor to release).
 LATE_RELEASE_KERNELS = ("qkv", "attention", "out", "ln1", "ffn1", "ffn2", "ln2")
-# The deferred layer's GEMMs (``EncodeOptions.early_weights``), and those that load their
-# weight slice whole before their PDL wait by default (``kernels.deferred``; where the
-# slice does not fit, a GEMM keeps its K loop). H200, 2026-12-01, BERT-base 1x128
-# calibrated FP8, graph replay, two engines each: QKV + FFN1 0.2493 ms against 0.2505
-# (idle GPU 0.2538 against 0.2556); FFN2 too 0.2512-0.2522 (another machine: -4.6 us).
-# The out-projection's 32-row tiles never take it.
-DEFERRED_GEMMS = ("qkv", "out", "ffn1", "ffn2")
+# The deferred layer's GEMMs on e4m3 operands (``EncodeOptions.early_weights``), and those
+# that load their weight slice whole before their PDL wait by default (``kernels.deferred``;
+# where the slice does not fit, a GEMM keeps its K loop). H200, 2026-12-01, BERT-base
+# 1x128 calibrated FP8, graph replay, two engines each: QKV + FFN1 0.2493 ms against
+# 0.2505 (idle GPU 0.2538 against 0.2556); FFN2 too 0.2511-0.2526 (another machine: -4.6
+# us over all three). 16-bit launches never take it: BERT-base's 96 KB slices were 12%
+# slower, and the shipped MiniLM's 48 KB ones have not been measured.
+EARLY_WEIGHT_GEMMS = ("qkv", "ffn1", "ffn2")
 EARLY_WEIGHTS: tuple[str, ...] = ("qkv", "ffn1")
 
 # Tiles and K splits of one GEMM: (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages[, loads]),
@@ -150,9 +151,9 @@ class EncodeOptions:
     attention and the LayerNorms after their stores), not right after their wait. The
     CUTLASS kernels keep their own placement. ``fp8_deferred`` runs the deferred layer's
     QKV, FFN1 and FFN2 on e4m3 operands where the weights have them (``folded8``, from a
-    calibration that recorded the un-normalised inputs). ``early_weights`` names GEMMs of
-    the deferred layer (of ``DEFERRED_GEMMS``) whose programs load their whole weight
-    slice before their PDL wait, where it fits (``kernels.deferred.early_weights_fit``).
+    calibration that recorded the un-normalised inputs). ``early_weights`` names those
+    e4m3 GEMMs (of ``EARLY_WEIGHT_GEMMS``) whose programs load their whole weight slice
+    before their PDL wait, where it fits (``kernels.deferred.early_weights_fit``).
     """
 
     fp8_out_dtype: torch.dtype | None = None
@@ -385,9 +386,9 @@ def _encode_deferred(
     d, f = cfg.hidden_size, cfg.intermediate_size
     pf = pdl and opts.prefetch
     late = opts.late_release
-    early = opts.early_weights
     plans = dict(opts.gemm_plans)
     f8s = w.folded8 if opts.fp8_deferred else None
+    early = opts.early_weights if f8s is not None else ()  # e4m3 launches only
 
     def plan(name: str, n: int, k: int, kind: str) -> GemmPlan:
         return plans.get(name) or ops.deferred_plan(t, n, k, kind, f8s is not None
@@ -433,7 +434,7 @@ def _encode_deferred(
         y = ops.residual_linear(ctx, layer.attn_out.weight, layer.attn_out.bias, z32[q],
                                 z_sums[q], ln_g, ln_b, eps, y_sums[p], config=c_out, pdl=pdl,
                                 prefetch=pf, late_release="out" in late, out8=y8,
-                                inv8=f8.ffn_in_inv if f8 else None, early="out" in early)
+                                inv8=f8.ffn_in_inv if f8 else None)
         h = folded(y, y8, fold.ffn_in, f8.ffn_in if f8 else None, fold.ffn_in.bias, y_sums[p],
                    eps, act=act, config=c_ff1, pdl=pdl, prefetch=pf,
                    late_release="ffn1" in late, out_inv=f8.ffn_out_inv if f8 else None,

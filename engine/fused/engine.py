@@ -43,8 +43,8 @@ from engine.fused.calibration import CALIBRATION_MARGIN, GEMMS, AmaxRecorder, Ca
 from engine.fused.config import BertQAConfig
 from engine.fused.encoder import (
     AUTO_SMALL_GEMMS_MIN_HIDDEN,
-    DEFERRED_GEMMS,
     DEFERRED_LN_MAX_HIDDEN,
+    EARLY_WEIGHT_GEMMS,
     EARLY_WEIGHTS,
     FFN1_FUSED_MAX_TOKENS,
     FP8_CALIBRATED_MIN_TOKENS,
@@ -196,9 +196,10 @@ class FusedEngine:
         ``fp8_deferred`` (on by default): once calibrated (with the un-normalised inputs
         recorded), the deferred layer (``deferred_ln_max_hidden``) runs QKV, FFN1 and FFN2
         on e4m3 operands (``folding.DeferredFP8Layer``).
-        ``early_weights`` (of ``encoder.DEFERRED_GEMMS``, or as text) names the deferred
+        ``early_weights`` (of ``encoder.EARLY_WEIGHT_GEMMS``, or as text; None or ``""``:
+        none; default ``encoder.EARLY_WEIGHTS``, QKV and FFN1) names the deferred FP8
         layer's GEMMs whose programs load their whole weight slice before their PDL wait
-        (where it fits; ``kernels.deferred``).
+        (where it fits; ``kernels.deferred``); 16-bit launches keep their K loop.
         ``graph_buckets_per_octave``: token buckets per power of two of the
         graphs, itself a power of two (``packing.round_tokens``: padding under 1/that of
         the tokens from 64 x that many tokens up; more buckets pad less but capture more
@@ -227,7 +228,7 @@ class FusedEngine:
                                                 deferred_ln_max_hidden, gemm_plans or {})
         late_release = _option_names("late_release", late_release, LATE_RELEASE_KERNELS,
                                      "kernels")
-        early_weights = _option_names("early_weights", early_weights, DEFERRED_GEMMS)
+        early_weights = _option_names("early_weights", early_weights, EARLY_WEIGHT_GEMMS)
         self.options = EncodeOptions(
             fp8_out_dtype=(weights.dtype if weights.fp8_blocks  # the CUTLASS kernel: fp16/bf16
                            else rowwise_out_dtype(self.device, weights.dtype) if self.fp8
@@ -249,7 +250,7 @@ class FusedEngine:
             qkv_late_release_min_seqs=qkv_late_release_min_seqs,
             late_release=tuple(k for k in LATE_RELEASE_KERNELS if k in late_release),
             fp8_deferred=fp8_deferred,
-            early_weights=tuple(g for g in DEFERRED_GEMMS if g in early_weights),
+            early_weights=tuple(g for g in EARLY_WEIGHT_GEMMS if g in early_weights),
         )
         self.graph_staging = graph_staging
         self._graphs = self._new_graphs()

@@ -348,7 +348,9 @@ def test_early_weights_match_the_k_loop(rows: int) -> None:
     to the last bit of their output's rounding, FFN2 (4 K slices added by float32
     atomics, whose order varies) to float32 rounding of the sum."""
     from engine.fused import kernels as k
-    from engine.fused.kernels.deferred import deferred_plan, early_weights_fit
+    from engine.fused.kernels import deferred
+    from engine.fused.kernels.deferred import deferred_plan
+    from tests.launch_spy import launch_keywords
 
     g = torch.Generator(device="cuda").manual_seed(rows)
     e8, d, f, eps = torch.float8_e4m3fn, 768, 3072, 1e-12
@@ -363,10 +365,12 @@ def test_early_weights_match_the_k_loop(rows: int) -> None:
         w8 = e4m3(n, d, scale=40.0)
         colsum, bias = (torch.randn(n, generator=g, device="cuda") for _ in range(2))
         config = deferred_plan(rows, n, d, "folded", True)[0]
-        assert early_weights_fit(config, d, 1)
-        a, b = (k.folded_linear(x8, w8, colsum, bias, stats, eps, act=act, config=config,
-                                pdl=True, prefetch=True, scale=s,
-                                out_dtype=torch.float16, early=early) for early in (False, True))
+        with launch_keywords(deferred, "_deferred_gemm_kernel", "EARLY") as launched:
+            a, b = (k.folded_linear(x8, w8, colsum, bias, stats, eps, act=act, config=config,
+                                    pdl=True, prefetch=True, scale=s,
+                                    out_dtype=torch.float16, early=early)
+                    for early in (False, True))
+        assert launched == [False, True]  # each path ran
         torch.cuda.synchronize()
         assert torch.equal(a, b), float((a.float() - b.float()).abs().max())
     h8, w2 = e4m3(rows, f, scale=40.0), e4m3(d, f, scale=40.0)
@@ -374,17 +378,19 @@ def test_early_weights_match_the_k_loop(rows: int) -> None:
     res = torch.randn(rows, d, generator=g, device="cuda").half()
     res_stats = torch.stack([res.float().sum(1), (res.float() ** 2).sum(1)], 1)
     config, splits = deferred_plan(rows, d, f, "accumulate", True)
-    assert early_weights_fit(config, f // splits, 1)
     outs = []
-    for early in (False, True):
-        out, out16 = torch.zeros(rows, d, device="cuda"), torch.empty(rows, d, device="cuda").half()
-        counters = torch.zeros(-(-rows // config[0]) * (d // config[1]), device="cuda",
-                               dtype=torch.int32)
-        k.residual_linear(h8, w2, bias, res, res_stats, gamma, beta, eps,
-                          torch.zeros(rows, 2, device="cuda"), out=out, out16=out16,
-                          counters=counters, splits=splits, config=config, pdl=True,
-                          prefetch=True, scale=s, early=early)
-        outs.append(out)
+    with launch_keywords(deferred, "_deferred_gemm_kernel", "EARLY") as launched:
+        for early in (False, True):
+            out = torch.zeros(rows, d, device="cuda")
+            counters = torch.zeros(-(-rows // config[0]) * (d // config[1]), device="cuda",
+                                   dtype=torch.int32)
+            k.residual_linear(h8, w2, bias, res, res_stats, gamma, beta, eps,
+                              torch.zeros(rows, 2, device="cuda"), out=out,
+                              out16=torch.empty(rows, d, device="cuda").half(),
+                              counters=counters, splits=splits, config=config, pdl=True,
+                              prefetch=True, scale=s, early=early)
+            outs.append(out)
+    assert launched == [False, True]
     torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-5 * float(outs[0].abs().max()))
 
 

@@ -211,13 +211,14 @@ def _check_deferred(splits: int, early: bool = False) -> tuple[float, float]:
 
     from engine.fused import kernels as k
     from engine.fused.folding import fold_linear
-    from engine.fused.kernels.deferred import early_weights_fit
+    from engine.fused.kernels import deferred
     from engine.fused.weights import Linear
+    from tests.launch_spy import launch_keywords
 
     g = torch.Generator().manual_seed(12)
     m, n, kk, eps = 45, 80, 192, 1e-5  # M, N not tile multiples; K = 3 x 64
-    tile, tiles = ((64, 64, 64, 4, 2), 2) if early else ((32, 32, 64, 4, 2), 6)
-    assert not early or early_weights_fit(tile, kk // splits, 2)  # the path is taken
+    # early: 32-wide chunks, 6 of them in one K slice (2 in each of 3)
+    tile, tiles = ((64, 64, 32, 4, 2), 2) if early else ((32, 32, 64, 4, 2), 6)
     errs = []
     ids, tt, pos = (torch.randint(0, 20, (m,), generator=g, dtype=torch.int32) for _ in range(3))
     tables = [torch.randn(20, kk, generator=g).half() for _ in range(3)]
@@ -225,42 +226,44 @@ def _check_deferred(splits: int, early: bool = False) -> tuple[float, float]:
     k.embed_sum(ids, tt, pos, *tables, z, z16, zs)
     e = sum(t.double()[i.long()] for t, i in zip(tables, (ids, pos, tt), strict=True))
     errs += [_rel(z, e) / 1e-6, _rel(z16, e) / _TOL["float16"], _rel(zs, _sums64(e)) / 1e-6]
+    with launch_keywords(deferred, "_deferred_gemm_kernel", "EARLY") as launched:
+        x = (torch.randn(m, kk, generator=g) * 2 + 0.5).half()
+        lin = Linear(torch.randn(n, kk, generator=g).half() * 0.1, torch.randn(n, generator=g))
+        gamma, beta = torch.randn(kk, generator=g), torch.randn(kk, generator=g)
+        f = fold_linear(lin, gamma, beta)
+        zero = torch.full((3333,), math.nan)  # not a multiple of the zeroing block
+        h = k.folded_linear(x, f.weight, f.colsum, f.bias, _sums64(x).float(), eps, act="gelu",
+                            zero=zero, config=tile, early=early)
+        ln = _ln64(x.double(), gamma, beta, eps)
+        h_ref = _gelu64(ln @ lin.weight.double().t() + lin.bias.double(), False)
+        errs += [_rel(h, h_ref) / _TOL["float16"], 0.0 if bool((zero == 0).all()) else math.inf]
 
-    x = (torch.randn(m, kk, generator=g) * 2 + 0.5).half()
-    lin = Linear(torch.randn(n, kk, generator=g).half() * 0.1, torch.randn(n, generator=g))
-    gamma, beta = torch.randn(kk, generator=g), torch.randn(kk, generator=g)
-    f = fold_linear(lin, gamma, beta)
-    zero = torch.full((3333,), math.nan)  # not a multiple of the zeroing block
-    h = k.folded_linear(x, f.weight, f.colsum, f.bias, _sums64(x).float(), eps, act="gelu",
-                        zero=zero, config=tile, early=early)
-    ln = _ln64(x.double(), gamma, beta, eps)
-    h_ref = _gelu64(ln @ lin.weight.double().t() + lin.bias.double(), False)
-    errs += [_rel(h, h_ref) / _TOL["float16"], 0.0 if bool((zero == 0).all()) else math.inf]
+        ctx = torch.randn(m, kk, generator=g).half()
+        wo = torch.randn(n, kk, generator=g).half() * 0.1
+        bo, g2, b2 = (torch.randn(n, generator=g) for _ in range(3))
+        res = (torch.randn(m, n, generator=g) * 3 + 1).half()
+        res_sums = _sums64(res).float()
+        ref = ctx.double() @ wo.double().t() + bo.double() + _ln64(res.double(), g2, b2, eps)
+        start = torch.randn(m, 2)
+        acc = start.clone()
+        y = k.residual_linear(ctx, wo, bo, res, res_sums, g2, b2, eps, acc, config=tile,
+                              early=early)
+        errs += [_rel(y, ref) / _TOL["float16"], _rel(acc, start.double() + _sums64(y)) / 1e-5]
+        out, out16 = torch.zeros(m, n), torch.empty(m, n).half()
+        counters = torch.zeros(tiles, dtype=torch.int32)  # 2 x 3 tiles of 32x32, or 1 x 2
+        acc = start.clone()
+        k.residual_linear(ctx, wo, bo, res, res_sums, g2, b2, eps, acc, out=out, out16=out16,
+                          counters=counters, splits=splits, config=tile, early=early)
+        errs += [_rel(out, ref) / 1e-5, _rel(out16, ref) / _TOL["float16"],
+                 _rel(acc, start.double() + _sums64(out)) / 1e-5,
+                 0.0 if bool((counters == splits).all()) else math.inf]
 
-    ctx = torch.randn(m, kk, generator=g).half()
-    wo = torch.randn(n, kk, generator=g).half() * 0.1
-    bo, g2, b2 = (torch.randn(n, generator=g) for _ in range(3))
-    res = (torch.randn(m, n, generator=g) * 3 + 1).half()
-    res_sums = _sums64(res).float()
-    ref = ctx.double() @ wo.double().t() + bo.double() + _ln64(res.double(), g2, b2, eps)
-    start = torch.randn(m, 2)
-    acc = start.clone()
-    y = k.residual_linear(ctx, wo, bo, res, res_sums, g2, b2, eps, acc, config=tile,
-                          early=early)
-    errs += [_rel(y, ref) / _TOL["float16"], _rel(acc, start.double() + _sums64(y)) / 1e-5]
-    out, out16 = torch.zeros(m, n), torch.empty(m, n).half()
-    counters = torch.zeros(tiles, dtype=torch.int32)  # 2 x 3 tiles of 32x32, or 1 x 2
-    acc = start.clone()
-    k.residual_linear(ctx, wo, bo, res, res_sums, g2, b2, eps, acc, out=out, out16=out16,
-                      counters=counters, splits=splits, config=tile, early=early)
-    errs += [_rel(out, ref) / 1e-5, _rel(out16, ref) / _TOL["float16"],
-             _rel(acc, start.double() + _sums64(out)) / 1e-5,
-             0.0 if bool((counters == splits).all()) else math.inf]
-
-    qa_w, qa_b = torch.randn(2, n, generator=g), torch.randn(2, generator=g)
-    logits = k.layernorm_qa(out, g2, b2, eps, qa_w, qa_b)
-    errs.append(_rel(logits, qa_w.double() @ _ln64(out.double(), g2, b2, eps).t()
-                     + qa_b.double()[:, None]) / 1e-5)
+        qa_w, qa_b = torch.randn(2, n, generator=g), torch.randn(2, generator=g)
+        logits = k.layernorm_qa(out, g2, b2, eps, qa_w, qa_b)
+        errs.append(_rel(logits, qa_w.double() @ _ln64(out.double(), g2, b2, eps).t()
+                         + qa_b.double()[:, None]) / 1e-5)
+    if launched != [early] * 3:  # the path asked for is the path that ran
+        return math.inf, 1.0
     return max(errs), 1.0
 
 
@@ -278,13 +281,14 @@ def _check_deferred_fp8(splits: int, early: bool = False) -> tuple[float, float]
 
     from engine.fused import kernels as k
     from engine.fused.folding import fold_fp8, fold_linear
-    from engine.fused.kernels.deferred import early_weights_fit
+    from engine.fused.kernels import deferred
     from engine.fused.weights import Linear
+    from tests.launch_spy import launch_keywords
 
     g = torch.Generator().manual_seed(21)
     m, n, kk, eps = 45, 80, 192, 1e-5
-    tile, tiles = ((64, 64, 64, 4, 2), 2) if early else ((32, 32, 64, 4, 2), 6)
-    assert not early or early_weights_fit(tile, kk // splits, 1)  # the path is taken
+    # early: 32-wide chunks, 6 of them in one K slice (2 in each of 3)
+    tile, tiles = ((64, 64, 32, 4, 2), 2) if early else ((32, 32, 64, 4, 2), 6)
     e8 = torch.float8_e4m3fn
     errs = []
 
@@ -299,49 +303,52 @@ def _check_deferred_fp8(splits: int, early: bool = False) -> tuple[float, float]
     e = sum(t.double()[i.long()] for t, i in zip(tables, (ids, pos, tt), strict=True))
     errs.append(_rel(deq(z8, inv), e) / _E4M3_STEP)
 
-    xs = torch.tensor([0.02])  # the input's scale: x = x8 * xs
-    x8 = ((torch.randn(m, kk, generator=g) * 2 + 0.5) / xs).to(e8)
-    xd = x8.double() * xs.double()
-    lin = Linear(torch.randn(n, kk, generator=g).half() * 0.1, torch.randn(n, generator=g))
-    gamma, beta = torch.randn(kk, generator=g), torch.randn(kk, generator=g)
-    f16 = fold_linear(lin, gamma, beta)
-    f8 = fold_fp8(f16, xs)
-    w_scale = f8.scale.double() / xs.double()
-    sums = _sums64(xd).float()
-    mean, var = xd.mean(1, keepdim=True), xd.var(1, unbiased=False, keepdim=True)
-    folded = ((xd - mean) / torch.sqrt(var + eps)) @ (f8.w8.double() * w_scale).t()
-    h_ref = _gelu64(folded + f16.bias.double(), False)
-    h_inv = torch.tensor([200.0 / float(h_ref.abs().max())])  # none saturates
-    h8 = k.folded_linear(x8, f8.w8, f8.colsum, f16.bias, sums, eps,
-                         act="gelu", config=tile, scale=f8.scale, out_inv=h_inv, early=early)
-    q = k.folded_linear(x8, f8.w8, f8.colsum, None, sums, eps, config=tile, scale=f8.scale,
-                        out_dtype=torch.float16, early=early)
-    errs += [_rel(deq(h8, h_inv), h_ref) / _E4M3_STEP if h8.dtype == e8 else math.inf,
-             _rel(q, folded) / _TOL["float16"]]
+    with launch_keywords(deferred, "_deferred_gemm_kernel", "EARLY") as launched:
+        xs = torch.tensor([0.02])  # the input's scale: x = x8 * xs
+        x8 = ((torch.randn(m, kk, generator=g) * 2 + 0.5) / xs).to(e8)
+        xd = x8.double() * xs.double()
+        lin = Linear(torch.randn(n, kk, generator=g).half() * 0.1, torch.randn(n, generator=g))
+        gamma, beta = torch.randn(kk, generator=g), torch.randn(kk, generator=g)
+        f16 = fold_linear(lin, gamma, beta)
+        f8 = fold_fp8(f16, xs)
+        w_scale = f8.scale.double() / xs.double()
+        sums = _sums64(xd).float()
+        mean, var = xd.mean(1, keepdim=True), xd.var(1, unbiased=False, keepdim=True)
+        folded = ((xd - mean) / torch.sqrt(var + eps)) @ (f8.w8.double() * w_scale).t()
+        h_ref = _gelu64(folded + f16.bias.double(), False)
+        h_inv = torch.tensor([200.0 / float(h_ref.abs().max())])  # none saturates
+        h8 = k.folded_linear(x8, f8.w8, f8.colsum, f16.bias, sums, eps,
+                             act="gelu", config=tile, scale=f8.scale, out_inv=h_inv, early=early)
+        q = k.folded_linear(x8, f8.w8, f8.colsum, None, sums, eps, config=tile, scale=f8.scale,
+                            out_dtype=torch.float16, early=early)
+        errs += [_rel(deq(h8, h_inv), h_ref) / _E4M3_STEP if h8.dtype == e8 else math.inf,
+                 _rel(q, folded) / _TOL["float16"]]
 
-    ctx = torch.randn(m, kk, generator=g).half()
-    wo = torch.randn(n, kk, generator=g).half() * 0.1
-    bo, g2, b2 = (torch.randn(n, generator=g) for _ in range(3))
-    res = (torch.randn(m, n, generator=g) * 3 + 1).half()
-    res_sums = _sums64(res).float()
-    y8 = torch.empty(m, n, dtype=e8)
-    y = k.residual_linear(ctx, wo, bo, res, res_sums, g2, b2, eps, torch.zeros(m, 2),
-                          config=tile, out8=y8, inv8=inv)
-    errs.append(_rel(deq(y8, inv), y.double()) / _E4M3_STEP)
+        ctx = torch.randn(m, kk, generator=g).half()
+        wo = torch.randn(n, kk, generator=g).half() * 0.1
+        bo, g2, b2 = (torch.randn(n, generator=g) for _ in range(3))
+        res = (torch.randn(m, n, generator=g) * 3 + 1).half()
+        res_sums = _sums64(res).float()
+        y8 = torch.empty(m, n, dtype=e8)
+        y = k.residual_linear(ctx, wo, bo, res, res_sums, g2, b2, eps, torch.zeros(m, 2),
+                              config=tile, out8=y8, inv8=inv, early=early)
+        errs.append(_rel(deq(y8, inv), y.double()) / _E4M3_STEP)
 
-    x2 = (torch.randn(m, kk, generator=g) * 30).to(e8)  # h in e4m3, scale 1 / 30
-    w2 = (torch.randn(n, kk, generator=g) * 100).to(e8)
-    s2 = torch.tensor([1e-3])
-    ref = ((x2.double() @ w2.double().t()) * s2.double() + bo.double()
-           + _ln64(res.double(), g2, b2, eps))
-    out, out16 = torch.zeros(m, n), torch.empty(m, n).half()
-    out8 = torch.empty(m, n, dtype=e8)
-    counters = torch.zeros(tiles, dtype=torch.int32)
-    z_inv = torch.tensor([200.0 / float(ref.abs().max())])
-    k.residual_linear(x2, w2, bo, res, res_sums, g2, b2, eps, torch.zeros(m, 2), out=out,
-                      out16=out16, counters=counters, splits=splits, config=tile, scale=s2,
-                      out8=out8, inv8=z_inv, early=early)
-    errs += [_rel(out, ref) / 1e-5, _rel(deq(out8, z_inv), ref) / _E4M3_STEP]
+        x2 = (torch.randn(m, kk, generator=g) * 30).to(e8)  # h in e4m3, scale 1 / 30
+        w2 = (torch.randn(n, kk, generator=g) * 100).to(e8)
+        s2 = torch.tensor([1e-3])
+        ref = ((x2.double() @ w2.double().t()) * s2.double() + bo.double()
+               + _ln64(res.double(), g2, b2, eps))
+        out, out16 = torch.zeros(m, n), torch.empty(m, n).half()
+        out8 = torch.empty(m, n, dtype=e8)
+        counters = torch.zeros(tiles, dtype=torch.int32)
+        z_inv = torch.tensor([200.0 / float(ref.abs().max())])
+        k.residual_linear(x2, w2, bo, res, res_sums, g2, b2, eps, torch.zeros(m, 2), out=out,
+                          out16=out16, counters=counters, splits=splits, config=tile, scale=s2,
+                          out8=out8, inv8=z_inv, early=early)
+        errs += [_rel(out, ref) / 1e-5, _rel(deq(out8, z_inv), ref) / _E4M3_STEP]
+    if launched != [early] * 4:  # the path asked for is the path that ran
+        return math.inf, 1.0
     return max(errs), 1.0
 
 

@@ -12,8 +12,7 @@ torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
 
-@pytest.fixture(scope="module")
-def tiny():  # type: ignore[no-untyped-def]
+def _tiny_engine(dtype: str, **options: Any):  # type: ignore[no-untyped-def]
     from engine.fused.config import BertQAConfig
     from engine.fused.engine import FusedEngine
 
@@ -23,7 +22,12 @@ def tiny():  # type: ignore[no-untyped-def]
                                  max_position_embeddings=64)
     model = transformers.BertForQuestionAnswering(hf).eval()
     return FusedEngine.from_state_dict(model.state_dict(), BertQAConfig.from_dict(hf.to_dict()),
-                                       device="cpu", dtype="float16", backend="torch").weights
+                                       device="cpu", dtype=dtype, backend="torch", **options)
+
+
+@pytest.fixture(scope="module")
+def tiny():  # type: ignore[no-untyped-def]
+    return _tiny_engine("float16").weights
 
 
 @pytest.mark.parametrize(("min_seqs", "windows", "late"),
@@ -125,47 +129,73 @@ def test_late_release_option_is_checked(tiny: Any) -> None:
         FusedEngine(tiny, "cpu", backend="torch", late_release=("qkv", "softmax"))
 
 
-@pytest.mark.parametrize("names", [("qkv",), ("out", "ffn2"), (), None])
+@pytest.fixture(scope="module")
+def tiny8():  # type: ignore[no-untyped-def]
+    """``tiny``'s model in FP8, calibrated: with the deferred layer's e4m3 copies."""
+    never = 1 << 30  # every batch on the small-batch path
+    engine = _tiny_engine("fp8", fp8_min_tokens=never, fp8_calibrated_min_tokens=never,
+                          deferred_ln_max_hidden=48)
+    ids = np.random.default_rng(9).integers(1, 100, (2, 20)).astype(np.int32)
+    engine.calibrate(ids, np.ones_like(ids), np.zeros_like(ids))
+    assert engine.weights.folded8 is not None
+    return engine.weights
+
+
+@pytest.mark.parametrize(("names", "fp8"), [(("qkv",), True), (("ffn2", "ffn1"), True),
+                                            ((), True), (None, True),
+                                            (("qkv", "ffn1", "ffn2"), False)])
 def test_early_weights_reach_the_named_gemms_only(
-        tiny: Any, monkeypatch: pytest.MonkeyPatch, names: tuple[str, ...] | None) -> None:
+        tiny8: Any, monkeypatch: pytest.MonkeyPatch,
+        names: tuple[str, ...] | None, fp8: bool) -> None:
     """``early_weights`` asks exactly the named GEMMs of every deferred layer to load their
-    weights before their wait (None: the default, ``encoder.EARLY_WEIGHTS``)."""
+    weights before their wait (None: the default, ``encoder.EARLY_WEIGHTS``), on e4m3
+    operands only: a 16-bit layer (``fp8_deferred`` off) asks none of them."""
     from engine.fused.encoder import EARLY_WEIGHTS
     from engine.fused.engine import FusedEngine
 
     seen = _record_launches(monkeypatch, "early")
     kw = {} if names is None else {"early_weights": names}
-    engine = FusedEngine(tiny, "cpu", backend="torch", deferred_ln_max_hidden=48, **kw)
+    never = 1 << 30
+    engine = FusedEngine(tiny8, "cpu", backend="torch", deferred_ln_max_hidden=48,
+                         fp8_min_tokens=never, fp8_calibrated_min_tokens=never,
+                         fp8_deferred=fp8, **kw)
     ids = np.random.default_rng(8).integers(1, 100, (2, 20)).astype(np.int32)
     engine.infer(ids, np.ones_like(ids), np.zeros_like(ids))
     expected = ["qkv", "attention", "out", "ffn1", "ffn2"] * 2
     assert [role for role, _ in seen] == expected
-    named = EARLY_WEIGHTS if names is None else names
+    named = (EARLY_WEIGHTS if names is None else names) if fp8 else ()
     assert [role for role, early in seen if early] == [r for r in expected if r in named]
 
 
 def test_early_weights_option_is_checked(tiny: Any) -> None:
+    from engine.fused.encoder import EARLY_WEIGHTS
     from engine.fused.engine import FusedEngine
 
     engine = FusedEngine(tiny, "cpu", backend="torch", early_weights="ffn2, qkv")
     assert engine.options.early_weights == ("qkv", "ffn2")  # canonical order
-    assert FusedEngine(tiny, "cpu", backend="torch", early_weights="").options.early_weights == ()
+    assert FusedEngine(tiny, "cpu", backend="torch").options.early_weights == EARLY_WEIGHTS
+    for none in ("", None, ()):
+        assert FusedEngine(tiny, "cpu", backend="torch",
+                           early_weights=none).options.early_weights == ()
     with pytest.raises(ValueError, match="early_weights: unknown GEMMs"):
-        FusedEngine(tiny, "cpu", backend="torch", early_weights=("qkv", "attention"))
+        FusedEngine(tiny, "cpu", backend="torch", early_weights=("qkv", "out"))
 
 
-@pytest.mark.parametrize(("config", "k_slice", "weight_bytes", "fits"), [
-    ((64, 64, 256, 4, 3), 768, 1, True),     # BERT-base QKV/FFN1 on e4m3: 3 chunks, 48 KB
+@pytest.mark.parametrize(("config", "k_slice", "element_bytes", "fits"), [
+    ((64, 64, 256, 4, 3), 768, 1, True),     # BERT-base QKV/FFN1 on e4m3: 3 chunks, 96 KB
     ((64, 64, 128, 4, 4), 768, 1, True),     # FFN2's K slice at 128 tokens: 6 chunks
-    ((64, 64, 128, 4, 3), 768, 2, False),    # the same in fp16: 96 KB
+    ((64, 64, 128, 4, 3), 768, 2, False),    # 16-bit: 192 KB
+    ((64, 64, 128, 4, 3), 384, 2, True),     # MiniLM's QKV/FFN1 in 16-bit: 96 KB
     ((32, 32, 128, 4, 3), 768, 2, False),    # the out-projection's 32-row tiles
+    ((128, 64, 128, 8, 3), 384, 1, False),   # 128-row tiles
     ((64, 64, 64, 4, 4), 768, 1, False),     # 12 chunks
     ((64, 64, 256, 4, 3), 640, 1, False),    # a slice not in whole chunks
-    ((128, 64, 128, 8, 3), 384, 2, True),
+    ((64, 64, 256, 4, 3), 128, 1, False),    # less than one chunk
+    ((64, 64, 256, 4, 3), 0, 1, False),      # no chunk at all
 ])
-def test_early_weights_fit(config: tuple[int, ...], k_slice: int, weight_bytes: int,
+def test_early_weights_fit(config: tuple[int, ...], k_slice: int, element_bytes: int,
                            fits: bool) -> None:
     pytest.importorskip("triton")
     from engine.fused.kernels.deferred import early_weights_fit
 
-    assert early_weights_fit(config, k_slice, weight_bytes) is fits
+    assert early_weights_fit(config, k_slice, element_bytes) is fits

@@ -66,13 +66,14 @@ from engine.fused.kernels.rows import (
 
 _ZERO_BLOCK = tl.constexpr(1024)  # float32 elements a program zeroes per step
 
-# A launch with ``early`` weights (see :func:`folded_linear`) holds at most this many
-# chunks of BLOCK_K and this many bytes of weight slice per program (48 KB: an e4m3 slice
-# of 64 columns x 768; a 16-bit one of that size in shared memory, with its activations
-# as large, left the previous kernel's programs no room: BERT-base fp16 1x128 +12%, H200,
-# 2026-12-01), in tiles of at least 64 rows (``wgmma``; 32-row tiles spill registers).
+# A launch with ``early`` weights (see :func:`folded_linear`) holds its weight slice and
+# its activation chunks in shared memory at once: at most this many BLOCK_K chunks, in
+# tiles of 64 rows (``wgmma``; 32-row tiles spilled 106 registers), and this many bytes of
+# both (96 KB: BERT-base's e4m3 slices of 768 at 128 tokens, 48 KB each; 16-bit ones, 96 KB
+# each, left the previous kernel's programs no room: BERT-base fp16 1x128 +12%, H200,
+# 2026-12-01).
 _EARLY_CHUNKS = 6
-_EARLY_BYTES = 48 * 1024
+_EARLY_BYTES = 96 * 1024
 
 
 @triton.jit
@@ -132,14 +133,27 @@ def epilogue_addend(bias_ptr, res_ptr, stats_ptr, g_ptr, b_ptr, offs_m, offs_n, 
 
 
 @triton.jit
+def _chunks(ptrs, NCH: tl.constexpr, BLOCK_K: tl.constexpr, CG: tl.constexpr):
+    """The ``NCH`` (1-6) BLOCK_K-wide chunks of a K slice at ``ptrs``, all loads issued
+    before any is used; past ``NCH`` the first chunk stands in (never multiplied)."""
+    tl.static_assert(NCH >= 1 and NCH <= 6, "a K slice of 1 to 6 chunks")
+    c0 = _chunk(ptrs, 0, NCH, BLOCK_K, None, CG)
+    return (c0, _chunk(ptrs, 1, NCH, BLOCK_K, c0, CG), _chunk(ptrs, 2, NCH, BLOCK_K, c0, CG),
+            _chunk(ptrs, 3, NCH, BLOCK_K, c0, CG), _chunk(ptrs, 4, NCH, BLOCK_K, c0, CG),
+            _chunk(ptrs, 5, NCH, BLOCK_K, c0, CG))
+
+
+@triton.jit
 def _chunk(ptrs, i: tl.constexpr, NCH: tl.constexpr, BLOCK_K: tl.constexpr, first,
            CG: tl.constexpr):
     """Chunk ``i`` of a K slice (``first`` where the slice has no such chunk)."""
-    if i < NCH:
-        if CG:
-            return tl.load(ptrs + i * BLOCK_K, cache_modifier=".cg")
-        return tl.load(ptrs + i * BLOCK_K)
-    return first
+    if i >= NCH:
+        c = first
+    elif CG:
+        c = tl.load(ptrs + i * BLOCK_K, cache_modifier=".cg")
+    else:
+        c = tl.load(ptrs + i * BLOCK_K)
+    return c
 
 
 @triton.jit
@@ -179,10 +193,11 @@ def _deferred_gemm_kernel(
     * ``ZERO``: then the programs zero ``zero_ptr[:zero_numel]`` (float32) between them.
 
     With ``USE_PDL`` the next kernel may launch right after the wait, or with
-    ``LATE_RELEASE`` after the K loop. ``EARLY``: the weight slice is loaded whole, in
-    ``NCH`` chunks of ``BLOCK_K`` (triton stores them in shared memory) before the wait,
-    and after it every activation chunk is loaded at once, then multiplied: no K loop,
-    and no weight bytes between the wait and the product.
+    ``LATE_RELEASE`` after the K loop (or the products). ``EARLY``: the weight slice is
+    loaded whole, in ``NCH`` chunks of ``BLOCK_K`` (triton stores them in shared memory)
+    before the wait, and after it every activation chunk is loaded at once, then
+    multiplied: no K loop, and no weight bytes between the wait and the product. (The
+    weights' L2 prefetch is still issued first, as measured; without it is unmeasured.)
 
     Everything the epilogue reads is loaded after the K loop, but for the FP8 scalars (in
     the prologue: after the loop each was a dependent load in FFN2's way, +1.2 us a layer,
@@ -217,13 +232,8 @@ def _deferred_gemm_kernel(
     if Q_OUT or COPY8:
         inv8 = tl.load(inv8_ptr)
     if EARLY:  # the whole weight slice, loaded before the wait
-        w_ptrs = w_ptr + cols[:, None] * K + k0 + tl.arange(0, BLOCK_K)[None, :]
-        b0 = tl.load(w_ptrs)
-        b1 = _chunk(w_ptrs, 1, NCH, BLOCK_K, b0, False)
-        b2 = _chunk(w_ptrs, 2, NCH, BLOCK_K, b0, False)
-        b3 = _chunk(w_ptrs, 3, NCH, BLOCK_K, b0, False)
-        b4 = _chunk(w_ptrs, 4, NCH, BLOCK_K, b0, False)
-        b5 = _chunk(w_ptrs, 5, NCH, BLOCK_K, b0, False)
+        b = _chunks(w_ptr + cols[:, None] * K + k0 + tl.arange(0, BLOCK_K)[None, :], NCH,
+                    BLOCK_K, False)
     pdl_enter(USE_PDL, not LATE_RELEASE)
     rmask = offs_m < M
     nmask = offs_n < N
@@ -231,20 +241,14 @@ def _deferred_gemm_kernel(
     if ATOMIC:
         lead = (split == 0).to(tl.int32)
     if EARLY:  # every activation chunk in flight at once, then the products
-        x_ptrs = (x_ptr + tl.minimum(offs_m, M - 1).to(tl.int64)[:, None] * K + k0
-                  + tl.arange(0, BLOCK_K)[None, :])
-        a0 = tl.load(x_ptrs, cache_modifier=".cg")
-        a1 = _chunk(x_ptrs, 1, NCH, BLOCK_K, a0, True)
-        a2 = _chunk(x_ptrs, 2, NCH, BLOCK_K, a0, True)
-        a3 = _chunk(x_ptrs, 3, NCH, BLOCK_K, a0, True)
-        a4 = _chunk(x_ptrs, 4, NCH, BLOCK_K, a0, True)
-        a5 = _chunk(x_ptrs, 5, NCH, BLOCK_K, a0, True)
-        acc = tl.dot(a0, tl.trans(b0))
-        acc = _chunk_dot(acc, a1, b1, 1, NCH)
-        acc = _chunk_dot(acc, a2, b2, 2, NCH)
-        acc = _chunk_dot(acc, a3, b3, 3, NCH)
-        acc = _chunk_dot(acc, a4, b4, 4, NCH)
-        acc = _chunk_dot(acc, a5, b5, 5, NCH)
+        a = _chunks(x_ptr + tl.minimum(offs_m, M - 1).to(tl.int64)[:, None] * K + k0
+                    + tl.arange(0, BLOCK_K)[None, :], NCH, BLOCK_K, True)
+        acc = tl.dot(a[0], tl.trans(b[0]))
+        acc = _chunk_dot(acc, a[1], b[1], 1, NCH)
+        acc = _chunk_dot(acc, a[2], b[2], 2, NCH)
+        acc = _chunk_dot(acc, a[3], b[3], 3, NCH)
+        acc = _chunk_dot(acc, a[4], b[4], 4, NCH)
+        acc = _chunk_dot(acc, a[5], b[5], 5, NCH)
     else:
         acc = tile_product(x_ptr, w_ptr, M, N, K, k0, k_split, offs_m, offs_n, BLOCK_M,
                            BLOCK_N, BLOCK_K)
@@ -321,13 +325,13 @@ def deferred_plan(m: int, n: int, k: int, kind: str,
     raise ValueError(f"unknown GEMM kind {kind!r}")
 
 
-def early_weights_fit(config: GemmConfig, k_slice: int, weight_bytes: int) -> bool:
-    """Whether a launch with ``early`` weights holds its weight slice (else it keeps the K
-    loop): tiles of 64 rows and up, and a slice within ``_EARLY_CHUNKS`` chunks and
-    ``_EARLY_BYTES``."""
+def early_weights_fit(config: GemmConfig, k_slice: int, element_bytes: int) -> bool:
+    """Whether a launch with ``early`` weights holds its K slice (else it keeps the K
+    loop): 64-row tiles, 1 to ``_EARLY_CHUNKS`` whole chunks, and weight and activation
+    chunks within ``_EARLY_BYTES`` together."""
     bm, bn, bk = config[:3]
-    return (bm >= 64 and k_slice % bk == 0 and k_slice // bk <= _EARLY_CHUNKS
-            and bn * k_slice * weight_bytes <= _EARLY_BYTES)
+    return (bm == 64 and k_slice % bk == 0 and 1 <= k_slice // bk <= _EARLY_CHUNKS
+            and (bm + bn) * k_slice * element_bytes <= _EARLY_BYTES)
 
 
 def _launch(x, w, out, *, config, pdl, prefetch, u=None, bias=None, out16=None, stats=None,
