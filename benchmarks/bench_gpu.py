@@ -67,6 +67,12 @@ MODELS = {
     "bert-large": dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16,
                        intermediate_size=4096),
 }
+# Shapes that tools build by name (``make_hf``: ``ab_replay.py --model``, ``trace_pass.py``)
+# but that no section of this benchmark runs: the shipped MiniLM-L6's, the service's model.
+TOOL_MODELS = {
+    "minilm-l6": dict(hidden_size=384, num_hidden_layers=6, num_attention_heads=12,
+                      intermediate_size=1536),
+}
 SHAPES = [(1, 128), (1, 384), (32, 128), (32, 384), (128, 128), (128, 384)]
 # --fast: fewer competitors per row (ours + hf_graph), for short device calls.
 OPTS: dict[str, Any] = {"fast": False, "shapes": None}
@@ -163,7 +169,7 @@ def make_hf(name: str, seed: int = 0):  # type: ignore[no-untyped-def]
     from transformers import BertConfig, BertForQuestionAnswering
 
     torch.manual_seed(seed)
-    cfg = BertConfig(**MODELS[name], attn_implementation="sdpa")
+    cfg = BertConfig(**(MODELS | TOOL_MODELS)[name], attn_implementation="sdpa")
     with torch.device("cuda"):
         model = BertForQuestionAnswering(cfg).eval()
     with torch.no_grad():

@@ -118,6 +118,10 @@ LATE_RELEASE_KERNELS = ("qkv", "attention", "out", "ln1", "ffn1", "ffn2", "ln2")
 # slower, and the shipped MiniLM's 48 KB ones have not been measured.
 EARLY_WEIGHT_GEMMS = ("qkv", "ffn1", "ffn2")
 EARLY_WEIGHTS: tuple[str, ...] = ("qkv", "ffn1")
+# Whether 16-bit launches of those GEMMs take ``early_weights`` too (read at capture: an
+# A/B knob, e.g. ``ab_replay.py --model minilm-l6 --set NAME:engine.fused.encoder.
+# EARLY_WEIGHTS_16BIT=True``); off until measured.
+EARLY_WEIGHTS_16BIT = False
 
 # Tiles and K splits of one GEMM: (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages[, loads]),
 # splits (``kernels.matmul.GemmConfig``; the optional ``loads`` only for ``linear``).
@@ -388,7 +392,7 @@ def _encode_deferred(
     late = opts.late_release
     plans = dict(opts.gemm_plans)
     f8s = w.folded8 if opts.fp8_deferred else None
-    early = opts.early_weights if f8s is not None else ()  # e4m3 launches only
+    early = opts.early_weights if f8s is not None or EARLY_WEIGHTS_16BIT else ()
 
     def plan(name: str, n: int, k: int, kind: str) -> GemmPlan:
         return plans.get(name) or ops.deferred_plan(t, n, k, kind, f8s is not None
