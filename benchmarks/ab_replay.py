@@ -1,6 +1,6 @@
 """A/B of engine options by CUDA-graph replay alone (inputs resident), interleaved rounds.
 
-One random-weight model (``bench_gpu.MODELS``), one batch shape, and engines that share its
+One random-weight model (``bench_gpu.MODELS`` or ``TOOL_MODELS``), one batch shape, and engines that share its
 weights but differ in options; each engine's graph for the shape is replayed ``--iters``
 times per round, the engines taking turns for ``--rounds`` rounds so that clock and
 thermal drift hit them alike. Prints a table (median of the rounds' per-replay means,
@@ -92,7 +92,8 @@ def parse_setting(text: str) -> tuple[str, str, str, Any]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="bert-large")
+    p.add_argument("--model", default="bert-large",
+                   help="bert-base, bert-large or minilm-l6 (bench_gpu's model shapes)")
     p.add_argument("--shape", default="1x384",
                    help="BATCHxSEQ (full-length windows) or mixN (SQuAD dev lengths)")
     p.add_argument("--dtype", default="float16", help="float16, bfloat16 or fp8")
