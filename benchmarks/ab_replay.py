@@ -2,8 +2,8 @@
 
 One random-weight model (``bench_gpu.MODELS`` or ``TOOL_MODELS``), one batch shape, and
 engines that share its weights but differ in options; each engine's graph for the shape is
-replayed ``--iters`` times per round, the engines taking turns for ``--rounds`` rounds so that clock and
-thermal drift hit them alike. Prints a table (median of the rounds' per-replay means,
+replayed ``--iters`` times per round, the engines taking turns for ``--rounds`` rounds so
+that clock and thermal drift hit them alike. Prints a table (median of the rounds' per-replay means,
 min-max over rounds) and writes it as JSON. Also checks that every variant's logits agree
 with the first variant's.
 
