@@ -3,9 +3,9 @@
 One random-weight model (``bench_gpu.MODELS`` or ``TOOL_MODELS``), one batch shape, and
 engines that share its weights but differ in options; each engine's graph for the shape is
 replayed ``--iters`` times per round, the engines taking turns for ``--rounds`` rounds so
-that clock and thermal drift hit them alike. Prints a table (median of the rounds' per-
-replay means, min-max over rounds) and writes it as JSON. Also checks that every variant's
-logits agree with the first variant's.
+that clock and thermal drift hit them alike. Prints a table (median of the rounds'
+per-replay means, min-max over rounds) and writes it as JSON. Also checks that every
+variant's logits agree with the first variant's.
 
     python3 benchmarks/ab_replay.py --model bert-large --shape 1x384 \\
         --variant base='{}' --variant no_prefetch='{"prefetch": false}' --out ab.json
