@@ -48,7 +48,7 @@ from typing import Any
 
 import torch
 
-from engine.fused import small_gemm
+from engine.fused import dispatch, small_gemm
 from engine.fused.folding import FoldedFP8, FoldedLinear
 from engine.fused.fp8 import Quantized, calibrated_ffn1, scaled_linear, static_linear
 from engine.fused.weights import BertQAWeights, Linear
@@ -158,6 +158,10 @@ class EncodeOptions:
     calibration that recorded the un-normalised inputs). ``early_weights`` names those
     e4m3 GEMMs (of ``EARLY_WEIGHT_GEMMS``) whose programs load their whole weight slice
     before their PDL wait, where it fits (``kernels.deferred.early_weights_fit``).
+    ``attn_grid`` sizes the deferred layer's attention grid: ``"table"`` pads it with
+    programs that do nothing where ``dispatch.GOOD_RESIDUES`` has an entry for the layer
+    (``dispatch.attention_programs``), ``"fewest"`` never, and a number launches at least
+    that many programs in every such launch (an A/B and sweep knob).
     """
 
     fp8_out_dtype: torch.dtype | None = None
@@ -180,6 +184,7 @@ class EncodeOptions:
     late_release: tuple[str, ...] = ()
     fp8_deferred: bool = FP8_DEFERRED
     early_weights: tuple[str, ...] = EARLY_WEIGHTS
+    attn_grid: int | str = "table"
 
 
 def _linear(x: torch.Tensor | None, xq: Quantized | None, lin: Linear,
@@ -350,6 +355,24 @@ def encode_packed(
     raise ValueError("a BERT encoder needs at least one layer")
 
 
+def _attention_programs(ops: ModuleType, w: BertQAWeights, opts: EncodeOptions, tokens: int,
+                        n_seqs: int, max_seqlen: int, e4m3: bool,
+                        device: torch.device) -> int | None:
+    """The deferred layer's attention ``programs`` (None: the fewest), per ``attn_grid``."""
+    if not isinstance(opts.attn_grid, str):
+        return opts.attn_grid
+    cfg = w.config
+    key = (dispatch.multiprocessors(device), cfg.hidden_size, cfg.num_heads,
+           cfg.intermediate_size, tokens, e4m3)
+    if opts.attn_grid != "table" or key not in dispatch.GOOD_RESIDUES:
+        return None
+    head_dim = cfg.hidden_size // cfg.num_heads
+    bm = (opts.attn_config or ops.attention_config(max_seqlen, n_seqs, cfg.num_heads,
+                                                   head_dim, tokens))[0]
+    per_head = -(-max_seqlen // bm) * n_seqs
+    return dispatch.attention_programs(per_head * cfg.num_heads, per_head, key)
+
+
 def _encode_deferred(
     w: BertQAWeights,
     ops: ModuleType,
@@ -393,6 +416,8 @@ def _encode_deferred(
     plans = dict(opts.gemm_plans)
     f8s = w.folded8 if opts.fp8_deferred else None
     early = opts.early_weights if f8s is not None or EARLY_WEIGHTS_16BIT else ()
+    programs = _attention_programs(ops, w, opts, t, n_seqs, max_seqlen, f8s is not None,
+                                   input_ids.device)
 
     def plan(name: str, n: int, k: int, kind: str) -> GemmPlan:
         return plans.get(name) or ops.deferred_plan(t, n, k, kind, f8s is not None
@@ -434,7 +459,8 @@ def _encode_deferred(
                      late_release="qkv" in late, out_dtype=w.dtype, early="qkv" in early)
         ctx = ops.attention_varlen(qkv, fold.qkv.bias, cu_seqlens, max_seqlen, n_seqs,
                                    cfg.num_heads, config=opts.attn_config, pdl=pdl,
-                                   prefetch=pf, late_release="attention" in late)
+                                   prefetch=pf, late_release="attention" in late,
+                                   programs=programs)
         y = ops.residual_linear(ctx, layer.attn_out.weight, layer.attn_out.bias, z32[q],
                                 z_sums[q], ln_g, ln_b, eps, y_sums[p], config=c_out, pdl=pdl,
                                 prefetch=pf, late_release="out" in late, out8=y8,

@@ -157,6 +157,7 @@ class FusedEngine:
         late_release: Sequence[str] | str | None = None,
         fp8_deferred: bool = FP8_DEFERRED,
         early_weights: Sequence[str] | str | None = EARLY_WEIGHTS,
+        attention_grid: int | str = "table",
     ) -> None:
         """FP8 weights (if packed) are used for batches of at least ``fp8_min_tokens``
         tokens, and once calibrated (:meth:`calibrating`) from ``fp8_calibrated_min_tokens``
@@ -200,6 +201,10 @@ class FusedEngine:
         none; default ``encoder.EARLY_WEIGHTS``, QKV and FFN1) names the deferred FP8
         layer's GEMMs whose programs load their whole weight slice before their PDL wait
         (where it fits; ``kernels.deferred``); 16-bit launches keep their K loop.
+        ``attention_grid`` sizes the deferred layer's attention grid: ``"table"`` (the
+        default) adds programs that do nothing where ``dispatch.GOOD_RESIDUES`` measured
+        the GPU's block scheduler to place the layer's kernels better with more,
+        ``"fewest"`` never, and a positive number launches at least that many (A/B).
         ``graph_buckets_per_octave``: token buckets per power of two of the
         graphs, itself a power of two (``packing.round_tokens``: padding under 1/that of
         the tokens from 64 x that many tokens up; more buckets pad less but capture more
@@ -229,6 +234,11 @@ class FusedEngine:
         late_release = _option_names("late_release", late_release, LATE_RELEASE_KERNELS,
                                      "kernels")
         early_weights = _option_names("early_weights", early_weights, EARLY_WEIGHT_GEMMS)
+        if not (attention_grid in ("table", "fewest") if isinstance(attention_grid, str)
+                else isinstance(attention_grid, int) and not isinstance(attention_grid, bool)
+                and attention_grid >= 1):
+            raise ValueError(f"attention_grid: {attention_grid!r} is neither 'table', "
+                             "'fewest' nor a positive number of programs")
         self.options = EncodeOptions(
             fp8_out_dtype=(weights.dtype if weights.fp8_blocks  # the CUTLASS kernel: fp16/bf16
                            else rowwise_out_dtype(self.device, weights.dtype) if self.fp8
@@ -251,6 +261,7 @@ class FusedEngine:
             late_release=tuple(k for k in LATE_RELEASE_KERNELS if k in late_release),
             fp8_deferred=fp8_deferred,
             early_weights=tuple(g for g in EARLY_WEIGHT_GEMMS if g in early_weights),
+            attn_grid=attention_grid,
         )
         self.graph_staging = graph_staging
         self._graphs = self._new_graphs()

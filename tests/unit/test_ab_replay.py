@@ -211,3 +211,31 @@ def test_trace_pass_sets_module_constants(monkeypatch: pytest.MonkeyPatch) -> No
         apply_settings(["engine.fused.graphs.MAX_GRAPH_TOKEN=4096"])
     with pytest.raises(argparse.ArgumentTypeError):
         apply_settings(["engine.fused.graphs.MAX_GRAPH_TOKENS"])
+
+
+def test_attention_grid_sweep_counts_and_residues() -> None:
+    """``attn_grid_sweep``: program ranges, the counts a grid can launch (whole heads'
+    worth, never under the fewest, no repeats), the residues near the best and the table."""
+    from benchmarks.attn_grid_sweep import good_residues, grid_counts, markdown, parse_range
+
+    assert parse_range("24:60:12") == [24, 36, 48, 60]
+    assert parse_range("24,36") == [24, 36]
+    for bad in ("24:12:12", "24:60:0", "0,12", "x", "24:60"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_range(bad)
+    assert grid_counts(48, 4, [24, 36, 48, 50, 52, 96]) == [48, 52, 96]
+    assert grid_counts(24, 2, [25, 26]) == [26]
+    rows = [{"variant": "fewest", "programs": 48, "residue": 48, "ms": 0.276},
+            {"variant": "count", "programs": 96, "residue": 96, "ms": 0.2485},
+            {"variant": "count", "programs": 168, "residue": 36, "ms": 0.2491},
+            {"variant": "table", "programs": 96, "residue": 96, "ms": 0.2487}]
+    assert good_residues(rows, 0.01) == [36, 96]
+    assert good_residues(rows, 0.0) == [96]
+    result = {"model": "bert-base", "dtype": "fp8", "gpu": "H200", "sms": 132,
+              "date": "2026-12-01", "within": 0.01,
+              "shapes": {"2x64": {"fewest": 48, "per_head": 4, "table_programs": 96,
+                                  "rows": rows, "good_residues": [36, 96]}}}
+    text = markdown(result)
+    assert "| 96 (table) | 96 | 0.2487 | -9.9% |" in text
+    assert "| 48 (fewest) | 48 | 0.2760 | +0.0% |" in text
+    assert "residues [36, 96]" in text

@@ -564,6 +564,44 @@ def _check_attention_tiles() -> tuple[float, float]:
     return float(bad), 0.5
 
 
+def _check_attention_padded_grid() -> tuple[float, float]:
+    """``programs`` past the grid's fewest extends its head axis by whole heads' worth of
+    programs that do nothing: the output equals the fewest grid's bit for bit (fp16 and
+    e4m3, rows past the sequences left as they were), the padded kernel ran only where
+    programs were added, and a tile list refuses it. Returns the number of failures."""
+    import torch
+
+    from engine.fused import kernels as k
+    from engine.fused.kernels import attention as attn
+    from tests.launch_spy import launch_keywords
+
+    g = torch.Generator().manual_seed(6)
+    heads, head_dim, lengths = 2, 64, [70, 1, 17]
+    cu = torch.tensor([0, *np.cumsum(lengths).tolist(), sum(lengths)], dtype=torch.int32)
+    t, d, n = sum(lengths) + 5, heads * head_dim, len(lengths) + 1  # an empty sequence too
+    qkv = (torch.randn(t, 3 * d, generator=g) * 0.5).to(torch.float16)
+    bias = torch.randn(3 * d, generator=g) * 0.5
+    bad = 0
+    for scale in (None, torch.tensor([0.01])):
+        base = k.attention_varlen(qkv, bias, cu, 128, n, heads, fp8_scale=scale)
+        per_head = 2 * n  # two 64-query blocks of max_seqlen 128, per sequence
+        for programs, padded in ((None, False), (heads * per_head, False),
+                                 (heads * per_head + 1, True), (5 * per_head, True)):
+            with launch_keywords(attn, "_attn_varlen_kernel", "PAD_HEADS") as seen:
+                out = k.attention_varlen(qkv, bias, cu, 128, n, heads, fp8_scale=scale,
+                                         programs=programs)
+            rows = slice(0, sum(lengths))  # rows past every sequence are never written
+            bad += seen != [padded] or not torch.equal(out[rows].view(torch.uint8),
+                                                       base[rows].view(torch.uint8))
+    tiles = k.attention_tiles(cu, t, n, 128, heads, head_dim, force=True)
+    try:
+        k.attention_varlen(qkv, bias, cu, 128, n, heads, tiles=tiles, programs=40)
+        bad += 1
+    except ValueError:
+        pass
+    return float(bad), 0.5
+
+
 def _check_stage_inputs() -> tuple[float, float]:
     """One launch fills a graph's input buffer as the torch spec's five ops do: the batch's
     tokens, its cu_seqlens, the unused entries set to the token count, the rest kept.
@@ -848,6 +886,7 @@ CASES: dict[str, Callable[[], tuple[float, float]]] = {
     "attention_fp16_e4m3_split_loop": lambda: _check_attention("float16", 2, 64, fp8=True,
                                                                split=True),
     "attention_tile_list_contents": _check_attention_tiles,
+    "attention_padded_grid": _check_attention_padded_grid,
     "gemm_gelu_erf_fp16": lambda: _check_gemm_gelu("float16", False),
     "gemm_gelu_tanh_fp16": lambda: _check_gemm_gelu("float16", True),
     "gemm_gelu_erf_fp32": lambda: _check_gemm_gelu("float32", False),
