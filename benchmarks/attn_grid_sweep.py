@@ -22,9 +22,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def parse_range(text: str) -> list[int]:
@@ -98,6 +101,7 @@ def main() -> None:
     if args.calibrate and args.dtype != "fp8":
         p.error("--calibrate needs --dtype fp8")
 
+    sys.path.insert(0, str(REPO))
     import numpy as np
     import torch
     from rich.progress import track
