@@ -40,7 +40,7 @@ _SIGNATURE = {
     "stride_out": "i32", "D": "i32", "HEAD_DIM": "constexpr", "BLOCK_DH": "constexpr",
     "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "USE_PDL": "constexpr",
     "PREFETCH": "constexpr", "FP8_OUT": "constexpr", "TILED": "constexpr",
-    "SPLIT": "constexpr", "LATE_RELEASE": "constexpr", "PAD_HEADS": "constexpr",
+    "SPLIT": "constexpr", "LATE_RELEASE": "constexpr",
 }
 _DIVISIBLE = ("qkv_ptr", "bias_ptr", "out_ptr", "cu_ptr", "scale_ptr", "tiles_ptr",
               "stride_qkv", "stride_out", "D")
@@ -108,7 +108,7 @@ def compile_stats(module: ModuleType, bm: int, bn: int, warps: int,
                     constexprs={"HEAD_DIM": 64, "BLOCK_DH": 64, "BLOCK_M": bm, "BLOCK_N": bn,
                                 "USE_PDL": False, "PREFETCH": False, "FP8_OUT": False,
                                 "TILED": True, "SPLIT": split,
-                                "LATE_RELEASE": False, "PAD_HEADS": False})
+                                "LATE_RELEASE": False})
     options: dict[str, object] = {"num_warps": warps, "num_stages": 3,
                                   "enable_fp_fusion": True}  # as the launcher does
     if maxnreg:

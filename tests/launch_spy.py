@@ -2,32 +2,48 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import ModuleType
 from typing import Any
 
 
 @contextmanager
-def launch_keywords(module: ModuleType, name: str, keyword: str) -> Iterator[list[Any]]:
+def _recording(module: ModuleType, name: str,
+               record: Callable[[Any, dict[str, Any]], None]) -> Iterator[None]:
     """While inside, every launch of the JIT function ``module.name`` (``kernel[grid](...)``)
-    appends its ``keyword`` argument to the yielded list; the launches still run. Patch the
-    module that launches the kernel: another module's reference is not replaced."""
+    calls ``record(grid, keyword arguments)``; the launches still run. Patch the module
+    that launches the kernel: another module's reference is not replaced."""
     kernel = getattr(module, name)
-    seen: list[Any] = []
 
     class Recorder:
         def __getitem__(self, grid: Any) -> Any:
             launch = kernel[grid]
 
             def run(*args: Any, **kwargs: Any) -> Any:
-                seen.append(kwargs[keyword])
+                record(grid, kwargs)
                 return launch(*args, **kwargs)
 
             return run
 
     setattr(module, name, Recorder())
     try:
-        yield seen
+        yield
     finally:
         setattr(module, name, kernel)
+
+
+@contextmanager
+def launch_keywords(module: ModuleType, name: str, keyword: str) -> Iterator[list[Any]]:
+    """The ``keyword`` argument of every launch of ``module.name`` while inside."""
+    seen: list[Any] = []
+    with _recording(module, name, lambda grid, kwargs: seen.append(kwargs[keyword])):
+        yield seen
+
+
+@contextmanager
+def launch_grids(module: ModuleType, name: str) -> Iterator[list[Any]]:
+    """The grid of every launch of ``module.name`` while inside."""
+    seen: list[Any] = []
+    with _recording(module, name, lambda grid, kwargs: seen.append(grid)):
+        yield seen

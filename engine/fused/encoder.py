@@ -158,10 +158,11 @@ class EncodeOptions:
     calibration that recorded the un-normalised inputs). ``early_weights`` names those
     e4m3 GEMMs (of ``EARLY_WEIGHT_GEMMS``) whose programs load their whole weight slice
     before their PDL wait, where it fits (``kernels.deferred.early_weights_fit``).
-    ``attn_grid`` sizes the deferred layer's attention grid: ``"table"`` pads it with
-    programs that do nothing where ``dispatch.GOOD_RESIDUES`` has an entry for the layer
-    (``dispatch.attention_programs``), ``"fewest"`` never, and a number launches at least
-    that many programs in every such launch (an A/B and sweep knob).
+    ``attn_grid`` sizes the deferred layer's attention grid: ``"table"`` gives each
+    sequence the query blocks ``dispatch.QUERY_BLOCKS`` has for the layer and the bucket's
+    sequence count (more than its longest sequence needs: their programs do nothing),
+    ``"fewest"`` never more, and a number at least that many blocks (an A/B and sweep
+    knob).
     """
 
     fp8_out_dtype: torch.dtype | None = None
@@ -355,22 +356,27 @@ def encode_packed(
     raise ValueError("a BERT encoder needs at least one layer")
 
 
-def _attention_programs(ops: ModuleType, w: BertQAWeights, opts: EncodeOptions, tokens: int,
-                        n_seqs: int, max_seqlen: int, e4m3: bool,
-                        device: torch.device) -> int | None:
-    """The deferred layer's attention ``programs`` (None: the fewest), per ``attn_grid``."""
-    if not isinstance(opts.attn_grid, str):
-        return opts.attn_grid
+def _attention_seqlen(ops: ModuleType, w: BertQAWeights, opts: EncodeOptions, tokens: int,
+                     n_seqs: int, max_seqlen: int, e4m3: bool, device: torch.device) -> int:
+    """The ``max_seqlen`` the deferred layer's attention grid is sized for: the batch's,
+    or whole query blocks past it per ``attn_grid`` (``dispatch``)."""
+    if opts.attn_grid == "fewest" or n_seqs == 0 or max_seqlen == 0:
+        return max_seqlen
     cfg = w.config
-    key = (dispatch.multiprocessors(device), cfg.hidden_size, cfg.num_heads,
-           cfg.intermediate_size, tokens, e4m3)
-    if opts.attn_grid != "table" or key not in dispatch.GOOD_RESIDUES:
-        return None
-    head_dim = cfg.hidden_size // cfg.num_heads
-    bm = (opts.attn_config or ops.attention_config(max_seqlen, n_seqs, cfg.num_heads,
-                                                   head_dim, tokens))[0]
-    per_head = -(-max_seqlen // bm) * n_seqs
-    return dispatch.attention_programs(per_head * cfg.num_heads, per_head, key)
+    if isinstance(opts.attn_grid, str):
+        key = (dispatch.multiprocessors(device), cfg.hidden_size, cfg.num_heads,
+               cfg.intermediate_size, tokens, e4m3)
+        if key not in dispatch.QUERY_BLOCKS:
+            return max_seqlen
+    config_of = getattr(ops, "attention_config", None)
+    if config_of is None:  # the torch spec sizes no grid
+        return max_seqlen
+    bm = (opts.attn_config or config_of(max_seqlen, n_seqs, cfg.num_heads,
+                                        cfg.hidden_size // cfg.num_heads, tokens))[0]
+    fewest = -(-max_seqlen // bm)
+    blocks = (max(fewest, opts.attn_grid) if not isinstance(opts.attn_grid, str)
+              else dispatch.query_blocks(fewest, n_seqs, key))
+    return max_seqlen if blocks == fewest else blocks * bm
 
 
 def _encode_deferred(
@@ -416,8 +422,8 @@ def _encode_deferred(
     plans = dict(opts.gemm_plans)
     f8s = w.folded8 if opts.fp8_deferred else None
     early = opts.early_weights if f8s is not None or EARLY_WEIGHTS_16BIT else ()
-    programs = _attention_programs(ops, w, opts, t, n_seqs, max_seqlen, f8s is not None,
-                                   input_ids.device)
+    attn_seqlen = _attention_seqlen(ops, w, opts, t, n_seqs, max_seqlen, f8s is not None,
+                                    input_ids.device)
 
     def plan(name: str, n: int, k: int, kind: str) -> GemmPlan:
         return plans.get(name) or ops.deferred_plan(t, n, k, kind, f8s is not None
@@ -457,10 +463,9 @@ def _encode_deferred(
         qkv = folded(z16, z8, fold.qkv, f8.qkv if f8 else None, None, z_sums[q], eps,
                      zero=scratch[p], config=c_qkv, pdl=pdl, prefetch=pf,
                      late_release="qkv" in late, out_dtype=w.dtype, early="qkv" in early)
-        ctx = ops.attention_varlen(qkv, fold.qkv.bias, cu_seqlens, max_seqlen, n_seqs,
+        ctx = ops.attention_varlen(qkv, fold.qkv.bias, cu_seqlens, attn_seqlen, n_seqs,
                                    cfg.num_heads, config=opts.attn_config, pdl=pdl,
-                                   prefetch=pf, late_release="attention" in late,
-                                   programs=programs)
+                                   prefetch=pf, late_release="attention" in late)
         y = ops.residual_linear(ctx, layer.attn_out.weight, layer.attn_out.bias, z32[q],
                                 z_sums[q], ln_g, ln_b, eps, y_sums[p], config=c_out, pdl=pdl,
                                 prefetch=pf, late_release="out" in late, out8=y8,

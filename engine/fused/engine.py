@@ -202,9 +202,9 @@ class FusedEngine:
         layer's GEMMs whose programs load their whole weight slice before their PDL wait
         (where it fits; ``kernels.deferred``); 16-bit launches keep their K loop.
         ``attention_grid`` sizes the deferred layer's attention grid: ``"table"`` (the
-        default) adds programs that do nothing where ``dispatch.GOOD_RESIDUES`` measured
-        the GPU's block scheduler to place the layer's kernels better with more,
-        ``"fewest"`` never, and a positive number launches at least that many (A/B).
+        default) gives each sequence more query blocks than it needs (blocks that do
+        nothing) where ``dispatch.QUERY_BLOCKS`` measured the pass faster with them,
+        ``"fewest"`` never, and a positive number at least that many blocks (A/B).
         ``graph_buckets_per_octave``: token buckets per power of two of the
         graphs, itself a power of two (``packing.round_tokens``: padding under 1/that of
         the tokens from 64 x that many tokens up; more buckets pad less but capture more
@@ -238,7 +238,7 @@ class FusedEngine:
                 else isinstance(attention_grid, int) and not isinstance(attention_grid, bool)
                 and attention_grid >= 1):
             raise ValueError(f"attention_grid: {attention_grid!r} is neither 'table', "
-                             "'fewest' nor a positive number of programs")
+                             "'fewest' nor a positive number of query blocks")
         self.options = EncodeOptions(
             fp8_out_dtype=(weights.dtype if weights.fp8_blocks  # the CUTLASS kernel: fp16/bf16
                            else rowwise_out_dtype(self.device, weights.dtype) if self.fp8

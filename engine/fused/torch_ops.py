@@ -333,7 +333,6 @@ def attention_varlen(
     fp8_scale: torch.Tensor | None = None,
     tiles: object = None,  # the Triton kernel's tile list: meaningless here
     late_release: bool = False,  # launch order: meaningless here
-    programs: int | None = None,  # the Triton kernel's grid: meaningless here
 ) -> torch.Tensor:
     n, three_d = qkv.shape
     d = three_d // 3

@@ -395,17 +395,17 @@ def test_early_weights_match_the_k_loop(rows: int) -> None:
 
 
 def test_padded_attention_grid_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Attention programs past the grid's fewest (``attention_varlen(programs=...)``, the
-    engine's ``attention_grid``) do nothing: the kernel writes the fewest grid's output
-    bit for bit, fp16 and e4m3, with and without PDL; and an engine whose table pads
-    BERT-base's deferred FP8 layer (4 layers) at 2x64 launches the padded kernel, at
-    1x128 not, and stays within FP8's error of HF fp32 as the fewest grid does (the two
-    differ by FFN2's atomics' order, not bit for bit)."""
+    """More query blocks a sequence than the batch needs (a grid sized for a longer
+    ``max_seqlen``, as the engine's ``attention_grid`` asks for) change nothing: the
+    kernel writes the fewest grid's output bit for bit, fp16 and e4m3, with and without
+    PDL; and an engine whose table gives BERT-base's deferred FP8 layer (4 layers) 4
+    blocks a sequence at 2x64 launches them, at 1x128 the fewest, and stays within FP8's
+    error of HF fp32 as the fewest grid does (the two differ by FFN2's atomics' order)."""
     from engine.fused import dispatch
     from engine.fused.config import BertQAConfig
     from engine.fused.engine import FusedEngine
     from engine.fused.kernels import attention as attn
-    from tests.launch_spy import launch_keywords
+    from tests.launch_spy import launch_grids
 
     heads, lengths = 12, [128, 64, 1, 65]
     d, t, n = heads * 64, sum(lengths), len(lengths)
@@ -414,35 +414,35 @@ def test_padded_attention_grid_changes_nothing(monkeypatch: pytest.MonkeyPatch) 
     g = torch.Generator(device="cuda").manual_seed(3)
     qkv = torch.randn((t, 3 * d), generator=g, device="cuda", dtype=torch.float16)
     bias = torch.randn((3 * d,), generator=g, device="cuda", dtype=torch.float16) * 0.1
-    fewest = 2 * n * heads  # two 64-query blocks of 128 per sequence, per head
     for fp8 in (None, torch.tensor([0.01], device="cuda")):
         for pdl in (False, True):
-            base = attn.attention_varlen(qkv, bias, cu, 128, n, heads, fp8_scale=fp8, pdl=pdl)
-            for programs in (fewest + 1, 3 * fewest + 5):
-                out = attn.attention_varlen(qkv, bias, cu, 128, n, heads, fp8_scale=fp8,
-                                            pdl=pdl, programs=programs)
+            base = attn.attention_varlen(qkv, bias, cu, 128, n, heads, fp8_scale=fp8, pdl=pdl,
+                                         config=attn.ATTN_SMALL)
+            for max_seqlen in (192, 512):
+                out = attn.attention_varlen(qkv, bias, cu, max_seqlen, n, heads, fp8_scale=fp8,
+                                            pdl=pdl, config=attn.ATTN_SMALL)
                 assert torch.equal(out.view(torch.uint8), base.view(torch.uint8)), (
-                    programs, fp8 is not None, pdl)
+                    max_seqlen, fp8 is not None, pdl)
 
     model, cfg = _random_hf_bert(layers=4, hidden=768, heads=12)
     qa = BertQAConfig.from_dict(cfg.to_dict())
     plain = FusedEngine.from_state_dict(model.state_dict(), qa, device="cuda", dtype="fp8")
     rng = np.random.default_rng(23)
     plain.calibrate(*_random_batch(rng, 64, 384, cfg.vocab_size))
-    sms = dispatch.multiprocessors(torch.device("cuda"))
-    key = (sms, 768, 12, 3072, 128, True)
-    if key not in dispatch.GOOD_RESIDUES:  # another GPU: an entry that pads 48 to 96
-        monkeypatch.setattr(dispatch, "GOOD_RESIDUES", {key: (24 % sms, 96 % sms)})
-    for windows, seq, padded in ((2, 64, True), (1, 128, False)):
+    key = (dispatch.multiprocessors(torch.device("cuda")), 768, 12, 3072, 128, True)
+    if key not in dispatch.QUERY_BLOCKS:  # another GPU: the H200's entry for this one
+        monkeypatch.setattr(dispatch, "QUERY_BLOCKS", {key: {2: 4, 8: 3}})
+    for windows, seq, blocks in ((2, 64, 4), (1, 128, 2)):
         ids, mask, tt = _random_batch(rng, windows, seq, cfg.vocab_size)
         mask[:] = 1
         ref, keep = _hf_logits(model, ids, mask, tt), mask.astype(bool)
         for grid in ("fewest", "table"):
             eng = FusedEngine(plain.weights, "cuda", fp8_calibration=plain.calibration,
                               attention_grid=grid)
-            with launch_keywords(attn, "_attn_varlen_kernel", "PAD_HEADS") as seen:
+            with launch_grids(attn, "_attn_varlen_kernel") as grids:
                 got = eng.infer(ids, mask, tt)
-            assert seen and all(p == (padded and grid == "table") for p in seen), seen
+            want = (blocks if grid == "table" else 2, windows, 12)
+            assert grids and all(tuple(gr) == want for gr in grids), (grids, want)
             err = _report(f"bert-base-4L deferred fp8 attention_grid={grid} {windows}x{seq}",
                           got, ref, keep)
             assert err < 0.2

@@ -213,29 +213,29 @@ def test_trace_pass_sets_module_constants(monkeypatch: pytest.MonkeyPatch) -> No
         apply_settings(["engine.fused.graphs.MAX_GRAPH_TOKENS"])
 
 
-def test_attention_grid_sweep_counts_and_residues() -> None:
-    """``attn_grid_sweep``: program ranges, the counts a grid can launch (whole heads'
-    worth, never under the fewest, no repeats), the residues near the best and the table."""
-    from benchmarks.attn_grid_sweep import good_residues, grid_counts, markdown, parse_range
+def test_attention_grid_sweep_ranges_suggestion_and_table() -> None:
+    """``attn_grid_sweep``: block ranges, the count it suggests (the fastest, where it
+    beats the fewest by more than the margin) and its markdown table."""
+    from benchmarks.attn_grid_sweep import markdown, parse_range, suggestion
 
-    assert parse_range("24:60:12") == [24, 36, 48, 60]
-    assert parse_range("24,36") == [24, 36]
-    for bad in ("24:12:12", "24:60:0", "0,12", "x", "24:60"):
+    assert parse_range("2:5") == [2, 3, 4, 5]
+    assert parse_range("2:8:3") == [2, 5, 8]
+    assert parse_range("2,4") == [2, 4]
+    for bad in ("4:2", "2:8:0", "0,2", "x", "2:3:4:5", ""):
         with pytest.raises(argparse.ArgumentTypeError):
             parse_range(bad)
-    assert grid_counts(48, 4, [24, 36, 48, 50, 52, 96]) == [48, 52, 96]
-    assert grid_counts(24, 2, [25, 26]) == [26]
-    rows = [{"variant": "fewest", "programs": 48, "residue": 48, "ms": 0.276},
-            {"variant": "count", "programs": 96, "residue": 96, "ms": 0.2485},
-            {"variant": "count", "programs": 168, "residue": 36, "ms": 0.2491},
-            {"variant": "table", "programs": 96, "residue": 96, "ms": 0.2487}]
-    assert good_residues(rows, 0.01) == [36, 96]
-    assert good_residues(rows, 0.0) == [96]
-    result = {"model": "bert-base", "dtype": "fp8", "gpu": "H200", "sms": 132,
+    rows = [{"variant": "fewest", "blocks": 2, "programs": 48, "ms": 0.276},
+            {"variant": "count", "blocks": 3, "programs": 72, "ms": 0.2599},
+            {"variant": "count", "blocks": 4, "programs": 96, "ms": 0.2485},
+            {"variant": "table", "blocks": 4, "programs": 96, "ms": 0.2487}]
+    assert suggestion(rows, 0.01) == 4
+    assert suggestion(rows, 0.2) is None  # not 20% faster
+    assert suggestion(rows[:1], 0.01) is None
+    result = {"model": "bert-base", "dtype": "fp8", "gpu": "H200", "commit": "abc",
               "date": "2026-12-01", "within": 0.01,
-              "shapes": {"2x64": {"fewest": 48, "per_head": 4, "table_programs": 96,
-                                  "rows": rows, "good_residues": [36, 96]}}}
+              "shapes": {"2x64": {"seqs": 2, "fewest": 2, "table_blocks": 4, "rows": rows,
+                                  "suggestion": 4}}}
     text = markdown(result)
-    assert "| 96 (table) | 96 | 0.2487 | -9.9% |" in text
-    assert "| 48 (fewest) | 48 | 0.2760 | +0.0% |" in text
-    assert "residues [36, 96]" in text
+    assert "| 4 (table) | 96 | 0.2487 | -9.9% |" in text
+    assert "| 2 (fewest) | 48 | 0.2760 | +0.0% |" in text
+    assert "over 1%: 4 blocks" in text

@@ -14,30 +14,30 @@ transformers = pytest.importorskip("transformers")
 H200_BASE = (132, 768, 12, 3072, 128, True)  # BERT-base's FP8 deferred layer at 128 tokens
 
 
-@pytest.mark.parametrize(("minimum", "step", "key", "want"), [
-    (24, 12, H200_BASE, 24),    # 1x128: 24 is good already
-    (48, 4, H200_BASE, 96),     # 2x64: 48 and 60 are the bad class; 96 the first good count
-    (96, 48, H200_BASE, 96),    # 4x32
-    (192, 16, H200_BASE, 288),  # 8x16: 192 = 60 mod 132; 288 = 24 mod 132
-    (384, 32, H200_BASE, 384),  # 16x8: no good count within 132 more programs
-    (48, 4, (114, 768, 12, 3072, 128, True), 48),  # another GPU: no entry
-    (48, 4, (132, 768, 12, 3072, 64, True), 48),   # 64 tokens: no entry
-    (48, 4, (132, 768, 12, 3072, 128, False), 48),  # 16-bit operands: no entry
-    (0, 0, H200_BASE, 0),
+@pytest.mark.parametrize(("fewest", "seqs", "key", "want"), [
+    (2, 1, H200_BASE, 2),   # 1x128: the fewest
+    (2, 2, H200_BASE, 4),   # 2x64: 4 blocks a sequence
+    (2, 4, H200_BASE, 2),
+    (2, 8, H200_BASE, 3),
+    (5, 2, H200_BASE, 5),   # never under the fewest
+    (2, 2, (114, 768, 12, 3072, 128, True), 2),   # another GPU: no entry
+    (2, 2, (132, 768, 12, 3072, 64, True), 2),    # 64 tokens: no entry
+    (2, 2, (132, 768, 12, 3072, 128, False), 2),  # 16-bit operands: no entry
 ])
-def test_attention_programs_pick_the_first_good_count(
-        minimum: int, step: int, key: tuple[int, int, int, int, int, bool], want: int) -> None:
-    from engine.fused.dispatch import attention_programs
+def test_query_blocks_from_the_table(fewest: int, seqs: int,
+                                     key: tuple[int, int, int, int, int, bool],
+                                     want: int) -> None:
+    from engine.fused.dispatch import query_blocks
 
-    assert attention_programs(minimum, step, key) == want
+    assert query_blocks(fewest, seqs, key) == want
 
 
 def test_a_table_can_be_passed() -> None:
-    from engine.fused.dispatch import attention_programs
+    from engine.fused.dispatch import query_blocks
 
     key = (10, 1, 1, 1, 1, False)
-    assert attention_programs(4, 3, key, {key: (3,)}) == 13  # 4, 7, 10 = 0, 13 = 3 (mod 10)
-    assert attention_programs(4, 3, key, {key: (5,)}) == 4  # 5 mod 10 unreachable by 3s from 4
+    assert query_blocks(2, 3, key, {key: {3: 6}}) == 6
+    assert query_blocks(2, 4, key, {key: {3: 6}}) == 2
 
 
 def test_no_multiprocessors_off_cuda() -> None:
@@ -64,58 +64,64 @@ def tiny():  # type: ignore[no-untyped-def]
     return _tiny("float16").weights
 
 
-def _attention_programs(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
-    """The ``programs`` argument of every attention launch of the torch spec backend."""
+def _attention_seqlens(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The ``max_seqlen`` of every attention launch of the torch spec backend."""
     from engine.fused import torch_ops
 
-    seen: list[Any] = []
+    seen: list[int] = []
     spec = torch_ops.attention_varlen
 
-    def attention(*args: Any, **kw: Any) -> Any:
-        seen.append(kw.get("programs"))
-        return spec(*args, **kw)
+    def attention(qkv: Any, bias: Any, cu: Any, max_seqlen: int, *args: Any,
+                  **kw: Any) -> Any:
+        seen.append(max_seqlen)
+        return spec(qkv, bias, cu, max_seqlen, *args, **kw)
 
     monkeypatch.setattr(torch_ops, "attention_varlen", attention)
     return seen
 
 
-@pytest.mark.parametrize(("grid", "deferred", "want"), [
-    (40, True, 40), ("fewest", True, None), ("table", True, None),  # no entry off CUDA
-    (40, False, None),  # the seven-kernel layer keeps its grid
-])
-def test_attention_grid_reaches_the_deferred_layer(
-        tiny: Any, monkeypatch: pytest.MonkeyPatch, grid: int | str, deferred: bool,
-        want: int | None) -> None:
+@pytest.mark.parametrize(("grid", "deferred"), [
+    (4, True), ("fewest", True), ("table", True), (4, False)])
+def test_the_torch_spec_sizes_no_grid(tiny: Any, monkeypatch: pytest.MonkeyPatch,
+                                      grid: int | str, deferred: bool) -> None:
+    """The torch spec backend loops over the sequences: every ``attention_grid`` leaves
+    its ``max_seqlen`` the batch's, on either small-batch layer."""
     from engine.fused.engine import FusedEngine
 
-    seen = _attention_programs(monkeypatch)
+    seen = _attention_seqlens(monkeypatch)
     engine = FusedEngine(tiny, "cpu", backend="torch", attention_grid=grid,
                          deferred_ln_max_hidden=48 if deferred else None)
     ids = np.random.default_rng(7).integers(1, 100, (2, 20)).astype(np.int32)
     engine.infer(ids, np.ones_like(ids), np.zeros_like(ids))
-    assert seen == [want, want]  # one attention a layer
+    assert seen == [20, 20]  # one attention a layer
 
 
-def test_the_table_sizes_the_grid_from_the_layer(tiny: Any,
-                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    """With an entry for the layer (its multiprocessors, shape, token count and operand
-    type), ``"table"`` asks for the first good count. The Triton grid of 2 sequences with
-    max_seqlen 128 has 2 query blocks x 2 sequences a head, 16 programs for 4 heads; with
-    10 multiprocessors 16 is residue 6, 20 is 0 and 24 is 4, the good one."""
+@pytest.mark.parametrize(("grid", "tokens", "seqs", "max_seqlen", "e4m3", "want"), [
+    ("table", 64, 2, 128, False, 6 * 64),  # the entry: 6 blocks of 64 queries
+    ("table", 64, 2, 100, False, 6 * 64),
+    ("table", 64, 3, 128, False, 128),     # no count for 3 sequences
+    ("table", 128, 2, 128, False, 128),    # other keys
+    ("table", 64, 2, 128, True, 128),
+    ("fewest", 64, 2, 128, False, 128),
+    (3, 64, 2, 128, False, 3 * 64),        # a number: at least that many blocks
+    (1, 64, 2, 128, False, 128),           # never under the fewest
+    (3, 64, 0, 0, False, 0),               # an empty batch
+])
+def test_the_table_sizes_the_triton_grid(
+        tiny: Any, monkeypatch: pytest.MonkeyPatch, grid: int | str, tokens: int, seqs: int,
+        max_seqlen: int, e4m3: bool, want: int) -> None:
+    """``encoder._attention_seqlen`` with the Triton kernels' tiles (64-query blocks for
+    these batches): the ``max_seqlen`` the grid is sized for, from the table's entry for
+    the layer (its multiprocessors, shape, token count and operand type) and the bucket's
+    sequence count, the fewest, or a number of blocks."""
     from engine.fused import dispatch, encoder, kernels
     from engine.fused.encoder import EncodeOptions
 
     monkeypatch.setattr(dispatch, "multiprocessors", lambda device: 10)
-    key = (10, 48, 4, 96, 64, False)
-    monkeypatch.setattr(dispatch, "GOOD_RESIDUES", {key: (4,)})
-
-    def programs(tokens: int, e4m3: bool = False, grid: int | str = "table") -> int | None:
-        return encoder._attention_programs(kernels, tiny, EncodeOptions(attn_grid=grid),
-                                           tokens, 2, 128, e4m3, torch.device("cpu"))
-
-    assert programs(64) == 24
-    assert programs(128) is None and programs(64, e4m3=True) is None  # other keys
-    assert programs(64, grid="fewest") is None and programs(64, grid=7) == 7
+    monkeypatch.setattr(dispatch, "QUERY_BLOCKS", {(10, 48, 4, 96, 64, False): {2: 6}})
+    got = encoder._attention_seqlen(kernels, tiny, EncodeOptions(attn_grid=grid), tokens,
+                                    seqs, max_seqlen, e4m3, torch.device("cpu"))
+    assert got == want
 
 
 @pytest.mark.parametrize("bad", ["best", "", 0, -3, True, 2.5])

@@ -565,15 +565,15 @@ def _check_attention_tiles() -> tuple[float, float]:
 
 
 def _check_attention_padded_grid() -> tuple[float, float]:
-    """``programs`` past the grid's fewest extends its head axis by whole heads' worth of
-    programs that do nothing: the output equals the fewest grid's bit for bit (fp16 and
-    e4m3, rows past the sequences left as they were), the padded kernel ran only where
-    programs were added, and a tile list refuses it. Returns the number of failures."""
+    """A grid sized for a longer ``max_seqlen`` than the batch's (more query blocks a
+    sequence, as ``attention_grid`` asks for) launches the blocks and gives the fewest
+    grid's output bit for bit, fp16 and e4m3 (rows past every sequence are not written).
+    Returns the number of failures."""
     import torch
 
     from engine.fused import kernels as k
     from engine.fused.kernels import attention as attn
-    from tests.launch_spy import launch_keywords
+    from tests.launch_spy import launch_grids
 
     g = torch.Generator().manual_seed(6)
     heads, head_dim, lengths = 2, 64, [70, 1, 17]
@@ -581,24 +581,17 @@ def _check_attention_padded_grid() -> tuple[float, float]:
     t, d, n = sum(lengths) + 5, heads * head_dim, len(lengths) + 1  # an empty sequence too
     qkv = (torch.randn(t, 3 * d, generator=g) * 0.5).to(torch.float16)
     bias = torch.randn(3 * d, generator=g) * 0.5
+    rows = slice(0, sum(lengths))
     bad = 0
     for scale in (None, torch.tensor([0.01])):
-        base = k.attention_varlen(qkv, bias, cu, 128, n, heads, fp8_scale=scale)
-        per_head = 2 * n  # two 64-query blocks of max_seqlen 128, per sequence
-        for programs, padded in ((None, False), (heads * per_head, False),
-                                 (heads * per_head + 1, True), (5 * per_head, True)):
-            with launch_keywords(attn, "_attn_varlen_kernel", "PAD_HEADS") as seen:
-                out = k.attention_varlen(qkv, bias, cu, 128, n, heads, fp8_scale=scale,
-                                         programs=programs)
-            rows = slice(0, sum(lengths))  # rows past every sequence are never written
-            bad += seen != [padded] or not torch.equal(out[rows].view(torch.uint8),
-                                                       base[rows].view(torch.uint8))
-    tiles = k.attention_tiles(cu, t, n, 128, heads, head_dim, force=True)
-    try:
-        k.attention_varlen(qkv, bias, cu, 128, n, heads, tiles=tiles, programs=40)
-        bad += 1
-    except ValueError:
-        pass
+        base = k.attention_varlen(qkv, bias, cu, 70, n, heads, fp8_scale=scale,
+                                  config=k.ATTN_SMALL)
+        for max_seqlen, blocks in ((128, 2), (192, 3), (448, 7)):
+            with launch_grids(attn, "_attn_varlen_kernel") as grids:
+                out = k.attention_varlen(qkv, bias, cu, max_seqlen, n, heads, fp8_scale=scale,
+                                         config=k.ATTN_SMALL)
+            bad += grids != [(blocks, n, heads)] or not torch.equal(
+                out[rows].view(torch.uint8), base[rows].view(torch.uint8))
     return float(bad), 0.5
 
 

@@ -176,18 +176,12 @@ def _attn_varlen_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_DH: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_PDL: tl.constexpr,
     PREFETCH: tl.constexpr, FP8_OUT: tl.constexpr, TILED: tl.constexpr,
-    SPLIT: tl.constexpr, LATE_RELEASE: tl.constexpr, PAD_HEADS: tl.constexpr = False,
+    SPLIT: tl.constexpr, LATE_RELEASE: tl.constexpr,
 ):
     """Grid (query blocks, sequences, heads), or with ``TILED`` (tile-list slots, heads).
     With ``USE_PDL`` the next kernel may launch right after the wait, or with
-    ``LATE_RELEASE`` once the program has stored its rows. ``PAD_HEADS``: the untiled
-    grid's head axis may run past the heads (``D // HEAD_DIM``); those programs wait and
-    do nothing else."""
+    ``LATE_RELEASE`` once the program has stored its rows."""
     head = tl.program_id(1) if TILED else tl.program_id(2)
-    live = True
-    if PAD_HEADS:
-        live = head < D // HEAD_DIM
-        head = tl.minimum(head, D // HEAD_DIM - 1)
     if PREFETCH:  # this head's Q and V biases into L1 while the QKV GEMM still runs
         v = head * HEAD_DIM + tl.minimum(tl.arange(0, BLOCK_DH // 16) * 16, HEAD_DIM - 1)
         prefetch_l1(bias_ptr + v)
@@ -202,7 +196,7 @@ def _attn_varlen_kernel(
             attention_rows(qkv_ptr, bias_ptr, out_ptr, start, length, m0, head,
                            qk_scale, stride_qkv, stride_out, D, HEAD_DIM, BLOCK_DH, BLOCK_M,
                            BLOCK_N, scale_ptr, FP8_OUT, SPLIT)
-    elif live:
+    else:
         attention_tile(qkv_ptr, bias_ptr, out_ptr, cu_ptr,
                        tl.program_id(0), tl.program_id(1), head,
                        qk_scale, stride_qkv, stride_out, D, HEAD_DIM, BLOCK_DH, BLOCK_M,
@@ -333,7 +327,6 @@ def attention_varlen(
     tiles: AttnTiles | None = None,
     split: bool | None = None,
     late_release: bool = False,
-    programs: int | None = None,
 ) -> torch.Tensor:
     """Bidirectional multi-head attention over packed sequences; returns [T, hidden], in
     ``qkv``'s dtype or, given ``fp8_scale`` (float32 [1], calibrated), in e4m3 with that
@@ -350,9 +343,6 @@ def attention_varlen(
     tail, with registers capped where programs outnumber what the multiprocessors hold
     (:func:`register_cap`); the output is the same. ``late_release`` (with ``pdl``) lets the
     next kernel launch only after each program's stores, not right after its wait.
-    ``programs`` (untiled only): launch at least that many programs, the grid's head axis
-    extended by programs that wait and do nothing (``engine.fused.dispatch``: where the
-    GPU's block scheduler places the kernels after this one depends on the count).
     """
     n, three_d = qkv.shape
     d = three_d // 3
@@ -366,11 +356,7 @@ def attention_varlen(
     if tiles is not None and tiles.block_m != bm:
         raise ValueError(f"the tile list has {tiles.block_m}-query blocks, the tiles {bm}")
     split = ATTN_SPLIT_LOOP if split is None else split
-    if programs is not None and tiles is not None:
-        raise ValueError("programs pads the untiled grid only, not a tile list's")
-    per_head = triton.cdiv(max_seqlen, bm) * n_seqs
-    grid_heads = max(num_heads, -(-(programs or 0) // per_head))
-    grid = ((triton.cdiv(max_seqlen, bm), n_seqs, grid_heads) if tiles is None
+    grid = ((triton.cdiv(max_seqlen, bm), n_seqs, num_heads) if tiles is None
             else (tiles.slots.shape[0], num_heads))
     cap = register_cap(grid[0] * grid[1] * (grid[2] if len(grid) == 3 else 1), warps)
     maxnreg = {"maxnreg": cap} if split and cap else {}
@@ -381,8 +367,7 @@ def attention_varlen(
         HEAD_DIM=head_dim, BLOCK_DH=head_block(head_dim),
         BLOCK_M=bm, BLOCK_N=bn, USE_PDL=pdl, PREFETCH=pdl and prefetch,
         FP8_OUT=fp8_scale is not None, TILED=tiles is not None, SPLIT=split,
-        LATE_RELEASE=pdl and late_release, PAD_HEADS=grid_heads > num_heads,
-        num_warps=warps, num_stages=stages,
+        LATE_RELEASE=pdl and late_release, num_warps=warps, num_stages=stages,
         **launch_options(pdl), **maxnreg,
     )
     return out
