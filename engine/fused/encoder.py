@@ -109,19 +109,22 @@ QKV_LATE_RELEASE_MIN_SEQS: int | None = 2
 # LayerNorms ln1 (after the out-projection) and ln2 (after FFN2; the last layer's, which
 # feeds the QA head, has no successor to release).
 LATE_RELEASE_KERNELS = ("qkv", "attention", "out", "ln1", "ffn1", "ffn2", "ln2")
-# The deferred layer's GEMMs on e4m3 operands (``EncodeOptions.early_weights``), and those
-# that load their weight slice whole before their PDL wait by default (``kernels.deferred``;
+# The deferred layer's GEMMs that can load their weight slice whole before their PDL wait
+# (``EncodeOptions.early_weights``), and those that do by default (``kernels.deferred``;
 # where the slice does not fit, a GEMM keeps its K loop). H200, 2026-12-01, BERT-base
 # 1x128 calibrated FP8, graph replay, two engines each: QKV + FFN1 0.2493 ms against
 # 0.2505 (idle GPU 0.2538 against 0.2556); FFN2 too 0.2511-0.2526 (another machine: -4.6
-# us over all three). 16-bit launches never take it: BERT-base's 96 KB slices were 12%
-# slower, and the shipped MiniLM's 48 KB ones have not been measured.
+# us over all three). BERT-base's 96 KB 16-bit slices were 12% slower: the fit rule
+# (``early_weights_fit``) refuses them.
 EARLY_WEIGHT_GEMMS = ("qkv", "ffn1", "ffn2")
 EARLY_WEIGHTS: tuple[str, ...] = ("qkv", "ffn1")
-# Whether 16-bit launches of those GEMMs take ``early_weights`` too (read at capture: an
-# A/B knob, e.g. ``ab_replay.py --model minilm-l6 --set NAME:engine.fused.encoder.
-# EARLY_WEIGHTS_16BIT=True``); off until measured.
-EARLY_WEIGHTS_16BIT = False
+# Whether 16-bit launches of those GEMMs take ``early_weights`` too (read at capture; an
+# A/B knob: ``ab_replay.py --model minilm-l6 --set NAME:engine.fused.encoder.
+# EARLY_WEIGHTS_16BIT=False``). H200, 2026-12-01, the shipped MiniLM's shape in fp16 (its
+# QKV and FFN1 slices 48 KB), graph replay, ms off -> on: 1x128 0.1057 -> 0.1037 (idle GPU
+# 0.1088 -> 0.1070), 1x64 0.0978 -> 0.0969, 1x32 0.0978 -> 0.0969, 2x64 0.1027 -> 0.1007,
+# 4x32 0.1078 -> 0.1046, 1x16 0.0973 -> 0.0964; logits within 1e-3 (NOTES v28).
+EARLY_WEIGHTS_16BIT = True
 
 # Tiles and K splits of one GEMM: (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages[, loads]),
 # splits (``kernels.matmul.GemmConfig``; the optional ``loads`` only for ``linear``).
@@ -155,9 +158,11 @@ class EncodeOptions:
     attention and the LayerNorms after their stores), not right after their wait. The
     CUTLASS kernels keep their own placement. ``fp8_deferred`` runs the deferred layer's
     QKV, FFN1 and FFN2 on e4m3 operands where the weights have them (``folded8``, from a
-    calibration that recorded the un-normalised inputs). ``early_weights`` names those
-    e4m3 GEMMs (of ``EARLY_WEIGHT_GEMMS``) whose programs load their whole weight slice
-    before their PDL wait, where it fits (``kernels.deferred.early_weights_fit``).
+    calibration that recorded the un-normalised inputs). ``early_weights`` names the
+    deferred layer's GEMMs (of ``EARLY_WEIGHT_GEMMS``) whose programs load their whole
+    weight slice before their PDL wait, where it fits
+    (``kernels.deferred.early_weights_fit``); 16-bit ones only with
+    ``EARLY_WEIGHTS_16BIT``.
     ``attn_grid`` sizes the deferred layer's attention grid: ``"table"`` gives each
     sequence the query blocks ``dispatch.QUERY_BLOCKS`` has for the layer and the bucket's
     sequence count (more than its longest sequence needs: their programs do nothing),

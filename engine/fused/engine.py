@@ -198,9 +198,10 @@ class FusedEngine:
         recorded), the deferred layer (``deferred_ln_max_hidden``) runs QKV, FFN1 and FFN2
         on e4m3 operands (``folding.DeferredFP8Layer``).
         ``early_weights`` (of ``encoder.EARLY_WEIGHT_GEMMS``, or as text; None or ``""``:
-        none; default ``encoder.EARLY_WEIGHTS``, QKV and FFN1) names the deferred FP8
-        layer's GEMMs whose programs load their whole weight slice before their PDL wait
-        (where it fits; ``kernels.deferred``); 16-bit launches keep their K loop.
+        none; default ``encoder.EARLY_WEIGHTS``, QKV and FFN1) names the deferred layer's
+        GEMMs whose programs load their whole weight slice before their PDL wait (where
+        it fits, ``kernels.deferred.early_weights_fit``: e4m3 slices and small models'
+        16-bit ones; ``encoder.EARLY_WEIGHTS_16BIT`` turns the 16-bit ones off).
         ``attention_grid`` sizes the deferred layer's attention grid: ``"table"`` (the
         default) gives each sequence more query blocks than it needs (blocks that do
         nothing) where ``dispatch.QUERY_BLOCKS`` measured the pass faster with them,

@@ -150,8 +150,9 @@ def test_early_weights_reach_the_named_gemms_only(
         names: tuple[str, ...] | None, fp8: bool, sixteen: bool) -> None:
     """``early_weights`` asks exactly the named GEMMs of every deferred layer to load their
     weights before their wait (None: the default, ``encoder.EARLY_WEIGHTS``), on e4m3
-    operands only: a 16-bit layer (``fp8_deferred`` off) asks none of them, unless
-    ``encoder.EARLY_WEIGHTS_16BIT`` is on."""
+    operands, and on 16-bit ones (``fp8_deferred`` off) only with
+    ``encoder.EARLY_WEIGHTS_16BIT`` on (the default; whether a slice fits is the
+    kernel's ``early_weights_fit``)."""
     from engine.fused import encoder
     from engine.fused.encoder import EARLY_WEIGHTS
     from engine.fused.engine import FusedEngine
