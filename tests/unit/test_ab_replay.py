@@ -239,3 +239,17 @@ def test_attention_grid_sweep_ranges_suggestion_and_table() -> None:
     assert "| 4 (table) | 96 | 0.2487 | -9.9% |" in text
     assert "| 2 (fewest) | 48 | 0.2760 | +0.0% |" in text
     assert "over 1%: 4 blocks" in text
+
+
+def test_bucket_probe_items() -> None:
+    """``bucket_probe``: an item is N windows of L tokens in a bucket of S >= N sequences,
+    the extra sequences empty (their offsets repeat the token count)."""
+    from benchmarks.bucket_probe import cu_seqlens, parse_item
+
+    assert parse_item("2x64@4") == (2, 64, 4)
+    assert parse_item("1x128@1") == (1, 128, 1)
+    for bad in ("2x64@1", "2x64", "0x64@1", "2-64@2", "2x64@x"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_item(bad)
+    assert cu_seqlens(2, 64, 4) == [0, 64, 128, 128, 128]
+    assert cu_seqlens(1, 128, 1) == [0, 128]
