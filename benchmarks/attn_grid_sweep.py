@@ -73,39 +73,25 @@ def markdown(result: dict[str, Any]) -> str:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="bert-base")
-    p.add_argument("--dtype", default="fp8")
-    p.add_argument("--calibrate", action="store_true", help="static FP8 scales (fp8 only)")
+    sys.path.insert(0, str(REPO))
+    from benchmarks.rounds import calibrated_engine, engine_parser
+
+    p = engine_parser(__doc__, rounds=5, reps=100)
     p.add_argument("--shapes", default="1x128,2x64,4x32,8x16")
     p.add_argument("--blocks", type=parse_range, default=parse_range("2:8"))
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--reps", type=int, default=100)
     p.add_argument("--within", type=float, default=0.01)
-    p.add_argument("--commit", default="")
-    p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
-    if args.calibrate and args.dtype != "fp8":
-        p.error("--calibrate needs --dtype fp8")
-
-    sys.path.insert(0, str(REPO))
     import numpy as np
     import torch
     from rich.progress import track
 
-    from benchmarks.bench_gpu import device_packed, make_hf, make_ours, random_padded
+    from benchmarks.bench_gpu import device_packed, random_padded
     from benchmarks.rounds import cuda_ms, interleaved
     from engine.fused import kernels
     from engine.fused.engine import FusedEngine
     from engine.fused.packing import bucket_for
 
-    model, cfg = make_hf(args.model)
-    base = make_ours(model, cfg, dtype=args.dtype)
-    del model
-    if args.calibrate:
-        base.calibrate(*random_padded(np.random.default_rng(6), 256, 384,
-                                      lengths=np.full(256, 128)))
+    base, cfg = calibrated_engine(args)
     heads = cfg.num_attention_heads
     rng = np.random.default_rng(5)
     calls: dict[str, Any] = {}

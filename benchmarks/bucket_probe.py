@@ -46,33 +46,17 @@ def cu_seqlens(n: int, length: int, seqs: int) -> list[int]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", default="bert-base")
-    p.add_argument("--dtype", default="fp8")
-    p.add_argument("--calibrate", action="store_true", help="static FP8 scales (fp8 only)")
+    sys.path.insert(0, str(REPO))
+    from benchmarks.rounds import calibrated_engine, cuda_ms, engine_parser, interleaved
+
+    p = engine_parser(__doc__, rounds=6, reps=300)
     p.add_argument("--items", required=True,
                    type=lambda t: [parse_item(v) for v in t.split(",")])
-    p.add_argument("--rounds", type=int, default=6)
-    p.add_argument("--reps", type=int, default=300)
-    p.add_argument("--commit", default="")
-    p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
-    if args.calibrate and args.dtype != "fp8":
-        p.error("--calibrate needs --dtype fp8")
-    sys.path.insert(0, str(REPO))
     import numpy as np
     import torch
 
-    from benchmarks.bench_gpu import make_hf, make_ours, random_padded
-    from benchmarks.rounds import cuda_ms, interleaved
-
-    model, cfg = make_hf(args.model)
-    eng = make_ours(model, cfg, dtype=args.dtype, max_graph_tokens=65536)
-    del model
-    if args.calibrate:
-        eng.calibrate(*random_padded(np.random.default_rng(6), 256, 384,
-                                     lengths=np.full(256, 128)))
+    eng, cfg = calibrated_engine(args, max_graph_tokens=65536)
     most = max(n * length for n, length, _ in args.items)
     rng = np.random.default_rng(5)
     ids = torch.from_numpy(rng.integers(1000, cfg.vocab_size, most).astype(np.int32)).cuda()

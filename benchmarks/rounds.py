@@ -32,6 +32,41 @@ Timer = Callable[[Callable[[], object], int], float]
 
 
 @functools.cache
+def engine_parser(doc: str | None, rounds: int, reps: int) -> argparse.ArgumentParser:
+    """The options of the tools that time engines of one random-weight model against each
+    other (``attn_grid_sweep``, ``bucket_probe``): the model, its dtype, FP8 calibration,
+    rounds, calls per round, the commit to record and the JSON output; each tool adds its
+    own. :func:`calibrated_engine` builds the engine they describe."""
+    p = argparse.ArgumentParser(description=doc,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default="bert-base")
+    p.add_argument("--dtype", default="fp8")
+    p.add_argument("--calibrate", action="store_true", help="static FP8 scales (fp8 only)")
+    p.add_argument("--rounds", type=int, default=rounds)
+    p.add_argument("--reps", type=int, default=reps)
+    p.add_argument("--commit", default="")
+    p.add_argument("--out", type=Path, required=True)
+    return p
+
+
+def calibrated_engine(args: argparse.Namespace, **options: Any) -> tuple[Any, Any]:
+    """(engine, HF config) of :func:`engine_parser`'s model and dtype, on the GPU, with
+    static FP8 scales from 256 random 128-token windows where ``args.calibrate``."""
+    import numpy as np
+
+    from benchmarks.bench_gpu import make_hf, make_ours, random_padded
+
+    if args.calibrate and args.dtype != "fp8":
+        raise SystemExit("--calibrate needs --dtype fp8")
+    model, cfg = make_hf(args.model)
+    eng = make_ours(model, cfg, dtype=args.dtype, **options)
+    del model
+    if args.calibrate:
+        eng.calibrate(*random_padded(np.random.default_rng(6), 256, 384,
+                                     lengths=np.full(256, 128)))
+    return eng, cfg
+
+
 def capture_stream() -> Any:
     """The one stream the tools warm up and capture their timed CUDA graphs on
     (:func:`capture_graph`, for ``attn_backends``, ``bench_gpu.graph_time_ms`` and

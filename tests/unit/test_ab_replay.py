@@ -253,3 +253,15 @@ def test_bucket_probe_items() -> None:
             parse_item(bad)
     assert cu_seqlens(2, 64, 4) == [0, 64, 128, 128, 128]
     assert cu_seqlens(1, 128, 1) == [0, 128]
+
+
+def test_engine_tools_share_one_command_line() -> None:
+    """``rounds.engine_parser``: the model, dtype, calibration, rounds, calls per round,
+    commit and output of the engine-against-engine tools, with each tool's defaults."""
+    from benchmarks.rounds import engine_parser
+
+    args = engine_parser("doc", rounds=5, reps=100).parse_args(["--out", "x.json"])
+    assert (args.model, args.dtype, args.calibrate, args.rounds, args.reps, args.commit) == (
+        "bert-base", "fp8", False, 5, 100, "")
+    with pytest.raises(SystemExit):
+        engine_parser("doc", rounds=5, reps=100).parse_args([])  # --out is required

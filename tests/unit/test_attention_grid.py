@@ -46,22 +46,11 @@ def test_no_multiprocessors_off_cuda() -> None:
     assert multiprocessors(torch.device("cpu")) == 0
 
 
-def _tiny(dtype: str, **options: Any):  # type: ignore[no-untyped-def]
-    from engine.fused.config import BertQAConfig
-    from engine.fused.engine import FusedEngine
-
-    torch.manual_seed(5)
-    hf = transformers.BertConfig(vocab_size=100, hidden_size=48, num_hidden_layers=2,
-                                 num_attention_heads=4, intermediate_size=96,
-                                 max_position_embeddings=64)
-    model = transformers.BertForQuestionAnswering(hf).eval()
-    return FusedEngine.from_state_dict(model.state_dict(), BertQAConfig.from_dict(hf.to_dict()),
-                                       device="cpu", dtype=dtype, backend="torch", **options)
-
-
 @pytest.fixture(scope="module")
 def tiny():  # type: ignore[no-untyped-def]
-    return _tiny("float16").weights
+    from tests.unit.test_small_batch_options import _tiny_engine
+
+    return _tiny_engine("float16").weights
 
 
 def _attention_seqlens(monkeypatch: pytest.MonkeyPatch) -> list[int]:
