@@ -31,7 +31,6 @@ def batch1_parser(doc: str | None, calls: int, calls_help: str) -> argparse.Argu
 Timer = Callable[[Callable[[], object], int], float]
 
 
-@functools.cache
 def engine_parser(doc: str | None, rounds: int, reps: int) -> argparse.ArgumentParser:
     """The options of the tools that time engines of one random-weight model against each
     other (``attn_grid_sweep``, ``bucket_probe``): the model, its dtype, FP8 calibration,
@@ -67,6 +66,7 @@ def calibrated_engine(args: argparse.Namespace, **options: Any) -> tuple[Any, An
     return eng, cfg
 
 
+@functools.cache
 def capture_stream() -> Any:
     """The one stream the tools warm up and capture their timed CUDA graphs on
     (:func:`capture_graph`, for ``attn_backends``, ``bench_gpu.graph_time_ms`` and

@@ -9,17 +9,19 @@ them; the attention grid's shape moves the whole layer. On the H200, BERT-base's
 calibrated FP8 deferred layer at 128 tokens (2026-12-01, CUDA-graph calls on device
 tensors back to back, ``benchmarks/attn_grid_sweep.py``; NOTES v28):
 
-* 2 sequences (2 x 12 heads x 2 blocks = 48 programs) run the pass in 0.276-0.277 ms, at 4
-  blocks a sequence in 0.2485 (-10%), the time of one 128-token sequence;
-* 8 sequences: 0.278 at 2 blocks, 0.260 at 3;
-* 1 and 4 sequences are fastest at the fewest blocks (2).
+* 2 sequences (2 x 12 heads x 2 blocks = 48 programs) run the pass in 0.273 ms, at 4
+  blocks a sequence in 0.249 (-9%), about the time of one 128-token sequence;
+* 8 sequences: 0.279 at 2 blocks, 0.262 at 3;
+* 1, 4 and 16 sequences are fastest at the fewest blocks (2).
 
 It is the block count that matters, not the programs': the same counts reached by extra
 heads' worth of empty programs (at the grid's end) changed nothing at 1 or 2 sequences
-and cost 10% at 4. The order of the grid's axes changed nothing either. Whether the
-pattern holds elsewhere is not known: the shipped MiniLM in fp16 does not show it, so
-entries are per layer shape, GPU and operand type, and a layer without one keeps the
-fewest blocks.
+and cost 10% at 4. The order of the grid's axes changed nothing either. (Past 396
+programs the launch also caps every program's registers, ``register_cap`` counting the
+empty ones: the sweep's 16-sequence rows above 2 blocks and 8-sequence rows from 5 ran
+capped, as the engine would run them.) Whether the pattern holds elsewhere is not known:
+the shipped MiniLM in fp16 does not show it, so entries are per layer shape, GPU and
+operand type, and a layer without one keeps the fewest blocks.
 """
 
 from __future__ import annotations
@@ -28,10 +30,14 @@ import functools
 
 import torch
 
-# (multiprocessors, hidden, heads, intermediate, tokens a layer, e4m3 GEMMs) -> {sequences
-# in the bucket: query blocks a sequence} where more than the fewest measured faster
-# (H200, 2026-12-01; see the docstring).
-QUERY_BLOCKS: dict[tuple[int, int, int, int, int, bool], dict[int, int]] = {
+# A layer: (multiprocessors, hidden, heads, intermediate, tokens a pass, e4m3 GEMMs).
+Key = tuple[int, int, int, int, int, bool]
+# Layer -> {sequences in the pass: query blocks a sequence}, where more than the fewest
+# measured faster (H200, 2026-12-01; see the docstring). Passes are CUDA-graph buckets
+# (tokens and sequences rounded up); an entry for 8 sequences serves every batch of 5 to 8
+# in 65 to 128 tokens, of which 8x16 was measured. Entries keep each launch's tiles and
+# register cap (``kernels.attention.register_cap`` counts the empty programs too).
+QUERY_BLOCKS: dict[Key, dict[int, int]] = {
     (132, 768, 12, 3072, 128, True): {2: 4, 8: 3},
 }
 
@@ -44,9 +50,8 @@ def multiprocessors(device: torch.device) -> int:
     return int(torch.cuda.get_device_properties(device).multi_processor_count)
 
 
-def query_blocks(fewest: int, seqs: int, key: tuple[int, int, int, int, int, bool],
-                 table: dict[tuple[int, int, int, int, int, bool], dict[int, int]]
-                 | None = None) -> int:
+def query_blocks(fewest: int, seqs: int, key: Key,
+                 table: dict[Key, dict[int, int]] | None = None) -> int:
     """Query blocks a sequence for a bucket of ``seqs`` sequences that needs ``fewest``:
     the table's count for the key and ``seqs`` if it has one (never under ``fewest``)."""
     counts = (QUERY_BLOCKS if table is None else table).get(key, {})

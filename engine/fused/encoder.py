@@ -364,23 +364,23 @@ def encode_packed(
 def _attention_seqlen(ops: ModuleType, w: BertQAWeights, opts: EncodeOptions, tokens: int,
                      n_seqs: int, max_seqlen: int, e4m3: bool, device: torch.device) -> int:
     """The ``max_seqlen`` the deferred layer's attention grid is sized for: the batch's,
-    or whole query blocks past it per ``attn_grid`` (``dispatch``)."""
-    if opts.attn_grid == "fewest" or n_seqs == 0 or max_seqlen == 0:
+    or whole query blocks past it per ``attn_grid``: a number of blocks, or the count
+    ``dispatch.QUERY_BLOCKS`` has for the layer and this pass's token and sequence counts
+    (under CUDA graphs the bucket's; an eager pass of other counts finds no entry). The
+    torch spec sizes no grid."""
+    config_of = getattr(ops, "attention_config", None)
+    if opts.attn_grid == "fewest" or config_of is None or n_seqs == 0 or max_seqlen == 0:
         return max_seqlen
     cfg = w.config
-    if isinstance(opts.attn_grid, str):
-        key = (dispatch.multiprocessors(device), cfg.hidden_size, cfg.num_heads,
-               cfg.intermediate_size, tokens, e4m3)
-        if key not in dispatch.QUERY_BLOCKS:
-            return max_seqlen
-    config_of = getattr(ops, "attention_config", None)
-    if config_of is None:  # the torch spec sizes no grid
-        return max_seqlen
     bm = (opts.attn_config or config_of(max_seqlen, n_seqs, cfg.num_heads,
                                         cfg.hidden_size // cfg.num_heads, tokens))[0]
     fewest = -(-max_seqlen // bm)
-    blocks = (max(fewest, opts.attn_grid) if not isinstance(opts.attn_grid, str)
-              else dispatch.query_blocks(fewest, n_seqs, key))
+    if isinstance(opts.attn_grid, int):
+        blocks = max(fewest, opts.attn_grid)
+    else:
+        key = (dispatch.multiprocessors(device), cfg.hidden_size, cfg.num_heads,
+               cfg.intermediate_size, tokens, e4m3)
+        blocks = dispatch.query_blocks(fewest, n_seqs, key)
     return max_seqlen if blocks == fewest else blocks * bm
 
 

@@ -394,6 +394,37 @@ def test_early_weights_match_the_k_loop(rows: int) -> None:
     torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-5 * float(outs[0].abs().max()))
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_early_16bit_weights_match_the_k_loop(dtype: str) -> None:
+    """The shipped MiniLM's 16-bit QKV and FFN1 (hidden 384: 48 KB weight slices, which
+    ``encoder.EARLY_WEIGHTS_16BIT`` lets load before the PDL wait) against the same
+    launches with the K loop, bit for bit, at 128, 77 and 32 rows, with PDL and
+    prefetch as the engine runs them; each launch took the path asked for."""
+    from engine.fused import kernels as k
+    from engine.fused.kernels import deferred
+    from engine.fused.kernels.deferred import deferred_plan, early_weights_fit
+    from tests.launch_spy import launch_keywords
+
+    dt, d, f, eps = getattr(torch, dtype), 384, 1536, 1e-12
+    g = torch.Generator(device="cuda").manual_seed(7)
+    for rows in (128, 77, 32):
+        x = (torch.randn(rows, d, generator=g, device="cuda") * 2.0).to(dt)
+        stats = torch.rand(rows, 2, generator=g, device="cuda")
+        stats[:, 1] += 1.0  # a positive variance
+        for n, act in ((3 * d, None), (f, "gelu")):
+            w = (torch.randn(n, d, generator=g, device="cuda") * 0.05).to(dt)
+            colsum, bias = (torch.randn(n, generator=g, device="cuda") for _ in range(2))
+            config = deferred_plan(rows, n, d, "folded", False)[0]
+            assert early_weights_fit(config, d, 2)
+            with launch_keywords(deferred, "_deferred_gemm_kernel", "EARLY") as launched:
+                a, b = (k.folded_linear(x, w, colsum, bias, stats, eps, act=act,
+                                        config=config, pdl=True, prefetch=True, early=early)
+                        for early in (False, True))
+            assert launched == [False, True]
+            torch.cuda.synchronize()
+            assert torch.equal(a, b), (rows, n, float((a.float() - b.float()).abs().max()))
+
+
 def test_padded_attention_grid_changes_nothing(monkeypatch: pytest.MonkeyPatch) -> None:
     """More query blocks a sequence than the batch needs (a grid sized for a longer
     ``max_seqlen``, as the engine's ``attention_grid`` asks for) change nothing: the

@@ -265,3 +265,5 @@ def test_engine_tools_share_one_command_line() -> None:
         "bert-base", "fp8", False, 5, 100, "")
     with pytest.raises(SystemExit):
         engine_parser("doc", rounds=5, reps=100).parse_args([])  # --out is required
+    # Each tool adds its own options to a parser of its own.
+    assert engine_parser("doc", 5, 100) is not engine_parser("doc", 5, 100)
