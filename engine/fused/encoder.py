@@ -114,17 +114,14 @@ LATE_RELEASE_KERNELS = ("qkv", "attention", "out", "ln1", "ffn1", "ffn2", "ln2")
 # where the slice does not fit, a GEMM keeps its K loop). H200, 2026-12-01, BERT-base
 # 1x128 calibrated FP8, graph replay, two engines each: QKV + FFN1 0.2493 ms against
 # 0.2505 (idle GPU 0.2538 against 0.2556); FFN2 too 0.2511-0.2526 (another machine: -4.6
-# us over all three). BERT-base's 96 KB 16-bit slices were 12% slower: the fit rule
+# us over all three). 16-bit launches take it where their slices fit too: the shipped
+# MiniLM's shape in fp16 (QKV and FFN1 slices of 48 KB), graph replay, ms K loop -> early:
+# 1x128 0.1057 -> 0.1037 (idle GPU 0.1088 -> 0.1070), 1x64 0.0978 -> 0.0969, 1x32 0.0978
+# -> 0.0969, 2x64 0.1027 -> 0.1007, 4x32 0.1078 -> 0.1046, 1x16 0.0973 -> 0.0964 (NOTES
+# v28); BERT-base's 96 KB 16-bit slices were 12% slower, and the fit rule
 # (``early_weights_fit``) refuses them.
 EARLY_WEIGHT_GEMMS = ("qkv", "ffn1", "ffn2")
 EARLY_WEIGHTS: tuple[str, ...] = ("qkv", "ffn1")
-# Whether 16-bit launches of those GEMMs take ``early_weights`` too (read at capture; an
-# A/B knob: ``ab_replay.py --model minilm-l6 --set NAME:engine.fused.encoder.
-# EARLY_WEIGHTS_16BIT=False``). H200, 2026-12-01, the shipped MiniLM's shape in fp16 (its
-# QKV and FFN1 slices 48 KB), graph replay, ms off -> on: 1x128 0.1057 -> 0.1037 (idle GPU
-# 0.1088 -> 0.1070), 1x64 0.0978 -> 0.0969, 1x32 0.0978 -> 0.0969, 2x64 0.1027 -> 0.1007,
-# 4x32 0.1078 -> 0.1046, 1x16 0.0973 -> 0.0964; logits within 1e-3 (NOTES v28).
-EARLY_WEIGHTS_16BIT = True
 
 # Tiles and K splits of one GEMM: (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages[, loads]),
 # splits (``kernels.matmul.GemmConfig``; the optional ``loads`` only for ``linear``).
@@ -161,8 +158,7 @@ class EncodeOptions:
     calibration that recorded the un-normalised inputs). ``early_weights`` names the
     deferred layer's GEMMs (of ``EARLY_WEIGHT_GEMMS``) whose programs load their whole
     weight slice before their PDL wait, where it fits
-    (``kernels.deferred.early_weights_fit``); 16-bit ones only with
-    ``EARLY_WEIGHTS_16BIT``.
+    (``kernels.deferred.early_weights_fit``), on e4m3 or 16-bit operands.
     ``attn_grid`` sizes the deferred layer's attention grid: ``"table"`` gives each
     sequence the query blocks ``dispatch.QUERY_BLOCKS`` has for the layer and the bucket's
     sequence count (more than its longest sequence needs: their programs do nothing),
@@ -372,16 +368,17 @@ def _attention_seqlen(ops: ModuleType, w: BertQAWeights, opts: EncodeOptions, to
     if opts.attn_grid == "fewest" or config_of is None or n_seqs == 0 or max_seqlen == 0:
         return max_seqlen
     cfg = w.config
-    bm = (opts.attn_config or config_of(max_seqlen, n_seqs, cfg.num_heads,
-                                        cfg.hidden_size // cfg.num_heads, tokens))[0]
-    fewest = -(-max_seqlen // bm)
     if isinstance(opts.attn_grid, int):
-        blocks = max(fewest, opts.attn_grid)
-    else:
+        wanted = opts.attn_grid
+    else:  # the table's count, 0 where it has none
         key = (dispatch.multiprocessors(device), cfg.hidden_size, cfg.num_heads,
                cfg.intermediate_size, tokens, e4m3)
-        blocks = dispatch.query_blocks(fewest, n_seqs, key)
-    return max_seqlen if blocks == fewest else blocks * bm
+        wanted = dispatch.query_blocks(0, n_seqs, key)
+        if wanted == 0:
+            return max_seqlen
+    bm = (opts.attn_config or config_of(max_seqlen, n_seqs, cfg.num_heads,
+                                        cfg.hidden_size // cfg.num_heads, tokens))[0]
+    return wanted * bm if wanted > -(-max_seqlen // bm) else max_seqlen
 
 
 def _encode_deferred(
@@ -426,7 +423,7 @@ def _encode_deferred(
     late = opts.late_release
     plans = dict(opts.gemm_plans)
     f8s = w.folded8 if opts.fp8_deferred else None
-    early = opts.early_weights if f8s is not None or EARLY_WEIGHTS_16BIT else ()
+    early = opts.early_weights
     attn_seqlen = _attention_seqlen(ops, w, opts, t, n_seqs, max_seqlen, f8s is not None,
                                     input_ids.device)
 

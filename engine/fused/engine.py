@@ -201,7 +201,7 @@ class FusedEngine:
         none; default ``encoder.EARLY_WEIGHTS``, QKV and FFN1) names the deferred layer's
         GEMMs whose programs load their whole weight slice before their PDL wait (where
         it fits, ``kernels.deferred.early_weights_fit``: e4m3 slices and small models'
-        16-bit ones; ``encoder.EARLY_WEIGHTS_16BIT`` turns the 16-bit ones off).
+        16-bit ones).
         ``attention_grid`` sizes the deferred layer's attention grid: ``"table"`` (the
         default) gives each sequence more query blocks than it needs (blocks that do
         nothing) where ``dispatch.QUERY_BLOCKS`` measured the pass faster with them,

@@ -397,7 +397,7 @@ def test_early_weights_match_the_k_loop(rows: int) -> None:
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_early_16bit_weights_match_the_k_loop(dtype: str) -> None:
     """The shipped MiniLM's 16-bit QKV and FFN1 (hidden 384: 48 KB weight slices, which
-    ``encoder.EARLY_WEIGHTS_16BIT`` lets load before the PDL wait) against the same
+    ``early_weights`` loads before the PDL wait by default) against the same
     launches with the K loop, bit for bit, at 128, 77 and 32 rows, with PDL and
     prefetch as the engine runs them; each launch took the path asked for."""
     from engine.fused import kernels as k

@@ -141,23 +141,19 @@ def tiny8():  # type: ignore[no-untyped-def]
     return engine.weights
 
 
-@pytest.mark.parametrize(("names", "fp8", "sixteen"),
-                         [(("qkv",), True, False), (("ffn2", "ffn1"), True, False),
-                          ((), True, False), (None, True, False),
-                          (("qkv", "ffn1", "ffn2"), False, False), (None, False, True)])
+@pytest.mark.parametrize(("names", "fp8"),
+                         [(("qkv",), True), (("ffn2", "ffn1"), True), ((), True), (None, True),
+                          (("qkv", "ffn1", "ffn2"), False), (None, False), ((), False)])
 def test_early_weights_reach_the_named_gemms_only(
         tiny8: Any, monkeypatch: pytest.MonkeyPatch,
-        names: tuple[str, ...] | None, fp8: bool, sixteen: bool) -> None:
+        names: tuple[str, ...] | None, fp8: bool) -> None:
     """``early_weights`` asks exactly the named GEMMs of every deferred layer to load their
     weights before their wait (None: the default, ``encoder.EARLY_WEIGHTS``), on e4m3
-    operands, and on 16-bit ones (``fp8_deferred`` off) only with
-    ``encoder.EARLY_WEIGHTS_16BIT`` on (the default; whether a slice fits is the
-    kernel's ``early_weights_fit``)."""
-    from engine.fused import encoder
+    operands and on 16-bit ones (``fp8_deferred`` off) alike: whether a slice fits is the
+    kernel's ``early_weights_fit``."""
     from engine.fused.encoder import EARLY_WEIGHTS
     from engine.fused.engine import FusedEngine
 
-    monkeypatch.setattr(encoder, "EARLY_WEIGHTS_16BIT", sixteen)
     seen = _record_launches(monkeypatch, "early")
     kw = {} if names is None else {"early_weights": names}
     never = 1 << 30
@@ -168,7 +164,7 @@ def test_early_weights_reach_the_named_gemms_only(
     engine.infer(ids, np.ones_like(ids), np.zeros_like(ids))
     expected = ["qkv", "attention", "out", "ffn1", "ffn2"] * 2
     assert [role for role, _ in seen] == expected
-    named = (EARLY_WEIGHTS if names is None else names) if fp8 or sixteen else ()
+    named = EARLY_WEIGHTS if names is None else names
     assert [role for role, early in seen if early] == [r for r in expected if r in named]
 
 
