@@ -1,0 +1,117 @@
+"""Does what else a process holds change one engine's pass? The same engine's 1x128 graph
+timed as the process around it changes.
+
+    python3 benchmarks/process_state_probe.py --model bert-base --dtype fp8 --calibrate \\
+        --extra 4 --dummy-gib 20 --out probe.json
+
+One engine (``A``) captures the ``--shape`` bucket's graph and is timed in phases: alone;
+with ``--dummy-gib`` of device memory allocated (no engine); after that is freed; with
+``--extra`` more engines of the same model (each its own random weights, calibration and
+graph; the last one built, ``last``, timed too); after those are freed; and alone once
+more. Each phase times A's calls on device tensors (``_run_device``) back to back
+(``cuda_ms``), one at a time with the GPU idle before each (``idle_ms``, bench_gpu's
+method), and the bare graph replay idle (``GraphCache.replay``, bench_gpu's "graph
+alone"), ``--rounds`` rounds each, median. Prints a table and writes it as JSON.
+Phases run one after another, so drift between them is not separated from their
+differences: the first and last phases (both A alone) bound it. Random weights.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def main() -> None:
+    sys.path.insert(0, str(REPO))
+    from benchmarks.rounds import calibrated_engine, cuda_ms, engine_parser, idle_ms
+
+    p = engine_parser(__doc__, rounds=7, reps=300)
+    p.add_argument("--shape", default="1x128")
+    p.add_argument("--extra", type=int, default=4)
+    p.add_argument("--dummy-gib", type=float, default=20.0)
+    args = p.parse_args()
+    import numpy as np
+    import torch
+    from rich.console import Console
+    from rich.table import Table
+
+    from benchmarks.bench_gpu import device_packed, random_padded
+
+    batch, seq = (int(v) for v in args.shape.split("x"))
+    rng = np.random.default_rng(5)
+    x = device_packed(*random_padded(rng, batch, seq, lengths=np.full(batch, seq)))
+    console = Console()
+
+    def build() -> Any:
+        eng, _ = calibrated_engine(args)
+        with torch.inference_mode():
+            eng._run_device(*x)  # captures the bucket's graph
+        return eng
+
+    def timings(eng: Any) -> dict[str, float]:
+        bucket = eng._graph_bucket(x[0].shape[0], x[3].shape[0] - 1, x[4])
+        graphs = eng._graphs
+        calls = {"b2b_ms": (lambda: eng._run_device(*x), cuda_ms, args.reps),
+                 "idle_ms": (lambda: eng._run_device(*x), idle_ms, args.reps // 2),
+                 "replay_idle_ms": (lambda: graphs.replay(bucket), idle_ms, args.reps // 2)}
+        out: dict[str, list[float]] = {k: [] for k in calls}
+        with torch.inference_mode():
+            for _ in range(args.rounds):
+                for key, (fn, timer, reps) in calls.items():
+                    for _ in range(10):
+                        fn()
+                    out[key].append(timer(fn, reps))
+        return {k: statistics.median(v) for k, v in out.items()}
+
+    rows: list[dict[str, Any]] = []
+
+    def phase(label: str, eng: Any, name: str = "A") -> None:
+        t = timings(eng)
+        rows.append({"phase": label, "engine": name,
+                     "allocated_gib": torch.cuda.memory_allocated() / 2**30, **t})
+        console.print(f"{label:<28} {name:<5} " + "  ".join(f"{k} {v:.4f}" for k, v in t.items()))
+
+    a = build()
+    phase("alone", a)
+    dummy = [torch.empty(int(args.dummy_gib * 2**30) // 4, dtype=torch.float32, device="cuda")]
+    dummy[0].fill_(1.0)
+    phase(f"+{args.dummy_gib:g} GiB allocated", a)
+    del dummy
+    torch.cuda.empty_cache()
+    phase("dummy freed", a)
+    extras = [build() for _ in range(args.extra)]
+    phase(f"+{args.extra} engines", a)
+    phase(f"+{args.extra} engines", extras[-1], "last")
+    del extras
+    gc.collect()
+    torch.cuda.empty_cache()
+    phase("engines freed", a)
+    b = build()
+    phase("fresh engine B, A held", b, "B")
+    phase("A again", a)
+
+    table = Table(title=f"{args.model} {args.dtype} {args.shape}: one engine as the process "
+                        f"changes (ms, median of {args.rounds} rounds)")
+    for col in ("phase", "engine", "GiB", "back to back", "idle", "replay idle"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r["phase"], r["engine"], f"{r['allocated_gib']:.1f}",
+                      *(f"{r[k]:.4f}" for k in ("b2b_ms", "idle_ms", "replay_idle_ms")))
+    console.print(table)
+    result = {"model": args.model, "dtype": args.dtype, "calibrated": args.calibrate,
+              "shape": args.shape, "gpu": torch.cuda.get_device_name(),
+              "commit": args.commit, "date": time.strftime("%Y-%m-%d"), "rows": rows}
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
