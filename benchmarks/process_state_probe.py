@@ -4,16 +4,18 @@ timed as the process around it changes.
     python3 benchmarks/process_state_probe.py --model bert-base --dtype fp8 --calibrate \\
         --extra 4 --dummy-gib 20 --out probe.json
 
-One engine (``A``) captures the ``--shape`` bucket's graph and is timed in phases: alone;
-with ``--dummy-gib`` of device memory allocated (no engine); after that is freed; with
-``--extra`` more engines of the same model (each its own random weights, calibration and
-graph; the last one built, ``last``, timed too); after those are freed; and alone once
-more. Each phase times A's calls on device tensors (``_run_device``) back to back
-(``cuda_ms``), one at a time with the GPU idle before each (``idle_ms``, bench_gpu's
-method), and the bare graph replay idle (``GraphCache.replay``, bench_gpu's "graph
-alone"), ``--rounds`` rounds each, median. Prints a table and writes it as JSON.
-Phases run one after another, so drift between them is not separated from their
-differences: the first and last phases (both A alone) bound it. Random weights.
+One engine (``A``) captures the ``--shape`` bucket's graph and is timed in phases:
+alone; with ``--dummy-gib`` of device memory allocated (no engine); after that is freed;
+with ``--extra`` more engines of the same model (each its own random weights, calibration
+and graph; the last one built, ``last``, timed too); after those are freed; alone once
+more, and again after ``--cool`` seconds idle. Each phase times A's calls on device
+tensors (``_run_device``) back to back (``cuda_ms``), one at a time with the GPU idle
+before each (``idle_ms``, bench_gpu's method), and the bare graph replay idle
+(``GraphCache.replay``, bench_gpu's "graph alone"), ``--rounds`` rounds each, median,
+and reads the GPU's SM clock, temperature and power right after (NVML, where torch can
+reach it). Prints a table and writes it as JSON. Phases run one after another, so drift
+between them is not separated from their differences: the first and last phases (both
+A alone) bound it. Random weights.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ def main() -> None:
     p.add_argument("--shape", default="1x128")
     p.add_argument("--extra", type=int, default=4)
     p.add_argument("--dummy-gib", type=float, default=20.0)
+    p.add_argument("--cool", type=float, default=30.0)
     args = p.parse_args()
     import numpy as np
     import torch
@@ -76,8 +79,9 @@ def main() -> None:
     def phase(label: str, eng: Any, name: str = "A") -> None:
         t = timings(eng)
         rows.append({"phase": label, "engine": name,
-                     "allocated_gib": torch.cuda.memory_allocated() / 2**30, **t})
-        console.print(f"{label:<28} {name:<5} " + "  ".join(f"{k} {v:.4f}" for k, v in t.items()))
+                     "allocated_gib": torch.cuda.memory_allocated() / 2**30, **t, **gpu_state()})
+        console.print(f"{label:<28} {name:<5} " + "  ".join(f"{k} {v}" for k, v in rows[-1].items()
+                                                            if k not in ("phase", "engine")))
 
     a = build()
     phase("alone", a)
@@ -97,20 +101,36 @@ def main() -> None:
     b = build()
     phase("fresh engine B, A held", b, "B")
     phase("A again", a)
+    time.sleep(args.cool)
+    phase(f"A after {args.cool:g} s idle", a)
 
     table = Table(title=f"{args.model} {args.dtype} {args.shape}: one engine as the process "
                         f"changes (ms, median of {args.rounds} rounds)")
-    for col in ("phase", "engine", "GiB", "back to back", "idle", "replay idle"):
+    for col in ("phase", "engine", "GiB", "back to back", "idle", "replay idle", "MHz", "°C",
+                "W"):
         table.add_column(col)
     for r in rows:
         table.add_row(r["phase"], r["engine"], f"{r['allocated_gib']:.1f}",
-                      *(f"{r[k]:.4f}" for k in ("b2b_ms", "idle_ms", "replay_idle_ms")))
+                      *(f"{r[k]:.4f}" for k in ("b2b_ms", "idle_ms", "replay_idle_ms")),
+                      *(str(r.get(k, "?")) for k in ("sm_mhz", "temp_c", "power_w")))
     console.print(table)
     result = {"model": args.model, "dtype": args.dtype, "calibrated": args.calibrate,
               "shape": args.shape, "gpu": torch.cuda.get_device_name(),
               "commit": args.commit, "date": time.strftime("%Y-%m-%d"), "rows": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
+
+
+def gpu_state() -> dict[str, float]:
+    """The current GPU's SM clock (MHz), temperature (°C) and power (W) through NVML, as
+    torch reads them; empty where it cannot."""
+    import torch
+
+    try:
+        return {"sm_mhz": torch.cuda.clock_rate(), "temp_c": torch.cuda.temperature(),
+                "power_w": torch.cuda.power_draw() / 1000}
+    except Exception:  # no pynvml, or NVML refuses: the times stand alone
+        return {}
 
 
 if __name__ == "__main__":
