@@ -2,20 +2,27 @@
 timed as the process around it changes.
 
     python3 benchmarks/process_state_probe.py --model bert-base --dtype fp8 --calibrate \\
-        --extra 4 --dummy-gib 20 --out probe.json
+        --actions alloc,hf,hf_graph,engine,calibrate,capture --repeat 4 --out probe.json
 
-One engine (``A``) captures the ``--shape`` bucket's graph and is timed in phases:
-alone; with ``--dummy-gib`` of device memory allocated (no engine); after that is freed;
-with ``--extra`` more engines of the same model (each its own random weights, calibration
-and graph; the last one built, ``last``, timed too); after those are freed; alone once
-more, and again after ``--cool`` seconds idle. Each phase times A's calls on device
+One engine (``A``) captures the ``--shape`` bucket's graph and is timed alone, then after
+each of ``--actions`` in turn, each done ``--repeat`` times and its objects freed
+(``gc.collect``, ``torch.cuda.empty_cache``) before A is timed again:
+
+- ``alloc``: ``--dummy-gib`` of device memory allocated, written and freed;
+- ``hf``: a random-weight HF model of the same size built on the GPU, one eager forward;
+- ``hf_graph``: the same, captured as a CUDA graph (bench_gpu's ``HFRunner``) and replayed;
+- ``engine``: a fused engine built from such a model (no calibration, no graph);
+- ``calibrate``: the same, calibrated (256 windows through its large path);
+- ``capture``: the same, calibrated, and the shape's graph captured and replayed.
+
+Effects that persist pile up, so the action after which A's time moves is the one that
+moves it. Then A again after ``--cool`` seconds idle. Each phase times A's calls on device
 tensors (``_run_device``) back to back (``cuda_ms``), one at a time with the GPU idle
 before each (``idle_ms``, bench_gpu's method), and the bare graph replay idle
 (``GraphCache.replay``, bench_gpu's "graph alone"), ``--rounds`` rounds each, median,
 and reads the GPU's SM clock, temperature and power right after (NVML, where torch can
 reach it). Prints a table and writes it as JSON. Phases run one after another, so drift
-between them is not separated from their differences: the first and last phases (both
-A alone) bound it. Random weights.
+between them is not separated from their differences. Random weights.
 """
 
 from __future__ import annotations
@@ -29,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+ACTIONS = ("alloc", "hf", "hf_graph", "engine", "calibrate", "capture")
 
 
 def main() -> None:
@@ -37,7 +45,8 @@ def main() -> None:
 
     p = engine_parser(__doc__, rounds=7, reps=300)
     p.add_argument("--shape", default="1x128")
-    p.add_argument("--extra", type=int, default=4)
+    p.add_argument("--actions", default=",".join(ACTIONS))
+    p.add_argument("--repeat", type=int, default=4)
     p.add_argument("--dummy-gib", type=float, default=20.0)
     p.add_argument("--cool", type=float, default=30.0)
     args = p.parse_args()
@@ -46,12 +55,12 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from benchmarks.bench_gpu import device_packed, random_padded
+    from benchmarks.bench_gpu import HFRunner, device_packed, make_hf, make_ours, random_padded
 
     batch, seq = (int(v) for v in args.shape.split("x"))
     rng = np.random.default_rng(5)
     x = device_packed(*random_padded(rng, batch, seq, lengths=np.full(batch, seq)))
-    console = Console()
+    console = Console(width=150)
 
     def build() -> Any:
         eng, _ = calibrated_engine(args)
@@ -76,46 +85,60 @@ def main() -> None:
 
     rows: list[dict[str, Any]] = []
 
-    def phase(label: str, eng: Any, name: str = "A") -> None:
+    def phase(label: str, eng: Any) -> None:
         t = timings(eng)
-        rows.append({"phase": label, "engine": name,
+        rows.append({"phase": label,
                      "allocated_gib": torch.cuda.memory_allocated() / 2**30, **t, **gpu_state()})
-        console.print(f"{label:<28} {name:<5} " + "  ".join(f"{k} {v}" for k, v in rows[-1].items()
-                                                            if k not in ("phase", "engine")))
+        console.print(f"{label:<24} " + "  ".join(f"{k} {v}" for k, v in rows[-1].items()
+                                                  if k != "phase"))
+
+    def act(action: str) -> None:
+        if action == "alloc":
+            dummy = torch.empty(int(args.dummy_gib * 2**30) // 4, device="cuda")
+            dummy.fill_(1.0)
+            torch.cuda.synchronize()
+            return
+        model, cfg = make_hf(args.model)
+        with torch.inference_mode():
+            if action == "hf":
+                model(input_ids=x[0][None].long())
+            elif action == "hf_graph":
+                runner = HFRunner(model, batch, seq, use_mask=False, graph=True)
+                runner((x[0][None].long(), x[0][None].long() * 0 + 1, x[1][None].long()))
+            else:
+                eng = make_ours(model, cfg, dtype=args.dtype)
+                if action in ("calibrate", "capture"):
+                    eng.calibrate(*random_padded(np.random.default_rng(6), 256, 384,
+                                                 lengths=np.full(256, 128)))
+                if action == "capture":
+                    eng._run_device(*x)
+        torch.cuda.synchronize()
 
     a = build()
     phase("alone", a)
-    dummy = [torch.empty(int(args.dummy_gib * 2**30) // 4, dtype=torch.float32, device="cuda")]
-    dummy[0].fill_(1.0)
-    phase(f"+{args.dummy_gib:g} GiB allocated", a)
-    del dummy
-    torch.cuda.empty_cache()
-    phase("dummy freed", a)
-    extras = [build() for _ in range(args.extra)]
-    phase(f"+{args.extra} engines", a)
-    phase(f"+{args.extra} engines", extras[-1], "last")
-    del extras
-    gc.collect()
-    torch.cuda.empty_cache()
-    phase("engines freed", a)
-    b = build()
-    phase("fresh engine B, A held", b, "B")
-    phase("A again", a)
+    for action in args.actions.split(","):
+        if action not in ACTIONS:
+            raise SystemExit(f"unknown action {action!r}: one of {', '.join(ACTIONS)}")
+        for _ in range(args.repeat):
+            act(action)
+        gc.collect()
+        torch.cuda.empty_cache()
+        phase(f"after {action} x{args.repeat}", a)
     time.sleep(args.cool)
-    phase(f"A after {args.cool:g} s idle", a)
+    phase(f"after {args.cool:g} s idle", a)
 
     table = Table(title=f"{args.model} {args.dtype} {args.shape}: one engine as the process "
                         f"changes (ms, median of {args.rounds} rounds)")
-    for col in ("phase", "engine", "GiB", "back to back", "idle", "replay idle", "MHz", "°C",
+    for col in ("phase", "GiB", "back to back", "idle", "replay idle", "MHz", "°C",
                 "W"):
         table.add_column(col)
     for r in rows:
-        table.add_row(r["phase"], r["engine"], f"{r['allocated_gib']:.1f}",
+        table.add_row(r["phase"], f"{r['allocated_gib']:.1f}",
                       *(f"{r[k]:.4f}" for k in ("b2b_ms", "idle_ms", "replay_idle_ms")),
                       *(str(r.get(k, "?")) for k in ("sm_mhz", "temp_c", "power_w")))
     console.print(table)
     result = {"model": args.model, "dtype": args.dtype, "calibrated": args.calibrate,
-              "shape": args.shape, "gpu": torch.cuda.get_device_name(),
+              "shape": args.shape, "repeat": args.repeat, "gpu": torch.cuda.get_device_name(),
               "commit": args.commit, "date": time.strftime("%Y-%m-%d"), "rows": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
