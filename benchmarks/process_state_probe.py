@@ -9,6 +9,9 @@ each of ``--actions`` in turn, each done ``--repeat`` times and its objects free
 (``gc.collect``, ``torch.cuda.empty_cache``) before A is timed again:
 
 - ``alloc``: ``--dummy-gib`` of device memory allocated, written and freed;
+- ``stream``: a new torch stream (the next of torch's pool) and one small op on it;
+- ``tiny_graph``: a CUDA graph of one small op captured (on a stream made before A) and
+  replayed;
 - ``hf``: a random-weight HF model of the same size built on the GPU, one eager forward;
 - ``hf_graph``: the same, captured as a CUDA graph (bench_gpu's ``HFRunner``) and replayed;
 - ``engine``: a fused engine built from such a model (no calibration, no graph);
@@ -36,12 +39,19 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-ACTIONS = ("alloc", "hf", "hf_graph", "engine", "calibrate", "capture")
+ACTIONS = ("alloc", "stream", "tiny_graph", "hf", "hf_graph", "engine", "calibrate", "capture")
 
 
 def main() -> None:
     sys.path.insert(0, str(REPO))
-    from benchmarks.rounds import calibrated_engine, cuda_ms, engine_parser, idle_ms
+    from benchmarks.rounds import (
+        calibrated_engine,
+        capture_graph,
+        capture_stream,
+        cuda_ms,
+        engine_parser,
+        idle_ms,
+    )
 
     p = engine_parser(__doc__, rounds=7, reps=300)
     p.add_argument("--shape", default="1x128")
@@ -98,6 +108,16 @@ def main() -> None:
             dummy.fill_(1.0)
             torch.cuda.synchronize()
             return
+        if action in ("stream", "tiny_graph"):
+            y = torch.ones(1024, device="cuda")
+            if action == "stream":
+                with torch.cuda.stream(torch.cuda.Stream()):  # type: ignore[no-untyped-call]
+                    y.add_(1)
+            else:
+                g = capture_graph(lambda: y.add_(1), 1)
+                g.replay()
+            torch.cuda.synchronize()
+            return
         model, cfg = make_hf(args.model)
         with torch.inference_mode():
             if action == "hf":
@@ -114,6 +134,7 @@ def main() -> None:
                     eng._run_device(*x)
         torch.cuda.synchronize()
 
+    capture_stream()  # tiny_graph's captures: a stream older than A
     a = build()
     phase("alone", a)
     for action in args.actions.split(","):
