@@ -9,6 +9,8 @@ each of ``--actions`` in turn, each done ``--repeat`` times and its objects free
 (``gc.collect``, ``torch.cuda.empty_cache``) before A is timed again:
 
 - ``alloc``: ``--dummy-gib`` of device memory allocated, written and freed;
+- ``small_op``: one small eager op (an add on 1,024 floats) on the current stream;
+- ``matmul``: one eager fp16 768x768 matmul (cuBLAS) on the current stream;
 - ``stream``: a new torch stream (the next of torch's pool) and one small op on it;
 - ``tiny_graph``: a CUDA graph of one small op captured (on a stream made before A) and
   replayed;
@@ -18,8 +20,8 @@ each of ``--actions`` in turn, each done ``--repeat`` times and its objects free
 - ``calibrate``: the same, calibrated (256 windows through its large path);
 - ``capture``: the same, calibrated, and the shape's graph captured and replayed.
 
-Effects that persist pile up, so the action after which A's time moves is the one that
-moves it. Then A again after ``--cool`` seconds idle. Each phase times A's calls on device
+An action may be named more than once: one that moves A's time, then others, shows which
+of them move it back. Then A again after ``--cool`` seconds idle. Each phase times A's calls on device
 tensors (``_run_device``) back to back (``cuda_ms``), one at a time with the GPU idle
 before each (``idle_ms``, bench_gpu's method), and the bare graph replay idle
 (``GraphCache.replay``, bench_gpu's "graph alone"), ``--rounds`` rounds each, median,
@@ -39,7 +41,8 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-ACTIONS = ("alloc", "stream", "tiny_graph", "hf", "hf_graph", "engine", "calibrate", "capture")
+ACTIONS = ("alloc", "small_op", "matmul", "stream", "tiny_graph", "hf", "hf_graph", "engine",
+           "calibrate", "capture")
 
 
 def main() -> None:
@@ -82,6 +85,7 @@ def main() -> None:
         bucket = eng._graph_bucket(x[0].shape[0], x[3].shape[0] - 1, x[4])
         graphs = eng._graphs
         calls = {"b2b_ms": (lambda: eng._run_device(*x), cuda_ms, args.reps),
+                 "replay_b2b_ms": (lambda: graphs.replay(bucket), cuda_ms, args.reps),
                  "idle_ms": (lambda: eng._run_device(*x), idle_ms, args.reps // 2),
                  "replay_idle_ms": (lambda: graphs.replay(bucket), idle_ms, args.reps // 2)}
         out: dict[str, list[float]] = {k: [] for k in calls}
@@ -108,9 +112,14 @@ def main() -> None:
             dummy.fill_(1.0)
             torch.cuda.synchronize()
             return
-        if action in ("stream", "tiny_graph"):
+        if action in ("small_op", "matmul", "stream", "tiny_graph"):
             y = torch.ones(1024, device="cuda")
-            if action == "stream":
+            if action == "small_op":
+                y.add_(1)
+            elif action == "matmul":
+                m = torch.randn(768, 768, device="cuda", dtype=torch.float16)
+                m @ m
+            elif action == "stream":
                 with torch.cuda.stream(torch.cuda.Stream()):  # type: ignore[no-untyped-call]
                     y.add_(1)
             else:
@@ -137,9 +146,11 @@ def main() -> None:
     capture_stream()  # tiny_graph's captures: a stream older than A
     a = build()
     phase("alone", a)
-    for action in args.actions.split(","):
-        if action not in ACTIONS:
-            raise SystemExit(f"unknown action {action!r}: one of {', '.join(ACTIONS)}")
+    actions = args.actions.split(",")
+    unknown = set(actions) - set(ACTIONS)
+    if unknown:
+        raise SystemExit(f"unknown actions {sorted(unknown)}: each one of {', '.join(ACTIONS)}")
+    for action in actions:
         for _ in range(args.repeat):
             act(action)
         gc.collect()
@@ -150,12 +161,13 @@ def main() -> None:
 
     table = Table(title=f"{args.model} {args.dtype} {args.shape}: one engine as the process "
                         f"changes (ms, median of {args.rounds} rounds)")
-    for col in ("phase", "GiB", "back to back", "idle", "replay idle", "MHz", "°C",
-                "W"):
+    for col in ("phase", "GiB", "back to back", "replay back to back", "idle", "replay idle",
+                "MHz", "°C", "W"):
         table.add_column(col)
     for r in rows:
         table.add_row(r["phase"], f"{r['allocated_gib']:.1f}",
-                      *(f"{r[k]:.4f}" for k in ("b2b_ms", "idle_ms", "replay_idle_ms")),
+                      *(f"{r[k]:.4f}" for k in ("b2b_ms", "replay_b2b_ms", "idle_ms",
+                                                  "replay_idle_ms")),
                       *(str(r.get(k, "?")) for k in ("sm_mhz", "temp_c", "power_w")))
     console.print(table)
     result = {"model": args.model, "dtype": args.dtype, "calibrated": args.calibrate,
