@@ -10,10 +10,13 @@ each of ``--actions`` in turn, each done ``--repeat`` times and its objects free
 
 - ``alloc``: ``--dummy-gib`` of device memory allocated, written and freed;
 - ``small_op``: one small eager op (an add on 1,024 floats) on the current stream;
+- ``many_ops``: 300 such adds;
 - ``matmul``: one eager fp16 768x768 matmul (cuBLAS) on the current stream;
 - ``stream``: a new torch stream (the next of torch's pool) and one small op on it;
 - ``tiny_graph``: a CUDA graph of one small op captured (on a stream made before A) and
   replayed;
+- ``upload``: A's graph uploaded again (``cuGraphUpload`` on the current stream);
+- ``hf_build``: a random-weight HF model of the same size built on the GPU, no forward;
 - ``hf``: a random-weight HF model of the same size built on the GPU, one eager forward;
 - ``hf_graph``: the same, captured as a CUDA graph (bench_gpu's ``HFRunner``) and replayed;
 - ``engine``: a fused engine built from such a model (no calibration, no graph);
@@ -32,6 +35,7 @@ between them is not separated from their differences. Random weights.
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import json
 import statistics
@@ -41,8 +45,8 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-ACTIONS = ("alloc", "small_op", "matmul", "stream", "tiny_graph", "hf", "hf_graph", "engine",
-           "calibrate", "capture")
+ACTIONS = ("alloc", "small_op", "many_ops", "matmul", "stream", "tiny_graph", "upload",
+           "hf_build", "hf", "hf_graph", "engine", "calibrate", "capture")
 
 
 def main() -> None:
@@ -69,6 +73,7 @@ def main() -> None:
     from rich.table import Table
 
     from benchmarks.bench_gpu import HFRunner, device_packed, make_hf, make_ours, random_padded
+    from engine.fused.graph_args import _check, _cuda
 
     batch, seq = (int(v) for v in args.shape.split("x"))
     rng = np.random.default_rng(5)
@@ -112,10 +117,18 @@ def main() -> None:
             dummy.fill_(1.0)
             torch.cuda.synchronize()
             return
-        if action in ("small_op", "matmul", "stream", "tiny_graph"):
+        if action == "upload":
+            entry = a._graphs._graphs[a._graph_bucket(x[0].shape[0], x[3].shape[0] - 1, x[4])]
+            stream = torch.cuda.current_stream().cuda_stream
+            _check(_cuda().cuGraphUpload(ctypes.c_void_p(entry.graph.raw_cuda_graph_exec()),
+                                         ctypes.c_void_p(stream)), "cuGraphUpload")
+            torch.cuda.synchronize()
+            return
+        if action in ("small_op", "many_ops", "matmul", "stream", "tiny_graph"):
             y = torch.ones(1024, device="cuda")
-            if action == "small_op":
-                y.add_(1)
+            if action in ("small_op", "many_ops"):
+                for _ in range(300 if action == "many_ops" else 1):
+                    y.add_(1)
             elif action == "matmul":
                 m = torch.randn(768, 768, device="cuda", dtype=torch.float16)
                 m @ m
@@ -129,7 +142,9 @@ def main() -> None:
             return
         model, cfg = make_hf(args.model)
         with torch.inference_mode():
-            if action == "hf":
+            if action == "hf_build":
+                pass
+            elif action == "hf":
                 model(input_ids=x[0][None].long())
             elif action == "hf_graph":
                 runner = HFRunner(model, batch, seq, use_mask=False, graph=True)
