@@ -12,6 +12,8 @@ each of ``--actions`` in turn, each done ``--repeat`` times and its objects free
 - ``small_op``: one small eager op (an add on 1,024 floats) on the current stream;
 - ``many_ops``: 300 such adds;
 - ``matmul``: one eager fp16 768x768 matmul (cuBLAS) on the current stream;
+- ``linear``, ``sdpa``, ``layernorm``, ``gelu``, ``embedding``: one eager op of an HF
+  forward at the shape (fp16: a biased 768x768 linear, attention over 12 heads, ...);
 - ``stream``: a new torch stream (the next of torch's pool) and one small op on it;
 - ``tiny_graph``: a CUDA graph of one small op captured (on a stream made before A) and
   replayed;
@@ -45,8 +47,11 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-ACTIONS = ("alloc", "small_op", "many_ops", "matmul", "stream", "tiny_graph", "upload",
-           "hf_build", "hf", "hf_graph", "engine", "calibrate", "capture")
+ACTIONS = ("alloc", "small_op", "many_ops", "matmul", "linear", "sdpa", "layernorm", "gelu",
+           "embedding", "stream", "tiny_graph", "upload", "hf_build", "hf", "hf_graph", "engine",
+           "calibrate", "capture")
+# One eager op of an HF BERT-base forward at 1x128 (fp16), on the current stream.
+HF_OPS = ("linear", "sdpa", "layernorm", "gelu", "embedding")
 
 
 def main() -> None:
@@ -124,6 +129,10 @@ def main() -> None:
                                          ctypes.c_void_p(stream)), "cuGraphUpload")
             torch.cuda.synchronize()
             return
+        if action in HF_OPS:
+            hf_op(action, batch, seq)
+            torch.cuda.synchronize()
+            return
         if action in ("small_op", "many_ops", "matmul", "stream", "tiny_graph"):
             y = torch.ones(1024, device="cuda")
             if action in ("small_op", "many_ops"):
@@ -190,6 +199,27 @@ def main() -> None:
               "commit": args.commit, "date": time.strftime("%Y-%m-%d"), "rows": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))
+
+
+def hf_op(name: str, batch: int, seq: int) -> None:
+    """One eager op of a BERT-base forward on a [batch, seq] batch, fp16, random data."""
+    import torch
+    import torch.nn.functional as F
+
+    h = torch.randn(batch, seq, 768, device="cuda", dtype=torch.float16)
+    if name == "linear":
+        F.linear(h, torch.randn(768, 768, device="cuda", dtype=torch.float16),
+                 torch.randn(768, device="cuda", dtype=torch.float16))
+    elif name == "sdpa":
+        q = h.view(batch, seq, 12, 64).transpose(1, 2)
+        F.scaled_dot_product_attention(q, q, q)
+    elif name == "layernorm":
+        F.layer_norm(h, (768,))
+    elif name == "gelu":
+        F.gelu(h)
+    else:
+        F.embedding(torch.randint(0, 30000, (batch, seq), device="cuda"),
+                    torch.randn(30522, 768, device="cuda", dtype=torch.float16))
 
 
 def gpu_state() -> dict[str, float]:
