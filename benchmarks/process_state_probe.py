@@ -23,7 +23,12 @@ each of ``--actions`` in turn, each done ``--repeat`` times and its objects free
 - ``hf_graph``: the same, captured as a CUDA graph (bench_gpu's ``HFRunner``) and replayed;
 - ``engine``: a fused engine built from such a model (no calibration, no graph);
 - ``calibrate``: the same, calibrated (256 windows through its large path);
-- ``capture``: the same, calibrated, and the shape's graph captured and replayed.
+- ``capture``: the same, calibrated, and the shape's graph captured and replayed;
+- ``capture_other``: A captures the graph of another bucket (1x64, 2x64, 4x32, ... in
+  turn) and replays it once;
+- ``recapture``: A drops its graph of the shape and captures it again;
+- ``small_eager``: one eager pass of the shape on an engine without CUDA graphs that
+  shares A's weights and calibration (the same kernels, launched one by one).
 
 An action may be named more than once: one that moves A's time, then others, shows which
 of them move it back. Then A again after ``--cool`` seconds idle. Each phase times A's calls on device
@@ -49,7 +54,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 ACTIONS = ("alloc", "small_op", "many_ops", "matmul", "linear", "sdpa", "layernorm", "gelu",
            "embedding", "stream", "tiny_graph", "upload", "hf_build", "hf", "hf_graph", "engine",
-           "calibrate", "capture")
+           "calibrate", "capture", "capture_other", "recapture", "small_eager")
+OTHER_SHAPES = ((1, 64), (2, 64), (4, 32), (1, 32), (8, 16), (1, 16))
 # One eager op of an HF BERT-base forward at 1x128 (fp16), on the current stream.
 HF_OPS = ("linear", "sdpa", "layernorm", "gelu", "embedding")
 
@@ -78,6 +84,7 @@ def main() -> None:
     from rich.table import Table
 
     from benchmarks.bench_gpu import HFRunner, device_packed, make_hf, make_ours, random_padded
+    from engine.fused.engine import FusedEngine
     from engine.fused.graph_args import _check, _cuda
 
     batch, seq = (int(v) for v in args.shape.split("x"))
@@ -120,6 +127,25 @@ def main() -> None:
         if action == "alloc":
             dummy = torch.empty(int(args.dummy_gib * 2**30) // 4, device="cuda")
             dummy.fill_(1.0)
+            torch.cuda.synchronize()
+            return
+        if action == "capture_other":
+            b, length = OTHER_SHAPES[others.pop(0)]
+            a._run_device(*device_packed(*random_padded(rng, b, length,
+                                                        lengths=np.full(b, length))))
+            torch.cuda.synchronize()
+            return
+        if action == "recapture":
+            del a._graphs._graphs[a._graph_bucket(x[0].shape[0], x[3].shape[0] - 1, x[4])]
+            with torch.inference_mode():
+                a._run_device(*x)
+            torch.cuda.synchronize()
+            return
+        if action == "small_eager":
+            eager = FusedEngine(a.weights, "cuda", cuda_graphs=False,
+                                fp8_calibration=a.calibration)
+            with torch.inference_mode():
+                eager._run_device(*x)
             torch.cuda.synchronize()
             return
         if action == "upload":
@@ -168,6 +194,7 @@ def main() -> None:
         torch.cuda.synchronize()
 
     capture_stream()  # tiny_graph's captures: a stream older than A
+    others = list(range(len(OTHER_SHAPES)))  # capture_other's shapes, in turn
     a = build()
     phase("alone", a)
     actions = args.actions.split(",")
