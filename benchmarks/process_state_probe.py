@@ -77,6 +77,8 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=4)
     p.add_argument("--dummy-gib", type=float, default=20.0)
     p.add_argument("--cool", type=float, default=30.0)
+    p.add_argument("--streams", type=int, default=0,
+                   help="also time A's replays back to back on this many other streams")
     args = p.parse_args()
     import numpy as np
     import torch
@@ -105,6 +107,9 @@ def main() -> None:
                  "replay_b2b_ms": (lambda: graphs.replay(bucket), cuda_ms, args.reps),
                  "idle_ms": (lambda: eng._run_device(*x), idle_ms, args.reps // 2),
                  "replay_idle_ms": (lambda: graphs.replay(bucket), idle_ms, args.reps // 2)}
+        for i, st in enumerate(streams):
+            calls[f"replay_b2b_s{i}_ms"] = (
+                lambda st=st: on_stream(st, lambda: graphs.replay(bucket)), cuda_ms, args.reps)
         out: dict[str, list[float]] = {k: [] for k in calls}
         with torch.inference_mode():
             for _ in range(args.rounds):
@@ -195,6 +200,15 @@ def main() -> None:
 
     capture_stream()  # tiny_graph's captures: a stream older than A
     others = list(range(len(OTHER_SHAPES)))  # capture_other's shapes, in turn
+    streams = [torch.cuda.Stream() for _ in range(args.streams)]  # type: ignore[no-untyped-call]
+
+    def on_stream(st: Any, fn: Any) -> None:
+        """``fn`` on ``st``, ordered after the current stream's work and before its next."""
+        current = torch.cuda.current_stream()
+        st.wait_stream(current)
+        with torch.cuda.stream(st):
+            fn()
+        current.wait_stream(st)
     a = build()
     phase("alone", a)
     actions = args.actions.split(",")
