@@ -9,14 +9,15 @@ On the H200 the kernel is bound by instruction issue (v14: 60% of issue slots bu
 loop predict its time better than FLOPs do. For each tile (BLOCK_M x BLOCK_N x warps, 3
 stages, 64-wide heads, fp16, the tile-list launch the engine uses on many sequences) this
 prints the loop's length, its HGMMA and masking instructions, registers, spills and
-shared memory per program, for both forms of the key loop: ``masked`` (every block's keys
+shared memory per program, for the forms of the key loop: ``masked`` (every block's keys
 masked) and ``split`` (full blocks unmasked, then one masked partial block), the latter
-also under each ``--maxnreg`` register cap. ``PYTHONPATH`` pointing at another unpacked
-Triton wheel compiles with that version (the device runs 3.6). ``--module`` reads another
-copy of ``attention.py`` (a variant under test) with the same kernel names. The pointer,
-stride and width arguments are marked divisible by 16, as Triton's launcher specializes
-them in the engine (without that the loads compile to scalar 16-bit loads and the counts
-mean nothing).
+also under each ``--maxnreg`` register cap and with its partial block's loads issued
+before the loop (``EARLY_TAIL``; the table counts the tile loads left after the loop).
+``PYTHONPATH`` pointing at another unpacked Triton wheel compiles with that version (the
+device runs 3.6). ``--module`` reads another copy of ``attention.py`` (a variant under
+test) with the same kernel names. The pointer, stride and width arguments are marked
+divisible by 16, as Triton's launcher specializes them in the engine (without that the
+loads compile to scalar 16-bit loads and the counts mean nothing).
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ _DIVISIBLE = ("qkv_ptr", "bias_ptr", "out_ptr", "cu_ptr", "scale_ptr", "tiles_pt
               "stride_qkv", "stride_out", "D")
 _LINE = re.compile(r"^\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
 _BRANCH = re.compile(r"\bBRA (0x[0-9a-f]+)")
+_LOAD128 = re.compile(r"(@!?U?P\w+\s+)?LDG\.E\.128\b")
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,9 @@ class LoopStats:
     registers: int
     shared_bytes: int
     spills: int = 0  # local-memory stores (STL) anywhere in the kernel
+    # 128-bit global loads to registers after the loop (the split loop's partial last key
+    # block, unless ``EARLY_TAIL`` requests it before the loop)
+    loads_after: int = 0
 
 
 def parse_tile(text: str) -> tuple[int, int, int]:
@@ -69,20 +74,39 @@ def parse_tile(text: str) -> tuple[int, int, int]:
     return bm, bn, warps
 
 
+def _code(sass: str) -> list[tuple[int, str]]:
+    return [(int(m.group(1), 16), m.group(2)) for m in map(_LINE.match, sass.splitlines()) if m]
+
+
+def _loop_span(code: list[tuple[int, str]]) -> tuple[int, int] | None:
+    """(first, last) address of the longest backward branch's body."""
+    spans = [(int(b.group(1), 16), at) for at, text in code
+             if (b := _BRANCH.search(text)) and int(b.group(1), 16) < at]
+    return max(spans, key=lambda s: s[1] - s[0]) if spans else None
+
+
 def longest_loop(sass: str) -> tuple[int, Counter[str]]:
     """Instructions of the longest backward branch's body in ``cuobjdump -sass`` output,
     and their opcodes (the mnemonic before the first '.', predicates dropped)."""
-    code = [(int(m.group(1), 16), m.group(2)) for m in map(_LINE.match, sass.splitlines())
-            if m]
-    spans = [(int(b.group(1), 16), at) for at, text in code
-             if (b := _BRANCH.search(text)) and int(b.group(1), 16) < at]
-    if not spans:
+    code = _code(sass)
+    span = _loop_span(code)
+    if span is None:
         return 0, Counter()
-    first, last = max(spans, key=lambda s: s[1] - s[0])
+    first, last = span
     body = [text for at, text in code if first <= at <= last]
     ops = Counter((t.split()[1] if t.startswith("@") else t.split()[0]).split(".")[0]
                   for t in body)
     return len(body), ops
+
+
+def loads_after_loop(sass: str) -> int:
+    """128-bit global loads into registers (``LDG.E.128``, predicated or not) after the
+    longest loop's backward branch."""
+    code = _code(sass)
+    span = _loop_span(code)
+    return 0 if span is None else sum(
+        1 for at, text in code
+        if at > span[1] and _LOAD128.match(text))
 
 
 def load_module(path: Path) -> ModuleType:
@@ -97,7 +121,7 @@ def load_module(path: Path) -> ModuleType:
 
 def compile_stats(module: ModuleType, bm: int, bn: int, warps: int,
                   keep: Path | None = None, split: bool = False,
-                  maxnreg: int | None = None) -> LoopStats:
+                  maxnreg: int | None = None, early_tail: bool = False) -> LoopStats:
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -108,7 +132,7 @@ def compile_stats(module: ModuleType, bm: int, bn: int, warps: int,
                     constexprs={"HEAD_DIM": 64, "BLOCK_DH": 64, "BLOCK_M": bm, "BLOCK_N": bn,
                                 "USE_PDL": False, "PREFETCH": False, "FP8_OUT": False,
                                 "TILED": True, "SPLIT": split,
-                                "LATE_RELEASE": False})
+                                "LATE_RELEASE": False, "EARLY_TAIL": early_tail})
     options: dict[str, object] = {"num_warps": warps, "num_stages": 3,
                                   "enable_fp_fusion": True}  # as the launcher does
     if maxnreg:
@@ -124,14 +148,15 @@ def compile_stats(module: ModuleType, bm: int, bn: int, warps: int,
                                capture_output=True, text=True, check=True).stdout
     if keep is not None:
         keep.mkdir(parents=True, exist_ok=True)
-        form = ("split" + (f"-maxnreg{maxnreg}" if maxnreg else "")) if split else "masked"
+        form = (("split" + ("-early-tail" if early_tail else "")
+                 + (f"-maxnreg{maxnreg}" if maxnreg else "")) if split else "masked")
         (keep / f"attention-{bm}x{bn}x{warps}-{form}.sass").write_text(sass)
     count, ops = longest_loop(sass)
     regs = re.search(r"REG:(\d+)", usage)
     spills = sum(1 for m in map(_LINE.match, sass.splitlines())
                  if m and re.search(r"\bSTL\b", m.group(2)))
     return LoopStats(count, ops, int(regs.group(1)) if regs else -1,
-                     int(kernel.metadata.shared), spills)
+                     int(kernel.metadata.shared), spills, loads_after_loop(sass))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -150,18 +175,20 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{args.module}: sm_90a, 64-wide heads, fp16, 3 stages, tile-list launch, "
           f"triton {triton.__version__}")
     print("| tile | loop | registers cap | loop instructions per warp | per 32 keys | HGMMA "
-          "| FSEL (masks) | registers | spills (STL) | shared KB |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "| FSEL (masks) | registers | spills (STL) | shared KB | tile loads after the loop |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     caps = [None] + [int(v) for v in filter(None, args.maxnreg.split(","))]
     for text in filter(None, args.tiles.split(",")):
         bm, bn, warps = parse_tile(text)
-        forms = [(False, None)] + [(True, cap) for cap in caps]
-        for split, cap in forms:
-            s = compile_stats(module, bm, bn, warps, args.keep_sass, split, cap)
-            print(f"| {bm}x{bn}x{warps} | {'split' if split else 'masked'} | {cap or '-'} "
+        forms = ([(False, None, False)] + [(True, cap, False) for cap in caps]
+                 + [(True, None, True)])
+        for split, cap, early in forms:
+            s = compile_stats(module, bm, bn, warps, args.keep_sass, split, cap, early)
+            form = ("split, early tail" if early else "split") if split else "masked"
+            print(f"| {bm}x{bn}x{warps} | {form} | {cap or '-'} "
                   f"| {s.instructions} | {s.instructions * 32 / bn:.0f} "
                   f"| {s.opcodes['HGMMA']} | {s.opcodes['FSEL']} | {s.registers} "
-                  f"| {s.spills} | {s.shared_bytes / 1024:.0f} |", flush=True)
+                  f"| {s.spills} | {s.shared_bytes / 1024:.0f} | {s.loads_after} |", flush=True)
 
 
 if __name__ == "__main__":

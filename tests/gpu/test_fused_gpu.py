@@ -987,8 +987,10 @@ def test_passes_in_flight_on_three_streams_match_one_stream() -> None:
 ])
 def test_split_attention_loop_matches_masked_loop(heads: int, lengths: Any) -> None:
     """The split key loop (full blocks unmasked, one masked tail; registers capped where
-    programs outnumber the SMs) writes the masked loop's output bit for bit, over the grid
-    and over the tile list, in fp16 and in e4m3, at every default tile it launches with."""
+    programs outnumber the SMs), with the tail's loads after the loop or before it
+    (``early_tail``, and the default's choice), writes the masked loop's output bit for
+    bit, over the grid and over the tile list, in fp16 and in e4m3, at every default tile
+    it launches with."""
     from engine.fused.kernels import attention as attn
 
     rng = np.random.default_rng(11)
@@ -1008,10 +1010,14 @@ def test_split_attention_loop_matches_masked_loop(heads: int, lengths: Any) -> N
         for tl_ in (None, tiles):
             for fp8 in (None, scale):
                 outs = [attn.attention_varlen(qkv, bias, cu, max_len, n, heads, config=config,
-                                              tiles=tl_, fp8_scale=fp8, split=split)
-                        for split in (False, True)]
-                assert torch.equal(outs[0].view(torch.uint8), outs[1].view(torch.uint8)), (
-                    config, tl_ is not None, fp8 is not None)
+                                              tiles=tl_, fp8_scale=fp8, split=split,
+                                              early_tail=early).view(torch.uint8)
+                        for split, early in ((False, False), (True, False), (True, True),
+                                             (True, None))]
+                for form, out in zip(("split", "early tail", "default"), outs[1:],
+                                     strict=True):
+                    assert torch.equal(outs[0], out), (
+                        form, config, tl_ is not None, fp8 is not None)
 
 
 @pytest.mark.parametrize("rows", [1, 63, 128, 400])

@@ -60,3 +60,8 @@ def test_engine_attention_loop_on_sm90() -> None:
     wide = compile_stats(load_module(DEFAULT_MODULE), 64, 64, 4, split=True)
     capped = compile_stats(load_module(DEFAULT_MODULE), 64, 64, 4, split=True, maxnreg=128)
     assert wide.registers > 128 >= capped.registers
+    # The split loop loads its partial last key block after the loop (K and V, 128-bit
+    # loads); with EARLY_TAIL before it, so no tile load is left after the loop.
+    assert wide.loads_after > 0
+    early = compile_stats(load_module(DEFAULT_MODULE), 64, 64, 4, split=True, early_tail=True)
+    assert early.loads_after == 0 and early.opcodes["HGMMA"] == wide.opcodes["HGMMA"]

@@ -452,8 +452,9 @@ def _check_attention(dtype_name: str, heads: int, head_dim: int,
     scale) plus the fp16 inputs' error, as the torch spec's copy must. ``tiled``: over
     the batch's tile list (``attention_tiles``), which must also give the grid's output
     bit for bit. ``split``: the key loop split into unmasked full blocks and a masked
-    tail (the default), which must give the masked loop's output bit for bit (grid or
-    tile list, fp16 or e4m3); without it the engine's default loop is checked."""
+    tail (the default), with the tail's loads after the loop or before it
+    (``early_tail``), which must give the masked loop's output bit for bit (grid or tile
+    list, fp16 or e4m3); without it the engine's default loop is checked."""
     import torch
 
     from engine.fused import kernels as k
@@ -488,11 +489,12 @@ def _check_attention(dtype_name: str, heads: int, head_dim: int,
                 return math.inf, 1.0
             worst = max(worst, float(((q8.double() * float(scale) - clamped).abs()
                                       / allowed).max()))
-        if split:  # both loop forms write the same bytes
+        if split:  # every loop form writes the same bytes (the early tail's too)
             forms = [k.attention_varlen(qkv, bias, cu_pad, 128, len(lengths) + 3, heads,
-                                        config=config, fp8_scale=scale, split=f).view(torch.uint8)
-                     for f in (False, True)]
-            if not torch.equal(*forms):
+                                        config=config, fp8_scale=scale, split=f,
+                                        early_tail=e).view(torch.uint8)
+                     for f, e in ((False, False), (True, False), (True, True))]
+            if not (torch.equal(forms[0], forms[1]) and torch.equal(forms[0], forms[2])):
                 return math.inf, 1.0
         return worst, 1.0
     # The masked loop first (the split one is the default): the reference for ``split``.
@@ -512,12 +514,14 @@ def _check_attention(dtype_name: str, heads: int, head_dim: int,
                                  config=config, tiles=tiles, split=False if split else None)
         if not torch.equal(out, grid_out):
             return math.inf, 1.0
-    if split:
+    if split:  # the partial last key block loaded after the loop, then before it
         masked = out
-        out = k.attention_varlen(qkv, bias, cu_pad, 128, len(lengths) + 3, heads,
-                                 config=config, tiles=tiles if tiled else None, split=True)
-        if not torch.equal(out, masked):
-            return math.inf, 1.0
+        for early in (False, True):
+            out = k.attention_varlen(qkv, bias, cu_pad, 128, len(lengths) + 3, heads,
+                                     config=config, tiles=tiles if tiled else None, split=True,
+                                     early_tail=early)
+            if not torch.equal(out, masked):
+                return math.inf, 1.0
     return _rel(out, ref), {"float32": 1e-5, "float16": 5e-3}[dtype_name]
 
 

@@ -51,6 +51,16 @@ ATTN_LARGE_MEAN = 320  # tokens per sequence from which ATTN_LARGE is used
 # programs the cap is left off by the occupancy argument, not by a measurement.
 ATTN_SPLIT_LOOP = True
 ATTN_MAXNREG: int | None = 128
+# The partial last key block's keys and values requested before the loop over the full
+# blocks (``EARLY_TAIL``), so that their latency overlaps the loop's instead of following
+# it: a sequence whose length is not a multiple of BLOCK_N otherwise pays one more memory
+# round trip a program. H200, BERT-base calibrated FP8, one sequence in the 128-token
+# bucket, attention's step a layer (`trace_pass.py`, v29): 3.60 us at 128 tokens, 4.50 at
+# 96; the whole pass 0.2466 ms at 128 tokens and 0.2577-0.2581 at 80 to 127
+# (`bucket_probe.py`). Same arithmetic, so the same output bit for bit; the two tiles
+# held through the loop cost registers, so launches whose registers are capped
+# (:func:`register_cap`) keep the late load.
+ATTN_EARLY_TAIL = True
 _UNCAPPED_PER_SM = {4: 3, 8: 1}  # split-loop programs an SM holds uncapped, by warps
 _SMS = 132  # multiprocessors of an H100/H200
 _ATTN_LARGE_PROGRAMS = 4 * _SMS  # ... when it still launches ~4 waves of an H100/H200
@@ -78,7 +88,7 @@ def attention_tile(
     qk_scale, stride_qkv, stride_out, D,
     HEAD_DIM: tl.constexpr, BLOCK_DH: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, scale_ptr=None, FP8_OUT: tl.constexpr = False,
-    SPLIT: tl.constexpr = False,
+    SPLIT: tl.constexpr = False, EARLY_TAIL: tl.constexpr = False,
 ):
     """One (query block, sequence, head): :func:`attention_rows` for the sequence whose
     tokens are rows ``cu[seq]:cu[seq+1]``. Programs past a sequence's end write nothing,
@@ -87,7 +97,7 @@ def attention_tile(
     length = tl.load(cu_ptr + seq + 1, cache_modifier=".cg") - start
     attention_rows(qkv_ptr, bias_ptr, out_ptr, start, length, m_block * BLOCK_M, head,
                    qk_scale, stride_qkv, stride_out, D, HEAD_DIM, BLOCK_DH, BLOCK_M, BLOCK_N,
-                   scale_ptr, FP8_OUT, SPLIT)
+                   scale_ptr, FP8_OUT, SPLIT, EARLY_TAIL)
 
 
 @triton.jit
@@ -96,7 +106,7 @@ def attention_rows(
     qk_scale, stride_qkv, stride_out, D,
     HEAD_DIM: tl.constexpr, BLOCK_DH: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, scale_ptr=None, FP8_OUT: tl.constexpr = False,
-    SPLIT: tl.constexpr = False,
+    SPLIT: tl.constexpr = False, EARLY_TAIL: tl.constexpr = False,
 ):
     """Queries ``m0 : m0 + BLOCK_M`` of the sequence at rows ``start : start + length``, one
     head: softmax(Q K^T * scale) V with an online softmax (nothing written where ``m0 >=
@@ -137,18 +147,26 @@ def attention_rows(
         # pointers come from the loop index rather than being carried from the previous
         # block, which keeps the pointer tensor out of the loop's registers (triton 3.6).
         n_full = (n_end // BLOCK_N) * BLOCK_N
+        nmask = (n_full + offs_n) < n_end  # the partial last block's keys (none if empty)
+        kv_mask = nmask[:, None] & dmask[None, :]
+        if EARLY_TAIL:  # its keys and values requested before the loop, not after it
+            k_tail = tl.load(k_base + n_full * stride_qkv, mask=kv_mask, other=0.0,
+                             cache_modifier=".cg")
+            v_tail = tl.load(k_base + n_full * stride_qkv + D, mask=kv_mask, other=0.0,
+                             cache_modifier=".cg")
         for n0 in range(0, n_full, BLOCK_N):
             k_ptrs = k_base + n0 * stride_qkv  # < max_seqlen * stride: int32
             k = tl.load(k_ptrs, mask=dmask[None, :], other=0.0, cache_modifier=".cg")
             v = tl.load(k_ptrs + D, mask=dmask[None, :], other=0.0, cache_modifier=".cg")
             m_i, l_i, acc = _online_softmax_step(q, k, v, m_i, l_i, acc, offs_n, False)
         if n_full < n_end:
-            nmask = (n_full + offs_n) < length
-            kv_mask = nmask[:, None] & dmask[None, :]
-            k_ptrs = k_base + n_full * stride_qkv
-            k = tl.load(k_ptrs, mask=kv_mask, other=0.0, cache_modifier=".cg")
-            v = tl.load(k_ptrs + D, mask=kv_mask, other=0.0, cache_modifier=".cg")
-            m_i, l_i, acc = _online_softmax_step(q, k, v, m_i, l_i, acc, nmask, True)
+            if not EARLY_TAIL:
+                k_tail = tl.load(k_base + n_full * stride_qkv, mask=kv_mask, other=0.0,
+                                 cache_modifier=".cg")
+                v_tail = tl.load(k_base + n_full * stride_qkv + D, mask=kv_mask, other=0.0,
+                                 cache_modifier=".cg")
+            m_i, l_i, acc = _online_softmax_step(q, k_tail, v_tail, m_i, l_i, acc, nmask,
+                                                 True)
     else:
         k_ptrs = k_base
         for n0 in range(0, n_end, BLOCK_N):
@@ -176,7 +194,7 @@ def _attn_varlen_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_DH: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_PDL: tl.constexpr,
     PREFETCH: tl.constexpr, FP8_OUT: tl.constexpr, TILED: tl.constexpr,
-    SPLIT: tl.constexpr, LATE_RELEASE: tl.constexpr,
+    SPLIT: tl.constexpr, LATE_RELEASE: tl.constexpr, EARLY_TAIL: tl.constexpr,
 ):
     """Grid (query blocks, sequences, heads), or with ``TILED`` (tile-list slots, heads).
     With ``USE_PDL`` the next kernel may launch right after the wait, or with
@@ -195,12 +213,12 @@ def _attn_varlen_kernel(
         if length > 0:
             attention_rows(qkv_ptr, bias_ptr, out_ptr, start, length, m0, head,
                            qk_scale, stride_qkv, stride_out, D, HEAD_DIM, BLOCK_DH, BLOCK_M,
-                           BLOCK_N, scale_ptr, FP8_OUT, SPLIT)
+                           BLOCK_N, scale_ptr, FP8_OUT, SPLIT, EARLY_TAIL)
     else:
         attention_tile(qkv_ptr, bias_ptr, out_ptr, cu_ptr,
                        tl.program_id(0), tl.program_id(1), head,
                        qk_scale, stride_qkv, stride_out, D, HEAD_DIM, BLOCK_DH, BLOCK_M,
-                       BLOCK_N, scale_ptr, FP8_OUT, SPLIT)
+                       BLOCK_N, scale_ptr, FP8_OUT, SPLIT, EARLY_TAIL)
     pdl_release(LATE_RELEASE)
 
 
@@ -327,6 +345,7 @@ def attention_varlen(
     tiles: AttnTiles | None = None,
     split: bool | None = None,
     late_release: bool = False,
+    early_tail: bool | None = None,
 ) -> torch.Tensor:
     """Bidirectional multi-head attention over packed sequences; returns [T, hidden], in
     ``qkv``'s dtype or, given ``fp8_scale`` (float32 [1], calibrated), in e4m3 with that
@@ -343,6 +362,9 @@ def attention_varlen(
     tail, with registers capped where programs outnumber what the multiprocessors hold
     (:func:`register_cap`); the output is the same. ``late_release`` (with ``pdl``) lets the
     next kernel launch only after each program's stores, not right after its wait.
+    ``early_tail`` (split loop only; None: ``ATTN_EARLY_TAIL`` where the registers are not
+    capped) requests the partial last key block before the loop over the full ones; the
+    output is the same.
     """
     n, three_d = qkv.shape
     d = three_d // 3
@@ -360,6 +382,7 @@ def attention_varlen(
             else (tiles.slots.shape[0], num_heads))
     cap = register_cap(grid[0] * grid[1] * (grid[2] if len(grid) == 3 else 1), warps)
     maxnreg = {"maxnreg": cap} if split and cap else {}
+    early_tail = split and (ATTN_EARLY_TAIL and not cap if early_tail is None else early_tail)
     _attn_varlen_kernel[grid](
         qkv, qkv_bias, out, cu_seqlens, out if fp8_scale is None else fp8_scale,
         cu_seqlens if tiles is None else tiles.slots,
@@ -367,7 +390,8 @@ def attention_varlen(
         HEAD_DIM=head_dim, BLOCK_DH=head_block(head_dim),
         BLOCK_M=bm, BLOCK_N=bn, USE_PDL=pdl, PREFETCH=pdl and prefetch,
         FP8_OUT=fp8_scale is not None, TILED=tiles is not None, SPLIT=split,
-        LATE_RELEASE=pdl and late_release, num_warps=warps, num_stages=stages,
+        LATE_RELEASE=pdl and late_release, EARLY_TAIL=early_tail, num_warps=warps,
+        num_stages=stages,
         **launch_options(pdl), **maxnreg,
     )
     return out
