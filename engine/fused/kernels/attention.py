@@ -57,11 +57,9 @@ ATTN_MAXNREG: int | None = 128
 # round trip a program. H200, BERT-base calibrated FP8, one sequence in the 128-token
 # bucket, attention's step a layer (`trace_pass.py`, v29): 3.60 us at 128 tokens, 4.50 at
 # 96; the whole pass 0.2466 ms at 128 tokens and 0.2577-0.2581 at 80 to 127
-# (`bucket_probe.py`). Same arithmetic, so the same output bit for bit. The programs
-# with a partial block take a branch of their own, so block-exact ones run the late
-# form's code: requesting an empty tail before the loop cost them (BERT-base 1x128
-# 0.2450 -> 0.2484 ms, v29). The two tiles held through the loop cost registers, so
-# launches whose registers are capped (:func:`register_cap`) keep the late load.
+# (`bucket_probe.py`). Same arithmetic, so the same output bit for bit; the two tiles
+# held through the loop cost registers, so launches whose registers are capped
+# (:func:`register_cap`) keep the late load.
 ATTN_EARLY_TAIL = True
 _UNCAPPED_PER_SM = {4: 3, 8: 1}  # split-loop programs an SM holds uncapped, by warps
 _SMS = 132  # multiprocessors of an H100/H200
@@ -82,20 +80,6 @@ def _online_softmax_step(q, k, v, m_i, l_i, acc, nmask, MASKED: tl.constexpr):
     l_i = l_i * alpha + tl.sum(p, axis=1)
     acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
     return m_new, l_i, acc
-
-
-@triton.jit
-def _full_key_blocks(q, k_base, m_i, l_i, acc, offs_n, dmask, n_full, stride_qkv, D,
-                     BLOCK_N: tl.constexpr):
-    """The online softmax over keys ``0 : n_full`` (whole blocks: no key mask). Each
-    block's pointers come from the loop index rather than being carried from the previous
-    block, which keeps the pointer tensor out of the loop's registers (triton 3.6)."""
-    for n0 in range(0, n_full, BLOCK_N):
-        k_ptrs = k_base + n0 * stride_qkv  # < max_seqlen * stride: int32
-        k = tl.load(k_ptrs, mask=dmask[None, :], other=0.0, cache_modifier=".cg")
-        v = tl.load(k_ptrs + D, mask=dmask[None, :], other=0.0, cache_modifier=".cg")
-        m_i, l_i, acc = _online_softmax_step(q, k, v, m_i, l_i, acc, offs_n, False)
-    return m_i, l_i, acc
 
 
 @triton.jit
@@ -159,29 +143,30 @@ def attention_rows(
     k_base = qkv_ptr + (start + offs_n).to(tl.int64)[:, None] * stride_qkv + D + col[None, :]
     if SPLIT:
         # Full key blocks need no key mask (neither on the loads nor on the scores); the
-        # partial last block, if any, is masked once after the loop.
+        # partial last block, if any, is masked once after the loop. Each block's
+        # pointers come from the loop index rather than being carried from the previous
+        # block, which keeps the pointer tensor out of the loop's registers (triton 3.6).
         n_full = (n_end // BLOCK_N) * BLOCK_N
         nmask = (n_full + offs_n) < n_end  # the partial last block's keys (none if empty)
         kv_mask = nmask[:, None] & dmask[None, :]
-        tail_ptrs = k_base + n_full * stride_qkv
-        if EARLY_TAIL and n_full < n_end:
-            # The partial block's keys and values requested before the loop, not after it.
-            # A branch of its own: block-exact programs take the other, which is the late
-            # form's code (requesting nothing there still cost them, v29).
-            k_tail = tl.load(tail_ptrs, mask=kv_mask, other=0.0, cache_modifier=".cg")
-            v_tail = tl.load(tail_ptrs + D, mask=kv_mask, other=0.0, cache_modifier=".cg")
-            m_i, l_i, acc = _full_key_blocks(q, k_base, m_i, l_i, acc, offs_n, dmask, n_full,
-                                             stride_qkv, D, BLOCK_N)
+        if EARLY_TAIL:  # its keys and values requested before the loop, not after it
+            k_tail = tl.load(k_base + n_full * stride_qkv, mask=kv_mask, other=0.0,
+                             cache_modifier=".cg")
+            v_tail = tl.load(k_base + n_full * stride_qkv + D, mask=kv_mask, other=0.0,
+                             cache_modifier=".cg")
+        for n0 in range(0, n_full, BLOCK_N):
+            k_ptrs = k_base + n0 * stride_qkv  # < max_seqlen * stride: int32
+            k = tl.load(k_ptrs, mask=dmask[None, :], other=0.0, cache_modifier=".cg")
+            v = tl.load(k_ptrs + D, mask=dmask[None, :], other=0.0, cache_modifier=".cg")
+            m_i, l_i, acc = _online_softmax_step(q, k, v, m_i, l_i, acc, offs_n, False)
+        if n_full < n_end:
+            if not EARLY_TAIL:
+                k_tail = tl.load(k_base + n_full * stride_qkv, mask=kv_mask, other=0.0,
+                                 cache_modifier=".cg")
+                v_tail = tl.load(k_base + n_full * stride_qkv + D, mask=kv_mask, other=0.0,
+                                 cache_modifier=".cg")
             m_i, l_i, acc = _online_softmax_step(q, k_tail, v_tail, m_i, l_i, acc, nmask,
                                                  True)
-        else:
-            m_i, l_i, acc = _full_key_blocks(q, k_base, m_i, l_i, acc, offs_n, dmask, n_full,
-                                             stride_qkv, D, BLOCK_N)
-            if n_full < n_end:
-                k_tail = tl.load(tail_ptrs, mask=kv_mask, other=0.0, cache_modifier=".cg")
-                v_tail = tl.load(tail_ptrs + D, mask=kv_mask, other=0.0, cache_modifier=".cg")
-                m_i, l_i, acc = _online_softmax_step(q, k_tail, v_tail, m_i, l_i, acc,
-                                                     nmask, True)
     else:
         k_ptrs = k_base
         for n0 in range(0, n_end, BLOCK_N):
