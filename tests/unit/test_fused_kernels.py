@@ -599,6 +599,41 @@ def _check_attention_padded_grid() -> tuple[float, float]:
     return float(bad), 0.5
 
 
+def _check_attention_early_tail_choice() -> tuple[float, float]:
+    """By default the split loop requests its partial last key block early
+    (``EARLY_TAIL``) unless the launch caps registers; the masked loop never does, and an
+    explicit choice wins on the split loop. Each launch's choice is recorded; returns the
+    number of wrong choices."""
+    import torch
+
+    from engine.fused import kernels as k
+    from engine.fused.kernels import attention as attn
+    from tests.launch_spy import launch_keywords
+
+    heads, lengths = 2, [70, 5]
+    cu = torch.tensor([0, *np.cumsum(lengths).tolist()], dtype=torch.int32)
+    qkv = torch.randn(sum(lengths), 3 * heads * 64).to(torch.float16)
+    bias = torch.zeros(3 * heads * 64)
+    capped, uncapped = attn.register_cap, (lambda programs, warps: None)
+    cases = [  # (split, early_tail, register_cap, expected EARLY_TAIL)
+        (None, None, uncapped, attn.ATTN_SPLIT_LOOP and attn.ATTN_EARLY_TAIL),
+        (True, None, lambda programs, warps: 128, False),
+        (True, True, uncapped, True), (True, False, uncapped, False),
+        (False, True, uncapped, False), (False, None, uncapped, False),
+    ]
+    bad = 0
+    for split, early, cap, expected in cases:
+        attn.register_cap = cap
+        try:
+            with launch_keywords(attn, "_attn_varlen_kernel", "EARLY_TAIL") as seen:
+                k.attention_varlen(qkv, bias, cu, 70, 2, heads, config=k.ATTN_SMALL,
+                                   split=split, early_tail=early)
+        finally:
+            attn.register_cap = capped
+        bad += seen != [expected]
+    return float(bad), 0.5
+
+
 def _check_stage_inputs() -> tuple[float, float]:
     """One launch fills a graph's input buffer as the torch spec's five ops do: the batch's
     tokens, its cu_seqlens, the unused entries set to the token count, the rest kept.
@@ -884,6 +919,7 @@ CASES: dict[str, Callable[[], tuple[float, float]]] = {
                                                                split=True),
     "attention_tile_list_contents": _check_attention_tiles,
     "attention_padded_grid": _check_attention_padded_grid,
+    "attention_early_tail_choice": _check_attention_early_tail_choice,
     "gemm_gelu_erf_fp16": lambda: _check_gemm_gelu("float16", False),
     "gemm_gelu_tanh_fp16": lambda: _check_gemm_gelu("float16", True),
     "gemm_gelu_erf_fp32": lambda: _check_gemm_gelu("float32", False),

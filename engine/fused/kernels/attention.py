@@ -55,11 +55,18 @@ ATTN_MAXNREG: int | None = 128
 # blocks (``EARLY_TAIL``), so that their latency overlaps the loop's instead of following
 # it: a sequence whose length is not a multiple of BLOCK_N otherwise pays one more memory
 # round trip a program. H200, BERT-base calibrated FP8, one sequence in the 128-token
-# bucket, attention's step a layer (`trace_pass.py`, v29): 3.60 us at 128 tokens, 4.50 at
-# 96; the whole pass 0.2466 ms at 128 tokens and 0.2577-0.2581 at 80 to 127
-# (`bucket_probe.py`). Same arithmetic, so the same output bit for bit; the two tiles
-# held through the loop cost registers, so launches whose registers are capped
-# (:func:`register_cap`) keep the late load.
+# bucket, late tail (v29): attention's step a layer 3.60 us at 128 tokens, 4.50 at 96
+# (`trace_pass.py`); the pass 0.2466 ms at 128 tokens, 0.2577-0.2581 at 80 to 127
+# (`bucket_probe.py`). Early, graph replay back to back (`ab_replay.py`, late -> early):
+# 1x96 0.2562 -> 0.2475 and 0.2589 -> 0.2481 (two runs); BERT-large 1x300 0.9235 ->
+# 0.9158; 80 to 127 tokens 0.2478 (`bucket_probe.py`). Block-exact lengths request
+# nothing (1x128 0.2450 -> 0.2484 in one run, 0.2490 -> 0.2481 in the other: within the
+# ~2.5 us by which one graph's time moves with the process's history, see
+# `benchmarks/process_state_probe.py`). Two stages instead of three cost 1x128 3.4%.
+# Same arithmetic, so the same output bit for bit. The tail's tiles take 8 KB of shared
+# memory and ~20 registers more (sm_90a, `attention_sass.py`), so launches whose
+# registers are capped (:func:`register_cap`) keep the late load. A form that branched
+# around the early load for block-exact programs was slower at every shape (v29).
 ATTN_EARLY_TAIL = True
 _UNCAPPED_PER_SM = {4: 3, 8: 1}  # split-loop programs an SM holds uncapped, by warps
 _SMS = 132  # multiprocessors of an H100/H200
