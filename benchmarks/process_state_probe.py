@@ -42,6 +42,7 @@ between them is not separated from their differences. Random weights.
 
 from __future__ import annotations
 
+import argparse
 import ctypes
 import gc
 import json
@@ -60,6 +61,16 @@ OTHER_SHAPES = ((1, 64), (2, 64), (4, 32), (1, 32), (8, 16), (1, 16))
 HF_OPS = ("linear", "sdpa", "layernorm", "gelu", "embedding")
 
 
+def parse_actions(text: str) -> list[str]:
+    """``"tiny_graph,hf,tiny_graph"`` -> the actions in order (repeats kept)."""
+    actions = [a for a in text.split(",") if a]
+    unknown = sorted(set(actions) - set(ACTIONS))
+    if not actions or unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown actions {unknown}: a list of {', '.join(ACTIONS)}")
+    return actions
+
+
 def main() -> None:
     sys.path.insert(0, str(REPO))
     from benchmarks.rounds import (
@@ -73,7 +84,7 @@ def main() -> None:
 
     p = engine_parser(__doc__, rounds=7, reps=300)
     p.add_argument("--shape", default="1x128")
-    p.add_argument("--actions", default=",".join(ACTIONS))
+    p.add_argument("--actions", type=parse_actions, default=list(ACTIONS))
     p.add_argument("--repeat", type=int, default=4)
     p.add_argument("--dummy-gib", type=float, default=20.0)
     p.add_argument("--cool", type=float, default=30.0)
@@ -211,11 +222,7 @@ def main() -> None:
         current.wait_stream(st)
     a = build()
     phase("alone", a)
-    actions = args.actions.split(",")
-    unknown = set(actions) - set(ACTIONS)
-    if unknown:
-        raise SystemExit(f"unknown actions {sorted(unknown)}: each one of {', '.join(ACTIONS)}")
-    for action in actions:
+    for action in args.actions:
         for _ in range(args.repeat):
             act(action)
         gc.collect()

@@ -267,3 +267,21 @@ def test_engine_tools_share_one_command_line() -> None:
         engine_parser("doc", rounds=5, reps=100).parse_args([])  # --out is required
     # Each tool adds its own options to a parser of its own.
     assert engine_parser("doc", 5, 100) is not engine_parser("doc", 5, 100)
+
+
+def test_process_state_probe_actions() -> None:
+    """``process_state_probe``: actions in order, repeats kept, unknown ones refused
+    before any engine is built; off CUDA no GPU state is read."""
+    import argparse
+
+    from benchmarks.process_state_probe import ACTIONS, HF_OPS, gpu_state, parse_actions
+
+    assert parse_actions("tiny_graph,hf,tiny_graph") == ["tiny_graph", "hf", "tiny_graph"]
+    assert set(HF_OPS) <= set(ACTIONS)
+    for bad in ("", "tiny_graph,nope", "HF"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_actions(bad)
+    import torch
+
+    if not torch.cuda.is_available():
+        assert gpu_state() == {}
