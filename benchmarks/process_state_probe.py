@@ -13,7 +13,8 @@ each of ``--actions`` in turn, each done ``--repeat`` times and its objects free
 - ``many_ops``: 300 such adds;
 - ``matmul``: one eager fp16 768x768 matmul (cuBLAS) on the current stream;
 - ``linear``, ``sdpa``, ``layernorm``, ``gelu``, ``embedding``: one eager op of an HF
-  forward at the shape (fp16: a biased 768x768 linear, attention over 12 heads, ...);
+  BERT-base forward at the shape (fp16, BERT-base's sizes whatever ``--model``: a biased
+  768x768 linear, attention over 12 heads, ...);
 - ``stream``: a new torch stream (the next of torch's pool) and one small op on it;
 - ``tiny_graph``: a CUDA graph of one small op captured (on a stream made before A) and
   replayed;
@@ -25,19 +26,20 @@ each of ``--actions`` in turn, each done ``--repeat`` times and its objects free
 - ``calibrate``: the same, calibrated (256 windows through its large path);
 - ``capture``: the same, calibrated, and the shape's graph captured and replayed;
 - ``capture_other``: A captures the graph of another bucket (1x64, 2x64, 4x32, ... in
-  turn) and replays it once;
+  turn, from the first again after all six) and replays it once;
 - ``recapture``: A drops its graph of the shape and captures it again;
 - ``small_eager``: one eager pass of the shape on an engine without CUDA graphs that
   shares A's weights and calibration (the same kernels, launched one by one).
 
 An action may be named more than once: one that moves A's time, then others, shows which
-of them move it back. Then A again after ``--cool`` seconds idle. Each phase times A's calls on device
-tensors (``_run_device``) back to back (``cuda_ms``), one at a time with the GPU idle
-before each (``idle_ms``, bench_gpu's method), and the bare graph replay idle
-(``GraphCache.replay``, bench_gpu's "graph alone"), ``--rounds`` rounds each, median,
-and reads the GPU's SM clock, temperature and power right after (NVML, where torch can
-reach it). Prints a table and writes it as JSON. Phases run one after another, so drift
-between them is not separated from their differences. Random weights.
+of them move it back. Then A again after ``--cool`` seconds idle. Each phase times A's
+calls on device tensors (``_run_device``) and its bare graph replays
+(``GraphCache.replay``) back to back (``cuda_ms``; with ``--streams N`` the replays on N
+other streams too), and both one at a time with the GPU idle before each (``idle_ms``,
+bench_gpu's method; the replay is bench_gpu's "graph alone"), ``--rounds`` rounds each,
+median, and reads the GPU's SM clock, temperature and power right after (NVML, where
+torch can reach it). Prints a table and writes it as JSON. Phases run one after another,
+so drift between them is not separated from their differences. Random weights.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ from __future__ import annotations
 import argparse
 import ctypes
 import gc
+import itertools
 import json
 import statistics
 import sys
@@ -61,13 +64,25 @@ OTHER_SHAPES = ((1, 64), (2, 64), (4, 32), (1, 32), (8, 16), (1, 16))
 HF_OPS = ("linear", "sdpa", "layernorm", "gelu", "embedding")
 
 
+def parse_shape(text: str) -> tuple[int, int]:
+    """``"1x128"`` -> (1, 128): windows and tokens each."""
+    try:
+        batch, seq = (int(v) for v in text.lower().split("x"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: BxL, e.g. 1x128") from None
+    if min(batch, seq) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: positive sizes")
+    return batch, seq
+
+
 def parse_actions(text: str) -> list[str]:
     """``"tiny_graph,hf,tiny_graph"`` -> the actions in order (repeats kept)."""
     actions = [a for a in text.split(",") if a]
     unknown = sorted(set(actions) - set(ACTIONS))
     if not actions or unknown:
         raise argparse.ArgumentTypeError(
-            f"unknown actions {unknown}: a list of {', '.join(ACTIONS)}")
+            (f"unknown actions {unknown}" if unknown else "no actions")
+            + f": a list of {', '.join(ACTIONS)}")
     return actions
 
 
@@ -83,7 +98,7 @@ def main() -> None:
     )
 
     p = engine_parser(__doc__, rounds=7, reps=300)
-    p.add_argument("--shape", default="1x128")
+    p.add_argument("--shape", type=parse_shape, default=(1, 128))
     p.add_argument("--actions", type=parse_actions, default=list(ACTIONS))
     p.add_argument("--repeat", type=int, default=4)
     p.add_argument("--dummy-gib", type=float, default=20.0)
@@ -100,7 +115,7 @@ def main() -> None:
     from engine.fused.engine import FusedEngine
     from engine.fused.graph_args import _check, _cuda
 
-    batch, seq = (int(v) for v in args.shape.split("x"))
+    batch, seq = args.shape
     rng = np.random.default_rng(5)
     x = device_packed(*random_padded(rng, batch, seq, lengths=np.full(batch, seq)))
     console = Console(width=150)
@@ -116,8 +131,9 @@ def main() -> None:
         graphs = eng._graphs
         calls = {"b2b_ms": (lambda: eng._run_device(*x), cuda_ms, args.reps),
                  "replay_b2b_ms": (lambda: graphs.replay(bucket), cuda_ms, args.reps),
-                 "idle_ms": (lambda: eng._run_device(*x), idle_ms, args.reps // 2),
-                 "replay_idle_ms": (lambda: graphs.replay(bucket), idle_ms, args.reps // 2)}
+                 "idle_ms": (lambda: eng._run_device(*x), idle_ms, max(1, args.reps // 2)),
+                 "replay_idle_ms": (lambda: graphs.replay(bucket), idle_ms,
+                                    max(1, args.reps // 2))}
         for i, st in enumerate(streams):
             calls[f"replay_b2b_s{i}_ms"] = (
                 lambda st=st: on_stream(st, lambda: graphs.replay(bucket)), cuda_ms, args.reps)
@@ -145,10 +161,11 @@ def main() -> None:
             dummy.fill_(1.0)
             torch.cuda.synchronize()
             return
-        if action == "capture_other":
-            b, length = OTHER_SHAPES[others.pop(0)]
-            a._run_device(*device_packed(*random_padded(rng, b, length,
-                                                        lengths=np.full(b, length))))
+        if action == "capture_other":  # the shapes in turn, from the first again after all
+            b, length = OTHER_SHAPES[next(others)]
+            with torch.inference_mode():
+                a._run_device(*device_packed(*random_padded(rng, b, length,
+                                                            lengths=np.full(b, length))))
             torch.cuda.synchronize()
             return
         if action == "recapture":
@@ -210,7 +227,7 @@ def main() -> None:
         torch.cuda.synchronize()
 
     capture_stream()  # tiny_graph's captures: a stream older than A
-    others = list(range(len(OTHER_SHAPES)))  # capture_other's shapes, in turn
+    others = itertools.cycle(range(len(OTHER_SHAPES)))  # capture_other's shapes, in turn
     streams = [torch.cuda.Stream() for _ in range(args.streams)]  # type: ignore[no-untyped-call]
 
     def on_stream(st: Any, fn: Any) -> None:
@@ -231,7 +248,7 @@ def main() -> None:
     time.sleep(args.cool)
     phase(f"after {args.cool:g} s idle", a)
 
-    table = Table(title=f"{args.model} {args.dtype} {args.shape}: one engine as the process "
+    table = Table(title=f"{args.model} {args.dtype} {batch}x{seq}: one engine as the process "
                         f"changes (ms, median of {args.rounds} rounds)")
     for col in ("phase", "GiB", "back to back", "replay back to back", "idle", "replay idle",
                 "MHz", "°C", "W"):
@@ -243,7 +260,7 @@ def main() -> None:
                       *(str(r.get(k, "?")) for k in ("sm_mhz", "temp_c", "power_w")))
     console.print(table)
     result = {"model": args.model, "dtype": args.dtype, "calibrated": args.calibrate,
-              "shape": args.shape, "repeat": args.repeat, "gpu": torch.cuda.get_device_name(),
+              "shape": f"{batch}x{seq}", "repeat": args.repeat, "gpu": torch.cuda.get_device_name(),
               "commit": args.commit, "date": time.strftime("%Y-%m-%d"), "rows": rows}
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1))

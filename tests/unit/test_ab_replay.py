@@ -274,13 +274,23 @@ def test_process_state_probe_actions() -> None:
     before any engine is built; off CUDA no GPU state is read."""
     import argparse
 
-    from benchmarks.process_state_probe import ACTIONS, HF_OPS, gpu_state, parse_actions
+    from benchmarks.process_state_probe import (
+        ACTIONS,
+        HF_OPS,
+        gpu_state,
+        parse_actions,
+        parse_shape,
+    )
 
     assert parse_actions("tiny_graph,hf,tiny_graph") == ["tiny_graph", "hf", "tiny_graph"]
     assert set(HF_OPS) <= set(ACTIONS)
     for bad in ("", "tiny_graph,nope", "HF"):
         with pytest.raises(argparse.ArgumentTypeError):
             parse_actions(bad)
+    assert parse_shape("2x64") == (2, 64)
+    for bad in ("128", "0x128", "1xL"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            parse_shape(bad)
     import torch
 
     if not torch.cuda.is_available():

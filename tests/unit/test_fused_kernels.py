@@ -602,7 +602,7 @@ def _check_attention_padded_grid() -> tuple[float, float]:
 def _check_attention_early_tail_choice() -> tuple[float, float]:
     """By default the split loop requests its partial last key block early
     (``EARLY_TAIL``) unless the launch caps registers; the masked loop never does, and an
-    explicit choice wins on the split loop. Each launch's choice is recorded; returns the
+    explicit choice wins on the split loop, capped or not. Each launch's choice is recorded; returns the
     number of wrong choices."""
     import torch
 
@@ -614,11 +614,13 @@ def _check_attention_early_tail_choice() -> tuple[float, float]:
     cu = torch.tensor([0, *np.cumsum(lengths).tolist()], dtype=torch.int32)
     qkv = torch.randn(sum(lengths), 3 * heads * 64).to(torch.float16)
     bias = torch.zeros(3 * heads * 64)
-    capped, uncapped = attn.register_cap, (lambda programs, warps: None)
+    original = attn.register_cap
+    uncapped, capped = (lambda programs, warps: None), (lambda programs, warps: 128)
     cases = [  # (split, early_tail, register_cap, expected EARLY_TAIL)
         (None, None, uncapped, attn.ATTN_SPLIT_LOOP and attn.ATTN_EARLY_TAIL),
-        (True, None, lambda programs, warps: 128, False),
+        (True, None, capped, False),
         (True, True, uncapped, True), (True, False, uncapped, False),
+        (True, True, capped, True), (True, False, capped, False),
         (False, True, uncapped, False), (False, None, uncapped, False),
     ]
     bad = 0
@@ -629,7 +631,7 @@ def _check_attention_early_tail_choice() -> tuple[float, float]:
                 k.attention_varlen(qkv, bias, cu, 70, 2, heads, config=k.ATTN_SMALL,
                                    split=split, early_tail=early)
         finally:
-            attn.register_cap = capped
+            attn.register_cap = original
         bad += seen != [expected]
     return float(bad), 0.5
 

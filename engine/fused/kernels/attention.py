@@ -59,10 +59,11 @@ ATTN_MAXNREG: int | None = 128
 # (`trace_pass.py`); the pass 0.2466 ms at 128 tokens, 0.2577-0.2581 at 80 to 127
 # (`bucket_probe.py`). Early, graph replay back to back (`ab_replay.py`, late -> early):
 # 1x96 0.2562 -> 0.2475 and 0.2589 -> 0.2481 (two runs); BERT-large 1x300 0.9235 ->
-# 0.9158; 80 to 127 tokens 0.2478 (`bucket_probe.py`). Block-exact lengths request
-# nothing (1x128 0.2450 -> 0.2484 in one run, 0.2490 -> 0.2481 in the other: within the
-# ~2.5 us by which one graph's time moves with the process's history, see
-# `benchmarks/process_state_probe.py`). Two stages instead of three cost 1x128 3.4%.
+# 0.9158; calls at 65, 96 and 127 tokens 0.2474-0.2478 (`bucket_probe.py`). Block-exact
+# lengths request nothing (1x128 0.2450 -> 0.2484 in one run, 0.2490 -> 0.2481 in the
+# other: comparable to the ~2.5 us by which one graph's time moves with the process's
+# history, see `benchmarks/process_state_probe.py`, and possibly that). Two pipeline
+# stages instead of three (less shared memory) cost the early form 4.2% at 1x128.
 # Same arithmetic, so the same output bit for bit. The tail's tiles take 8 KB of shared
 # memory and ~20 registers more (sm_90a, `attention_sass.py`), so launches whose
 # registers are capped (:func:`register_cap`) keep the late load. A form that branched
