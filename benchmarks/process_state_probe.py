@@ -60,7 +60,7 @@ ACTIONS = ("alloc", "small_op", "many_ops", "matmul", "linear", "sdpa", "layerno
            "embedding", "stream", "tiny_graph", "upload", "hf_build", "hf", "hf_graph", "engine",
            "calibrate", "capture", "capture_other", "recapture", "small_eager")
 OTHER_SHAPES = ((1, 64), (2, 64), (4, 32), (1, 32), (8, 16), (1, 16))
-# One eager op of an HF BERT-base forward at 1x128 (fp16), on the current stream.
+# One eager op of an HF BERT-base forward at the probe's shape (fp16), on the current stream.
 HF_OPS = ("linear", "sdpa", "layernorm", "gelu", "embedding")
 
 
