@@ -111,7 +111,7 @@ def main() -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from benchmarks.bench_gpu import HFRunner, device_packed, make_hf, make_ours, random_padded
+    from benchmarks.bench_gpu import HFRunner, device_packed, make_hf, random_padded
     from engine.fused.engine import FusedEngine
     from engine.fused.graph_args import _check, _cuda
 
@@ -126,17 +126,21 @@ def main() -> None:
             eng._run_device(*x)  # captures the bucket's graph
         return eng
 
-    def timings(eng: Any) -> dict[str, float]:
-        bucket = eng._graph_bucket(x[0].shape[0], x[3].shape[0] - 1, x[4])
-        graphs = eng._graphs
-        calls = {"b2b_ms": (lambda: eng._run_device(*x), cuda_ms, args.reps),
-                 "replay_b2b_ms": (lambda: graphs.replay(bucket), cuda_ms, args.reps),
-                 "idle_ms": (lambda: eng._run_device(*x), idle_ms, max(1, args.reps // 2)),
-                 "replay_idle_ms": (lambda: graphs.replay(bucket), idle_ms,
-                                    max(1, args.reps // 2))}
+    def timings() -> dict[str, float]:
+        """A's times now (medians of the rounds)."""
+        def call() -> None:
+            a._run_device(*x)
+
+        def replay() -> None:
+            a._graphs.replay(bucket_a)
+
+        calls = {"b2b_ms": (call, cuda_ms, args.reps),
+                 "replay_b2b_ms": (replay, cuda_ms, args.reps),
+                 "idle_ms": (call, idle_ms, max(1, args.reps // 2)),
+                 "replay_idle_ms": (replay, idle_ms, max(1, args.reps // 2))}
         for i, st in enumerate(streams):
-            calls[f"replay_b2b_s{i}_ms"] = (
-                lambda st=st: on_stream(st, lambda: graphs.replay(bucket)), cuda_ms, args.reps)
+            calls[f"replay_b2b_s{i}_ms"] = (lambda st=st: on_stream(st, replay), cuda_ms,
+                                            args.reps)
         out: dict[str, list[float]] = {k: [] for k in calls}
         with torch.inference_mode():
             for _ in range(args.rounds):
@@ -148,86 +152,62 @@ def main() -> None:
 
     rows: list[dict[str, Any]] = []
 
-    def phase(label: str, eng: Any) -> None:
-        t = timings(eng)
+    def phase(label: str) -> None:
+        t = timings()
         rows.append({"phase": label,
                      "allocated_gib": torch.cuda.memory_allocated() / 2**30, **t, **gpu_state()})
         console.print(f"{label:<24} " + "  ".join(f"{k} {v}" for k, v in rows[-1].items()
                                                   if k != "phase"))
 
     def act(action: str) -> None:
+        """Queue (or run) one action; the caller waits for the GPU after it."""
         if action == "alloc":
-            dummy = torch.empty(int(args.dummy_gib * 2**30) // 4, device="cuda")
-            dummy.fill_(1.0)
-            torch.cuda.synchronize()
-            return
-        if action == "capture_other":  # the shapes in turn, from the first again after all
+            torch.empty(int(args.dummy_gib * 2**30) // 4, device="cuda").fill_(1.0)
+        elif action == "capture_other":  # the shapes in turn, from the first again after all
             b, length = OTHER_SHAPES[next(others)]
-            with torch.inference_mode():
-                a._run_device(*device_packed(*random_padded(rng, b, length,
-                                                            lengths=np.full(b, length))))
-            torch.cuda.synchronize()
-            return
-        if action == "recapture":
-            del a._graphs._graphs[a._graph_bucket(x[0].shape[0], x[3].shape[0] - 1, x[4])]
-            with torch.inference_mode():
-                a._run_device(*x)
-            torch.cuda.synchronize()
-            return
-        if action == "small_eager":
-            eager = FusedEngine(a.weights, "cuda", cuda_graphs=False,
-                                fp8_calibration=a.calibration)
-            with torch.inference_mode():
-                eager._run_device(*x)
-            torch.cuda.synchronize()
-            return
-        if action == "upload":
-            entry = a._graphs._graphs[a._graph_bucket(x[0].shape[0], x[3].shape[0] - 1, x[4])]
-            stream = torch.cuda.current_stream().cuda_stream
-            _check(_cuda().cuGraphUpload(ctypes.c_void_p(entry.graph.raw_cuda_graph_exec()),
-                                         ctypes.c_void_p(stream)), "cuGraphUpload")
-            torch.cuda.synchronize()
-            return
-        if action in HF_OPS:
+            a._run_device(*device_packed(*random_padded(rng, b, length,
+                                                        lengths=np.full(b, length))))
+        elif action == "recapture":
+            del a._graphs._graphs[bucket_a]
+            a._run_device(*x)
+        elif action == "small_eager":
+            FusedEngine(a.weights, "cuda", cuda_graphs=False,
+                        fp8_calibration=a.calibration)._run_device(*x)
+        elif action == "upload":
+            own = a._graphs._graphs[bucket_a].graph
+            _check(_cuda().cuGraphUpload(ctypes.c_void_p(own.raw_cuda_graph_exec()),
+                                         ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)),
+                   "cuGraphUpload")
+        elif action in HF_OPS:
             hf_op(action, batch, seq)
-            torch.cuda.synchronize()
-            return
-        if action in ("small_op", "many_ops", "matmul", "stream", "tiny_graph"):
-            y = torch.ones(1024, device="cuda")
-            if action in ("small_op", "many_ops"):
-                for _ in range(300 if action == "many_ops" else 1):
-                    y.add_(1)
-            elif action == "matmul":
-                m = torch.randn(768, 768, device="cuda", dtype=torch.float16)
-                m @ m
-            elif action == "stream":
-                with torch.cuda.stream(torch.cuda.Stream()):  # type: ignore[no-untyped-call]
-                    y.add_(1)
-            else:
-                g = capture_graph(lambda: y.add_(1), 1)
-                g.replay()
-            torch.cuda.synchronize()
-            return
-        model, cfg = make_hf(args.model)
-        with torch.inference_mode():
-            if action == "hf_build":
-                pass
-            elif action == "hf":
-                model(input_ids=x[0][None].long())
+        elif action in ("small_op", "many_ops"):
+            for _ in range(300 if action == "many_ops" else 1):
+                y.add_(1)
+        elif action == "matmul":
+            m = torch.randn(768, 768, device="cuda", dtype=torch.float16)
+            m @ m
+        elif action == "stream":
+            with torch.cuda.stream(torch.cuda.Stream()):  # type: ignore[no-untyped-call]
+                y.add_(1)
+        elif action == "tiny_graph":
+            capture_graph(lambda: y.add_(1), 1).replay()
+        elif action in ("engine", "calibrate", "capture"):  # as A was built, or less
+            eng, _ = calibrated_engine(argparse.Namespace(
+                **{**vars(args), "calibrate": action != "engine"}))
+            if action == "capture":
+                eng._run_device(*x)
+        else:  # hf_build, hf, hf_graph
+            model, _ = make_hf(args.model)
+            ids, tt = (v.view(batch, seq).long() for v in x[:2])
+            if action == "hf":
+                model(input_ids=ids, token_type_ids=tt)
             elif action == "hf_graph":
-                runner = HFRunner(model, batch, seq, use_mask=False, graph=True)
-                runner((x[0][None].long(), x[0][None].long() * 0 + 1, x[1][None].long()))
-            else:
-                eng = make_ours(model, cfg, dtype=args.dtype)
-                if action in ("calibrate", "capture"):
-                    eng.calibrate(*random_padded(np.random.default_rng(6), 256, 384,
-                                                 lengths=np.full(256, 128)))
-                if action == "capture":
-                    eng._run_device(*x)
-        torch.cuda.synchronize()
+                HFRunner(model, batch, seq, use_mask=False, graph=True)(
+                    (ids, torch.ones_like(ids), tt))
 
     capture_stream()  # tiny_graph's captures: a stream older than A
     others = itertools.cycle(range(len(OTHER_SHAPES)))  # capture_other's shapes, in turn
+    y = torch.ones(1024, device="cuda")  # the small ops' operand
     streams = [torch.cuda.Stream() for _ in range(args.streams)]  # type: ignore[no-untyped-call]
 
     def on_stream(st: Any, fn: Any) -> None:
@@ -237,16 +217,20 @@ def main() -> None:
         with torch.cuda.stream(st):
             fn()
         current.wait_stream(st)
+
     a = build()
-    phase("alone", a)
+    bucket_a = a._graph_bucket(x[0].shape[0], x[3].shape[0] - 1, x[4])
+    phase("alone")
     for action in args.actions:
         for _ in range(args.repeat):
-            act(action)
+            with torch.inference_mode():
+                act(action)
+            torch.cuda.synchronize()
         gc.collect()
         torch.cuda.empty_cache()
-        phase(f"after {action} x{args.repeat}", a)
+        phase(f"after {action} x{args.repeat}")
     time.sleep(args.cool)
-    phase(f"after {args.cool:g} s idle", a)
+    phase(f"after {args.cool:g} s idle")
 
     table = Table(title=f"{args.model} {args.dtype} {batch}x{seq}: one engine as the process "
                         f"changes (ms, median of {args.rounds} rounds)")

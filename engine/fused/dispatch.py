@@ -50,9 +50,8 @@ def multiprocessors(device: torch.device) -> int:
     return int(torch.cuda.get_device_properties(device).multi_processor_count)
 
 
-def query_blocks(fewest: int, seqs: int, key: Key,
-                 table: dict[Key, dict[int, int]] | None = None) -> int:
-    """Query blocks a sequence for a bucket of ``seqs`` sequences that needs ``fewest``:
-    the table's count for the key and ``seqs`` if it has one (never under ``fewest``)."""
-    counts = (QUERY_BLOCKS if table is None else table).get(key, {})
-    return max(fewest, counts.get(seqs, fewest))
+def query_blocks(seqs: int, key: Key, table: dict[Key, dict[int, int]] | None = None) -> int:
+    """The table's query blocks a sequence for the layer ``key`` in a bucket of ``seqs``
+    sequences; 0 where it has none. (The caller never goes under the fewest blocks the
+    bucket's longest sequence needs: ``encoder._attention_seqlen``.)"""
+    return (QUERY_BLOCKS if table is None else table).get(key, {}).get(seqs, 0)

@@ -373,7 +373,7 @@ def _attention_seqlen(ops: ModuleType, w: BertQAWeights, opts: EncodeOptions, to
     else:  # the table's count, 0 where it has none
         key = (dispatch.multiprocessors(device), cfg.hidden_size, cfg.num_heads,
                cfg.intermediate_size, tokens, e4m3)
-        wanted = dispatch.query_blocks(0, n_seqs, key)
+        wanted = dispatch.query_blocks(n_seqs, key)
         if wanted == 0:
             return max_seqlen
     bm = (opts.attn_config or config_of(max_seqlen, n_seqs, cfg.num_heads,

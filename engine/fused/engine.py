@@ -235,10 +235,8 @@ class FusedEngine:
         late_release = _option_names("late_release", late_release, LATE_RELEASE_KERNELS,
                                      "kernels")
         early_weights = _option_names("early_weights", early_weights, EARLY_WEIGHT_GEMMS)
-        grid_ok = attention_grid in ("table", "fewest")
-        if isinstance(attention_grid, int) and not isinstance(attention_grid, bool):
-            grid_ok = attention_grid >= 1
-        if not grid_ok:
+        if not (attention_grid in ("table", "fewest") if isinstance(attention_grid, str)
+                else type(attention_grid) is int and attention_grid >= 1):
             raise ValueError(f"attention_grid: {attention_grid!r} is neither 'table', "
                              "'fewest' nor a positive number of query blocks")
         self.options = EncodeOptions(

@@ -17,21 +17,19 @@ H200_BASE = (132, 768, 12, 3072, 128, True)  # BERT-base's FP8 deferred layer at
 TABLE = {H200_BASE: {2: 4, 8: 3}}
 
 
-@pytest.mark.parametrize(("fewest", "seqs", "key", "want"), [
-    (2, 1, H200_BASE, 2),   # no count for one sequence: the fewest
-    (2, 2, H200_BASE, 4),
-    (2, 8, H200_BASE, 3),
-    (5, 2, H200_BASE, 5),   # never under the fewest
-    (2, 2, (114, 768, 12, 3072, 128, True), 2),   # another GPU: no entry
-    (2, 2, (132, 768, 12, 3072, 64, True), 2),    # 64 tokens: no entry
-    (2, 2, (132, 768, 12, 3072, 128, False), 2),  # 16-bit operands: no entry
+@pytest.mark.parametrize(("seqs", "key", "want"), [
+    (1, H200_BASE, 0),   # no count for one sequence: none (the fewest)
+    (2, H200_BASE, 4),
+    (8, H200_BASE, 3),
+    (2, (114, 768, 12, 3072, 128, True), 0),   # another GPU: no entry
+    (2, (132, 768, 12, 3072, 64, True), 0),    # 64 tokens: no entry
+    (2, (132, 768, 12, 3072, 128, False), 0),  # 16-bit operands: no entry
 ])
-def test_query_blocks_from_a_table(fewest: int, seqs: int,
-                                   key: tuple[int, int, int, int, int, bool],
+def test_query_blocks_from_a_table(seqs: int, key: tuple[int, int, int, int, int, bool],
                                    want: int) -> None:
     from engine.fused.dispatch import query_blocks
 
-    assert query_blocks(fewest, seqs, key, TABLE) == want
+    assert query_blocks(seqs, key, TABLE) == want
 
 
 def test_the_shipped_table() -> None:
@@ -40,7 +38,7 @@ def test_the_shipped_table() -> None:
     from engine.fused.dispatch import QUERY_BLOCKS, query_blocks
 
     assert QUERY_BLOCKS == TABLE
-    assert query_blocks(2, 2, H200_BASE) == 4
+    assert query_blocks(2, H200_BASE) == 4
 
 
 def test_table_entries_keep_the_launch_tiles_and_register_cap() -> None:
@@ -64,8 +62,8 @@ def test_a_table_can_be_passed() -> None:
     from engine.fused.dispatch import query_blocks
 
     key = (10, 1, 1, 1, 1, False)
-    assert query_blocks(2, 3, key, {key: {3: 6}}) == 6
-    assert query_blocks(2, 4, key, {key: {3: 6}}) == 2
+    assert query_blocks(3, key, {key: {3: 6}}) == 6
+    assert query_blocks(4, key, {key: {3: 6}}) == 0
 
 
 def test_no_multiprocessors_off_cuda() -> None:
@@ -117,6 +115,8 @@ def test_the_torch_spec_sizes_no_grid(tiny: Any, monkeypatch: pytest.MonkeyPatch
     ("table", 64, 2, 128, False, 6 * 64),  # the entry: 6 blocks of 64 queries
     ("table", 64, 2, 100, False, 6 * 64),
     ("table", 64, 3, 128, False, 128),     # no count for 3 sequences
+    ("table", 64, 4, 128, False, 128),     # a count under the fewest: the fewest
+    ("table", 64, 4, 20, False, 20),       # ... equal to it: the batch's own max_seqlen
     ("table", 128, 2, 128, False, 128),    # other keys
     ("table", 64, 2, 128, True, 128),
     ("fewest", 64, 2, 128, False, 128),
@@ -135,7 +135,8 @@ def test_the_table_sizes_the_triton_grid(
     from engine.fused.encoder import EncodeOptions
 
     monkeypatch.setattr(dispatch, "multiprocessors", lambda device: 10)
-    monkeypatch.setattr(dispatch, "QUERY_BLOCKS", {(10, 48, 4, 96, 64, False): {2: 6}})
+    monkeypatch.setattr(dispatch, "QUERY_BLOCKS",
+                        {(10, 48, 4, 96, 64, False): {2: 6, 4: 1}})
     got = encoder._attention_seqlen(kernels, tiny, EncodeOptions(attn_grid=grid), tokens,
                                     seqs, max_seqlen, e4m3, torch.device("cpu"))
     assert got == want
