@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Two choices measured where v29 left them unmeasured, by graph replay (``ab_replay.py``,
+# interleaved rounds; the first variant of each run is the reference):
+#   tail:  the attention kernel's early partial key block (``attention.ATTN_EARLY_TAIL``,
+#          on by default) against the late load, on 16-bit engines (the shipped MiniLM's
+#          shape, the service's GPU path, and BERT-base) and on batches of several
+#          sequences whose length is not a multiple of 64;
+#   ffn2:  FFN2 loading its weight slice before its wait (``early_weights``) on top of the
+#          attention grid table (``dispatch.QUERY_BLOCKS``), per batch shape.
+# Run on the GPU from the repository root: benchmarks/early_sweep.sh tail|ffn2|all OUT_DIR
+set -euo pipefail
+which="${1:?tail, ffn2 or all}"
+out="${2:?output directory}"
+mkdir -p "$out"
+late='late:engine.fused.kernels.attention.ATTN_EARLY_TAIL=False'
+ab() {
+  local name="$1"; shift
+  timeout 240 env PYTHONPATH="$PWD" python3 benchmarks/ab_replay.py --rounds 8 --iters 300 \
+    "$@" --out "$out/$name.json" || echo "$name failed: $?"
+}
+if [ "$which" = tail ] || [ "$which" = all ]; then
+  for spec in minilm-l6:1x96 minilm-l6:4x24 bert-base:1x96; do
+    ab "tail-${spec/:/-}-fp16" --model "${spec%%:*}" --shape "${spec#*:}" \
+      --variant 'late={}' --variant 'early={}' --set "$late"
+  done
+  for shape in 2x48 4x24; do
+    ab "tail-bert-base-$shape-fp8" --model bert-base --dtype fp8 --shape "$shape" \
+      --variant 'late={"calibrate": true}' --variant 'early={"calibrate": true}' --set "$late"
+  done
+fi
+if [ "$which" = ffn2 ] || [ "$which" = all ]; then
+  for shape in 1x96 2x64 4x32 8x16; do
+    ab "ffn2-early-bert-base-$shape-fp8" --model bert-base --dtype fp8 --shape "$shape" \
+      --variant 'default={"calibrate": true}' \
+      --variant 'ffn2_early={"calibrate": true, "early_weights": ["qkv", "ffn1", "ffn2"]}'
+  done
+fi
