@@ -7,9 +7,12 @@
 #          sequences whose length is not a multiple of 64;
 #   ffn2:  FFN2 loading its weight slice before its wait (``early_weights``) on top of the
 #          attention grid table (``dispatch.QUERY_BLOCKS``), per batch shape.
-# Run on the GPU from the repository root: benchmarks/early_sweep.sh tail|ffn2|all OUT_DIR
+#   rule:  where the early tail loses: one sequence without a full key block, two with
+#          full blocks, 2x48 with the variants' order swapped, 16-bit 2x48, and the kernel
+#          trace of calibrated FP8 2x48 both ways.
+# Run on the GPU from the repository root: benchmarks/early_sweep.sh tail|ffn2|all|rule OUT_DIR
 set -euo pipefail
-which="${1:?tail, ffn2 or all}"
+which="${1:?tail, ffn2, all or rule}"
 out="${2:?output directory}"
 mkdir -p "$out"
 late='late:engine.fused.kernels.attention.ATTN_EARLY_TAIL=False'
@@ -26,6 +29,21 @@ if [ "$which" = tail ] || [ "$which" = all ]; then
   for shape in 2x48 4x24; do
     ab "tail-bert-base-$shape-fp8" --model bert-base --dtype fp8 --shape "$shape" \
       --variant 'late={"calibrate": true}' --variant 'early={"calibrate": true}' --set "$late"
+  done
+fi
+if [ "$which" = rule ]; then  # where the early tail loses (v30: fp8 2x48 and 4x24)
+  for shape in 1x48 2x96; do
+    ab "tail-bert-base-$shape-fp8" --model bert-base --dtype fp8 --shape "$shape" \
+      --variant 'late={"calibrate": true}' --variant 'early={"calibrate": true}' --set "$late"
+  done
+  ab "tail-bert-base-2x48-fp8-early-first" --model bert-base --dtype fp8 --shape 2x48 \
+    --variant 'early={"calibrate": true}' --variant 'late={"calibrate": true}' --set "$late"
+  ab "tail-bert-base-2x48-fp16" --model bert-base --shape 2x48 \
+    --variant 'late={}' --variant 'early={}' --set "$late"
+  for tail in False True; do
+    timeout 120 env PYTHONPATH="$PWD" python3 benchmarks/trace_pass.py --shapes bert-base:2x48 \
+      --dtype fp8 --calibrate --set "engine.fused.kernels.attention.ATTN_EARLY_TAIL=$tail" \
+      --out "$out/trace-early-tail-$tail" || echo "trace $tail failed: $?"
   done
 fi
 if [ "$which" = ffn2 ] || [ "$which" = all ]; then
