@@ -10,9 +10,12 @@
 #   rule:  where the early tail loses: one sequence without a full key block, two with
 #          full blocks, 2x48 with the variants' order swapped, 16-bit 2x48, and the kernel
 #          trace of calibrated FP8 2x48 both ways.
-# Run on the GPU from the repository root: benchmarks/early_sweep.sh tail|ffn2|all|rule OUT_DIR
+#   multi: the engine's rule (``encoder.ATTN_EARLY_TAIL_E4M3_MAX_SEQS``) against the early
+#          tail at every sequence count, calibrated FP8 BERT-base, 2 to 8 sequences.
+# Run on the GPU from the repository root:
+#   benchmarks/early_sweep.sh tail|ffn2|all|rule|multi OUT_DIR
 set -euo pipefail
-which="${1:?tail, ffn2, all or rule}"
+which="${1:?tail, ffn2, all, rule or multi}"
 out="${2:?output directory}"
 mkdir -p "$out"
 late='late:engine.fused.kernels.attention.ATTN_EARLY_TAIL=False'
@@ -44,6 +47,13 @@ if [ "$which" = rule ]; then  # where the early tail loses (v30: fp8 2x48 and 4x
     timeout 120 env PYTHONPATH="$PWD" python3 benchmarks/trace_pass.py --shapes bert-base:2x48 \
       --dtype fp8 --calibrate --set "engine.fused.kernels.attention.ATTN_EARLY_TAIL=$tail" \
       --out "$out/trace-early-tail-$tail" || echo "trace $tail failed: $?"
+  done
+fi
+if [ "$which" = multi ]; then  # the engine's rule (late past one sequence on e4m3) held
+  for shape in 2x64 4x32 8x16 2x48 4x24; do
+    ab "multi-bert-base-$shape-fp8" --model bert-base --dtype fp8 --shape "$shape" \
+      --variant 'default={"calibrate": true}' --variant 'early={"calibrate": true}' \
+      --set 'early:engine.fused.encoder.ATTN_EARLY_TAIL_E4M3_MAX_SEQS=64'
   done
 fi
 if [ "$which" = ffn2 ] || [ "$which" = all ]; then

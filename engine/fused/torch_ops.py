@@ -333,6 +333,7 @@ def attention_varlen(
     fp8_scale: torch.Tensor | None = None,
     tiles: object = None,  # the Triton kernel's tile list: meaningless here
     late_release: bool = False,  # launch order: meaningless here
+    early_tail: bool | None = None,  # when the kernel loads keys: meaningless here
 ) -> torch.Tensor:
     n, three_d = qkv.shape
     d = three_d // 3

@@ -168,6 +168,42 @@ def test_early_weights_reach_the_named_gemms_only(
     assert [role for role, early in seen if early] == [r for r in expected if r in named]
 
 
+@pytest.mark.parametrize(("fp8", "windows", "max_seqs", "want"), [
+    (True, 1, None, None),   # one sequence: the kernel's choice (early where uncapped)
+    (True, 2, None, False),  # several on e4m3 operands: the late load
+    (True, 2, 2, None),      # ... unless the limit allows them
+    (False, 2, None, None),  # 16-bit operands: the kernel's choice
+    (False, 3, 1, None),
+])
+def test_attention_early_tail_in_the_deferred_layer(
+        tiny8: Any, monkeypatch: pytest.MonkeyPatch, fp8: bool, windows: int,
+        max_seqs: int | None, want: bool | None) -> None:
+    """The deferred layer on e4m3 operands asks attention for the late tail in passes of
+    more than ``encoder.ATTN_EARLY_TAIL_E4M3_MAX_SEQS`` sequences (its default: 1) and
+    leaves the choice to the kernel otherwise; every layer's launch alike."""
+    from engine.fused import encoder, torch_ops
+    from engine.fused.engine import FusedEngine
+
+    assert encoder.ATTN_EARLY_TAIL_E4M3_MAX_SEQS == 1
+    if max_seqs is not None:
+        monkeypatch.setattr(encoder, "ATTN_EARLY_TAIL_E4M3_MAX_SEQS", max_seqs)
+    seen: list[object] = []
+    spec = torch_ops.attention_varlen
+
+    def attention(*args: Any, **kw: Any) -> Any:
+        seen.append(kw.get("early_tail", "not passed"))
+        return spec(*args, **kw)
+
+    monkeypatch.setattr(torch_ops, "attention_varlen", attention)
+    never = 1 << 30
+    engine = FusedEngine(tiny8, "cpu", backend="torch", deferred_ln_max_hidden=48,
+                         fp8_min_tokens=never, fp8_calibrated_min_tokens=never,
+                         fp8_deferred=fp8)
+    ids = np.random.default_rng(8).integers(1, 100, (windows, 20)).astype(np.int32)
+    engine.infer(ids, np.ones_like(ids), np.zeros_like(ids))
+    assert seen == [want, want]  # one attention a layer
+
+
 def test_early_weights_option_is_checked(tiny: Any) -> None:
     from engine.fused.encoder import EARLY_WEIGHTS
     from engine.fused.engine import FusedEngine
