@@ -12,10 +12,11 @@
 #          trace of calibrated FP8 2x48 both ways.
 #   multi: the engine's rule (``encoder.ATTN_EARLY_TAIL_E4M3_MAX_SEQS``) against the early
 #          tail at every sequence count, calibrated FP8 BERT-base, 2 to 8 sequences.
+#   large: the early tail on BERT-large's seven-kernel small layer at several sequences.
 # Run on the GPU from the repository root:
-#   benchmarks/early_sweep.sh tail|ffn2|all|rule|multi OUT_DIR
+#   benchmarks/early_sweep.sh tail|ffn2|all|rule|multi|large OUT_DIR
 set -euo pipefail
-which="${1:?tail, ffn2, all, rule or multi}"
+which="${1:?tail, ffn2, all, rule, multi or large}"
 out="${2:?output directory}"
 mkdir -p "$out"
 late='late:engine.fused.kernels.attention.ATTN_EARLY_TAIL=False'
@@ -55,6 +56,12 @@ if [ "$which" = multi ]; then  # the engine's rule (late past one sequence on e4
       --variant 'default={"calibrate": true}' --variant 'early={"calibrate": true}' \
       --set 'early:engine.fused.encoder.ATTN_EARLY_TAIL_E4M3_MAX_SEQS=64'
   done
+fi
+if [ "$which" = large ]; then  # BERT-large's seven-kernel small layer, several sequences
+  ab "tail-bert-large-4x32-fp8" --model bert-large --dtype fp8 --shape 4x32 \
+    --variant 'late={"calibrate": true}' --variant 'early={"calibrate": true}' --set "$late"
+  ab "tail-bert-large-2x48-fp16" --model bert-large --shape 2x48 \
+    --variant 'late={}' --variant 'early={}' --set "$late"
 fi
 if [ "$which" = ffn2 ] || [ "$which" = all ]; then
   for shape in 1x96 2x64 4x32 8x16; do
