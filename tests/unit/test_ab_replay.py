@@ -295,3 +295,24 @@ def test_process_state_probe_actions() -> None:
 
     if not torch.cuda.is_available():
         assert gpu_state() == {}
+
+
+def test_sweep_scripts_parse_and_set_constants_that_exist() -> None:
+    """The device sweeps (``benchmarks/*.sh``) parse as bash, and every module constant
+    they set (``--set [NAME:]module.ATTR=VALUE``) exists: on the device a typo costs a
+    call (ab_replay refuses it only once the call has started)."""
+    import importlib
+    import re
+    import subprocess
+    from pathlib import Path
+
+    pytest.importorskip("triton")
+    scripts = sorted(Path(__file__).resolve().parents[2].glob("benchmarks/*.sh"))
+    assert scripts
+    targets = set()
+    for script in scripts:
+        subprocess.run(["bash", "-n", str(script)], check=True)
+        targets |= set(re.findall(r"\b(engine\.fused[\w.]*)\.(\w+)=", script.read_text()))
+    assert ("engine.fused.encoder", "ATTN_EARLY_TAIL_E4M3_MAX_SEQS") in targets
+    for module, attr in sorted(targets):
+        assert hasattr(importlib.import_module(module), attr), f"{module}.{attr}"
