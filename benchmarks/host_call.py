@@ -52,7 +52,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 def main() -> None:
     sys.path.insert(0, str(REPO))
-    from benchmarks.rounds import batch1_parser, event_ms
+    from benchmarks.rounds import batch1_parser, event_ms, host_us
 
     p = batch1_parser(__doc__, calls=400, calls_help="per variant and round")
     p.add_argument("--spin-us", type=float, default=0.0,
@@ -106,10 +106,7 @@ def main() -> None:
     def host_part(name: str, fn: Callable[[], Any]) -> Callable[[], None]:
         """``fn``'s host time up to its return (the launch), then a sync off the clock."""
         def run() -> None:
-            t0 = time.perf_counter()
-            fn()
-            launch_only[name].append(time.perf_counter() - t0)
-            torch.cuda.synchronize()
+            launch_only[name].append(host_us(fn) * 1e-6)
             until = time.perf_counter() + args.spin_us * 1e-6
             while time.perf_counter() < until:
                 pass

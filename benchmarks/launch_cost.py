@@ -56,7 +56,7 @@ def main() -> None:
         random_padded,
         time_calls,
     )
-    from benchmarks.rounds import event_ms
+    from benchmarks.rounds import event_ms, host_us
     from engine.fused.engine import FusedEngine
     from engine.fused.graph_args import Launcher
 
@@ -98,13 +98,6 @@ def main() -> None:
     def sleep() -> None:
         torch.cuda._sleep(SLEEP_CYCLES)
 
-    def host(fn: Callable[[], Any]) -> float:
-        t0 = time.perf_counter()
-        fn()
-        dt = time.perf_counter() - t0
-        torch.cuda.synchronize()
-        return dt * 1e6
-
     with torch.inference_mode():
         for r in range(args.rounds):
             for name, fn in calls.items():
@@ -114,7 +107,7 @@ def main() -> None:
                 times[name]["idle"] += [ms * 1e3 for ms in event_ms(fn, args.calls)]
                 times[name]["queued"] += [ms * 1e3 for ms in event_ms(fn, args.calls, sleep)]
                 for _ in range(args.calls):
-                    times[name]["host"].append(host(fn))
+                    times[name]["host"].append(host_us(fn))
             # bench_gpu's own timer on the same calls, one round's median each (v25's
             # question; v26: it agrees with event_ms here, 283.0 against 283.5 µs)
             timing = time_calls(lambda x: eng._run_device(*x), sets, target_s=0.07)

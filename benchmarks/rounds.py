@@ -143,6 +143,20 @@ def idle_ms(fn: Callable[[], object], reps: int) -> float:
     return statistics.median(event_ms(fn, reps))
 
 
+def host_us(fn: Callable[[], object]) -> float:
+    """Host time of one call of ``fn`` up to its return (for a launch: before the GPU has
+    run it), µs; then a device sync, off the clock."""
+    import time
+
+    import torch
+
+    t0 = time.perf_counter()
+    fn()
+    dt = time.perf_counter() - t0
+    torch.cuda.synchronize()
+    return dt * 1e6
+
+
 def wall_ms(fn: Callable[[], object], reps: int) -> float:
     """Wall-clock time of ``reps`` calls of ``fn`` between two device synchronizations, ms
     per call: what a caller waits for, host work and every stream included."""
