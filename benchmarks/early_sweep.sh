@@ -13,6 +13,10 @@
 #   multi: the engine's rule (``encoder.ATTN_EARLY_TAIL_E4M3_MAX_SEQS``) against the early
 #          tail at every sequence count, calibrated FP8 BERT-base, 2 to 8 sequences.
 #   large: the early tail on BERT-large's seven-kernel small layer at several sequences.
+# (v30's records, benchmarks/gpu-2026-12-01-v30/: the tail and rule modes ran before
+# c9ef551 (9be4aed, 1905b8a), where the engine needed no "$anyseqs" setting; the rule
+# mode's traces are kept as trace-2x48-{late,early}-tail.{md,json}, and the ffn2 mode's
+# files of its c9ef551 run as ffn2-early-*-fp8-rule.json.)
 # Run on the GPU from the repository root:
 #   benchmarks/early_sweep.sh tail|ffn2|all|rule|multi|large OUT_DIR
 set -euo pipefail
@@ -20,6 +24,9 @@ which="${1:?tail, ffn2, all, rule, multi or large}"
 out="${2:?output directory}"
 mkdir -p "$out"
 late='late:engine.fused.kernels.attention.ATTN_EARLY_TAIL=False'
+# The deferred FP8 layer asks for the late tail past one sequence since c9ef551: variant
+# "early" of an FP8 run lifts that limit so that it runs the early tail as v29 did.
+anyseqs='engine.fused.encoder.ATTN_EARLY_TAIL_E4M3_MAX_SEQS=64'
 ab() {
   local name="$1"; shift
   timeout 240 env PYTHONPATH="$PWD" python3 benchmarks/ab_replay.py --rounds 8 --iters 300 \
@@ -32,29 +39,33 @@ if [ "$which" = tail ] || [ "$which" = all ]; then
   done
   for shape in 2x48 4x24; do
     ab "tail-bert-base-$shape-fp8" --model bert-base --dtype fp8 --shape "$shape" \
-      --variant 'late={"calibrate": true}' --variant 'early={"calibrate": true}' --set "$late"
+      --variant 'late={"calibrate": true}' --variant 'early={"calibrate": true}' --set "$late" \
+      --set "early:$anyseqs"
   done
 fi
 if [ "$which" = rule ]; then  # where the early tail loses (v30: fp8 2x48 and 4x24)
   for shape in 1x48 2x96; do
     ab "tail-bert-base-$shape-fp8" --model bert-base --dtype fp8 --shape "$shape" \
-      --variant 'late={"calibrate": true}' --variant 'early={"calibrate": true}' --set "$late"
+      --variant 'late={"calibrate": true}' --variant 'early={"calibrate": true}' --set "$late" \
+      --set "early:$anyseqs"
   done
   ab "tail-bert-base-2x48-fp8-early-first" --model bert-base --dtype fp8 --shape 2x48 \
-    --variant 'early={"calibrate": true}' --variant 'late={"calibrate": true}' --set "$late"
+    --variant 'early={"calibrate": true}' --variant 'late={"calibrate": true}' --set "$late" \
+    --set "early:$anyseqs"
   ab "tail-bert-base-2x48-fp16" --model bert-base --shape 2x48 \
     --variant 'late={}' --variant 'early={}' --set "$late"
-  for tail in False True; do
+  for tail in late early; do
+    flag=False; [ "$tail" = early ] && flag=True
     timeout 120 env PYTHONPATH="$PWD" python3 benchmarks/trace_pass.py --shapes bert-base:2x48 \
-      --dtype fp8 --calibrate --set "engine.fused.kernels.attention.ATTN_EARLY_TAIL=$tail" \
-      --out "$out/trace-early-tail-$tail" || echo "trace $tail failed: $?"
+      --dtype fp8 --calibrate --set "engine.fused.kernels.attention.ATTN_EARLY_TAIL=$flag" \
+      --set "$anyseqs" --out "$out/trace-2x48-$tail-tail" || echo "trace $tail failed: $?"
   done
 fi
 if [ "$which" = multi ]; then  # the engine's rule (late past one sequence on e4m3) held
   for shape in 2x64 4x32 8x16 2x48 4x24; do
     ab "multi-bert-base-$shape-fp8" --model bert-base --dtype fp8 --shape "$shape" \
       --variant 'default={"calibrate": true}' --variant 'early={"calibrate": true}' \
-      --set 'early:engine.fused.encoder.ATTN_EARLY_TAIL_E4M3_MAX_SEQS=64'
+      --set "early:$anyseqs"
   done
 fi
 if [ "$which" = large ]; then  # BERT-large's seven-kernel small layer, several sequences

@@ -297,22 +297,34 @@ def test_process_state_probe_actions() -> None:
         assert gpu_state() == {}
 
 
-def test_sweep_scripts_parse_and_set_constants_that_exist() -> None:
-    """The device sweeps (``benchmarks/*.sh``) parse as bash, and every module constant
-    they set (``--set [NAME:]module.ATTR=VALUE``) exists: on the device a typo costs a
-    call (ab_replay refuses it only once the call has started)."""
+def test_sweep_scripts_parse_and_name_what_exists() -> None:
+    """The device sweeps (``benchmarks/*.sh``) parse as bash, every module constant they
+    set (``--set [NAME:]module.ATTR=VALUE``) exists, and every literal variant's options
+    are engine options or ``ab_replay``'s own: on the device a typo costs a call
+    (ab_replay refuses it only once the call has started)."""
     import importlib
+    import inspect
     import re
     import subprocess
     from pathlib import Path
 
-    pytest.importorskip("triton")
     scripts = sorted(Path(__file__).resolve().parents[2].glob("benchmarks/*.sh"))
     assert scripts
-    targets = set()
+    targets: set[tuple[str, str]] = set()
+    options: set[str] = set()
     for script in scripts:
         subprocess.run(["bash", "-n", str(script)], check=True)
-        targets |= set(re.findall(r"\b(engine\.fused[\w.]*)\.(\w+)=", script.read_text()))
+        text = script.read_text()
+        targets |= set(re.findall(r"\b(engine\.fused[\w.]*)\.(\w+)=", text))
+        for literal in re.findall(r"'\w+=(\{[^'$]*\})'", text):
+            options |= set(json.loads(literal))
     assert ("engine.fused.encoder", "ATTN_EARLY_TAIL_E4M3_MAX_SEQS") in targets
+    assert {"calibrate", "early_weights"} <= options  # the literals were found
+    pytest.importorskip("triton")
+    from engine.fused.engine import FusedEngine
+
+    known = set(inspect.signature(FusedEngine).parameters) | {
+        "calibrate", "fp8_scaling", "repeat_layers"}  # ab_replay's own (see its docstring)
+    assert options <= known, sorted(options - known)
     for module, attr in sorted(targets):
         assert hasattr(importlib.import_module(module), attr), f"{module}.{attr}"

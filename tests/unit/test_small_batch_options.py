@@ -173,7 +173,7 @@ def test_early_weights_reach_the_named_gemms_only(
     (True, 2, None, False),  # several on e4m3 operands: the late load
     (True, 2, 2, None),      # ... unless the limit allows them
     (False, 2, None, None),  # 16-bit operands: the kernel's choice
-    (False, 3, 1, None),
+    (True, 3, None, False),  # 3 sequences: the same
 ])
 def test_attention_early_tail_in_the_deferred_layer(
         tiny8: Any, monkeypatch: pytest.MonkeyPatch, fp8: bool, windows: int,
