@@ -41,7 +41,8 @@ _SIGNATURE = {
     "stride_out": "i32", "D": "i32", "HEAD_DIM": "constexpr", "BLOCK_DH": "constexpr",
     "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "USE_PDL": "constexpr",
     "PREFETCH": "constexpr", "FP8_OUT": "constexpr", "TILED": "constexpr",
-    "SPLIT": "constexpr", "LATE_RELEASE": "constexpr",
+    "SPLIT": "constexpr", "LATE_RELEASE": "constexpr", "EARLY_TAIL": "constexpr",
+    "trace_ptr": "*i64", "TRACE": "constexpr",
 }
 _DIVISIBLE = ("qkv_ptr", "bias_ptr", "out_ptr", "cu_ptr", "scale_ptr", "tiles_ptr",
               "stride_qkv", "stride_out", "D")
@@ -119,33 +120,45 @@ def load_module(path: Path) -> ModuleType:
     return module
 
 
-def compile_stats(module: ModuleType, bm: int, bn: int, warps: int,
-                  keep: Path | None = None, split: bool = False,
-                  maxnreg: int | None = None, early_tail: bool = False) -> LoopStats:
+def compile_sass(fn: object, signature: dict[str, str], constexprs: dict[str, object],
+                 divisible: tuple[str, ...], options: dict[str, object]) -> tuple[str, str, int]:
+    """(SASS, ``cuobjdump -res-usage``, shared bytes) of JIT function ``fn`` compiled for
+    sm_90a on this machine, with the arguments named in ``divisible`` marked divisible by
+    16 (as Triton's launcher specializes pointers and strides) and floating-point fusion
+    on (as the launcher has it) unless ``options`` says otherwise."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    names = list(_SIGNATURE)
-    src = ASTSource(module._attn_varlen_kernel, _SIGNATURE,
-                    attrs={(names.index(n),): [["tt.divisibility", 16]] for n in _DIVISIBLE},
-                    constexprs={"HEAD_DIM": 64, "BLOCK_DH": 64, "BLOCK_M": bm, "BLOCK_N": bn,
-                                "USE_PDL": False, "PREFETCH": False, "FP8_OUT": False,
-                                "TILED": True, "SPLIT": split,
-                                "LATE_RELEASE": False, "EARLY_TAIL": early_tail})
-    options: dict[str, object] = {"num_warps": warps, "num_stages": 3,
-                                  "enable_fp_fusion": True}  # as the launcher does
-    if maxnreg:
-        options["maxnreg"] = maxnreg
-    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+    names = list(signature)
+    src = ASTSource(fn, signature,
+                    attrs={(names.index(n),): [["tt.divisibility", 16]] for n in divisible},
+                    constexprs=constexprs)
+    kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32),
+                            options={"enable_fp_fusion": True, **options})
     tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
     with tempfile.TemporaryDirectory() as tmp:
-        cubin = Path(tmp) / "attention.cubin"
+        cubin = Path(tmp) / "kernel.cubin"
         cubin.write_bytes(kernel.asm["cubin"])
         sass = subprocess.run([str(tools / "cuobjdump"), "-sass", str(cubin)],
                               capture_output=True, text=True, check=True).stdout
         usage = subprocess.run([str(tools / "cuobjdump"), "-res-usage", str(cubin)],
                                capture_output=True, text=True, check=True).stdout
+    return sass, usage, int(kernel.metadata.shared)
+
+
+def compile_stats(module: ModuleType, bm: int, bn: int, warps: int,
+                  keep: Path | None = None, split: bool = False,
+                  maxnreg: int | None = None, early_tail: bool = False) -> LoopStats:
+    options: dict[str, object] = {"num_warps": warps, "num_stages": 3}
+    if maxnreg:
+        options["maxnreg"] = maxnreg
+    sass, usage, shared = compile_sass(
+        module._attn_varlen_kernel, _SIGNATURE,
+        {"HEAD_DIM": 64, "BLOCK_DH": 64, "BLOCK_M": bm, "BLOCK_N": bn, "USE_PDL": False,
+         "PREFETCH": False, "FP8_OUT": False, "TILED": True, "SPLIT": split,
+         "LATE_RELEASE": False, "EARLY_TAIL": early_tail, "TRACE": False},
+        _DIVISIBLE, options)
     if keep is not None:
         keep.mkdir(parents=True, exist_ok=True)
         form = (("split" + ("-early-tail" if early_tail else "")
@@ -155,8 +168,8 @@ def compile_stats(module: ModuleType, bm: int, bn: int, warps: int,
     regs = re.search(r"REG:(\d+)", usage)
     spills = sum(1 for m in map(_LINE.match, sass.splitlines())
                  if m and re.search(r"\bSTL\b", m.group(2)))
-    return LoopStats(count, ops, int(regs.group(1)) if regs else -1,
-                     int(kernel.metadata.shared), spills, loads_after_loop(sass))
+    return LoopStats(count, ops, int(regs.group(1)) if regs else -1, shared, spills,
+                     loads_after_loop(sass))
 
 
 def main(argv: list[str] | None = None) -> None:

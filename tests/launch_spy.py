@@ -47,3 +47,25 @@ def launch_grids(module: ModuleType, name: str) -> Iterator[list[Any]]:
     seen: list[Any] = []
     with _recording(module, name, lambda grid, kwargs: seen.append(grid)):
         yield seen
+
+
+@contextmanager
+def launches_unrun(module: ModuleType, name: str) -> Iterator[list[tuple[Any, dict[str, Any]]]]:
+    """(grid, keyword arguments) of every launch of ``module.name`` while inside, which
+    are *not* run: for what a wrapper asks of a kernel, where running it could not work
+    (e.g. the timeline's timer reads under the interpreter, or no GPU)."""
+    kernel = getattr(module, name)
+    seen: list[tuple[Any, dict[str, Any]]] = []
+
+    class Recorder:
+        def __getitem__(self, grid: Any) -> Any:
+            def run(*args: Any, **kwargs: Any) -> None:
+                seen.append((grid, kwargs))
+
+            return run
+
+    setattr(module, name, Recorder())
+    try:
+        yield seen
+    finally:
+        setattr(module, name, kernel)

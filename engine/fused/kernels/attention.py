@@ -19,6 +19,7 @@ from engine.fused.kernels.common import (
     prefetch_l1,
     to_e4m3,
 )
+from engine.fused.kernels.timeline import grid_programs, record, stamp, trace_args
 
 # Attention tiles (BLOCK_M queries x BLOCK_N keys, warps, pipeline stages). 64 x 64 with
 # 4 warps by default: on the H200 it beats 64 x 32 by 7% on full windows of 192 and 384
@@ -207,17 +208,21 @@ def _attn_varlen_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_DH: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_PDL: tl.constexpr,
     PREFETCH: tl.constexpr, FP8_OUT: tl.constexpr, TILED: tl.constexpr,
-    SPLIT: tl.constexpr, LATE_RELEASE: tl.constexpr, EARLY_TAIL: tl.constexpr,
+    SPLIT: tl.constexpr, LATE_RELEASE: tl.constexpr, EARLY_TAIL: tl.constexpr, trace_ptr,
+    TRACE: tl.constexpr,
 ):
     """Grid (query blocks, sequences, heads), or with ``TILED`` (tile-list slots, heads).
     With ``USE_PDL`` the next kernel may launch right after the wait, or with
-    ``LATE_RELEASE`` once the program has stored its rows."""
+    ``LATE_RELEASE`` once the program has stored its rows. ``TRACE``: each program writes
+    its timeline row (``kernels.timeline``)."""
+    started = stamp(TRACE)
     head = tl.program_id(1) if TILED else tl.program_id(2)
     if PREFETCH:  # this head's Q and V biases into L1 while the QKV GEMM still runs
         v = head * HEAD_DIM + tl.minimum(tl.arange(0, BLOCK_DH // 16) * 16, HEAD_DIM - 1)
         prefetch_l1(bias_ptr + v)
         prefetch_l1(bias_ptr + 2 * D + v)
     pdl_enter(USE_PDL, not LATE_RELEASE)
+    waited = stamp(TRACE)
     if TILED:
         slot = tiles_ptr + tl.program_id(0) * 3
         start = tl.load(slot, cache_modifier=".cg")
@@ -233,6 +238,7 @@ def _attn_varlen_kernel(
                        qk_scale, stride_qkv, stride_out, D, HEAD_DIM, BLOCK_DH, BLOCK_M,
                        BLOCK_N, scale_ptr, FP8_OUT, SPLIT, EARLY_TAIL)
     pdl_release(LATE_RELEASE)
+    record(trace_ptr, started, waited, TRACE)
 
 
 @triton.jit
@@ -403,7 +409,8 @@ def attention_varlen(
         HEAD_DIM=head_dim, BLOCK_DH=head_block(head_dim),
         BLOCK_M=bm, BLOCK_N=bn, USE_PDL=pdl, PREFETCH=pdl and prefetch,
         FP8_OUT=fp8_scale is not None, TILED=tiles is not None, SPLIT=split,
-        LATE_RELEASE=pdl and late_release, EARLY_TAIL=early_tail, num_warps=warps,
+        LATE_RELEASE=pdl and late_release, EARLY_TAIL=early_tail,
+        **trace_args("attention", grid_programs(grid), qkv), num_warps=warps,
         num_stages=stages,
         **launch_options(pdl), **maxnreg,
     )

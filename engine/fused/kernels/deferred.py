@@ -63,6 +63,7 @@ from engine.fused.kernels.rows import (
     stage_cu,
     staging_args,
 )
+from engine.fused.kernels.timeline import grid_programs, record, stamp, trace_args
 
 _ZERO_BLOCK = tl.constexpr(1024)  # float32 elements a program zeroes per step
 
@@ -174,7 +175,7 @@ def _deferred_gemm_kernel(
     STATS_OUT: tl.constexpr, ZERO: tl.constexpr, USE_PDL: tl.constexpr,
     PREFETCH: tl.constexpr, W_BYTES: tl.constexpr, LATE_RELEASE: tl.constexpr,
     SCALED: tl.constexpr, Q_OUT: tl.constexpr, COPY8: tl.constexpr,
-    EARLY: tl.constexpr, NCH: tl.constexpr,
+    EARLY: tl.constexpr, NCH: tl.constexpr, trace_ptr, TRACE: tl.constexpr,
 ):
     """Output tile of ``x @ w^T`` over K slice ``program_id(1)``, then:
 
@@ -190,7 +191,8 @@ def _deferred_gemm_kernel(
       add the stored values' row sums;
     * ``COPY8``: also store the result (the finished tile with ``ATOMIC``) in e4m3 times
       ``inv8_ptr[0]`` into ``out8``: the next GEMM's FP8 operand;
-    * ``ZERO``: then the programs zero ``zero_ptr[:zero_numel]`` (float32) between them.
+    * ``ZERO``: then the programs zero ``zero_ptr[:zero_numel]`` (float32) between them;
+    * ``TRACE``: each program writes its timeline row (``kernels.timeline``).
 
     With ``USE_PDL`` the next kernel may launch right after the wait, or with
     ``LATE_RELEASE`` after the K loop (or the products). ``EARLY``: the weight slice is
@@ -207,6 +209,7 @@ def _deferred_gemm_kernel(
     LayerNorm moments alone before the loop gained nothing (2026-12-01). Zeroing before
     or after the tile measured the same.
     """
+    started = stamp(TRACE)
     pid = tl.program_id(0)
     split = tl.program_id(1)
     pid_m, pid_n = grouped_tile(pid, M, N, BLOCK_M, BLOCK_N, GROUP_M)
@@ -235,6 +238,7 @@ def _deferred_gemm_kernel(
         b = _chunks(w_ptr + cols[:, None] * K + k0 + tl.arange(0, BLOCK_K)[None, :], NCH,
                     BLOCK_K, False)
     pdl_enter(USE_PDL, not LATE_RELEASE)
+    waited = stamp(TRACE)
     rmask = offs_m < M
     nmask = offs_n < N
     lead = 1  # 1 where this program adds bias and residual (ATOMIC: K slice 0 only), else 0
@@ -290,6 +294,7 @@ def _deferred_gemm_kernel(
                 tl.store(out8_ptr + o_offs, to_e4m3(yo.to(tl.float32) * inv8), mask=omask)
     if ZERO:
         zero_share(zero_ptr, zero_numel, pid, split)
+    record(trace_ptr, started, waited, TRACE)
 
 
 def deferred_plan(m: int, n: int, k: int, kind: str,
@@ -361,7 +366,8 @@ def _launch(x, w, out, *, config, pdl, prefetch, u=None, bias=None, out16=None, 
     def arg(t):  # a valid pointer for arguments a variant never reads
         return w if t is None else t
 
-    _deferred_gemm_kernel[(tiles, splits)](
+    grid = (tiles, splits)
+    _deferred_gemm_kernel[grid](
         x, w, arg(u), arg(bias), out, arg(out16), arg(stats), arg(stats_out), arg(counters),
         arg(residual), arg(res_gamma), arg(res_beta), arg(zero), arg(scale), arg(out8),
         arg(inv8),
@@ -372,6 +378,7 @@ def _launch(x, w, out, *, config, pdl, prefetch, u=None, bias=None, out16=None, 
         ZERO=zero is not None, USE_PDL=pdl, PREFETCH=pdl and prefetch,
         W_BYTES=w.element_size(), LATE_RELEASE=pdl and late_release, SCALED=scaled,
         Q_OUT=q_out, COPY8=out8 is not None, EARLY=early, NCH=k // splits // bk if early else 0,
+        **trace_args("deferred GEMM", grid_programs(grid), w),
         num_warps=warps,
         num_stages=stages, **launch_options(pdl),
     )
@@ -483,11 +490,14 @@ def _embed_sum_kernel(
     ids_ptr, tt_ptr, pos_ptr, cu_src, n_valid, n_seqs,
     word_ptr, posemb_ptr, type_ptr, z_ptr, z16_ptr, stats_ptr,
     z8_ptr, inv8_ptr, cu_dst, n_cu, n_rows, D, BLOCK_D: tl.constexpr, ROWS: tl.constexpr,
-    USE_PDL: tl.constexpr, COPY8: tl.constexpr, CU_BLOCK: tl.constexpr,
+    USE_PDL: tl.constexpr, COPY8: tl.constexpr, CU_BLOCK: tl.constexpr, trace_ptr,
+    TRACE: tl.constexpr,
 ):
     """The deferred layer's first kernel; it stages a graph's inputs as ``_embed_ln_kernel``
     does (``rows.STAGE_ARGS``)."""
+    started = stamp(TRACE)
     pdl_enter(USE_PDL)
+    waited = stamp(TRACE)
     stage_cu(cu_src, cu_dst, n_seqs, n_cu, CU_BLOCK)
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     rmask, cols, _, mask, offs = row_block(rows, n_rows, D, BLOCK_D)
@@ -499,6 +509,7 @@ def _embed_sum_kernel(
         tl.store(z8_ptr + offs, to_e4m3(x * tl.load(inv8_ptr)), mask=mask)
     tl.store(stats_ptr + 2 * rows, tl.sum(x, axis=1), mask=rmask)
     tl.store(stats_ptr + 2 * rows + 1, tl.sum(x * x, axis=1), mask=rmask)
+    record(trace_ptr, started, waited, TRACE)
 
 
 def embed_sum(
@@ -526,10 +537,12 @@ def embed_sum(
     n, d = input_ids.shape[0], word.shape[1]
     block, rows, warps = _row_tile(n, d)
     staged, (cu_dst, n_cu) = staging_args(input_ids, token_type_ids, position_ids, stage)
-    _embed_sum_kernel[(triton.cdiv(n, rows),)](
+    grid = (triton.cdiv(n, rows),)
+    _embed_sum_kernel[grid](
         *staged, word, position, token_type, z, z16, stats,
         z16 if z8 is None else z8, stats if inv8 is None else inv8, cu_dst, n_cu, n, d,
         BLOCK_D=block, ROWS=rows, USE_PDL=pdl, COPY8=z8 is not None, CU_BLOCK=_CU_BLOCK,
+        **trace_args("embeddings", grid_programs(grid), word),
         num_warps=warps, **launch_options(pdl),
     )
 
@@ -537,15 +550,19 @@ def embed_sum(
 @triton.jit
 def _layernorm_qa_kernel(
     z_ptr, g_ptr, b_ptr, qa_w_ptr, qa_b_ptr, logits_ptr, n_rows, logits_stride, D, eps,
-    BLOCK_D: tl.constexpr, ROWS: tl.constexpr, USE_PDL: tl.constexpr,
+    BLOCK_D: tl.constexpr, ROWS: tl.constexpr, USE_PDL: tl.constexpr, trace_ptr,
+    TRACE: tl.constexpr,
 ):
+    started = stamp(TRACE)
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     rmask, cols, cmask, mask, offs = row_block(rows, n_rows, D, BLOCK_D)
     g, b = load_vector(g_ptr, cols, cmask), load_vector(b_ptr, cols, cmask)
     pdl_enter(USE_PDL)
+    waited = stamp(TRACE)
     z = tl.load(z_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
     qa_head_rows(layernorm_rows(z, mask, g, b, D, eps), rows, rmask, cols, cmask, qa_w_ptr,
                  qa_b_ptr, logits_ptr, logits_stride, D)
+    record(trace_ptr, started, waited, TRACE)
 
 
 def layernorm_qa(
@@ -561,8 +578,12 @@ def layernorm_qa(
     n, d = z.shape
     logits = torch.empty((2, n), device=z.device, dtype=torch.float32)
     block, rows, warps = _row_tile(n, d)
-    _layernorm_qa_kernel[(triton.cdiv(n, rows),)](
+    grid = (triton.cdiv(n, rows),)
+    _layernorm_qa_kernel[grid](
         z, gamma, beta, qa_weight, qa_bias, logits, n, logits.stride(0), d, eps,
-        BLOCK_D=block, ROWS=rows, USE_PDL=pdl, num_warps=warps, **launch_options(pdl),
+        BLOCK_D=block, ROWS=rows, USE_PDL=pdl,
+        # the fallback is not the logits: a graph's output argument is found by its address
+        **trace_args("LN + QA head", grid_programs(grid), z),
+        num_warps=warps, **launch_options(pdl),
     )
     return logits

@@ -1,0 +1,187 @@
+"""The kernels' per-program timeline (``engine.fused.kernels.timeline``), without a GPU:
+its buffer and slots, what each launch wrapper asks of its kernel (the kernels are not
+run), and the compiled code with and without ``TRACE`` (sm_90a SASS, compiled here)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("triton")
+
+from engine.fused.kernels import attention, deferred, timeline  # noqa: E402
+from tests.launch_spy import launches_unrun  # noqa: E402
+
+CPU = torch.device("cpu")
+
+
+def test_slots_follow_launch_order_within_capacity() -> None:
+    t = timeline.Timeline(CPU, capacity=10)
+    a, b = t.slot("a", 3), t.slot("b", 7)
+    assert a.shape == (3, len(timeline.FIELDS)) and b.shape == (7, len(timeline.FIELDS))
+    assert a.data_ptr() == t.rows.data_ptr() and b.data_ptr() == t.rows[3].data_ptr()
+    assert [(x.name, x.programs, x.first) for x in t.launches] == [("a", 3, 0), ("b", 7, 3)]
+    with pytest.raises(RuntimeError, match="holds 10 program rows"):
+        t.slot("c", 1)
+    with pytest.raises(ValueError, match="at least one program"):
+        t.slot("d", 0)
+    assert len(t.launches) == 2
+
+
+def test_recording_is_scoped_and_exclusive() -> None:
+    fallback = torch.zeros(1)
+    assert timeline.trace_args("x", 4, fallback) == {"trace_ptr": fallback, "TRACE": False}
+    t = timeline.Timeline(CPU, capacity=8)
+    with timeline.recording(t):
+        args = timeline.trace_args("x", 4, fallback)
+        assert args["TRACE"] is True and args["trace_ptr"].shape == (4, len(timeline.FIELDS))
+        with pytest.raises(RuntimeError, match="already recording"), \
+                timeline.recording(timeline.Timeline(CPU, capacity=1)):
+            pass
+    assert timeline.trace_args("x", 4, fallback)["TRACE"] is False
+    with pytest.raises(KeyError), timeline.recording(t):  # left on an error too
+        raise KeyError
+    assert timeline.trace_args("x", 4, fallback)["TRACE"] is False
+
+
+def test_grid_programs() -> None:
+    assert timeline.grid_programs((3,)) == 3
+    assert timeline.grid_programs((2, 12, 4)) == 96
+
+
+def _launches(t: Any) -> list[tuple[str, int]]:
+    return [(x.name, x.programs) for x in t.launches]
+
+
+def _check(seen: list[tuple[Any, dict[str, Any]]], t: Any, name: str) -> None:
+    """One launch, given its slot: the rows of its grid's programs, at the slot's place."""
+    (grid, kwargs), = seen
+    (launch,) = [x for x in t.launches if x.name == name]
+    assert launch.programs == timeline.grid_programs(tuple(grid))
+    assert kwargs["TRACE"] is True
+    assert kwargs["trace_ptr"].data_ptr() == t.rows[launch.first].data_ptr()
+    assert kwargs["trace_ptr"].shape == (launch.programs, len(timeline.FIELDS))
+
+
+def test_gemm_launches_ask_for_their_programs_rows() -> None:
+    m, k, n = 128, 192, 80
+    x = torch.zeros((m, k), dtype=torch.float16)
+    w = torch.zeros((n, k), dtype=torch.float16)
+    stats = torch.zeros((m, 2))
+    t = timeline.Timeline(CPU, capacity=4096)
+    with launches_unrun(deferred, "_deferred_gemm_kernel") as seen:
+        deferred.folded_linear(x, w, torch.zeros(n), None, stats, 1e-5)
+        with timeline.recording(t):
+            deferred.folded_linear(x, w, torch.zeros(n), None, stats, 1e-5)
+            deferred.residual_linear(
+                x, torch.zeros((n, k), dtype=torch.float16), torch.zeros(n), x[:, :n].clone(),
+                stats, torch.ones(n), torch.zeros(n), 1e-5, torch.zeros((m, 2)),
+                out=torch.zeros((m, n)), out16=torch.zeros((m, n), dtype=torch.float16),
+                counters=torch.zeros(64, dtype=torch.int32), splits=3,
+                config=(64, 32, 32, 4, 2))
+    off, folded, accumulate = seen
+    assert off[1]["TRACE"] is False and off[1]["trace_ptr"] is w
+    assert accumulate[0] == (2 * 3, 3)  # 64x32 tiles of 128x80, 3 K splits
+    assert _launches(t) == [("deferred GEMM", timeline.grid_programs(folded[0])),
+                            ("deferred GEMM", 18)]
+    for i, (grid, kwargs) in enumerate((folded, accumulate)):
+        launch = t.launches[i]
+        assert launch.programs == timeline.grid_programs(tuple(grid))
+        assert kwargs["TRACE"] is True
+        assert kwargs["trace_ptr"].data_ptr() == t.rows[launch.first].data_ptr()
+
+
+def test_attention_asks_for_its_grids_rows() -> None:
+    heads, d = 4, 64
+    qkv = torch.zeros((100, 3 * d), dtype=torch.float16)
+    cu = torch.tensor([0, 40, 100], dtype=torch.int32)
+    t = timeline.Timeline(CPU, capacity=1024)
+    with launches_unrun(attention, "_attn_varlen_kernel") as seen, timeline.recording(t):
+        attention.attention_varlen(qkv, torch.zeros(3 * d), cu, 64, 2, heads)
+    _check(seen, t, "attention")
+    assert t.launches[0].programs == 1 * 2 * heads  # one 64-query block, 2 sequences
+
+
+def test_embeddings_and_head_ask_for_their_rows_and_keep_the_logits_apart() -> None:
+    n, d = 20, 32
+    ids = torch.zeros(n, dtype=torch.int32)
+    emb = torch.zeros((50, d), dtype=torch.float16)
+    z, z16, stats = torch.zeros((n, d)), torch.zeros((n, d), dtype=torch.float16), torch.zeros(
+        (n, 2))
+    t = timeline.Timeline(CPU, capacity=1024)
+    with launches_unrun(deferred, "_embed_sum_kernel") as embeds, \
+            launches_unrun(deferred, "_layernorm_qa_kernel") as heads:
+        with timeline.recording(t):
+            deferred.embed_sum(ids, ids, ids, emb, emb, emb, z, z16, stats)
+            deferred.layernorm_qa(z16, torch.ones(d), torch.zeros(d), 1e-5,
+                                  torch.zeros((2, d)), torch.zeros(2))
+        deferred.layernorm_qa(z16, torch.ones(d), torch.zeros(d), 1e-5, torch.zeros((2, d)),
+                              torch.zeros(2))
+    _check(embeds, t, "embeddings")
+    _check(heads[:1], t, "LN + QA head")
+    # Off, the head's unused trace argument is not the logits (a graph's output argument
+    # is found by its address: ``graph_args.pointer_arg``).
+    assert heads[1][1]["TRACE"] is False and heads[1][1]["trace_ptr"] is z16
+
+
+# --------------------------------------------------------------------------- the code
+
+_GEMM_POINTERS = ("x_ptr", "w_ptr", "u_ptr", "bias_ptr", "out_ptr", "out16_ptr", "stats_ptr",
+                  "stats_out_ptr", "cnt_ptr", "res_ptr", "res_g_ptr", "res_b_ptr", "zero_ptr",
+                  "scale_ptr", "out8_ptr", "inv8_ptr")
+_TIMER = re.compile(r"SR_GLOBALTIMERLO|SR_CLOCKLO|SR_VIRTUALSMID")
+
+
+def _gemm_sass(trace: bool) -> str:
+    """FFN2's launch of the FP8 deferred layer (split-K atomics, the tile fix-up, e4m3
+    copy, PDL, L2 prefetch) compiled for sm_90a."""
+    from benchmarks.attention_sass import compile_sass
+
+    e4m3 = ("x_ptr", "w_ptr", "out8_ptr")
+    types = {p: "*fp8e4nv" if p in e4m3 else "*i32" if p == "cnt_ptr" else "*fp32"
+             for p in _GEMM_POINTERS}
+    types |= {"M": "i32", "N": "i32", "K": "i32", "k_split": "i32", "zero_numel": "i32",
+              "eps": "fp32", "trace_ptr": "*i64"}
+    kernel = deferred._deferred_gemm_kernel
+    signature = {name: types.get(name, "constexpr") for name in kernel.arg_names}
+    constexprs = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, GROUP_M=8, FOLD_LN=False,
+                      GELU=False, TANH=False, HAS_BIAS=True, RESIDUAL=True, ATOMIC=True,
+                      STATS_OUT=True, ZERO=False, USE_PDL=True, PREFETCH=True, W_BYTES=1,
+                      LATE_RELEASE=False, SCALED=True, Q_OUT=False, COPY8=True, EARLY=False,
+                      NCH=0, TRACE=trace)
+    assert {n for n, t in signature.items() if t == "constexpr"} == set(constexprs)
+    sass, _, _ = compile_sass(kernel, signature, constexprs,
+                              (*_GEMM_POINTERS, "trace_ptr", "N", "K", "k_split"),
+                              {"num_warps": 4, "num_stages": 4})
+    return sass
+
+
+def _tools_or_skip() -> None:
+    import pathlib
+
+    import triton
+
+    if not (pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+            / "cuobjdump").exists():
+        pytest.skip("this Triton wheel has no cuobjdump")
+
+
+def test_trace_off_compiles_no_timer_and_on_stamps_around_the_wait() -> None:
+    """Off: no timer, clock or SM-id read in the kernel's code. On: the start stamp
+    before anything else (the L2 prefetch), the second right after the PDL wait
+    (``ACQBULK``) and the release, the end after the epilogue's last atomic."""
+    _tools_or_skip()
+    assert not _TIMER.search(_gemm_sass(False))
+    code = [line for line in _gemm_sass(True).splitlines() if re.match(r"\s+/\*[0-9a-f]{4}", line)]
+    at = {key: [i for i, line in enumerate(code) if key in line]
+          for key in ("SR_GLOBALTIMERLO", "SR_CLOCKLO", "SR_VIRTUALSMID", "ACQBULK",
+                      "UBLKPF", "ATOMG")}
+    assert len(at["SR_GLOBALTIMERLO"]) == len(at["SR_CLOCKLO"]) == 3
+    assert len(at["SR_VIRTUALSMID"]) == 1 and len(at["ACQBULK"]) == 1
+    first, waited, end = at["SR_GLOBALTIMERLO"]
+    assert first < min(at["UBLKPF"])
+    assert at["ACQBULK"][0] < waited < at["ACQBULK"][0] + 4
+    assert end > max(at["ATOMG"])
