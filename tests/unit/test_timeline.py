@@ -185,3 +185,49 @@ def test_trace_off_compiles_no_timer_and_on_stamps_around_the_wait() -> None:
     assert first < min(at["UBLKPF"])
     assert at["ACQBULK"][0] < waited < at["ACQBULK"][0] + 4
     assert end > max(at["ATOMG"])
+
+
+# ------------------------------------------------------------- the tool's arithmetic
+
+
+def _rows(programs: list[tuple[int, int, int, int]]) -> Any:
+    """Timeline rows from (start, waited, end, sm) in ns."""
+    import numpy as np
+
+    out = np.zeros((len(programs), len(timeline.FIELDS)), dtype=np.int64)
+    for i, (s, w, e, sm) in enumerate(programs):
+        out[i, [0, 1, 2, 6]] = (s, w, e, sm)
+    return out
+
+
+def test_launch_stats_from_rows() -> None:
+    from benchmarks.program_timeline import launch_stats
+
+    a = _rows([(1000, 1000, 4000, 0), (1500, 1500, 3000, 1)])  # ends 4.0 µs after 1.0
+    b = _rows([(2000, 4500, 6000, 0), (3000, 5000, 7000, 0), (5000, 5200, 6500, 2)])
+    first, second = launch_stats([("a", a), ("b", b)])
+    assert first["step"] == pytest.approx(3.0) and first["handoff"] == 0.0
+    assert first["sms"] == 2 and first["stack"] == 1 and first["early"] == 0
+    # b, in µs from t0 = 1000 ns: a's last end 3.0; waits return at 3.5, 4.0, 4.2; ends
+    # at 5.0, 6.0, 5.5; starts at 1.0, 2.0, 4.0
+    assert second["step"] == pytest.approx(3.0)     # 6.0 - 3.0
+    assert second["handoff"] == pytest.approx(0.5)  # 3.5 - 3.0
+    assert second["waits"] == pytest.approx(0.7)    # 4.2 - 3.5
+    assert second["after"] == pytest.approx(1.8)    # 6.0 - 4.2
+    assert second["early"] == 2                     # started before 3.0
+    assert second["sms"] == 2 and second["stack"] == 2 and second["programs"] == 3
+
+
+def test_layer_means_by_position() -> None:
+    from benchmarks.program_timeline import layer_means
+
+    def stat(name: str, step: float) -> dict[str, Any]:
+        return {"name": name, "step": step, "handoff": 0.0, "waits": 0.0, "after": 0.0,
+                "early": 0, "sms": 1, "stack": 1, "programs": 1}
+
+    stats = [stat("embeddings", 3.0), stat("gemm", 1.0), stat("attention", 2.0),
+             stat("gemm", 3.0), stat("attention", 6.0), stat("head", 2.5)]
+    means = layer_means(stats, 2)
+    assert [m["position"] for m in means] == ["1 gemm", "2 attention"]
+    assert [m["step"] for m in means] == [2.0, 4.0]
+    assert layer_means(stats, 3) == []  # 4 launches do not cut into 3 layers

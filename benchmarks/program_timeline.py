@@ -1,0 +1,233 @@
+"""Where each program of one CUDA-graph forward pass ran, and when (``kernels.timeline``).
+
+    python3 benchmarks/program_timeline.py --out DIR [--shapes bert-base:1x128,bert-base:2x48]
+        [--dtype fp8 [--calibrate]] [--option KEY=VALUE ...] [--set module.ATTR=VALUE ...]
+        [--passes 20] [--idle] [--plot-layer 5]
+
+A kernel trace (``trace_pass.py``) sees one start and one end per kernel; with
+programmatic dependent launch that hides what moves a pass: when each kernel's programs
+became resident, how long after its predecessor's last program their wait returned, on
+which multiprocessors they ran and beside what. Here every program of the small-batch
+path's kernels (embeddings, the deferred layer's GEMMs, attention, the QA head) records
+its start, the return of its PDL wait and its end on the GPU's global timer, and its SM.
+
+Each shape's engine captures its graph while a timeline records, then replays it
+``--passes`` times back to back (``--idle``: the last pass alone, the GPU idle before it);
+the rows are those of the last pass. Per launch, in µs from the pass's first program
+start: ``step`` (the last program's end minus the previous launch's), ``handoff`` (the
+first wait's return minus the previous launch's last end: what the dependency costs
+once its data is there), ``waits`` (last minus first wait return: how unevenly the
+programs were released), ``after`` (the last end minus the last wait return: the work
+that follows the dependency), and ``early`` (programs resident before the previous
+launch's last end), ``sms`` (distinct multiprocessors) and ``stack`` (most programs on
+one SM). Means per position in a layer, as ``trace_pass.py`` gives them. Writes
+``DIR/timeline_<shape>.json`` (every program's row, per launch), ``DIR/timeline.md`` and,
+with matplotlib, ``DIR/timeline_<shape>.png``: layer ``--plot-layer``'s programs by SM.
+The timer reads cost a few instructions a program: times run a little over untraced
+ones; compare shapes and variants traced alike.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Row fields (``kernels.timeline.FIELDS``), by index.
+_START, _WAITED, _END, _SM = 0, 1, 2, 6
+
+
+def launch_stats(launches: list[tuple[str, np.ndarray]]) -> list[dict[str, Any]]:
+    """Per launch (name, int64 rows [programs, 8] in launch order): the figures of the
+    module docstring, µs from the first program start of all of them."""
+    t0 = min(int(rows[:, _START].min()) for _, rows in launches)
+    out = []
+    prev_end: float | None = None
+    for name, rows in launches:
+        start = (rows[:, _START] - t0) / 1e3
+        waited = (rows[:, _WAITED] - t0) / 1e3
+        end = (rows[:, _END] - t0) / 1e3
+        last_end = float(end.max())
+        base = float(start.min()) if prev_end is None else prev_end
+        _, per_sm = np.unique(rows[:, _SM], return_counts=True)
+        out.append({
+            "name": name, "programs": int(rows.shape[0]),
+            "first_start": float(start.min()), "first_waited": float(waited.min()),
+            "last_waited": float(waited.max()), "last_end": last_end,
+            "step": last_end - base,
+            "handoff": float(waited.min()) - base,
+            "waits": float(waited.max() - waited.min()),
+            "after": last_end - float(waited.max()),
+            "early": int((start < base).sum()) if prev_end is not None else 0,
+            "sms": int(per_sm.size), "stack": int(per_sm.max()),
+        })
+        prev_end = last_end
+    return out
+
+
+_MEANS = ("step", "handoff", "waits", "after", "early", "sms", "stack", "programs")
+
+
+def layer_means(stats: list[dict[str, Any]], layers: int) -> list[dict[str, Any]]:
+    """Mean figures of each position within a layer: the launches between the first and
+    the last (embeddings and head) cut into ``layers`` equal runs; empty if they do not
+    divide evenly."""
+    body = stats[1:-1]
+    if not body or len(body) % layers:
+        return []
+    per = len(body) // layers
+    return [{"position": f"{i + 1} {body[i]['name']}",
+             **{k: statistics.fmean(s[k] for s in body[i::per]) for k in _MEANS}}
+            for i in range(per)]
+
+
+def markdown(title: str, stats: list[dict[str, Any]], means: list[dict[str, Any]]) -> str:
+    span = stats[-1]["last_end"] if stats else 0.0
+    lines = [f"## {title}: {len(stats)} launches, span {span:.1f} us", "",
+             "| launch | programs | step | handoff | waits | after | early | sms | stack |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    rows = stats[:1] + means + stats[-1:] if means else stats
+    for s in rows:
+        lines.append(f"| {s.get('position', s['name'])} | {s['programs']:.0f} "
+                     f"| {s['step']:.2f} | {s['handoff']:.2f} | {s['waits']:.2f} "
+                     f"| {s['after']:.2f} | {s['early']:.1f} | {s['sms']:.0f} "
+                     f"| {s['stack']:.0f} |")
+    return "\n".join([*lines, ""])
+
+
+def plot_layer(path: Path, launches: list[tuple[str, np.ndarray]], first: int, count: int,
+               title: str) -> None:
+    """Launches ``first : first + count`` by SM: a thin bar from each program's start to
+    its wait's return, a thick one from there to its end (matplotlib, if installed)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    chosen = launches[first : first + count]
+    t0 = min(int(rows[:, _START].min()) for _, rows in chosen)
+    fig, ax = plt.subplots(figsize=(12, 7))
+    colors = plt.get_cmap("tab10")
+    for i, (name, rows) in enumerate(chosen):
+        c = colors(i % 10)
+        for r in rows:
+            s, w, e = ((r[_START] - t0) / 1e3, (r[_WAITED] - t0) / 1e3, (r[_END] - t0) / 1e3)
+            ax.plot([s, w], [r[_SM], r[_SM]], color=c, linewidth=0.8, alpha=0.5)
+            ax.plot([w, e], [r[_SM], r[_SM]], color=c, linewidth=3.0)
+        ax.plot([], [], color=c, linewidth=3, label=f"{first + i}: {name}")
+    ax.set_xlabel("µs from the first program's start")
+    ax.set_ylabel("multiprocessor")
+    ax.set_title(title)
+    ax.legend(loc="upper right", fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+Launches = list[tuple[str, np.ndarray]]
+
+
+def record_shape(name: str, batch: int, seq: int, options: dict[str, Any], dtype: str,
+                 calibrate: bool, passes: int, idle: bool) -> tuple[Launches, int]:
+    """The last pass's (launch name, rows) in launch order, and the model's layers."""
+    import torch
+
+    from benchmarks.bench_gpu import (
+        device_packed,
+        make_hf,
+        make_ours,
+        mix_windows,
+        random_padded,
+    )
+    from engine.fused.kernels import timeline
+
+    if calibrate and dtype != "fp8":
+        raise SystemExit(f"--calibrate needs fp8 (the {name} {batch}x{seq} item is {dtype})")
+    model, cfg = make_hf(name)
+    eng = make_ours(model, cfg, dtype=dtype, **options)
+    del model
+    rng = np.random.default_rng(4)
+    if calibrate:
+        eng.calibrate(*mix_windows(rng, 256))
+    x = device_packed(*random_padded(rng, batch, seq, None))
+    recorder = timeline.Timeline(torch.device("cuda"))
+    with torch.inference_mode():
+        with timeline.recording(recorder):  # the graph's capture (and its warm-up pass)
+            eng._run_device(*x)
+        for _ in range(passes):
+            eng._run_device(*x)
+        torch.cuda.synchronize()
+        recorder.rows.zero_()  # what the last pass writes is the graph's slots only
+        for _ in range(1 if idle else passes):
+            eng._run_device(*x)
+        torch.cuda.synchronize()
+    rows = recorder.rows.cpu().numpy()
+    written = [(launch.name, rows[launch.first : launch.first + launch.programs])
+               for launch in recorder.launches]
+    written = [(n, r) for n, r in written if (r[:, _END] > 0).all()]
+    if not written:
+        raise SystemExit(f"{name} {batch}x{seq}: no launch recorded a row (no graph?)")
+    return written, cfg.num_hidden_layers
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, default=REPO / "build" / "timeline")
+    p.add_argument("--shapes", default="bert-base:1x128",
+                   help="MODEL:BxS list of full-length windows")
+    p.add_argument("--dtype", default="float16", help="float16 or fp8")
+    p.add_argument("--calibrate", action="store_true", help="static FP8 scales first")
+    p.add_argument("--option", action="append", default=[],
+                   help="FusedEngine keyword, KEY=VALUE (repeatable)")
+    p.add_argument("--set", action="append", default=[],
+                   help="module.ATTR=VALUE before any engine is built (repeatable)")
+    p.add_argument("--passes", type=int, default=20)
+    p.add_argument("--idle", action="store_true", help="the recorded pass alone, GPU idle")
+    p.add_argument("--plot-layer", type=int, default=5, help="the layer the plot shows")
+    args = p.parse_args()
+    sys.path.insert(0, str(REPO))
+    from benchmarks.bench_gpu import parse_shapes
+    from benchmarks.trace_pass import apply_settings
+    from engine.registry import _option_value
+
+    options = {k: _option_value(v) for k, v in (o.split("=", 1) for o in args.option)}
+    try:
+        apply_settings(args.set)
+    except (argparse.ArgumentTypeError, AttributeError) as exc:
+        p.error(f"--set: {exc}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    report = ["# Programs of one forward pass (µs; see benchmarks/program_timeline.py)", ""]
+    for name, batch, seq in parse_shapes(args.shapes):
+        launches, layers = record_shape(name, batch, seq, options, args.dtype,
+                                        args.calibrate, args.passes, args.idle)
+        title = f"{name} {batch}x{seq} {args.dtype}" + (" calibrated" if args.calibrate
+                                                        else "")
+        stats = launch_stats(launches)
+        means = layer_means(stats, layers)
+        report.append(markdown(title, stats, means))
+        tag = f"{name}_{batch}x{seq}_{args.dtype}"
+        (args.out / f"timeline_{tag}.json").write_text(json.dumps({
+            "shape": title, "options": options, "set": args.set, "idle": args.idle,
+            "launches": [{"name": n, "rows": r.tolist()} for n, r in launches],
+            "stats": stats, "per_layer": means}))
+        per = (len(launches) - 2) // layers if means else len(launches)
+        plot_layer(args.out / f"timeline_{tag}.png", launches,
+                   1 + per * args.plot_layer if means else 0, per, title)
+        print(report[-1], flush=True)
+    if args.set:
+        report.append("Module constants set: " + ", ".join(args.set))
+    (args.out / "timeline.md").write_text("\n".join(report) + "\n")
+
+
+if __name__ == "__main__":
+    main()
