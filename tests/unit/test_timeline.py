@@ -187,6 +187,66 @@ def test_trace_off_compiles_no_timer_and_on_stamps_around_the_wait() -> None:
     assert end > max(at["ATOMG"])
 
 
+def _sass_of(kernel: Any, types: dict[str, str], constexprs: dict[str, object]) -> str:
+    """SASS of ``kernel`` (arguments typed by ``types``, the rest constexpr) for sm_90a."""
+    from benchmarks.attention_sass import compile_sass
+
+    signature = {p.name: "constexpr" if p.is_constexpr else types[p.name]
+                 for p in kernel.params}
+    assert {n for n, t in signature.items() if t == "constexpr"} == set(constexprs)
+    pointers = tuple(n for n, t in signature.items() if t.startswith("*"))
+    sass, _, _ = compile_sass(kernel, signature, constexprs, pointers,
+                              {"num_warps": 4, "num_stages": 3})
+    return sass
+
+
+def _embeddings(trace: bool) -> str:
+    from engine.fused.kernels.rows import _CU_BLOCK
+
+    types = {n: "*i32" for n in ("ids_ptr", "tt_ptr", "pos_ptr", "cu_src", "cu_dst")}
+    types |= {n: "*fp16" for n in ("word_ptr", "posemb_ptr", "type_ptr", "z16_ptr")}
+    types |= {"z_ptr": "*fp32", "stats_ptr": "*fp32", "z8_ptr": "*fp8e4nv",
+              "inv8_ptr": "*fp32", "trace_ptr": "*i64"}
+    types |= {n: "i32" for n in ("n_valid", "n_seqs", "n_cu", "n_rows", "D")}
+    return _sass_of(deferred._embed_sum_kernel, types,
+                    {"BLOCK_D": 64, "ROWS": 4, "USE_PDL": True, "COPY8": True,
+                     "CU_BLOCK": _CU_BLOCK, "TRACE": trace})
+
+
+def _head(trace: bool) -> str:
+    types = {n: "*fp16" for n in ("z_ptr", "g_ptr", "b_ptr", "qa_w_ptr", "qa_b_ptr")}
+    types |= {"logits_ptr": "*fp32", "trace_ptr": "*i64", "n_rows": "i32",
+              "logits_stride": "i32", "D": "i32", "eps": "fp32"}
+    return _sass_of(deferred._layernorm_qa_kernel, types,
+                    {"BLOCK_D": 64, "ROWS": 4, "USE_PDL": True, "TRACE": trace})
+
+
+def _attention(trace: bool) -> str:
+    from benchmarks.attention_sass import _SIGNATURE
+
+    types = {n: t for n, t in _SIGNATURE.items() if t != "constexpr"}
+    return _sass_of(attention._attn_varlen_kernel, types,
+                    {"HEAD_DIM": 64, "BLOCK_DH": 64, "BLOCK_M": 64, "BLOCK_N": 64,
+                     "USE_PDL": True, "PREFETCH": True, "FP8_OUT": False, "TILED": False,
+                     "SPLIT": True, "LATE_RELEASE": False, "EARLY_TAIL": True,
+                     "TRACE": trace})
+
+
+@pytest.mark.parametrize("compile_kernel", [_embeddings, _head, _attention],
+                         ids=["embeddings", "head", "attention"])
+def test_every_traced_kernel_compiles_both_ways(compile_kernel: Any) -> None:
+    """Each kernel that takes a trace: no timer read off, its three stamps and the SM id
+    on, the second after the PDL wait."""
+    _tools_or_skip()
+    assert not _TIMER.search(compile_kernel(False))
+    code = [line for line in compile_kernel(True).splitlines()
+            if re.match(r"\s+/\*[0-9a-f]{4}", line)]
+    timers = [i for i, line in enumerate(code) if "SR_GLOBALTIMERLO" in line]
+    (wait,) = [i for i, line in enumerate(code) if "ACQBULK" in line]
+    assert len(timers) == 3 and timers[0] < wait < timers[1]
+    assert sum("SR_VIRTUALSMID" in line for line in code) == 1
+
+
 # ------------------------------------------------------------- the tool's arithmetic
 
 
