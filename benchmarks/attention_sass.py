@@ -15,9 +15,11 @@ also under each ``--maxnreg`` register cap and with its partial block's loads is
 before the loop (``EARLY_TAIL``; the table counts the tile loads left after the loop).
 ``PYTHONPATH`` pointing at another unpacked Triton wheel compiles with that version (the
 device runs 3.6). ``--module`` reads another copy of ``attention.py`` (a variant under
-test) with the same kernel names. The pointer, stride and width arguments are marked
-divisible by 16, as Triton's launcher specializes them in the engine (without that the
-loads compile to scalar 16-bit loads and the counts mean nothing).
+test) with the same kernel names and arguments (since v30 these include the timeline's
+``trace_ptr`` and ``TRACE``: an older copy fails to compile). The pointer, stride and
+width arguments are marked divisible by 16, as Triton's launcher specializes them in the
+engine (without that the loads compile to scalar 16-bit loads and the counts mean
+nothing).
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -120,8 +123,9 @@ def load_module(path: Path) -> ModuleType:
     return module
 
 
-def compile_sass(fn: object, signature: dict[str, str], constexprs: dict[str, object],
-                 divisible: tuple[str, ...], options: dict[str, object]) -> tuple[str, str, int]:
+def compile_sass(fn: object, signature: Mapping[str, str], constexprs: Mapping[str, object],
+                 divisible: tuple[str, ...], options: Mapping[str, object]
+                 ) -> tuple[str, str, int]:
     """(SASS, ``cuobjdump -res-usage``, shared bytes) of JIT function ``fn`` compiled for
     sm_90a on this machine, with the arguments named in ``divisible`` marked divisible by
     16 (as Triton's launcher specializes pointers and strides) and floating-point fusion
@@ -131,9 +135,9 @@ def compile_sass(fn: object, signature: dict[str, str], constexprs: dict[str, ob
     from triton.compiler import ASTSource
 
     names = list(signature)
-    src = ASTSource(fn, signature,
+    src = ASTSource(fn, dict(signature),
                     attrs={(names.index(n),): [["tt.divisibility", 16]] for n in divisible},
-                    constexprs=constexprs)
+                    constexprs=dict(constexprs))
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                             options={"enable_fp_fusion": True, **options})
     tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"

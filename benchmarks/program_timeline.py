@@ -40,11 +40,13 @@ import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
 
-# Row fields (``kernels.timeline.FIELDS``), by index.
-_START, _WAITED, _END, _SM = 0, 1, 2, 6
+# Row fields (``kernels.timeline.FIELDS``, checked by a test), by index.
+_START, _WAITED, _END, _START_CLK, _END_CLK, _SM = 0, 1, 2, 3, 5, 6
+_FIRST, _LAST = "embeddings", "LN + QA head"  # the deferred path's first and last launch
+Launches = list[tuple[str, "np.ndarray[Any, np.dtype[np.int64]]"]]
 
 
-def launch_stats(launches: list[tuple[str, np.ndarray]]) -> list[dict[str, Any]]:
+def launch_stats(launches: Launches) -> list[dict[str, Any]]:
     """Per launch (name, int64 rows [programs, 8] in launch order): the figures of the
     module docstring, µs from the first program start of all of them."""
     t0 = min(int(rows[:, _START].min()) for _, rows in launches)
@@ -76,11 +78,13 @@ _MEANS = ("step", "handoff", "waits", "after", "early", "sms", "stack", "program
 
 
 def layer_means(stats: list[dict[str, Any]], layers: int) -> list[dict[str, Any]]:
-    """Mean figures of each position within a layer: the launches between the first and
-    the last (embeddings and head) cut into ``layers`` equal runs; empty if they do not
-    divide evenly."""
+    """Mean figures of each position within a layer: the launches between the embeddings
+    and the QA head cut into ``layers`` equal runs; empty unless the launches begin and
+    end with those and divide evenly (on other paths some kernels are not traced, and a
+    step would span them)."""
     body = stats[1:-1]
-    if not body or len(body) % layers:
+    if (not body or len(body) % layers or stats[0]["name"] != _FIRST
+            or stats[-1]["name"] != _LAST):
         return []
     per = len(body) // layers
     return [{"position": f"{i + 1} {body[i]['name']}",
@@ -88,11 +92,36 @@ def layer_means(stats: list[dict[str, Any]], layers: int) -> list[dict[str, Any]
             for i in range(per)]
 
 
-def markdown(title: str, stats: list[dict[str, Any]], means: list[dict[str, Any]]) -> str:
+def timer_step_ns(launches: Launches) -> int:
+    """The smallest non-zero gap between any two recorded global-timer stamps, ns: the
+    timer's resolution at best (0 if every stamp is equal)."""
+    stamps = np.unique(np.concatenate([rows[:, [_START, _WAITED, _END]].ravel()
+                                       for _, rows in launches]))
+    gaps = np.diff(stamps)
+    return int(gaps.min()) if gaps.size else 0
+
+
+def clock_ghz(launches: Launches) -> float:
+    """The SMs' clock, GHz: cycles over global-timer ns from each program's start to its
+    end (median over programs that took at least a microsecond)."""
+    rows = np.concatenate([r for _, r in launches])
+    ns = rows[:, _END] - rows[:, _START]
+    keep = ns >= 1000
+    if not keep.any():
+        return 0.0
+    return float(np.median((rows[keep, _END_CLK] - rows[keep, _START_CLK]) / ns[keep]))
+
+
+def markdown(title: str, stats: list[dict[str, Any]], means: list[dict[str, Any]],
+             note: str = "") -> str:
+    """One shape's table: every launch, or the first, the per-position means and the
+    last where ``means`` holds them."""
     span = stats[-1]["last_end"] if stats else 0.0
-    lines = [f"## {title}: {len(stats)} launches, span {span:.1f} us", "",
-             "| launch | programs | step | handoff | waits | after | early | sms | stack |",
-             "|---|---|---|---|---|---|---|---|---|"]
+    lines = [f"## {title}: {len(stats)} launches, span {span:.1f} us", ""]
+    if note:
+        lines += [note, ""]
+    lines += ["| launch | programs | step | handoff | waits | after | early | sms | stack |",
+              "|---|---|---|---|---|---|---|---|---|"]
     rows = stats[:1] + means + stats[-1:] if means else stats
     for s in rows:
         lines.append(f"| {s.get('position', s['name'])} | {s['programs']:.0f} "
@@ -102,7 +131,7 @@ def markdown(title: str, stats: list[dict[str, Any]], means: list[dict[str, Any]
     return "\n".join([*lines, ""])
 
 
-def plot_layer(path: Path, launches: list[tuple[str, np.ndarray]], first: int, count: int,
+def plot_layer(path: Path, launches: Launches, first: int, count: int,
                title: str) -> None:
     """Launches ``first : first + count`` by SM: a thin bar from each program's start to
     its wait's return, a thick one from there to its end (matplotlib, if installed)."""
@@ -131,9 +160,6 @@ def plot_layer(path: Path, launches: list[tuple[str, np.ndarray]], first: int, c
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
-
-
-Launches = list[tuple[str, np.ndarray]]
 
 
 def record_shape(name: str, batch: int, seq: int, options: dict[str, Any], dtype: str,
@@ -195,6 +221,8 @@ def main() -> None:
     p.add_argument("--idle", action="store_true", help="the recorded pass alone, GPU idle")
     p.add_argument("--plot-layer", type=int, default=5, help="the layer the plot shows")
     args = p.parse_args()
+    if args.plot_layer < 0 or args.passes < 1:
+        p.error("--plot-layer must be >= 0 and --passes >= 1")
     sys.path.insert(0, str(REPO))
     from benchmarks.bench_gpu import parse_shapes
     from benchmarks.trace_pass import apply_settings
@@ -214,15 +242,19 @@ def main() -> None:
                                                         else "")
         stats = launch_stats(launches)
         means = layer_means(stats, layers)
-        report.append(markdown(title, stats, means))
+        note = (f"Global timer: smallest step between stamps {timer_step_ns(launches)} ns; "
+                f"SM clock {clock_ghz(launches):.2f} GHz (cycles over ns). "
+                + ("" if means else "Launches not in whole layers: every launch listed."))
+        report.append(markdown(title, stats, means, note))
         tag = f"{name}_{batch}x{seq}_{args.dtype}"
         (args.out / f"timeline_{tag}.json").write_text(json.dumps({
             "shape": title, "options": options, "set": args.set, "idle": args.idle,
             "launches": [{"name": n, "rows": r.tolist()} for n, r in launches],
             "stats": stats, "per_layer": means}))
         per = (len(launches) - 2) // layers if means else len(launches)
-        plot_layer(args.out / f"timeline_{tag}.png", launches,
-                   1 + per * args.plot_layer if means else 0, per, title)
+        layer = min(args.plot_layer, layers - 1) if means else 0
+        plot_layer(args.out / f"timeline_{tag}.png", launches, 1 + per * layer if means else 0,
+                   per, f"{title}, layer {layer}" if means else title)
         print(report[-1], flush=True)
     if args.set:
         report.append("Module constants set: " + ", ".join(args.set))

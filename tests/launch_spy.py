@@ -10,19 +10,19 @@ from typing import Any
 
 @contextmanager
 def _recording(module: ModuleType, name: str,
-               record: Callable[[Any, dict[str, Any]], None]) -> Iterator[None]:
+               record: Callable[[Any, dict[str, Any]], None],
+               launch: bool = True) -> Iterator[None]:
     """While inside, every launch of the JIT function ``module.name`` (``kernel[grid](...)``)
-    calls ``record(grid, keyword arguments)``; the launches still run. Patch the module
-    that launches the kernel: another module's reference is not replaced."""
+    calls ``record(grid, keyword arguments)``; the launches still run unless ``launch`` is
+    off. Patch the module that launches the kernel: another module's reference is not
+    replaced."""
     kernel = getattr(module, name)
 
     class Recorder:
         def __getitem__(self, grid: Any) -> Any:
-            launch = kernel[grid]
-
             def run(*args: Any, **kwargs: Any) -> Any:
                 record(grid, kwargs)
-                return launch(*args, **kwargs)
+                return kernel[grid](*args, **kwargs) if launch else None
 
             return run
 
@@ -54,18 +54,7 @@ def launches_unrun(module: ModuleType, name: str) -> Iterator[list[tuple[Any, di
     """(grid, keyword arguments) of every launch of ``module.name`` while inside, which
     are *not* run: for what a wrapper asks of a kernel, where running it could not work
     (e.g. the timeline's timer reads under the interpreter, or no GPU)."""
-    kernel = getattr(module, name)
     seen: list[tuple[Any, dict[str, Any]]] = []
-
-    class Recorder:
-        def __getitem__(self, grid: Any) -> Any:
-            def run(*args: Any, **kwargs: Any) -> None:
-                seen.append((grid, kwargs))
-
-            return run
-
-    setattr(module, name, Recorder())
-    try:
+    with _recording(module, name, lambda grid, kwargs: seen.append((grid, kwargs)),
+                    launch=False):
         yield seen
-    finally:
-        setattr(module, name, kernel)

@@ -32,66 +32,62 @@ def test_slots_follow_launch_order_within_capacity() -> None:
 
 
 def test_recording_is_scoped_and_exclusive() -> None:
-    fallback = torch.zeros(1)
-    assert timeline.trace_args("x", 4, fallback) == {"trace_ptr": fallback, "TRACE": False}
-    t = timeline.Timeline(CPU, capacity=8)
+    assert timeline.trace_slot("x", (4,)) is None
+    t = timeline.Timeline(CPU, capacity=128)
     with timeline.recording(t):
-        args = timeline.trace_args("x", 4, fallback)
-        assert args["TRACE"] is True and args["trace_ptr"].shape == (4, len(timeline.FIELDS))
+        assert timeline.trace_slot("x", (2, 12, 4)).shape == (96, len(timeline.FIELDS))
+        assert timeline.trace_slot("empty", (0,)) is None  # an empty grid gets no rows
         with pytest.raises(RuntimeError, match="already recording"), \
                 timeline.recording(timeline.Timeline(CPU, capacity=1)):
             pass
-    assert timeline.trace_args("x", 4, fallback)["TRACE"] is False
+    assert [(x.name, x.programs) for x in t.launches] == [("x", 96)]
+    assert timeline.trace_slot("x", (4,)) is None
     with pytest.raises(KeyError), timeline.recording(t):  # left on an error too
         raise KeyError
-    assert timeline.trace_args("x", 4, fallback)["TRACE"] is False
+    assert timeline.trace_slot("x", (4,)) is None
 
 
-def test_grid_programs() -> None:
-    assert timeline.grid_programs((3,)) == 3
-    assert timeline.grid_programs((2, 12, 4)) == 96
+def _check(seen: list[tuple[Any, dict[str, Any]]], t: Any, names: list[str]) -> None:
+    """The launches ``seen``, given their slots in order: named ``names``, the rows of
+    their grids' programs, at their slots' places."""
+    import math
 
-
-def _launches(t: Any) -> list[tuple[str, int]]:
-    return [(x.name, x.programs) for x in t.launches]
-
-
-def _check(seen: list[tuple[Any, dict[str, Any]]], t: Any, name: str) -> None:
-    """One launch, given its slot: the rows of its grid's programs, at the slot's place."""
-    (grid, kwargs), = seen
-    (launch,) = [x for x in t.launches if x.name == name]
-    assert launch.programs == timeline.grid_programs(tuple(grid))
-    assert kwargs["TRACE"] is True
-    assert kwargs["trace_ptr"].data_ptr() == t.rows[launch.first].data_ptr()
-    assert kwargs["trace_ptr"].shape == (launch.programs, len(timeline.FIELDS))
+    assert [x.name for x in t.launches] == names
+    assert len(seen) == len(t.launches)
+    for (grid, kwargs), launch in zip(seen, t.launches, strict=True):
+        assert launch.programs == math.prod(grid)
+        assert kwargs["TRACE"] is True
+        assert kwargs["trace_ptr"].data_ptr() == t.rows[launch.first].data_ptr()
+        assert kwargs["trace_ptr"].shape == (launch.programs, len(timeline.FIELDS))
 
 
 def test_gemm_launches_ask_for_their_programs_rows() -> None:
+    """Each kind of the deferred layer's GEMM, named by its role there."""
     m, k, n = 128, 192, 80
     x = torch.zeros((m, k), dtype=torch.float16)
     w = torch.zeros((n, k), dtype=torch.float16)
     stats = torch.zeros((m, 2))
     t = timeline.Timeline(CPU, capacity=4096)
+
+    def residual(**kw: Any) -> None:
+        deferred.residual_linear(
+            x, torch.zeros((n, k), dtype=torch.float16), torch.zeros(n), x[:, :n].clone(),
+            stats, torch.ones(n), torch.zeros(n), 1e-5, torch.zeros((m, 2)), **kw)
+
     with launches_unrun(deferred, "_deferred_gemm_kernel") as seen:
         deferred.folded_linear(x, w, torch.zeros(n), None, stats, 1e-5)
+        (_, off), = seen
+        seen.clear()
         with timeline.recording(t):
             deferred.folded_linear(x, w, torch.zeros(n), None, stats, 1e-5)
-            deferred.residual_linear(
-                x, torch.zeros((n, k), dtype=torch.float16), torch.zeros(n), x[:, :n].clone(),
-                stats, torch.ones(n), torch.zeros(n), 1e-5, torch.zeros((m, 2)),
-                out=torch.zeros((m, n)), out16=torch.zeros((m, n), dtype=torch.float16),
-                counters=torch.zeros(64, dtype=torch.int32), splits=3,
-                config=(64, 32, 32, 4, 2))
-    off, folded, accumulate = seen
-    assert off[1]["TRACE"] is False and off[1]["trace_ptr"] is w
-    assert accumulate[0] == (2 * 3, 3)  # 64x32 tiles of 128x80, 3 K splits
-    assert _launches(t) == [("deferred GEMM", timeline.grid_programs(folded[0])),
-                            ("deferred GEMM", 18)]
-    for i, (grid, kwargs) in enumerate((folded, accumulate)):
-        launch = t.launches[i]
-        assert launch.programs == timeline.grid_programs(tuple(grid))
-        assert kwargs["TRACE"] is True
-        assert kwargs["trace_ptr"].data_ptr() == t.rows[launch.first].data_ptr()
+            deferred.folded_linear(x, w, torch.zeros(n), None, stats, 1e-5, act="gelu")
+            residual()
+            residual(out=torch.zeros((m, n)), out16=torch.zeros((m, n), dtype=torch.float16),
+                     counters=torch.zeros(64, dtype=torch.int32), splits=3,
+                     config=(64, 32, 32, 4, 2))
+    assert off["TRACE"] is False and off["trace_ptr"] is w
+    assert seen[-1][0] == (2 * 3, 3)  # 64x32 tiles of 128x80, 3 K splits
+    _check(seen, t, ["QKV", "FFN1", "out-projection", "FFN2"])
 
 
 def test_attention_asks_for_its_grids_rows() -> None:
@@ -101,7 +97,7 @@ def test_attention_asks_for_its_grids_rows() -> None:
     t = timeline.Timeline(CPU, capacity=1024)
     with launches_unrun(attention, "_attn_varlen_kernel") as seen, timeline.recording(t):
         attention.attention_varlen(qkv, torch.zeros(3 * d), cu, 64, 2, heads)
-    _check(seen, t, "attention")
+    _check(seen, t, ["attention"])
     assert t.launches[0].programs == 1 * 2 * heads  # one 64-query block, 2 sequences
 
 
@@ -120,8 +116,7 @@ def test_embeddings_and_head_ask_for_their_rows_and_keep_the_logits_apart() -> N
                                   torch.zeros((2, d)), torch.zeros(2))
         deferred.layernorm_qa(z16, torch.ones(d), torch.zeros(d), 1e-5, torch.zeros((2, d)),
                               torch.zeros(2))
-    _check(embeds, t, "embeddings")
-    _check(heads[:1], t, "LN + QA head")
+    _check(embeds + heads[:1], t, ["embeddings", "LN + QA head"])
     # Off, the head's unused trace argument is not the logits (a graph's output argument
     # is found by its address: ``graph_args.pointer_arg``).
     assert heads[1][1]["TRACE"] is False and heads[1][1]["trace_ptr"] is z16
@@ -255,9 +250,18 @@ def _rows(programs: list[tuple[int, int, int, int]]) -> Any:
     import numpy as np
 
     out = np.zeros((len(programs), len(timeline.FIELDS)), dtype=np.int64)
+    at = [timeline.FIELDS.index(f) for f in ("start_ns", "waited_ns", "end_ns", "sm")]
     for i, (s, w, e, sm) in enumerate(programs):
-        out[i, [0, 1, 2, 6]] = (s, w, e, sm)
+        out[i, at] = (s, w, e, sm)
     return out
+
+
+def test_the_tool_reads_the_fields_where_the_kernels_write_them() -> None:
+    from benchmarks import program_timeline as tool
+
+    assert [timeline.FIELDS[i] for i in (tool._START, tool._WAITED, tool._END,
+                                         tool._START_CLK, tool._END_CLK, tool._SM)] == [
+        "start_ns", "waited_ns", "end_ns", "start_clk", "end_clk", "sm"]
 
 
 def test_launch_stats_from_rows() -> None:
@@ -285,9 +289,20 @@ def test_layer_means_by_position() -> None:
         return {"name": name, "step": step, "handoff": 0.0, "waits": 0.0, "after": 0.0,
                 "early": 0, "sms": 1, "stack": 1, "programs": 1}
 
-    stats = [stat("embeddings", 3.0), stat("gemm", 1.0), stat("attention", 2.0),
-             stat("gemm", 3.0), stat("attention", 6.0), stat("head", 2.5)]
+    stats = [stat("embeddings", 3.0), stat("QKV", 1.0), stat("attention", 2.0),
+             stat("QKV", 3.0), stat("attention", 6.0), stat("LN + QA head", 2.5)]
     means = layer_means(stats, 2)
-    assert [m["position"] for m in means] == ["1 gemm", "2 attention"]
+    assert [m["position"] for m in means] == ["1 QKV", "2 attention"]
     assert [m["step"] for m in means] == [2.0, 4.0]
     assert layer_means(stats, 3) == []  # 4 launches do not cut into 3 layers
+    assert layer_means(stats[:-1], 1) == []  # not ending with the head: another path
+
+
+def test_timer_step_and_clock() -> None:
+    from benchmarks.program_timeline import clock_ghz, timer_step_ns
+
+    rows = _rows([(1000, 1032, 3000, 0), (1064, 1064, 4064, 1)])
+    rows[:, timeline.FIELDS.index("start_clk")] = (0, 100)
+    rows[:, timeline.FIELDS.index("end_clk")] = (4000, 6100)  # 2 GHz over 2 and 3 µs
+    assert timer_step_ns([("a", rows)]) == 32
+    assert clock_ghz([("a", rows)]) == pytest.approx(2.0)

@@ -19,7 +19,7 @@ from engine.fused.kernels.common import (
     prefetch_l1,
     to_e4m3,
 )
-from engine.fused.kernels.timeline import grid_programs, record, stamp, trace_args
+from engine.fused.kernels.timeline import record, stamp, trace_slot
 
 # Attention tiles (BLOCK_M queries x BLOCK_N keys, warps, pipeline stages). 64 x 64 with
 # 4 warps by default: on the H200 it beats 64 x 32 by 7% on full windows of 192 and 384
@@ -402,6 +402,7 @@ def attention_varlen(
     cap = register_cap(grid[0] * grid[1] * (grid[2] if len(grid) == 3 else 1), warps)
     maxnreg = {"maxnreg": cap} if split and cap else {}
     early_tail = split and (ATTN_EARLY_TAIL and not cap if early_tail is None else early_tail)
+    trace = trace_slot("attention", grid)
     _attn_varlen_kernel[grid](
         qkv, qkv_bias, out, cu_seqlens, out if fp8_scale is None else fp8_scale,
         cu_seqlens if tiles is None else tiles.slots,
@@ -410,7 +411,7 @@ def attention_varlen(
         BLOCK_M=bm, BLOCK_N=bn, USE_PDL=pdl, PREFETCH=pdl and prefetch,
         FP8_OUT=fp8_scale is not None, TILED=tiles is not None, SPLIT=split,
         LATE_RELEASE=pdl and late_release, EARLY_TAIL=early_tail,
-        **trace_args("attention", grid_programs(grid), qkv), num_warps=warps,
+        trace_ptr=qkv if trace is None else trace, TRACE=trace is not None, num_warps=warps,
         num_stages=stages,
         **launch_options(pdl), **maxnreg,
     )

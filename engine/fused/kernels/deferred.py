@@ -63,7 +63,7 @@ from engine.fused.kernels.rows import (
     stage_cu,
     staging_args,
 )
-from engine.fused.kernels.timeline import grid_programs, record, stamp, trace_args
+from engine.fused.kernels.timeline import record, stamp, trace_slot
 
 _ZERO_BLOCK = tl.constexpr(1024)  # float32 elements a program zeroes per step
 
@@ -367,6 +367,9 @@ def _launch(x, w, out, *, config, pdl, prefetch, u=None, bias=None, out16=None, 
         return w if t is None else t
 
     grid = (tiles, splits)
+    # named as the deferred layer uses each kind of launch
+    role = "FFN2" if atomic else (("FFN1" if act else "QKV") if fold else "out-projection")
+    trace = trace_slot(role, grid)
     _deferred_gemm_kernel[grid](
         x, w, arg(u), arg(bias), out, arg(out16), arg(stats), arg(stats_out), arg(counters),
         arg(residual), arg(res_gamma), arg(res_beta), arg(zero), arg(scale), arg(out8),
@@ -378,7 +381,7 @@ def _launch(x, w, out, *, config, pdl, prefetch, u=None, bias=None, out16=None, 
         ZERO=zero is not None, USE_PDL=pdl, PREFETCH=pdl and prefetch,
         W_BYTES=w.element_size(), LATE_RELEASE=pdl and late_release, SCALED=scaled,
         Q_OUT=q_out, COPY8=out8 is not None, EARLY=early, NCH=k // splits // bk if early else 0,
-        **trace_args("deferred GEMM", grid_programs(grid), w),
+        trace_ptr=w if trace is None else trace, TRACE=trace is not None,
         num_warps=warps,
         num_stages=stages, **launch_options(pdl),
     )
@@ -538,11 +541,12 @@ def embed_sum(
     block, rows, warps = _row_tile(n, d)
     staged, (cu_dst, n_cu) = staging_args(input_ids, token_type_ids, position_ids, stage)
     grid = (triton.cdiv(n, rows),)
+    trace = trace_slot("embeddings", grid)
     _embed_sum_kernel[grid](
         *staged, word, position, token_type, z, z16, stats,
         z16 if z8 is None else z8, stats if inv8 is None else inv8, cu_dst, n_cu, n, d,
         BLOCK_D=block, ROWS=rows, USE_PDL=pdl, COPY8=z8 is not None, CU_BLOCK=_CU_BLOCK,
-        **trace_args("embeddings", grid_programs(grid), word),
+        trace_ptr=word if trace is None else trace, TRACE=trace is not None,
         num_warps=warps, **launch_options(pdl),
     )
 
@@ -579,11 +583,12 @@ def layernorm_qa(
     logits = torch.empty((2, n), device=z.device, dtype=torch.float32)
     block, rows, warps = _row_tile(n, d)
     grid = (triton.cdiv(n, rows),)
+    trace = trace_slot("LN + QA head", grid)
     _layernorm_qa_kernel[grid](
         z, gamma, beta, qa_weight, qa_bias, logits, n, logits.stride(0), d, eps,
         BLOCK_D=block, ROWS=rows, USE_PDL=pdl,
         # the fallback is not the logits: a graph's output argument is found by its address
-        **trace_args("LN + QA head", grid_programs(grid), z),
+        trace_ptr=z if trace is None else trace, TRACE=trace is not None,
         num_warps=warps, **launch_options(pdl),
     )
     return logits

@@ -24,7 +24,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -71,7 +71,7 @@ def record(trace_ptr, start, waited, TRACE: tl.constexpr):
         tl.store(row + 7, pid.to(tl.int64))
 
 
-@dataclass
+@dataclass(frozen=True)
 class Launch:
     """One recorded launch: its kernel's role, its programs and its rows' first index."""
 
@@ -80,18 +80,14 @@ class Launch:
     first: int
 
 
-@dataclass
 class Timeline:
     """A buffer of ``capacity`` program rows on ``device`` (made now, outside any graph's
     memory pool) and the launches given slots in it, in launch order."""
 
-    device: torch.device
-    capacity: int = 1 << 17
-    launches: list[Launch] = field(default_factory=list)
-
-    def __post_init__(self) -> None:
-        self.rows = torch.zeros((self.capacity, len(FIELDS)), dtype=torch.int64,
-                                device=self.device)
+    def __init__(self, device: torch.device, capacity: int = 1 << 17) -> None:
+        self.device, self.capacity = torch.device(device), capacity
+        self.rows = torch.zeros((capacity, len(FIELDS)), dtype=torch.int64, device=device)
+        self.launches: list[Launch] = []
         self._used = 0
 
     def slot(self, name: str, programs: int) -> torch.Tensor:
@@ -112,7 +108,9 @@ _active: Timeline | None = None
 
 @contextlib.contextmanager
 def recording(timeline: Timeline) -> Iterator[Timeline]:
-    """Launches in this block (in any thread) write their programs' rows to ``timeline``."""
+    """Launches in this block (in any thread) write their programs' rows to ``timeline``.
+    A CUDA graph captured inside keeps its slots' addresses: keep ``timeline`` alive as
+    long as the graph may replay (its replays write there)."""
     global _active
     if _active is not None:
         raise RuntimeError("a timeline is already recording")
@@ -123,14 +121,11 @@ def recording(timeline: Timeline) -> Iterator[Timeline]:
         _active = None
 
 
-def trace_args(name: str, programs: int, fallback: torch.Tensor) -> dict[str, object]:
-    """A launch's ``trace_ptr`` and ``TRACE`` keywords: its slot while a timeline records,
-    else ``fallback`` (any tensor on the launch's device; the kernel never touches it)."""
+def trace_slot(name: str, grid: tuple[int, ...]) -> torch.Tensor | None:
+    """A launch's rows while a timeline records (None when none does, or for an empty
+    grid). Launch wrappers pass ``trace_ptr=fallback if slot is None else slot`` and
+    ``TRACE=slot is not None``; the kernel never touches the fallback."""
     if _active is None:
-        return {"trace_ptr": fallback, "TRACE": False}
-    return {"trace_ptr": _active.slot(name, programs), "TRACE": True}
-
-
-def grid_programs(grid: tuple[int, ...]) -> int:
-    """The programs of a launch grid."""
-    return math.prod(int(v) for v in grid)
+        return None
+    programs = math.prod(int(v) for v in grid)
+    return None if programs == 0 else _active.slot(name, programs)
