@@ -208,32 +208,19 @@ def record_shape(name: str, batch: int, seq: int, options: dict[str, Any], dtype
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--out", type=Path, default=REPO / "build" / "timeline")
-    p.add_argument("--shapes", default="bert-base:1x128",
-                   help="MODEL:BxS list of full-length windows")
-    p.add_argument("--dtype", default="float16", help="float16 or fp8")
-    p.add_argument("--calibrate", action="store_true", help="static FP8 scales first")
-    p.add_argument("--option", action="append", default=[],
-                   help="FusedEngine keyword, KEY=VALUE (repeatable)")
-    p.add_argument("--set", action="append", default=[],
-                   help="module.ATTR=VALUE before any engine is built (repeatable)")
+    sys.path.insert(0, str(REPO))
+    from benchmarks.trace_pass import add_engine_arguments, engine_options
+
+    add_engine_arguments(p, REPO / "build" / "timeline", "bert-base:1x128")
     p.add_argument("--passes", type=int, default=20)
     p.add_argument("--idle", action="store_true", help="the recorded pass alone, GPU idle")
     p.add_argument("--plot-layer", type=int, default=5, help="the layer the plot shows")
     args = p.parse_args()
     if args.plot_layer < 0 or args.passes < 1:
         p.error("--plot-layer must be >= 0 and --passes >= 1")
-    sys.path.insert(0, str(REPO))
+    options = engine_options(p, args)
     from benchmarks.bench_gpu import parse_shapes
-    from benchmarks.trace_pass import apply_settings
-    from engine.registry import _option_value
 
-    options = {k: _option_value(v) for k, v in (o.split("=", 1) for o in args.option)}
-    try:
-        apply_settings(args.set)
-    except (argparse.ArgumentTypeError, AttributeError) as exc:
-        p.error(f"--set: {exc}")
-    args.out.mkdir(parents=True, exist_ok=True)
     report = ["# Programs of one forward pass (µs; see benchmarks/program_timeline.py)", ""]
     for name, batch, seq in parse_shapes(args.shapes):
         launches, layers = record_shape(name, batch, seq, options, args.dtype,

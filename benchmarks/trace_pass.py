@@ -228,15 +228,12 @@ def apply_settings(items: list[str]) -> None:
         setattr(mod, attr, value)
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawTextHelpFormatter)
-    p.add_argument("--out", type=Path, default=REPO / "build" / "trace")
-    p.add_argument("--shapes", default="bert-base:1x128,bert-large:1x128,bert-large:1x384",
+def add_engine_arguments(p: argparse.ArgumentParser, out: Path, shapes: str) -> None:
+    """The engine tools' shared options: --out, --shapes, --dtype, --calibrate, --option,
+    --set (see :func:`engine_options`)."""
+    p.add_argument("--out", type=Path, default=out)
+    p.add_argument("--shapes", default=shapes,
                    help="MODEL:BxS list of full-length windows ('' for none)")
-    p.add_argument("--mix", action="append", default=[],
-                   help="MODEL:WINDOWS[:DTYPE], a batch of SQuAD-dev-length windows "
-                        "(DTYPE float16 or fp8; repeatable)")
     p.add_argument("--dtype", default="float16", help="of --shapes: float16 or fp8")
     p.add_argument("--calibrate", action="store_true",
                    help="static FP8 scales first (fp8 engines; see the docstring)")
@@ -245,9 +242,11 @@ def main() -> None:
     p.add_argument("--set", action="append", default=[],
                    help="module.ATTR=VALUE: a module constant (a Python literal) set before "
                         "any engine is built, e.g. a launch choice fixed at capture")
-    p.add_argument("--repeat-layers", type=int, default=None,
-                   help="the first N layers repeated to the model's depth (see above)")
-    args = p.parse_args()
+
+
+def engine_options(p: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, Any]:
+    """``--option`` as engine keywords, once ``--set``'s constants are set (a bad one is
+    the parser's error), with ``--out`` made."""
     sys.path.insert(0, str(REPO))
     from engine.registry import _option_value
 
@@ -257,6 +256,21 @@ def main() -> None:
     except (argparse.ArgumentTypeError, AttributeError) as exc:
         p.error(f"--set: {exc}")
     args.out.mkdir(parents=True, exist_ok=True)
+    return options
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawTextHelpFormatter)
+    add_engine_arguments(p, REPO / "build" / "trace",
+                         "bert-base:1x128,bert-large:1x128,bert-large:1x384")
+    p.add_argument("--mix", action="append", default=[],
+                   help="MODEL:WINDOWS[:DTYPE], a batch of SQuAD-dev-length windows "
+                        "(DTYPE float16 or fp8; repeatable)")
+    p.add_argument("--repeat-layers", type=int, default=None,
+                   help="the first N layers repeated to the model's depth (see above)")
+    args = p.parse_args()
+    options = engine_options(p, args)
     from benchmarks.bench_gpu import parse_shapes
 
     results = [trace_shape(name, b, s, options, args.out, dtype=args.dtype,
