@@ -167,23 +167,12 @@ def record_shape(name: str, batch: int, seq: int, options: dict[str, Any], dtype
     """The last pass's (launch name, rows) in launch order, and the model's layers."""
     import torch
 
-    from benchmarks.bench_gpu import (
-        device_packed,
-        make_hf,
-        make_ours,
-        mix_windows,
-        random_padded,
-    )
+    from benchmarks.bench_gpu import device_packed, random_padded
+    from benchmarks.trace_pass import tool_engine
     from engine.fused.kernels import timeline
 
-    if calibrate and dtype != "fp8":
-        raise SystemExit(f"--calibrate needs fp8 (the {name} {batch}x{seq} item is {dtype})")
-    model, cfg = make_hf(name)
-    eng = make_ours(model, cfg, dtype=dtype, **options)
-    del model
     rng = np.random.default_rng(4)
-    if calibrate:
-        eng.calibrate(*mix_windows(rng, 256))
+    eng, cfg = tool_engine(name, dtype, options, calibrate, rng)
     x = device_packed(*random_padded(rng, batch, seq, None))
     recorder = timeline.Timeline(torch.device("cuda"))
     with torch.inference_mode():
