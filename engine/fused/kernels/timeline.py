@@ -5,7 +5,7 @@ With programmatic dependent launch a kernel's programs become resident while the
 before it still runs, wait, and then work; where the block scheduler puts them, and what
 they share a multiprocessor with, has moved whole passes by up to 25% (NOTES v28, v30)
 for reasons a kernel trace cannot show (it sees one start and one end per kernel). While
-a :class:`Timeline` records (:func:`recording`), the kernels that take a ``trace``
+a :class:`Timeline` records (:func:`recording`), the kernels that take a ``trace_ptr``
 argument (the deferred layer's GEMMs, attention, the embeddings and the QA head) are
 launched with ``TRACE`` on and every program writes one row of :data:`FIELDS` into the
 launch's slot of the timeline's buffer: when it started, when its PDL wait returned and
