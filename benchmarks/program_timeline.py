@@ -167,12 +167,12 @@ def record_shape(name: str, batch: int, seq: int, options: dict[str, Any], dtype
     """The last pass's (launch name, rows) in launch order, and the model's layers."""
     import torch
 
-    from benchmarks.bench_gpu import device_packed, random_padded
-    from benchmarks.trace_pass import tool_engine
+    from benchmarks.bench_gpu import device_packed, mix_windows, random_padded
+    from benchmarks.rounds import tool_engine
     from engine.fused.kernels import timeline
 
     rng = np.random.default_rng(4)
-    eng, cfg = tool_engine(name, dtype, options, calibrate, rng)
+    eng, cfg = tool_engine(name, dtype, options, mix_windows(rng, 256) if calibrate else None)
     x = device_packed(*random_padded(rng, batch, seq, None))
     recorder = timeline.Timeline(torch.device("cuda"))
     with torch.inference_mode():

@@ -48,22 +48,40 @@ def engine_parser(doc: str | None, rounds: int, reps: int) -> argparse.ArgumentP
     return p
 
 
+def tool_engine(name: str, dtype: str, options: dict[str, Any],
+                calibration: tuple[Any, Any, Any] | None = None,
+                repeat_layers: int | None = None) -> tuple[Any, Any]:
+    """(engine, HF config) of ``bench_gpu``'s random-weight model ``name`` on the GPU: with
+    its first ``repeat_layers`` layers repeated to its depth (``ab_replay.repeated_layers``)
+    and, given a ``calibration`` batch (padded ids, mask, token types), static FP8 scales
+    from it (fp8 only)."""
+    from benchmarks.bench_gpu import make_hf, make_ours
+
+    if calibration is not None and dtype != "fp8":
+        raise SystemExit(f"--calibrate needs fp8 (the {name} engine is {dtype})")
+    model, cfg = make_hf(name)
+    eng = make_ours(model, cfg, dtype=dtype, **options)
+    del model
+    if repeat_layers is not None:
+        from benchmarks.ab_replay import repeated_layers
+        from engine.fused.engine import FusedEngine
+
+        eng = FusedEngine(repeated_layers(eng.weights, repeat_layers), "cuda", **options)
+    if calibration is not None:
+        eng.calibrate(*calibration)
+    return eng, cfg
+
+
 def calibrated_engine(args: argparse.Namespace, **options: Any) -> tuple[Any, Any]:
-    """(engine, HF config) of :func:`engine_parser`'s model and dtype, on the GPU, with
-    static FP8 scales from 256 random 128-token windows where ``args.calibrate``."""
+    """:func:`tool_engine` of :func:`engine_parser`'s model and dtype, calibrated where
+    ``args.calibrate`` on 256 random 128-token windows."""
     import numpy as np
 
-    from benchmarks.bench_gpu import make_hf, make_ours, random_padded
+    from benchmarks.bench_gpu import random_padded
 
-    if args.calibrate and args.dtype != "fp8":
-        raise SystemExit("--calibrate needs --dtype fp8")
-    model, cfg = make_hf(args.model)
-    eng = make_ours(model, cfg, dtype=args.dtype, **options)
-    del model
-    if args.calibrate:
-        eng.calibrate(*random_padded(np.random.default_rng(6), 256, 384,
-                                     lengths=np.full(256, 128)))
-    return eng, cfg
+    calibration = (random_padded(np.random.default_rng(6), 256, 384,
+                                 lengths=np.full(256, 128)) if args.calibrate else None)
+    return tool_engine(args.model, args.dtype, options, calibration)
 
 
 @functools.cache

@@ -125,29 +125,6 @@ def layer_positions(kernels: list[dict[str, Any]], layers: int) -> list[dict[str
              "own_us": sum(t[2] for t in ours[i::per]) / layers} for i in range(per)]
 
 
-def tool_engine(name: str, dtype: str, options: dict[str, Any], calibrate: bool,
-                rng: Any, repeat_layers: int | None = None) -> tuple[Any, Any]:
-    """(engine, config) of ``bench_gpu``'s random-weight model ``name``: with its first
-    ``repeat_layers`` layers repeated to its depth (``ab_replay.repeated_layers``), and
-    with ``calibrate`` static FP8 scales from 256 windows of SQuAD dev lengths drawn
-    from ``rng`` (fp8 only)."""
-    from benchmarks.bench_gpu import make_hf, make_ours, mix_windows
-
-    if calibrate and dtype != "fp8":
-        raise SystemExit(f"--calibrate needs fp8 (the {name} engine is {dtype})")
-    model, cfg = make_hf(name)
-    eng = make_ours(model, cfg, dtype=dtype, **options)
-    del model
-    if repeat_layers is not None:
-        from benchmarks.ab_replay import repeated_layers
-        from engine.fused.engine import FusedEngine
-
-        eng = FusedEngine(repeated_layers(eng.weights, repeat_layers), "cuda", **options)
-    if calibrate:
-        eng.calibrate(*mix_windows(rng, 256))
-    return eng, cfg
-
-
 def trace_shape(name: str, batch: int, seq: int, options: dict[str, Any],
                 out: Path, mix: bool = False, dtype: str = "float16",
                 calibrate: bool = False, repeat_layers: int | None = None) -> dict[str, Any]:
@@ -155,10 +132,12 @@ def trace_shape(name: str, batch: int, seq: int, options: dict[str, Any],
     import torch
     from torch.profiler import ProfilerActivity, profile
 
-    from benchmarks.bench_gpu import device_packed, random_padded, squad_lengths
+    from benchmarks.bench_gpu import device_packed, mix_windows, random_padded, squad_lengths
+    from benchmarks.rounds import tool_engine
 
     rng = np.random.default_rng(4)
-    eng, cfg = tool_engine(name, dtype, options, calibrate, rng, repeat_layers)
+    eng, cfg = tool_engine(name, dtype, options, mix_windows(rng, 256) if calibrate else None,
+                           repeat_layers)
     lengths = rng.choice(squad_lengths(), batch) if mix else None
     x = device_packed(*random_padded(rng, batch, seq, lengths))
     shape = (f"{batch}x{'mix' if mix else seq}" + ("" if dtype == "float16" else f"_{dtype}")
