@@ -10,7 +10,7 @@
 #   rule:  where the early tail loses: one sequence without a full key block, two with
 #          full blocks, 2x48 with the variants' order swapped, 16-bit 2x48, and the kernel
 #          trace of calibrated FP8 2x48 both ways.
-#   multi: the engine's rule (``encoder.ATTN_EARLY_TAIL_E4M3_MAX_SEQS``) against the early
+#   multi: the engine's rule (``dispatch.EARLY_TAIL_E4M3_MAX_SEQS``) against the early
 #          tail at every sequence count, calibrated FP8 BERT-base, 2 to 8 sequences.
 #   large: the early tail on BERT-large's seven-kernel small layer at several sequences.
 # (v30's records, benchmarks/gpu-2026-12-01-v30/: the tail and rule modes ran before
@@ -26,7 +26,7 @@ mkdir -p "$out"
 late='late:engine.fused.kernels.attention.ATTN_EARLY_TAIL=False'
 # The deferred FP8 layer asks for the late tail past one sequence since c9ef551: variant
 # "early" of an FP8 run lifts that limit so that it runs the early tail as v29 did.
-anyseqs='engine.fused.encoder.ATTN_EARLY_TAIL_E4M3_MAX_SEQS=64'
+anyseqs='engine.fused.dispatch.EARLY_TAIL_E4M3_MAX_SEQS=64'
 ab() {
   local name="$1"; shift
   timeout 240 env PYTHONPATH="$PWD" python3 benchmarks/ab_replay.py --rounds 8 --iters 300 \

@@ -1,7 +1,12 @@
-"""How many query blocks a sequence gets in the deferred layer's attention grid: the fewest
-its bucket's longest sequence needs, or more where the pass measured faster with more (the
-extra blocks lie past every sequence's end, so their programs wait and write nothing: the
-grid over-states ``max_seqlen``, which ``kernels.attention_varlen`` allows).
+"""The deferred layer's attention launch choices that move the kernels around it, as
+measured per layer and sequence count: how many query blocks a sequence gets in the grid
+(:func:`query_blocks`), and whether the partial last key block is loaded early
+(:func:`early_tail`).
+
+Query blocks: the fewest its bucket's longest sequence needs, or more where the pass
+measured faster with more (the extra blocks lie past every sequence's end, so their
+programs wait and write nothing: the grid over-states ``max_seqlen``, which
+``kernels.attention_varlen`` allows).
 
 With programmatic dependent launch each kernel's programs become resident while the one
 before it still runs, so where the block scheduler puts them depends on the kernels around
@@ -55,3 +60,24 @@ def query_blocks(seqs: int, key: Key, table: dict[Key, dict[int, int]] | None = 
     sequences; 0 where it has none. (The caller never goes under the fewest blocks the
     bucket's longest sequence needs: ``encoder._attention_seqlen``.)"""
     return (QUERY_BLOCKS if table is None else table).get(key, {}).get(seqs, 0)
+
+
+# The deferred layer on e4m3 operands asks attention for the early partial key block
+# (``kernels.attention.ATTN_EARLY_TAIL``) only in passes of at most this many sequences;
+# more keep the late load. H200, BERT-base calibrated FP8, graph replay back to back, ms,
+# late -> early (NOTES v29, v30): one sequence 1x96 0.2562 -> 0.2475 (v29), 1x48 0.2319 ->
+# 0.2270; but 2x48 0.2541 -> 0.2728 (and 0.2534 -> 0.2732 with the variants' order
+# swapped), 4x24 0.2514 -> 0.2730, and at 2x64, 4x32, 8x16 8-25% slower (v30; the table
+# above was measured with the late load). The kernel trace of 2x48 puts it outside
+# attention (its step 3.74 -> 3.34 us a layer): the out-projection 4.34 -> 4.86 and FFN2
+# 5.84 -> 7.45, as the grid shapes above moved the kernels around attention. 16-bit layers
+# keep the kernel's choice: the shipped MiniLM's shape 4x24 0.1052 -> 0.1031, BERT-base
+# fp16 2x48 0.3278 -> 0.3273.
+EARLY_TAIL_E4M3_MAX_SEQS = 1
+
+
+def early_tail(seqs: int, e4m3: bool) -> bool | None:
+    """The deferred layer's ``early_tail`` for attention in a pass of ``seqs`` sequences:
+    False (the late load) on e4m3 operands past ``EARLY_TAIL_E4M3_MAX_SEQS``, else None
+    (the kernel's own choice)."""
+    return False if e4m3 and seqs > EARLY_TAIL_E4M3_MAX_SEQS else None

@@ -121,18 +121,6 @@ LATE_RELEASE_KERNELS = ("qkv", "attention", "out", "ln1", "ffn1", "ffn2", "ln2")
 # v28); BERT-base's 96 KB 16-bit slices were 12% slower, and the fit rule
 # (``early_weights_fit``) refuses them.
 EARLY_WEIGHT_GEMMS = ("qkv", "ffn1", "ffn2")
-# The deferred layer on e4m3 operands asks attention for the early partial key block
-# (``kernels.attention.ATTN_EARLY_TAIL``) only in passes of at most this many sequences;
-# more keep the late load. H200, BERT-base calibrated FP8, graph replay back to back, ms,
-# late -> early (NOTES v29, v30): one sequence 1x96 0.2562 -> 0.2475 (v29), 1x48 0.2319 ->
-# 0.2270; but 2x48 0.2541 -> 0.2728 (and 0.2534 -> 0.2732 with the variants' order
-# swapped), 4x24 0.2514 -> 0.2730, and at 2x64, 4x32, 8x16 8-25% slower (v30). The
-# kernel trace of 2x48 puts it outside attention (its step 3.74 -> 3.34 us a layer): the
-# out-projection 4.34 -> 4.86 and FFN2 5.84 -> 7.45, as v28's grid shapes moved the
-# kernels around attention (``dispatch``). 16-bit layers keep the kernel's
-# choice: the shipped MiniLM's shape 4x24 0.1052 -> 0.1031, BERT-base fp16 2x48 0.3278 ->
-# 0.3273.
-ATTN_EARLY_TAIL_E4M3_MAX_SEQS = 1
 EARLY_WEIGHTS: tuple[str, ...] = ("qkv", "ffn1")
 
 # Tiles and K splits of one GEMM: (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages[, loads]),
@@ -438,8 +426,7 @@ def _encode_deferred(
     early = opts.early_weights
     attn_seqlen = _attention_seqlen(ops, w, opts, t, n_seqs, max_seqlen, f8s is not None,
                                     input_ids.device)
-    # None: the kernel's own choice
-    early_tail = None if f8s is None or n_seqs <= ATTN_EARLY_TAIL_E4M3_MAX_SEQS else False
+    early_tail = dispatch.early_tail(n_seqs, f8s is not None)
 
     def plan(name: str, n: int, k: int, kind: str) -> GemmPlan:
         return plans.get(name) or ops.deferred_plan(t, n, k, kind, f8s is not None

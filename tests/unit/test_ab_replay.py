@@ -318,7 +318,7 @@ def test_sweep_scripts_parse_and_name_what_exists() -> None:
         targets |= set(re.findall(r"\b(engine\.fused[\w.]*)\.(\w+)=", text))
         for literal in re.findall(r"'\w+=(\{[^'$]*\})'", text):
             options |= set(json.loads(literal))
-    assert ("engine.fused.encoder", "ATTN_EARLY_TAIL_E4M3_MAX_SEQS") in targets
+    assert ("engine.fused.dispatch", "EARLY_TAIL_E4M3_MAX_SEQS") in targets
     assert {"calibrate", "early_weights"} <= options  # the literals were found
     pytest.importorskip("triton")
     from engine.fused.engine import FusedEngine

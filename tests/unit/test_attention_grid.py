@@ -148,3 +148,14 @@ def test_attention_grid_option_is_checked(tiny: Any, bad: Any) -> None:
 
     with pytest.raises(ValueError, match="attention_grid"):
         FusedEngine(tiny, "cpu", backend="torch", attention_grid=bad)
+
+
+@pytest.mark.parametrize(("seqs", "e4m3", "want"), [
+    (1, True, None), (2, True, False), (8, True, False),   # e4m3: late past one sequence
+    (0, True, None), (2, False, None), (16, False, None),  # 16-bit: the kernel's choice
+])
+def test_early_tail_choice(seqs: int, e4m3: bool, want: bool | None) -> None:
+    from engine.fused.dispatch import EARLY_TAIL_E4M3_MAX_SEQS, early_tail
+
+    assert EARLY_TAIL_E4M3_MAX_SEQS == 1
+    assert early_tail(seqs, e4m3) is want

@@ -179,14 +179,14 @@ def test_attention_early_tail_in_the_deferred_layer(
         tiny8: Any, monkeypatch: pytest.MonkeyPatch, fp8: bool, windows: int,
         max_seqs: int | None, want: bool | None) -> None:
     """The deferred layer on e4m3 operands asks attention for the late tail in passes of
-    more than ``encoder.ATTN_EARLY_TAIL_E4M3_MAX_SEQS`` sequences (its default: 1) and
+    more than ``dispatch.EARLY_TAIL_E4M3_MAX_SEQS`` sequences (its default: 1) and
     leaves the choice to the kernel otherwise; every layer's launch alike."""
-    from engine.fused import encoder, torch_ops
+    from engine.fused import dispatch, torch_ops
     from engine.fused.engine import FusedEngine
 
-    assert encoder.ATTN_EARLY_TAIL_E4M3_MAX_SEQS == 1
+    assert dispatch.EARLY_TAIL_E4M3_MAX_SEQS == 1
     if max_seqs is not None:
-        monkeypatch.setattr(encoder, "ATTN_EARLY_TAIL_E4M3_MAX_SEQS", max_seqs)
+        monkeypatch.setattr(dispatch, "EARLY_TAIL_E4M3_MAX_SEQS", max_seqs)
     seen: list[object] = []
     spec = torch_ops.attention_varlen
 

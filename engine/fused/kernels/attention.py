@@ -73,7 +73,7 @@ ATTN_MAXNREG: int | None = 128
 # 0.1057 -> 0.1035, 4x24 0.1052 -> 0.1031; BERT-base fp16 1x96 0.3123 -> 0.3016; BERT-large
 # 4x32 0.7412 -> 0.7314, 2x48 0.7267 -> 0.7167. BERT-base's calibrated FP8 deferred layer
 # ran 8-25% slower with it at 2 to 8 sequences (its kernels around attention slowed), so that
-# layer asks for the late load there (``encoder.ATTN_EARLY_TAIL_E4M3_MAX_SEQS``).
+# layer asks for the late load there (``dispatch.early_tail``).
 ATTN_EARLY_TAIL = True
 _UNCAPPED_PER_SM = {4: 3, 8: 1}  # split-loop programs an SM holds uncapped, by warps
 _SMS = 132  # multiprocessors of an H100/H200
