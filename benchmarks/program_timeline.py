@@ -42,6 +42,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 # Row fields (``kernels.timeline.FIELDS``, checked by a test), by index.
 _START, _WAITED, _END, _START_CLK, _END_CLK, _SM = 0, 1, 2, 3, 5, 6
+_PRODUCT, _EPILOGUE, _COUNTED = 8, 9, 10
+# The parts of a program after its wait, between its marks (kernels.timeline.FIELDS).
+_PARTS = ("loop", "epi", "count", "finish")
 _FIRST, _LAST = "embeddings", "LN + QA head"  # the deferred path's first and last launch
 Launches = list[tuple[str, "np.ndarray[Any, np.dtype[np.int64]]"]]
 
@@ -69,12 +72,27 @@ def launch_stats(launches: Launches) -> list[dict[str, Any]]:
             "after": last_end - float(waited.max()),
             "early": int((start < base).sum()) if prev_end is not None else 0,
             "sms": int(per_sm.size), "stack": int(per_sm.max()),
+            **program_parts(rows),
         })
         prev_end = last_end
     return out
 
 
-_MEANS = ("step", "handoff", "waits", "after", "early", "sms", "stack", "programs")
+def program_parts(rows: np.ndarray[Any, np.dtype[np.int64]]) -> dict[str, float]:
+    """µs between a launch's marks after the wait (``loop``: to the product's end,
+    ``epi``: to the output computed, ``count``: to the tile counter's return, ``finish``:
+    to the end; 0 where a kernel has no such mark): the median over its programs, and as
+    ``last_<part>`` those of the program that ended last (the one the next launch waits
+    for)."""
+    marks = rows[:, [_WAITED, _PRODUCT, _EPILOGUE, _COUNTED, _END]]
+    parts = np.diff(marks, axis=1) / 1e3
+    last = parts[int(np.argmax(rows[:, _END]))]
+    return {**{p: float(np.median(parts[:, i])) for i, p in enumerate(_PARTS)},
+            **{f"last_{p}": float(last[i]) for i, p in enumerate(_PARTS)}}
+
+
+_MEANS = ("step", "handoff", "waits", "after", "early", "sms", "stack", "programs",
+          *_PARTS, *(f"last_{p}" for p in _PARTS))
 
 
 def layer_means(stats: list[dict[str, Any]], layers: int) -> list[dict[str, Any]]:
@@ -123,11 +141,18 @@ def markdown(title: str, stats: list[dict[str, Any]], means: list[dict[str, Any]
     lines += ["| launch | programs | step | handoff | waits | after | early | sms | stack |",
               "|---|---|---|---|---|---|---|---|---|"]
     rows = stats[:1] + means + stats[-1:] if means else stats
-    for s in rows:
-        lines.append(f"| {s.get('position', s['name'])} | {s['programs']:.0f} "
+    labels = [s["position"] if "position" in s else s["name"] for s in rows]
+    for label, s in zip(labels, rows, strict=True):
+        lines.append(f"| {label} | {s['programs']:.0f} "
                      f"| {s['step']:.2f} | {s['handoff']:.2f} | {s['waits']:.2f} "
                      f"| {s['after']:.2f} | {s['early']:.1f} | {s['sms']:.0f} "
                      f"| {s['stack']:.0f} |")
+    lines += ["", "After the wait (median program; the last to end):", "",
+              "| launch | loop | epi | count | finish | last: loop | epi | count | finish |",
+              "|---|---|---|---|---|---|---|---|---|"]
+    for label, s in zip(labels, rows, strict=True):
+        cells = [s[p] for p in _PARTS] + [s[f"last_{p}"] for p in _PARTS]
+        lines.append(f"| {label} | " + " | ".join(f"{c:.2f}" for c in cells) + " |")
     return "\n".join([*lines, ""])
 
 

@@ -167,19 +167,24 @@ def _tools_or_skip() -> None:
 def test_trace_off_compiles_no_timer_and_on_stamps_around_the_wait() -> None:
     """Off: no timer, clock or SM-id read in the kernel's code. On: the start stamp
     before anything else (the L2 prefetch), the second right after the PDL wait
-    (``ACQBULK``) and the release, the end after the epilogue's last atomic."""
+    (``ACQBULK``) and the release, the product mark after the last wait on the tensor
+    cores, the epilogue mark before the tile's first atomic add, the counted mark after
+    the tile counter's atomic, the end after the fix-up's last atomic (its row sums)."""
     _tools_or_skip()
     assert not _TIMER.search(_gemm_sass(False))
     code = [line for line in _gemm_sass(True).splitlines() if re.match(r"\s+/\*[0-9a-f]{4}", line)]
     at = {key: [i for i, line in enumerate(code) if key in line]
           for key in ("SR_GLOBALTIMERLO", "SR_CLOCKLO", "SR_VIRTUALSMID", "ACQBULK",
-                      "UBLKPF", "ATOMG")}
-    assert len(at["SR_GLOBALTIMERLO"]) == len(at["SR_CLOCKLO"]) == 3
+                      "UBLKPF", "ATOMG", "REDG", "WARPGROUP.DEPBAR")}
+    assert len(at["SR_GLOBALTIMERLO"]) == 6 and len(at["SR_CLOCKLO"]) == 3
     assert len(at["SR_VIRTUALSMID"]) == 1 and len(at["ACQBULK"]) == 1
-    first, waited, end = at["SR_GLOBALTIMERLO"]
+    assert len(at["ATOMG"]) == 1  # the tile counter; the adds are reductions (REDG)
+    first, waited, product, epilogue, counted, end = at["SR_GLOBALTIMERLO"]
     assert first < min(at["UBLKPF"])
     assert at["ACQBULK"][0] < waited < at["ACQBULK"][0] + 4
-    assert end > max(at["ATOMG"])
+    assert max(at["WARPGROUP.DEPBAR"]) < product < epilogue < min(at["REDG"])
+    assert at["ATOMG"][0] < counted < at["ATOMG"][0] + 16
+    assert end > max(at["REDG"])
 
 
 def _sass_of(kernel: Any, types: dict[str, str], constexprs: dict[str, object]) -> str:
@@ -246,13 +251,15 @@ def test_every_traced_kernel_compiles_both_ways(compile_kernel: Any) -> None:
 
 
 def _rows(programs: list[tuple[int, int, int, int]]) -> Any:
-    """Timeline rows from (start, waited, end, sm) in ns."""
+    """Timeline rows from (start, waited, end, sm) in ns; the marks after the wait at the
+    wait (as a kernel without them writes them)."""
     import numpy as np
 
     out = np.zeros((len(programs), len(timeline.FIELDS)), dtype=np.int64)
-    at = [timeline.FIELDS.index(f) for f in ("start_ns", "waited_ns", "end_ns", "sm")]
+    at = [timeline.FIELDS.index(f) for f in ("start_ns", "waited_ns", "end_ns", "sm",
+                                             "product_ns", "epilogue_ns", "counted_ns")]
     for i, (s, w, e, sm) in enumerate(programs):
-        out[i, at] = (s, w, e, sm)
+        out[i, at] = (s, w, e, sm, w, w, w)
     return out
 
 
@@ -260,8 +267,40 @@ def test_the_tool_reads_the_fields_where_the_kernels_write_them() -> None:
     from benchmarks import program_timeline as tool
 
     assert [timeline.FIELDS[i] for i in (tool._START, tool._WAITED, tool._END,
-                                         tool._START_CLK, tool._END_CLK, tool._SM)] == [
-        "start_ns", "waited_ns", "end_ns", "start_clk", "end_clk", "sm"]
+                                         tool._START_CLK, tool._END_CLK, tool._SM,
+                                         tool._PRODUCT, tool._EPILOGUE, tool._COUNTED)] == [
+        "start_ns", "waited_ns", "end_ns", "start_clk", "end_clk", "sm", "product_ns",
+        "epilogue_ns", "counted_ns"]
+
+
+def test_program_parts_median_and_the_last_program() -> None:
+    from benchmarks.program_timeline import program_parts
+
+    rows = _rows([(0, 1000, 5000, 0), (0, 1000, 4000, 1), (0, 1000, 3000, 2)])
+    f = {name: i for i, name in enumerate(timeline.FIELDS)}
+    # product, epilogue, counted per program (ns); program 0 ends last and finishes a tile
+    for i, marks in enumerate([(2000, 2500, 3000), (2200, 2400, 3200), (2100, 2300, 2600)]):
+        rows[i, [f["product_ns"], f["epilogue_ns"], f["counted_ns"]]] = marks
+    parts = program_parts(rows)
+    assert parts["loop"] == pytest.approx(1.1) and parts["epi"] == pytest.approx(0.2)
+    assert parts["count"] == pytest.approx(0.5) and parts["finish"] == pytest.approx(0.8)
+    assert [parts[f"last_{p}"] for p in ("loop", "epi", "count", "finish")] == \
+        pytest.approx([1.0, 0.5, 0.5, 2.0])
+    plain = program_parts(_rows([(0, 1000, 3000, 0)]))  # no marks: all of it "finish"
+    assert (plain["loop"], plain["finish"], plain["last_finish"]) == (0.0, 2.0, 2.0)
+
+
+def test_markdown_lists_the_per_position_means_between_first_and_last() -> None:
+    from benchmarks.program_timeline import launch_stats, layer_means, markdown
+
+    names = ["embeddings", "QKV", "FFN2", "QKV", "FFN2", "LN + QA head"]
+    stats = launch_stats([(n, _rows([(1000 * i, 1000 * i + 500, 1000 * i + 900, i)]))
+                          for i, n in enumerate(names)])
+    text = markdown("t", stats, layer_means(stats, 2), "a note")
+    launches = [line.split("|")[1].strip() for line in text.splitlines()
+                if line.startswith("| ") and not line.startswith("| launch")]
+    assert launches == ["embeddings", "1 QKV", "2 FFN2", "LN + QA head"] * 2
+    assert "a note" in text and "span 5.9 us" in text
 
 
 def test_launch_stats_from_rows() -> None:
@@ -286,8 +325,10 @@ def test_layer_means_by_position() -> None:
     from benchmarks.program_timeline import layer_means
 
     def stat(name: str, step: float) -> dict[str, Any]:
+        parts = {p: 0.0 for p in ("loop", "epi", "count", "finish")}
         return {"name": name, "step": step, "handoff": 0.0, "waits": 0.0, "after": 0.0,
-                "early": 0, "sms": 1, "stack": 1, "programs": 1}
+                "early": 0, "sms": 1, "stack": 1, "programs": 1, **parts,
+                **{f"last_{p}": 0.0 for p in parts}}
 
     stats = [stat("embeddings", 3.0), stat("QKV", 1.0), stat("attention", 2.0),
              stat("QKV", 3.0), stat("attention", 6.0), stat("LN + QA head", 2.5)]

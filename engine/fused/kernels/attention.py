@@ -238,7 +238,7 @@ def _attn_varlen_kernel(
                        qk_scale, stride_qkv, stride_out, D, HEAD_DIM, BLOCK_DH, BLOCK_M,
                        BLOCK_N, scale_ptr, FP8_OUT, SPLIT, EARLY_TAIL)
     pdl_release(LATE_RELEASE)
-    record(trace_ptr, started, waited, TRACE)
+    record(trace_ptr, started, waited, waited, waited, waited, TRACE)
 
 
 @triton.jit

@@ -257,6 +257,7 @@ def _deferred_gemm_kernel(
         acc = tile_product(x_ptr, w_ptr, M, N, K, k0, k_split, offs_m, offs_n, BLOCK_M,
                            BLOCK_N, BLOCK_K)
     pdl_release(LATE_RELEASE)
+    product = stamp(TRACE)
     if SCALED:
         acc *= scale
     omask = rmask[:, None] & nmask[None, :]
@@ -269,10 +270,13 @@ def _deferred_gemm_kernel(
     y += epilogue_addend(bias_ptr, res_ptr, stats_ptr, res_g_ptr, res_b_ptr, offs_m, offs_n,
                          M, N, eps, lead, HAS_BIAS, RESIDUAL, BLOCK_M, BLOCK_N)
     if ATOMIC:
+        epilogue = stamp(TRACE)
+        counted = epilogue
         tl.atomic_add(out_ptr + o_offs, y, mask=omask, sem="relaxed")
         if STATS_OUT:
             tl.debug_barrier()  # every thread's adds happen before the counter's release
             done = tl.atomic_add(cnt_ptr + pid, 1, sem="acq_rel", scope="gpu")
+            counted = stamp(TRACE)
             if done == tl.num_programs(1) - 1:  # the tile is complete: read it back
                 z = tl.load(out_ptr + o_offs, mask=omask, other=0.0, cache_modifier=".cg")
                 tl.store(out16_ptr + o_offs, z.to(out16_ptr.dtype.element_ty), mask=omask)
@@ -282,6 +286,8 @@ def _deferred_gemm_kernel(
     else:
         if GELU:
             y = gelu(y, TANH)
+        epilogue = stamp(TRACE)
+        counted = epilogue
         if Q_OUT:
             tl.store(out_ptr + o_offs, to_e4m3(y * inv8), mask=omask)
         else:
@@ -294,7 +300,7 @@ def _deferred_gemm_kernel(
                 tl.store(out8_ptr + o_offs, to_e4m3(yo.to(tl.float32) * inv8), mask=omask)
     if ZERO:
         zero_share(zero_ptr, zero_numel, pid, split)
-    record(trace_ptr, started, waited, TRACE)
+    record(trace_ptr, started, waited, product, epilogue, counted, TRACE)
 
 
 def deferred_plan(m: int, n: int, k: int, kind: str,
@@ -512,7 +518,7 @@ def _embed_sum_kernel(
         tl.store(z8_ptr + offs, to_e4m3(x * tl.load(inv8_ptr)), mask=mask)
     tl.store(stats_ptr + 2 * rows, tl.sum(x, axis=1), mask=rmask)
     tl.store(stats_ptr + 2 * rows + 1, tl.sum(x * x, axis=1), mask=rmask)
-    record(trace_ptr, started, waited, TRACE)
+    record(trace_ptr, started, waited, waited, waited, waited, TRACE)
 
 
 def embed_sum(
@@ -566,7 +572,7 @@ def _layernorm_qa_kernel(
     z = tl.load(z_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
     qa_head_rows(layernorm_rows(z, mask, g, b, D, eps), rows, rmask, cols, cmask, qa_w_ptr,
                  qa_b_ptr, logits_ptr, logits_stride, D)
-    record(trace_ptr, started, waited, TRACE)
+    record(trace_ptr, started, waited, waited, waited, waited, TRACE)
 
 
 def layernorm_qa(

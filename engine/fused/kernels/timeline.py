@@ -31,8 +31,12 @@ import triton
 import triton.language as tl
 
 # One row per program, int64.
+# ``product_ns``, ``epilogue_ns`` and ``counted_ns``: marks inside a program (the main
+# product done; its output computed, before the stores; the tile counter returned, in a
+# GEMM whose last program of a tile finishes it), each the mark before it where a kernel
+# has no such point.
 FIELDS = ("start_ns", "waited_ns", "end_ns", "start_clk", "waited_clk", "end_clk", "sm",
-          "program")
+          "program", "product_ns", "epilogue_ns", "counted_ns")
 _WIDTH = tl.constexpr(len(FIELDS))
 
 
@@ -52,9 +56,10 @@ def stamp(TRACE: tl.constexpr):
 
 
 @triton.jit
-def record(trace_ptr, start, waited, TRACE: tl.constexpr):
+def record(trace_ptr, start, waited, product, epilogue, counted, TRACE: tl.constexpr):
     """Store this program's row (``start``/``waited``: :func:`stamp` at its start and
-    after its PDL wait; the end stamped here) at its flat program index in ``trace_ptr``."""
+    after its PDL wait; ``product``, ``epilogue``, ``counted``: the marks of
+    :data:`FIELDS`; the end stamped here) at its flat program index in ``trace_ptr``."""
     if TRACE:
         end_ns = tl.extra.cuda.globaltimer()
         end_clk = _clock()
@@ -69,6 +74,9 @@ def record(trace_ptr, start, waited, TRACE: tl.constexpr):
         tl.store(row + 5, end_clk)
         tl.store(row + 6, tl.extra.cuda.smid().to(tl.int64))
         tl.store(row + 7, pid.to(tl.int64))
+        tl.store(row + 8, product[0])
+        tl.store(row + 9, epilogue[0])
+        tl.store(row + 10, counted[0])
 
 
 @dataclass(frozen=True)
