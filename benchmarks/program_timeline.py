@@ -19,10 +19,15 @@ first wait's return minus the previous launch's last end: what the dependency co
 once its data is there), ``waits`` (last minus first wait return: how unevenly the
 programs were released), ``after`` (the last end minus the last wait return: the work
 that follows the dependency), and ``early`` (programs resident before the previous
-launch's last end), ``sms`` (distinct multiprocessors) and ``stack`` (most programs on
-one SM). Means per position in a layer, as ``trace_pass.py`` gives them. Writes
+launch's last end). After the wait, between the marks the deferred GEMMs write
+(``timeline.FIELDS``): ``loop``, ``epi``, ``count``, ``finish`` (:func:`program_parts`;
+the median program and the last to end). Placement: ``sms`` (distinct
+multiprocessors), ``stack`` (most programs on one SM), ``doubled`` and ``reused``
+(:func:`placement`), and the mean work of single and of doubled programs. Means per
+position in a layer, as ``trace_pass.py`` gives them. Writes
 ``DIR/timeline_<shape>.json`` (every program's row, per launch), ``DIR/timeline.md`` and,
 with matplotlib, ``DIR/timeline_<shape>.png``: layer ``--plot-layer``'s programs by SM.
+``--from FILE`` reports a saved ``timeline_<shape>.json[.gz]`` again, without a GPU.
 The timer reads cost a few instructions a program: times run a little over untraced
 ones; compare shapes and variants traced alike.
 """
@@ -31,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 import sys
 from pathlib import Path
@@ -50,11 +56,12 @@ Launches = list[tuple[str, "np.ndarray[Any, np.dtype[np.int64]]"]]
 
 
 def launch_stats(launches: Launches) -> list[dict[str, Any]]:
-    """Per launch (name, int64 rows [programs, 8] in launch order): the figures of the
-    module docstring, µs from the first program start of all of them."""
+    """Per launch (name, int64 rows [programs, fields] in launch order): the figures of
+    the module docstring, µs from the first program start of all of them."""
     t0 = min(int(rows[:, _START].min()) for _, rows in launches)
     out = []
     prev_end: float | None = None
+    prev_sms: set[int] = set()
     for name, rows in launches:
         start = (rows[:, _START] - t0) / 1e3
         waited = (rows[:, _WAITED] - t0) / 1e3
@@ -72,10 +79,26 @@ def launch_stats(launches: Launches) -> list[dict[str, Any]]:
             "after": last_end - float(waited.max()),
             "early": int((start < base).sum()) if prev_end is not None else 0,
             "sms": int(per_sm.size), "stack": int(per_sm.max()),
-            **program_parts(rows),
+            **program_parts(rows), **placement(rows, prev_sms),
         })
         prev_end = last_end
+        prev_sms = {int(sm) for sm in rows[:, _SM]}
     return out
+
+
+def placement(rows: np.ndarray[Any, np.dtype[np.int64]],
+              prev_sms: set[int]) -> dict[str, float]:
+    """Where a launch's programs ran: ``doubled`` (programs on an SM that ran another
+    program of the launch), ``reused`` (its SMs that the launch before it also used:
+    programs placed beside that launch's, which were resident when these arrived), and
+    the mean µs from wait to end of single and of doubled programs (NaN where none)."""
+    sms, inverse, counts = np.unique(rows[:, _SM], return_inverse=True, return_counts=True)
+    doubled = counts[inverse] > 1
+    work = (rows[:, _END] - rows[:, _WAITED]) / 1e3
+    return {"doubled": int(doubled.sum()),
+            "reused": len({int(sm) for sm in sms} & prev_sms),
+            "work_single": float(work[~doubled].mean()) if (~doubled).any() else math.nan,
+            "work_doubled": float(work[doubled].mean()) if doubled.any() else math.nan}
 
 
 def program_parts(rows: np.ndarray[Any, np.dtype[np.int64]]) -> dict[str, float]:
@@ -92,7 +115,8 @@ def program_parts(rows: np.ndarray[Any, np.dtype[np.int64]]) -> dict[str, float]
 
 
 _MEANS = ("step", "handoff", "waits", "after", "early", "sms", "stack", "programs",
-          *_PARTS, *(f"last_{p}" for p in _PARTS))
+          *_PARTS, *(f"last_{p}" for p in _PARTS), "doubled", "reused", "work_single",
+          "work_doubled")
 
 
 def layer_means(stats: list[dict[str, Any]], layers: int) -> list[dict[str, Any]]:
@@ -106,8 +130,14 @@ def layer_means(stats: list[dict[str, Any]], layers: int) -> list[dict[str, Any]
         return []
     per = len(body) // layers
     return [{"position": f"{i + 1} {body[i]['name']}",
-             **{k: statistics.fmean(s[k] for s in body[i::per]) for k in _MEANS}}
+             **{k: _mean([s[k] for s in body[i::per]]) for k in _MEANS}}
             for i in range(per)]
+
+
+def _mean(values: list[float]) -> float:
+    """The mean of the values that are not NaN (NaN if none is)."""
+    kept = [v for v in values if not math.isnan(v)]
+    return statistics.fmean(kept) if kept else math.nan
 
 
 def timer_step_ns(launches: Launches) -> int:
@@ -138,15 +168,23 @@ def markdown(title: str, stats: list[dict[str, Any]], means: list[dict[str, Any]
     lines = [f"## {title}: {len(stats)} launches, span {span:.1f} us", ""]
     if note:
         lines += [note, ""]
-    lines += ["| launch | programs | step | handoff | waits | after | early | sms | stack |",
-              "|---|---|---|---|---|---|---|---|---|"]
+    lines += ["| launch | programs | step | handoff | waits | after | early |",
+              "|---|---|---|---|---|---|---|"]
     rows = stats[:1] + means + stats[-1:] if means else stats
     labels = [s["position"] if "position" in s else s["name"] for s in rows]
     for label, s in zip(labels, rows, strict=True):
         lines.append(f"| {label} | {s['programs']:.0f} "
                      f"| {s['step']:.2f} | {s['handoff']:.2f} | {s['waits']:.2f} "
-                     f"| {s['after']:.2f} | {s['early']:.1f} | {s['sms']:.0f} "
-                     f"| {s['stack']:.0f} |")
+                     f"| {s['after']:.2f} | {s['early']:.1f} |")
+    lines += ["", "Placement (work: µs from wait to end, mean of single and of doubled "
+              "programs):", "",
+              "| launch | sms | stack | doubled | reused | work single | work doubled |",
+              "|---|---|---|---|---|---|---|"]
+    for label, s in zip(labels, rows, strict=True):
+        work = " | ".join("-" if math.isnan(s[k]) else f"{s[k]:.2f}"
+                          for k in ("work_single", "work_doubled"))
+        lines.append(f"| {label} | {s['sms']:.0f} | {s['stack']:.0f} | {s['doubled']:.1f} "
+                     f"| {s['reused']:.1f} | {work} |")
     lines += ["", "After the wait (median program; the last to end):", "",
               "| launch | loop | epi | count | finish | last: loop | epi | count | finish |",
               "|---|---|---|---|---|---|---|---|---|"]
@@ -219,6 +257,44 @@ def record_shape(name: str, batch: int, seq: int, options: dict[str, Any], dtype
     return written, cfg.num_hidden_layers
 
 
+def load_recorded(path: Path) -> tuple[str, Launches, int]:
+    """A saved ``timeline_<shape>.json`` (or ``.json.gz``): its title (with the module
+    constants it was recorded with), launches and layers.
+    Rows saved before the marks existed (8 fields) get them at their wait, as a kernel
+    without marks writes them."""
+    import gzip
+
+    with gzip.open(path, "rt") if path.suffix == ".gz" else path.open() as f:
+        saved = json.load(f)
+    launches: Launches = []
+    for launch in saved["launches"]:
+        rows = np.asarray(launch["rows"], dtype=np.int64)
+        if rows.shape[1] < _COUNTED + 1:
+            marks = np.repeat(rows[:, [_WAITED]], _COUNTED + 1 - rows.shape[1], axis=1)
+            rows = np.concatenate([rows, marks], axis=1)
+        launches.append((launch["name"], rows))
+    per = len(saved["per_layer"])
+    layers = saved.get("layers") or ((len(launches) - 2) // per if per else 1)
+    constants = saved.get("set") or []
+    return saved["shape"] + (f" ({', '.join(constants)})" if constants else ""), launches, layers
+
+
+def analyse(title: str, launches: Launches, layers: int, out: Path, tag: str,
+            plot_at: int) -> tuple[str, list[dict[str, Any]], list[dict[str, Any]]]:
+    """One pass's report (markdown), its launches' figures and the per-position means;
+    plots layer ``plot_at`` (or the last) into ``out/timeline_<tag>.png``."""
+    stats = launch_stats(launches)
+    means = layer_means(stats, layers)
+    note = (f"Global timer: smallest step between stamps {timer_step_ns(launches)} ns; "
+            f"SM clock {clock_ghz(launches):.2f} GHz (cycles over ns). "
+            + ("" if means else "Launches not in whole layers: every launch listed."))
+    per = (len(launches) - 2) // layers if means else len(launches)
+    layer = min(plot_at, layers - 1) if means else 0
+    plot_layer(out / f"timeline_{tag}.png", launches, 1 + per * layer if means else 0,
+               per, f"{title}, layer {layer}" if means else title)
+    return markdown(title, stats, means, note), stats, means
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -229,33 +305,36 @@ def main() -> None:
     p.add_argument("--passes", type=int, default=20)
     p.add_argument("--idle", action="store_true", help="the recorded pass alone, GPU idle")
     p.add_argument("--plot-layer", type=int, default=5, help="the layer the plot shows")
+    p.add_argument("--from", dest="saved", type=Path, action="append", default=[],
+                   help="a saved timeline_<shape>.json[.gz] to report again (no GPU; "
+                        "repeatable; --shapes is then ignored)")
     args = p.parse_args()
     if args.plot_layer < 0 or args.passes < 1:
         p.error("--plot-layer must be >= 0 and --passes >= 1")
     options = engine_options(p, args)
+    report = ["# Programs of one forward pass (µs; see benchmarks/program_timeline.py)", ""]
+    for path in args.saved:
+        title, launches, layers = load_recorded(path)
+        tag = path.name.removesuffix(".gz").removesuffix(".json").removeprefix("timeline_")
+        text, _, _ = analyse(title, launches, layers, args.out, tag, args.plot_layer)
+        report.append(f"{text}\nFrom {path.name}.\n")
+        print(report[-1], flush=True)
     from benchmarks.bench_gpu import parse_shapes
 
-    report = ["# Programs of one forward pass (µs; see benchmarks/program_timeline.py)", ""]
-    for name, batch, seq in parse_shapes(args.shapes):
+    for name, batch, seq in [] if args.saved else parse_shapes(args.shapes):
         launches, layers = record_shape(name, batch, seq, options, args.dtype,
                                         args.calibrate, args.passes, args.idle)
         title = f"{name} {batch}x{seq} {args.dtype}" + (" calibrated" if args.calibrate
                                                         else "")
-        stats = launch_stats(launches)
-        means = layer_means(stats, layers)
-        note = (f"Global timer: smallest step between stamps {timer_step_ns(launches)} ns; "
-                f"SM clock {clock_ghz(launches):.2f} GHz (cycles over ns). "
-                + ("" if means else "Launches not in whole layers: every launch listed."))
-        report.append(markdown(title, stats, means, note))
         tag = f"{name}_{batch}x{seq}_{args.dtype}"
+        text, stats, means = analyse(title, launches, layers, args.out, tag,
+                                     args.plot_layer)
+        report.append(text)
         (args.out / f"timeline_{tag}.json").write_text(json.dumps({
             "shape": title, "options": options, "set": args.set, "idle": args.idle,
+            "layers": layers,
             "launches": [{"name": n, "rows": r.tolist()} for n, r in launches],
             "stats": stats, "per_layer": means}))
-        per = (len(launches) - 2) // layers if means else len(launches)
-        layer = min(args.plot_layer, layers - 1) if means else 0
-        plot_layer(args.out / f"timeline_{tag}.png", launches, 1 + per * layer if means else 0,
-                   per, f"{title}, layer {layer}" if means else title)
         print(report[-1], flush=True)
     if args.set:
         report.append("Module constants set: " + ", ".join(args.set))

@@ -299,7 +299,7 @@ def test_markdown_lists_the_per_position_means_between_first_and_last() -> None:
     text = markdown("t", stats, layer_means(stats, 2), "a note")
     launches = [line.split("|")[1].strip() for line in text.splitlines()
                 if line.startswith("| ") and not line.startswith("| launch")]
-    assert launches == ["embeddings", "1 QKV", "2 FFN2", "LN + QA head"] * 2
+    assert launches == ["embeddings", "1 QKV", "2 FFN2", "LN + QA head"] * 3  # 3 tables
     assert "a note" in text and "span 5.9 us" in text
 
 
@@ -328,7 +328,8 @@ def test_layer_means_by_position() -> None:
         parts = {p: 0.0 for p in ("loop", "epi", "count", "finish")}
         return {"name": name, "step": step, "handoff": 0.0, "waits": 0.0, "after": 0.0,
                 "early": 0, "sms": 1, "stack": 1, "programs": 1, **parts,
-                **{f"last_{p}": 0.0 for p in parts}}
+                **{f"last_{p}": 0.0 for p in parts}, "doubled": 0, "reused": 0,
+                "work_single": 1.0, "work_doubled": float("nan")}
 
     stats = [stat("embeddings", 3.0), stat("QKV", 1.0), stat("attention", 2.0),
              stat("QKV", 3.0), stat("attention", 6.0), stat("LN + QA head", 2.5)]
@@ -347,3 +348,62 @@ def test_timer_step_and_clock() -> None:
     rows[:, timeline.FIELDS.index("end_clk")] = (4000, 6100)  # 2 GHz over 2 and 3 µs
     assert timer_step_ns([("a", rows)]) == 32
     assert clock_ghz([("a", rows)]) == pytest.approx(2.0)
+
+
+def test_placement_counts_doubled_programs_and_reused_sms() -> None:
+    import math
+
+    from benchmarks.program_timeline import placement
+
+    # SM 3 runs two programs (2 and 3 µs of work), SM 5 one (1 µs); SM 5 ran the launch
+    # before too
+    rows = _rows([(0, 1000, 3000, 3), (0, 1000, 4000, 3), (0, 1000, 2000, 5)])
+    got = placement(rows, {5, 9})
+    assert (got["doubled"], got["reused"]) == (2, 1)
+    assert got["work_single"] == pytest.approx(1.0)
+    assert got["work_doubled"] == pytest.approx(2.5)
+    alone = placement(_rows([(0, 1000, 2000, 1)]), set())
+    assert (alone["doubled"], alone["reused"]) == (0, 0) and math.isnan(alone["work_doubled"])
+
+
+def test_a_saved_timeline_reads_back_with_marks_at_the_wait(tmp_path: Any) -> None:
+    import gzip
+    import json
+
+    from benchmarks.program_timeline import load_recorded
+
+    old = [[10, 20, 30, 0, 0, 0, 4, 0]]  # a row saved before the marks (8 fields)
+    saved = {"shape": "s", "set": ["m.X=1"], "per_layer": [{}, {}],
+             "launches": [{"name": n, "rows": old} for n in ("e", "a", "b", "a", "b", "h")]}
+    path = tmp_path / "timeline_s.json.gz"
+    with gzip.open(path, "wt") as f:
+        json.dump(saved, f)
+    title, launches, layers = load_recorded(path)
+    assert title == "s (m.X=1)" and layers == 2 and len(launches) == 6
+    assert launches[0][1].shape == (1, len(timeline.FIELDS))
+    assert launches[0][1][0].tolist() == [10, 20, 30, 0, 0, 0, 4, 0, 20, 20, 20]
+
+
+def test_the_recorded_early_tail_pass_shows_its_doubled_programs() -> None:
+    """v31's device record (H200, calibrated FP8 BERT-base 2x48): with the early key tail,
+    attention's 96 programs ran two to an SM on 60 SMs beside none of QKV's, and pushed
+    the out-projection onto 72; with the late load the GEMMs after it had an SM per
+    program."""
+    from pathlib import Path
+
+    from benchmarks.program_timeline import launch_stats, layer_means, load_recorded
+
+    at = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu-2026-12-01-v31"
+    means = {}
+    for tail, name in (("late", "timeline_bert-base_2x48_fp8.json.gz"),
+                       ("early", "timeline_bert-base_2x48_fp8_early-tail.json.gz")):
+        _, launches, layers = load_recorded(at / name)
+        means[tail] = {m["position"]: m for m in layer_means(launch_stats(launches), layers)}
+    late = means["late"]
+    assert [late[k]["sms"] for k in ("3 out-projection", "4 FFN1", "5 FFN2")] == [96] * 3
+    assert late["2 attention"]["doubled"] < 8  # 5.3 a layer: two sequence boundaries
+    early = means["early"]
+    # means over the 12 layers
+    assert early["2 attention"]["sms"] < 61 and early["2 attention"]["reused"] == 0
+    assert early["3 out-projection"]["sms"] < 73 and early["3 out-projection"]["doubled"] > 40
+    assert early["5 FFN2"]["work_doubled"] > early["5 FFN2"]["work_single"] + 1.0
