@@ -232,19 +232,24 @@ def _attention(trace: bool) -> str:
                      "TRACE": trace})
 
 
-@pytest.mark.parametrize("compile_kernel", [_embeddings, _head, _attention],
+@pytest.mark.parametrize(("compile_kernel", "stamps"),
+                         [(_embeddings, 3), (_head, 3), (_attention, 5)],
                          ids=["embeddings", "head", "attention"])
-def test_every_traced_kernel_compiles_both_ways(compile_kernel: Any) -> None:
-    """Each kernel that takes a trace: no timer read off, its three stamps and the SM id
-    on, the second after the PDL wait."""
+def test_every_traced_kernel_compiles_both_ways(compile_kernel: Any, stamps: int) -> None:
+    """Each kernel that takes a trace: no timer read off; on, its stamps (start, wait,
+    attention's two marks, end) and the SM id, the second after the PDL wait and
+    attention's last mark before its output's store."""
     _tools_or_skip()
     assert not _TIMER.search(compile_kernel(False))
     code = [line for line in compile_kernel(True).splitlines()
             if re.match(r"\s+/\*[0-9a-f]{4}", line)]
     timers = [i for i, line in enumerate(code) if "SR_GLOBALTIMERLO" in line]
     (wait,) = [i for i, line in enumerate(code) if "ACQBULK" in line]
-    assert len(timers) == 3 and timers[0] < wait < timers[1]
+    assert len(timers) == stamps and timers[0] < wait < timers[1]
     assert sum("SR_VIRTUALSMID" in line for line in code) == 1
+    if stamps == 5:
+        stores = [i for i, line in enumerate(code) if re.search(r"\bSTG\.", line)]
+        assert timers[2] < timers[3] < min(s for s in stores if s > timers[2]) < timers[4]
 
 
 # ------------------------------------------------------------- the tool's arithmetic

@@ -103,15 +103,17 @@ def attention_tile(
     HEAD_DIM: tl.constexpr, BLOCK_DH: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, scale_ptr=None, FP8_OUT: tl.constexpr = False,
     SPLIT: tl.constexpr = False, EARLY_TAIL: tl.constexpr = False,
+    TRACE: tl.constexpr = False,
 ):
     """One (query block, sequence, head): :func:`attention_rows` for the sequence whose
     tokens are rows ``cu[seq]:cu[seq+1]``. Programs past a sequence's end write nothing,
-    so the grid may be sized for bucketed (padded) sequence counts and lengths."""
+    so the grid may be sized for bucketed (padded) sequence counts and lengths. Returns
+    :func:`attention_rows`'s timeline marks."""
     start = tl.load(cu_ptr + seq, cache_modifier=".cg")
     length = tl.load(cu_ptr + seq + 1, cache_modifier=".cg") - start
-    attention_rows(qkv_ptr, bias_ptr, out_ptr, start, length, m_block * BLOCK_M, head,
-                   qk_scale, stride_qkv, stride_out, D, HEAD_DIM, BLOCK_DH, BLOCK_M, BLOCK_N,
-                   scale_ptr, FP8_OUT, SPLIT, EARLY_TAIL)
+    return attention_rows(qkv_ptr, bias_ptr, out_ptr, start, length, m_block * BLOCK_M, head,
+                          qk_scale, stride_qkv, stride_out, D, HEAD_DIM, BLOCK_DH, BLOCK_M,
+                          BLOCK_N, scale_ptr, FP8_OUT, SPLIT, EARLY_TAIL, TRACE)
 
 
 @triton.jit
@@ -121,11 +123,14 @@ def attention_rows(
     HEAD_DIM: tl.constexpr, BLOCK_DH: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, scale_ptr=None, FP8_OUT: tl.constexpr = False,
     SPLIT: tl.constexpr = False, EARLY_TAIL: tl.constexpr = False,
+    TRACE: tl.constexpr = False,
 ):
     """Queries ``m0 : m0 + BLOCK_M`` of the sequence at rows ``start : start + length``, one
     head: softmax(Q K^T * scale) V with an online softmax (nothing written where ``m0 >=
     length``). With ``FP8_OUT`` the output is stored in e4m3 with the one calibrated scale
-    at ``scale_ptr`` (values beyond it saturate).
+    at ``scale_ptr`` (values beyond it saturate). Returns two timeline marks
+    (``kernels.timeline.stamp``; no instruction without ``TRACE``): the key loop done, and
+    the output computed before its store.
 
     Q, K, V are column slices of the packed QKV GEMM output (no bias yet).
 
@@ -190,15 +195,21 @@ def attention_rows(
             v = tl.load(k_ptrs + D, mask=kv_mask, other=0.0, cache_modifier=".cg")
             m_i, l_i, acc = _online_softmax_step(q, k, v, m_i, l_i, acc, nmask, True)
             k_ptrs += BLOCK_N * stride_qkv
+    looped = stamp(TRACE)
     bv = tl.load(bias_ptr + 2 * D + col, mask=dmask, other=0.0)
     # l_i >= 1 on every row that saw a key (its max contributes exp2(0)); the floor only
     # keeps rows of empty programs finite (they are not stored).
     out = acc / tl.maximum(l_i, 1.0)[:, None] + bv[None, :]
     o_ptrs = out_ptr + q_rows[:, None] * stride_out + col[None, :]
     if FP8_OUT:
-        tl.store(o_ptrs, to_e4m3(out * (1.0 / tl.load(scale_ptr))), mask=io_mask)
+        out8 = to_e4m3(out * (1.0 / tl.load(scale_ptr)))
+        computed = stamp(TRACE)
+        tl.store(o_ptrs, out8, mask=io_mask)
     else:
-        tl.store(o_ptrs, out.to(out_ptr.dtype.element_ty), mask=io_mask)
+        out16 = out.to(out_ptr.dtype.element_ty)
+        computed = stamp(TRACE)
+        tl.store(o_ptrs, out16, mask=io_mask)
+    return looped, computed
 
 
 @triton.jit
@@ -232,13 +243,14 @@ def _attn_varlen_kernel(
             attention_rows(qkv_ptr, bias_ptr, out_ptr, start, length, m0, head,
                            qk_scale, stride_qkv, stride_out, D, HEAD_DIM, BLOCK_DH, BLOCK_M,
                            BLOCK_N, scale_ptr, FP8_OUT, SPLIT, EARLY_TAIL)
+        looped, computed = waited, waited  # (no marks on the tile list's path)
     else:
-        attention_tile(qkv_ptr, bias_ptr, out_ptr, cu_ptr,
-                       tl.program_id(0), tl.program_id(1), head,
-                       qk_scale, stride_qkv, stride_out, D, HEAD_DIM, BLOCK_DH, BLOCK_M,
-                       BLOCK_N, scale_ptr, FP8_OUT, SPLIT, EARLY_TAIL)
+        looped, computed = attention_tile(
+            qkv_ptr, bias_ptr, out_ptr, cu_ptr, tl.program_id(0), tl.program_id(1), head,
+            qk_scale, stride_qkv, stride_out, D, HEAD_DIM, BLOCK_DH, BLOCK_M, BLOCK_N,
+            scale_ptr, FP8_OUT, SPLIT, EARLY_TAIL, TRACE)
     pdl_release(LATE_RELEASE)
-    record(trace_ptr, started, waited, waited, waited, waited, TRACE)
+    record(trace_ptr, started, waited, looped, computed, computed, TRACE)
 
 
 @triton.jit
