@@ -185,6 +185,8 @@ def markdown(title: str, stats: list[dict[str, Any]], means: list[dict[str, Any]
                           for k in ("work_single", "work_doubled"))
         lines.append(f"| {label} | {s['sms']:.0f} | {s['stack']:.0f} | {s['doubled']:.1f} "
                      f"| {s['reused']:.1f} | {work} |")
+    if not any(s[k] for s in rows for k in (*_PARTS[:-1], *(f"last_{p}" for p in _PARTS[:-1]))):
+        return "\n".join([*lines, "", "(No marks after the wait: recorded before them.)", ""])
     lines += ["", "After the wait (median program; the last to end):", "",
               "| launch | loop | epi | count | finish | last: loop | epi | count | finish |",
               "|---|---|---|---|---|---|---|---|---|"]

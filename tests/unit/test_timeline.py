@@ -299,13 +299,23 @@ def test_markdown_lists_the_per_position_means_between_first_and_last() -> None:
     from benchmarks.program_timeline import launch_stats, layer_means, markdown
 
     names = ["embeddings", "QKV", "FFN2", "QKV", "FFN2", "LN + QA head"]
-    stats = launch_stats([(n, _rows([(1000 * i, 1000 * i + 500, 1000 * i + 900, i)]))
-                          for i, n in enumerate(names)])
-    text = markdown("t", stats, layer_means(stats, 2), "a note")
-    launches = [line.split("|")[1].strip() for line in text.splitlines()
+    launches = [(n, _rows([(1000 * i, 1000 * i + 500, 1000 * i + 900, i)]))
+                for i, n in enumerate(names)]
+
+    def tables(text: str) -> list[str]:
+        return [line.split("|")[1].strip() for line in text.splitlines()
                 if line.startswith("| ") and not line.startswith("| launch")]
-    assert launches == ["embeddings", "1 QKV", "2 FFN2", "LN + QA head"] * 3  # 3 tables
-    assert "a note" in text and "span 5.9 us" in text
+
+    stats = launch_stats(launches)
+    text = markdown("t", stats, layer_means(stats, 2), "a note")
+    assert tables(text) == ["embeddings", "1 QKV", "2 FFN2", "LN + QA head"] * 2
+    assert "a note" in text and "span 5.9 us" in text and "No marks" in text
+    for _, rows in launches:  # with marks: the after-the-wait table too
+        rows[:, timeline.FIELDS.index("product_ns")] += 200
+    stats = launch_stats(launches)
+    text = markdown("t", stats, layer_means(stats, 2))
+    assert tables(text) == ["embeddings", "1 QKV", "2 FFN2", "LN + QA head"] * 3
+    assert "No marks" not in text
 
 
 def test_launch_stats_from_rows() -> None:
