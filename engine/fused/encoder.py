@@ -119,8 +119,10 @@ LATE_RELEASE_KERNELS = ("qkv", "attention", "out", "ln1", "ffn1", "ffn2", "ln2")
 # 1x128 0.1057 -> 0.1037 (idle GPU 0.1088 -> 0.1070), 1x64 0.0978 -> 0.0969, 1x32 0.0978
 # -> 0.0969, 2x64 0.1027 -> 0.1007, 4x32 0.1078 -> 0.1046, 1x16 0.0973 -> 0.0964 (NOTES
 # v28); BERT-base's 96 KB 16-bit slices were 12% slower, and the fit rule
-# (``early_weights_fit``) refuses them.
-EARLY_WEIGHT_GEMMS = ("qkv", "ffn1", "ffn2")
+# (``early_weights_fit``) refuses them. The out-projection's 32-row plan never fits (its
+# ``mma.sync`` tiles spilled this way, v27); "out" is for plans on 64-row tiles
+# (``gemm_plans``; ``benchmarks/out_proj_sweep.sh``, not yet measured).
+EARLY_WEIGHT_GEMMS = ("qkv", "out", "ffn1", "ffn2")
 EARLY_WEIGHTS: tuple[str, ...] = ("qkv", "ffn1")
 
 # Tiles and K splits of one GEMM: (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages[, loads]),
@@ -473,7 +475,7 @@ def _encode_deferred(
         y = ops.residual_linear(ctx, layer.attn_out.weight, layer.attn_out.bias, z32[q],
                                 z_sums[q], ln_g, ln_b, eps, y_sums[p], config=c_out, pdl=pdl,
                                 prefetch=pf, late_release="out" in late, out8=y8,
-                                inv8=f8.ffn_in_inv if f8 else None)
+                                inv8=f8.ffn_in_inv if f8 else None, early="out" in early)
         h = folded(y, y8, fold.ffn_in, f8.ffn_in if f8 else None, fold.ffn_in.bias, y_sums[p],
                    eps, act=act, config=c_ff1, pdl=pdl, prefetch=pf,
                    late_release="ffn1" in late, out_inv=f8.ffn_out_inv if f8 else None,

@@ -200,13 +200,16 @@ def _sums64(v: object) -> object:
     return torch.stack([v.sum(1), (v * v).sum(1)], 1)
 
 
-def _check_deferred(splits: int, early: bool = False) -> tuple[float, float]:
+def _check_deferred(splits: int, early: bool = False,
+                    narrow: bool = False) -> tuple[float, float]:
     """The deferred-LayerNorm kernels (``kernels.deferred``) against float64 LayerNorm-then-
     GEMM references, each error in units of its tolerance: the embeddings' sum with its
     row sums; the folded GEMM (GELU, and the buffer it zeroes); the residual GEMM stored
     whole and accumulated over ``splits`` K slices (atomics, tile counters, the copy and
     the row sums left by each tile's last program); the LayerNorm + QA head. ``early``:
-    the GEMMs on 64-row tiles, their weight slices loaded whole (``early``), no K loop."""
+    the GEMMs on 64-row tiles, their weight slices loaded whole (``early``), no K loop;
+    ``narrow``: 64x16 tiles (an out-projection plan on ``wgmma`` tiles with as many
+    programs as its 32x32 ones)."""
     import torch
 
     from engine.fused import kernels as k
@@ -218,7 +221,8 @@ def _check_deferred(splits: int, early: bool = False) -> tuple[float, float]:
     g = torch.Generator().manual_seed(12)
     m, n, kk, eps = 45, 80, 192, 1e-5  # M, N not tile multiples; K = 3 x 64
     # early: 32-wide chunks, 6 of them in one K slice (2 in each of 3)
-    tile, tiles = ((64, 64, 32, 4, 2), 2) if early else ((32, 32, 64, 4, 2), 6)
+    tile = (64, 16, 32, 4, 2) if narrow else (64, 64, 32, 4, 2) if early else (32, 32, 64, 4, 2)
+    tiles = -(-m // tile[0]) * -(-n // tile[1])
     errs = []
     ids, tt, pos = (torch.randint(0, 20, (m,), generator=g, dtype=torch.int32) for _ in range(3))
     tables = [torch.randn(20, kk, generator=g).half() for _ in range(3)]
@@ -250,7 +254,7 @@ def _check_deferred(splits: int, early: bool = False) -> tuple[float, float]:
                               early=early)
         errs += [_rel(y, ref) / _TOL["float16"], _rel(acc, start.double() + _sums64(y)) / 1e-5]
         out, out16 = torch.zeros(m, n), torch.empty(m, n).half()
-        counters = torch.zeros(tiles, dtype=torch.int32)  # 2 x 3 tiles of 32x32, or 1 x 2
+        counters = torch.zeros(tiles, dtype=torch.int32)  # e.g. 2 x 3 tiles of 32x32
         acc = start.clone()
         k.residual_linear(ctx, wo, bo, res, res_sums, g2, b2, eps, acc, out=out, out16=out16,
                           counters=counters, splits=splits, config=tile, early=early)
@@ -938,6 +942,8 @@ CASES: dict[str, Callable[[], tuple[float, float]]] = {
     "deferred_ln_kernels_fp8_3_splits": lambda: _check_deferred_fp8(3),
     "deferred_ln_kernels_early_weights": lambda: _check_deferred(1, early=True),
     "deferred_ln_kernels_early_weights_3_splits": lambda: _check_deferred(3, early=True),
+    "deferred_ln_kernels_early_weights_64x16": lambda: _check_deferred(1, early=True,
+                                                                       narrow=True),
     "deferred_ln_kernels_fp8_early_weights": lambda: _check_deferred_fp8(1, early=True),
     "deferred_ln_kernels_fp8_early_weights_3_splits": lambda: _check_deferred_fp8(3, early=True),
     "tiny_bert_fp32": lambda: _check_tiny_bert("float32"),

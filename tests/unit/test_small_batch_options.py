@@ -143,7 +143,8 @@ def tiny8():  # type: ignore[no-untyped-def]
 
 @pytest.mark.parametrize(("names", "fp8"),
                          [(("qkv",), True), (("ffn2", "ffn1"), True), ((), True), (None, True),
-                          (("qkv", "ffn1", "ffn2"), False), (None, False), ((), False)])
+                          (("out",), True), (("qkv", "out", "ffn1", "ffn2"), False),
+                          (None, False), ((), False)])
 def test_early_weights_reach_the_named_gemms_only(
         tiny8: Any, monkeypatch: pytest.MonkeyPatch,
         names: tuple[str, ...] | None, fp8: bool) -> None:
@@ -215,7 +216,7 @@ def test_early_weights_option_is_checked(tiny: Any) -> None:
         assert FusedEngine(tiny, "cpu", backend="torch",
                            early_weights=none).options.early_weights == ()
     with pytest.raises(ValueError, match="early_weights: unknown GEMMs"):
-        FusedEngine(tiny, "cpu", backend="torch", early_weights=("qkv", "out"))
+        FusedEngine(tiny, "cpu", backend="torch", early_weights=("qkv", "attention"))
 
 
 @pytest.mark.parametrize(("config", "k_slice", "element_bytes", "fits"), [
