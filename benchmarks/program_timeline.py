@@ -23,7 +23,8 @@ launch's last end). After the wait, between the marks the deferred GEMMs write
 (``timeline.FIELDS``): ``loop``, ``epi``, ``count``, ``finish`` (:func:`program_parts`;
 the median program and the last to end). Placement: ``sms`` (distinct
 multiprocessors), ``stack`` (most programs on one SM), ``doubled`` and ``reused``
-(:func:`placement`), and the mean work of single and of doubled programs. Means per
+(:func:`placement`), ``host`` (:func:`hosting`), and the mean work of each kind of
+program. Means per
 position in a layer, as ``trace_pass.py`` gives them. Writes
 ``DIR/timeline_<shape>.json`` (every program's row, per launch), ``DIR/timeline.md`` and,
 with matplotlib, ``DIR/timeline_<shape>.png``: layer ``--plot-layer``'s programs by SM.
@@ -62,7 +63,7 @@ def launch_stats(launches: Launches) -> list[dict[str, Any]]:
     out = []
     prev_end: float | None = None
     prev_sms: set[int] = set()
-    for name, rows in launches:
+    for i, (name, rows) in enumerate(launches):
         start = (rows[:, _START] - t0) / 1e3
         waited = (rows[:, _WAITED] - t0) / 1e3
         end = (rows[:, _END] - t0) / 1e3
@@ -80,10 +81,28 @@ def launch_stats(launches: Launches) -> list[dict[str, Any]]:
             "early": int((start < base).sum()) if prev_end is not None else 0,
             "sms": int(per_sm.size), "stack": int(per_sm.max()),
             **program_parts(rows), **placement(rows, prev_sms),
+            **hosting(rows, launches[i + 1][1] if i + 1 < len(launches) else rows[:0]),
         })
         prev_end = last_end
         prev_sms = {int(sm) for sm in rows[:, _SM]}
     return out
+
+
+def hosting(rows: np.ndarray[Any, np.dtype[np.int64]],
+            following: np.ndarray[Any, np.dtype[np.int64]]) -> dict[str, float]:
+    """``host``: a launch's programs on whose SM a program of the launch after it started
+    before they ended (resident early under PDL, loading what it may before its wait),
+    and the mean µs from wait to end of those and of the rest (NaN where none)."""
+    work = (rows[:, _END] - rows[:, _WAITED]) / 1e3
+    first_start: dict[int, int] = {}
+    for sm, start in zip(following[:, _SM].tolist(), following[:, _START].tolist(),
+                         strict=True):
+        first_start[sm] = min(start, first_start.get(sm, start))
+    host = np.array([first_start.get(int(sm), end) < end
+                     for sm, end in zip(rows[:, _SM], rows[:, _END], strict=True)], dtype=bool)
+    return {"host": int(host.sum()),
+            "work_host": float(work[host].mean()) if host.any() else math.nan,
+            "work_alone": float(work[~host].mean()) if (~host).any() else math.nan}
 
 
 def placement(rows: np.ndarray[Any, np.dtype[np.int64]],
@@ -116,7 +135,7 @@ def program_parts(rows: np.ndarray[Any, np.dtype[np.int64]]) -> dict[str, float]
 
 _MEANS = ("step", "handoff", "waits", "after", "early", "sms", "stack", "programs",
           *_PARTS, *(f"last_{p}" for p in _PARTS), "doubled", "reused", "work_single",
-          "work_doubled")
+          "work_doubled", "host", "work_host", "work_alone")
 
 
 def layer_means(stats: list[dict[str, Any]], layers: int) -> list[dict[str, Any]]:
@@ -176,15 +195,16 @@ def markdown(title: str, stats: list[dict[str, Any]], means: list[dict[str, Any]
         lines.append(f"| {label} | {s['programs']:.0f} "
                      f"| {s['step']:.2f} | {s['handoff']:.2f} | {s['waits']:.2f} "
                      f"| {s['after']:.2f} | {s['early']:.1f} |")
-    lines += ["", "Placement (work: µs from wait to end, mean of single and of doubled "
-              "programs):", "",
-              "| launch | sms | stack | doubled | reused | work single | work doubled |",
-              "|---|---|---|---|---|---|---|"]
+    lines += ["", "Placement (work: µs from wait to end, the mean of the programs named):", "",
+              "| launch | sms | stack | doubled | reused | work single | work doubled "
+              "| host | work host | work alone |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
     for label, s in zip(labels, rows, strict=True):
-        work = " | ".join("-" if math.isnan(s[k]) else f"{s[k]:.2f}"
-                          for k in ("work_single", "work_doubled"))
+        work = ["-" if math.isnan(s[k]) else f"{s[k]:.2f}"
+                for k in ("work_single", "work_doubled", "work_host", "work_alone")]
         lines.append(f"| {label} | {s['sms']:.0f} | {s['stack']:.0f} | {s['doubled']:.1f} "
-                     f"| {s['reused']:.1f} | {work} |")
+                     f"| {s['reused']:.1f} | {work[0]} | {work[1]} | {s['host']:.1f} "
+                     f"| {work[2]} | {work[3]} |")
     if not any(s[k] for s in rows for k in (*_PARTS[:-1], *(f"last_{p}" for p in _PARTS[:-1]))):
         return "\n".join([*lines, "", "(No marks after the wait: recorded before them.)", ""])
     lines += ["", "After the wait (median program; the last to end):", "",

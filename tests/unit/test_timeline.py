@@ -381,6 +381,23 @@ def test_placement_counts_doubled_programs_and_reused_sms() -> None:
     assert (alone["doubled"], alone["reused"]) == (0, 0) and math.isnan(alone["work_doubled"])
 
 
+def test_hosting_counts_programs_beside_the_next_launchs_early_ones() -> None:
+    import math
+
+    from benchmarks.program_timeline import hosting
+
+    # programs on SMs 1, 2, 3 (work 1, 2, 3 µs, ending at 2, 3, 4 µs); the next launch's
+    # programs start on SM 1 at 1.5 µs (before the first ends), on SM 2 at 3.5 µs (after
+    # the second ends) and on SM 9
+    rows = _rows([(0, 1000, 2000, 1), (0, 1000, 3000, 2), (0, 1000, 4000, 3)])
+    following = _rows([(1500, 5000, 6000, 1), (3500, 5000, 6000, 2), (0, 5000, 6000, 9)])
+    got = hosting(rows, following)
+    assert got["host"] == 1
+    assert got["work_host"] == pytest.approx(1.0) and got["work_alone"] == pytest.approx(2.5)
+    last = hosting(rows, rows[:0])  # the last launch: none after it
+    assert last["host"] == 0 and math.isnan(last["work_host"])
+
+
 def test_a_saved_timeline_reads_back_with_marks_at_the_wait(tmp_path: Any) -> None:
     import gzip
     import json
