@@ -337,20 +337,20 @@ def test_launch_stats_from_rows() -> None:
 
 
 def test_layer_means_by_position() -> None:
-    from benchmarks.program_timeline import layer_means
+    import math
+
+    from benchmarks.program_timeline import _MEANS, layer_means
 
     def stat(name: str, step: float) -> dict[str, Any]:
-        parts = {p: 0.0 for p in ("loop", "epi", "count", "finish")}
-        return {"name": name, "step": step, "handoff": 0.0, "waits": 0.0, "after": 0.0,
-                "early": 0, "sms": 1, "stack": 1, "programs": 1, **parts,
-                **{f"last_{p}": 0.0 for p in parts}, "doubled": 0, "reused": 0,
-                "work_single": 1.0, "work_doubled": float("nan")}
+        return {**{k: 0.0 for k in _MEANS}, "name": name, "step": step,
+                "work_doubled": float("nan")}
 
     stats = [stat("embeddings", 3.0), stat("QKV", 1.0), stat("attention", 2.0),
              stat("QKV", 3.0), stat("attention", 6.0), stat("LN + QA head", 2.5)]
     means = layer_means(stats, 2)
     assert [m["position"] for m in means] == ["1 QKV", "2 attention"]
     assert [m["step"] for m in means] == [2.0, 4.0]
+    assert math.isnan(means[0]["work_doubled"])  # NaN where no layer has any
     assert layer_means(stats, 3) == []  # 4 launches do not cut into 3 layers
     assert layer_means(stats[:-1], 1) == []  # not ending with the head: another path
 
