@@ -8,7 +8,9 @@
 #   marks: with the marks inside the programs (the GEMMs' K loop, epilogue and tile
 #          counter, attention's key loop and output): where FFN2's tile fix-up (+1.2 µs a
 #          layer at 1x128, v31) and attention's ~3 µs a program go; 1x128 and 2x48 FP8,
-#          1x128 fp16 (uncalibrated, the 16-bit deferred layer) beside them.
+#          1x128 fp16 (uncalibrated, the 16-bit deferred layer) beside them, and 1x128 FP8
+#          with no weights loaded early: do the out-projection's programs beside FFN1's
+#          early ones (+0.4 us, v31) and FFN2's beside QKV's (+0.35) lose that penalty?
 # Run on the GPU from the repository root:
 #   benchmarks/timeline_sweep.sh first|marks OUT_DIR
 set -euo pipefail
@@ -28,4 +30,5 @@ fi
 if [ "$which" = marks ]; then
   tl fp8 --dtype fp8 --calibrate --shapes bert-base:1x128,bert-base:2x48
   tl fp16 --dtype float16 --shapes bert-base:1x128
+  tl fp8-no-early --dtype fp8 --calibrate --shapes bert-base:1x128 --option early_weights=none
 fi
