@@ -271,6 +271,21 @@ def _check_deferred(splits: int, early: bool = False,
     return max(errs), 1.0
 
 
+def _with_tma(check: Callable[[], tuple[float, float]]) -> tuple[float, float]:
+    """``check`` with early weight slices through TMA descriptors (``deferred.EARLY_TMA``);
+    a failure unless every launch took that path."""
+    from engine.fused.kernels import deferred
+    from tests.launch_spy import launch_keywords
+
+    deferred.EARLY_TMA = True
+    try:
+        with launch_keywords(deferred, "_deferred_gemm_kernel", "W_TMA") as tma:
+            result = check()
+    finally:
+        deferred.EARLY_TMA = False
+    return result if tma and all(tma) else (math.inf, 1.0)
+
+
 _E4M3_STEP = 0.0625  # e4m3's relative rounding step (3 mantissa bits): at most half of it
 
 
@@ -944,6 +959,16 @@ CASES: dict[str, Callable[[], tuple[float, float]]] = {
     "deferred_ln_kernels_early_weights_3_splits": lambda: _check_deferred(3, early=True),
     "deferred_ln_kernels_early_weights_64x16": lambda: _check_deferred(1, early=True,
                                                                        narrow=True),
+    "deferred_ln_kernels_early_weights_tma": lambda: _with_tma(
+        lambda: _check_deferred(1, early=True)),
+    "deferred_ln_kernels_early_weights_3_splits_tma": lambda: _with_tma(
+        lambda: _check_deferred(3, early=True)),
+    "deferred_ln_kernels_early_weights_64x16_tma": lambda: _with_tma(
+        lambda: _check_deferred(1, early=True, narrow=True)),
+    "deferred_ln_kernels_fp8_early_weights_tma": lambda: _with_tma(
+        lambda: _check_deferred_fp8(1, early=True)),
+    "deferred_ln_kernels_fp8_early_weights_3_splits_tma": lambda: _with_tma(
+        lambda: _check_deferred_fp8(3, early=True)),
     "deferred_ln_kernels_fp8_early_weights": lambda: _check_deferred_fp8(1, early=True),
     "deferred_ln_kernels_fp8_early_weights_3_splits": lambda: _check_deferred_fp8(3, early=True),
     "tiny_bert_fp32": lambda: _check_tiny_bert("float32"),

@@ -146,7 +146,7 @@ def _gemm_sass(trace: bool) -> str:
                       GELU=False, TANH=False, HAS_BIAS=True, RESIDUAL=True, ATOMIC=True,
                       STATS_OUT=True, ZERO=False, USE_PDL=True, PREFETCH=True, W_BYTES=1,
                       LATE_RELEASE=False, SCALED=True, Q_OUT=False, COPY8=True, EARLY=False,
-                      NCH=0, TRACE=trace)
+                      NCH=0, TRACE=trace, w_desc=None, W_TMA=False)
     assert {n for n, t in signature.items() if t == "constexpr"} == set(constexprs)
     sass, _, _ = compile_sass(kernel, signature, constexprs,
                               (*_GEMM_POINTERS, "trace_ptr", "N", "K", "k_split"),

@@ -31,6 +31,7 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
 
 from engine.fused.kernels.common import (
     gelu,
@@ -75,6 +76,14 @@ _ZERO_BLOCK = tl.constexpr(1024)  # float32 elements a program zeroes per step
 # 2026-12-01).
 _EARLY_CHUNKS = 6
 _EARLY_BYTES = 96 * 1024
+# Early weight slices through the tensor-memory accelerator (a TMA descriptor of the
+# weight, ``cp.async.bulk.tensor`` into shared memory) instead of loads through the
+# registers: the early program then issues a few instructions before its wait, not a
+# slice's worth of loads and shared-memory stores on a multiprocessor where the launch
+# before it still works. Programs beside the next launch's early ones ran 0.35-0.4 us
+# longer (H200, 2026-12-01, NOTES v31); whether TMA takes that away is not measured
+# (``benchmarks/early_tma_sweep.sh``), so it is off.
+EARLY_TMA = False
 
 
 @triton.jit
@@ -158,6 +167,30 @@ def _chunk(ptrs, i: tl.constexpr, NCH: tl.constexpr, BLOCK_K: tl.constexpr, firs
 
 
 @triton.jit
+def _desc_chunks(desc, row, k0, NCH: tl.constexpr, BLOCK_K: tl.constexpr):
+    """:func:`_chunks` of the [BLOCK_N, BLOCK_K] boxes of TMA descriptor ``desc`` at
+    ``row``, columns ``k0 + i * BLOCK_K``."""
+    tl.static_assert(NCH >= 1 and NCH <= 6, "a K slice of 1 to 6 chunks")
+    c0 = desc.load([row, k0])
+    return (c0, _desc_chunk(desc, row, k0, 1, NCH, BLOCK_K, c0),
+            _desc_chunk(desc, row, k0, 2, NCH, BLOCK_K, c0),
+            _desc_chunk(desc, row, k0, 3, NCH, BLOCK_K, c0),
+            _desc_chunk(desc, row, k0, 4, NCH, BLOCK_K, c0),
+            _desc_chunk(desc, row, k0, 5, NCH, BLOCK_K, c0))
+
+
+@triton.jit
+def _desc_chunk(desc, row, k0, i: tl.constexpr, NCH: tl.constexpr, BLOCK_K: tl.constexpr,
+                first):
+    """Box ``i`` of a K slice (``first`` where the slice has no such chunk)."""
+    if i >= NCH:
+        c = first
+    else:
+        c = desc.load([row, k0 + i * BLOCK_K])
+    return c
+
+
+@triton.jit
 def _chunk_dot(acc, a, b, i: tl.constexpr, NCH: tl.constexpr):
     if i < NCH:
         acc = tl.dot(a, tl.trans(b), acc)
@@ -176,6 +209,7 @@ def _deferred_gemm_kernel(
     PREFETCH: tl.constexpr, W_BYTES: tl.constexpr, LATE_RELEASE: tl.constexpr,
     SCALED: tl.constexpr, Q_OUT: tl.constexpr, COPY8: tl.constexpr,
     EARLY: tl.constexpr, NCH: tl.constexpr, trace_ptr, TRACE: tl.constexpr,
+    w_desc, W_TMA: tl.constexpr,
 ):
     """Output tile of ``x @ w^T`` over K slice ``program_id(1)``, then:
 
@@ -200,6 +234,8 @@ def _deferred_gemm_kernel(
     before the wait, and after it every activation chunk is loaded at once, then
     multiplied: no K loop, and no weight bytes between the wait and the product. (The
     weights' L2 prefetch is still issued first, as measured; without it is unmeasured.)
+    ``W_TMA`` (with ``EARLY``): the slice's chunks come through ``w_desc``, a TMA
+    descriptor of ``w`` in [BLOCK_N, BLOCK_K] boxes, straight into shared memory.
 
     Everything the epilogue reads is loaded after the K loop, but for the FP8 scalars (in
     the prologue: after the loop each was a dependent load in FFN2's way, +1.2 us a layer,
@@ -234,7 +270,9 @@ def _deferred_gemm_kernel(
     inv8 = 1.0
     if Q_OUT or COPY8:
         inv8 = tl.load(inv8_ptr)
-    if EARLY:  # the whole weight slice, loaded before the wait
+    if EARLY and W_TMA:  # the whole weight slice, bulk-copied before the wait
+        b = _desc_chunks(w_desc, pid_n * BLOCK_N, k0, NCH, BLOCK_K)
+    elif EARLY:  # the whole weight slice, loaded before the wait
         b = _chunks(w_ptr + cols[:, None] * K + k0 + tl.arange(0, BLOCK_K)[None, :], NCH,
                     BLOCK_K, False)
     pdl_enter(USE_PDL, not LATE_RELEASE)
@@ -364,6 +402,7 @@ def _launch(x, w, out, *, config, pdl, prefetch, u=None, bias=None, out16=None, 
         raise ValueError("an e4m3 output needs `inv8`, the multiplier it is stored with")
     tiles = triton.cdiv(m, bm) * triton.cdiv(n, bn)
     early = early and early_weights_fit(config, k // splits, w.element_size())
+    w_desc = TensorDescriptor.from_tensor(w, [bn, bk]) if early and EARLY_TMA else None
     if atomic and (counters is None or counters.numel() < tiles):
         raise ValueError(f"split-K accumulation needs {tiles} zeroed tile counters")
     if m == 0:
@@ -388,7 +427,7 @@ def _launch(x, w, out, *, config, pdl, prefetch, u=None, bias=None, out16=None, 
         W_BYTES=w.element_size(), LATE_RELEASE=pdl and late_release, SCALED=scaled,
         Q_OUT=q_out, COPY8=out8 is not None, EARLY=early, NCH=k // splits // bk if early else 0,
         trace_ptr=w if trace is None else trace, TRACE=trace is not None,
-        num_warps=warps,
+        w_desc=w_desc, W_TMA=w_desc is not None, num_warps=warps,
         num_stages=stages, **launch_options(pdl),
     )
 
