@@ -340,18 +340,22 @@ def test_deferred_fp8_parity(graphs: bool) -> None:
         assert e16 < 2e-2 and e8 < 0.2
 
 
+@pytest.mark.parametrize("tma", [False, True], ids=["loads", "tma"])
 @pytest.mark.parametrize("rows", [128, 77, 32])
-def test_early_weights_match_the_k_loop(rows: int) -> None:
+def test_early_weights_match_the_k_loop(rows: int, tma: bool,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
     """The deferred GEMMs loading their whole weight slice before the PDL wait
-    (``early``) against the same launches with the K loop, on BERT-base's e4m3 shapes
-    with PDL and prefetch, as the engine runs them: QKV and FFN1 (one K slice, no atomics)
-    to the last bit of their output's rounding, FFN2 (4 K slices added by float32
-    atomics, whose order varies) to float32 rounding of the sum."""
+    (``early``; with ``tma``, through TMA descriptors: ``deferred.EARLY_TMA``) against
+    the same launches with the K loop, on BERT-base's e4m3 shapes with PDL and prefetch,
+    as the engine runs them: QKV and FFN1 (one K slice, no atomics) to the last bit of
+    their output's rounding, FFN2 (4 K slices added by float32 atomics, whose order
+    varies) to float32 rounding of the sum."""
     from engine.fused import kernels as k
     from engine.fused.kernels import deferred
     from engine.fused.kernels.deferred import deferred_plan
     from tests.launch_spy import launch_keywords
 
+    monkeypatch.setattr(deferred, "EARLY_TMA", tma)
     g = torch.Generator(device="cuda").manual_seed(rows)
     e8, d, f, eps = torch.float8_e4m3fn, 768, 3072, 1e-12
 
@@ -365,12 +369,13 @@ def test_early_weights_match_the_k_loop(rows: int) -> None:
         w8 = e4m3(n, d, scale=40.0)
         colsum, bias = (torch.randn(n, generator=g, device="cuda") for _ in range(2))
         config = deferred_plan(rows, n, d, "folded", True)[0]
-        with launch_keywords(deferred, "_deferred_gemm_kernel", "EARLY") as launched:
+        with launch_keywords(deferred, "_deferred_gemm_kernel", "W_TMA") as tmas, \
+                launch_keywords(deferred, "_deferred_gemm_kernel", "EARLY") as launched:
             a, b = (k.folded_linear(x8, w8, colsum, bias, stats, eps, act=act, config=config,
                                     pdl=True, prefetch=True, scale=s,
                                     out_dtype=torch.float16, early=early)
                     for early in (False, True))
-        assert launched == [False, True]  # each path ran
+        assert launched == [False, True] and tmas == [False, tma]  # each path ran
         torch.cuda.synchronize()
         assert torch.equal(a, b), float((a.float() - b.float()).abs().max())
     h8, w2 = e4m3(rows, f, scale=40.0), e4m3(d, f, scale=40.0)
@@ -379,7 +384,8 @@ def test_early_weights_match_the_k_loop(rows: int) -> None:
     res_stats = torch.stack([res.float().sum(1), (res.float() ** 2).sum(1)], 1)
     config, splits = deferred_plan(rows, d, f, "accumulate", True)
     outs = []
-    with launch_keywords(deferred, "_deferred_gemm_kernel", "EARLY") as launched:
+    with launch_keywords(deferred, "_deferred_gemm_kernel", "W_TMA") as tmas, \
+            launch_keywords(deferred, "_deferred_gemm_kernel", "EARLY") as launched:
         for early in (False, True):
             out = torch.zeros(rows, d, device="cuda")
             counters = torch.zeros(-(-rows // config[0]) * (d // config[1]), device="cuda",
@@ -390,7 +396,7 @@ def test_early_weights_match_the_k_loop(rows: int) -> None:
                               counters=counters, splits=splits, config=config, pdl=True,
                               prefetch=True, scale=s, early=early)
             outs.append(out)
-    assert launched == [False, True]
+    assert launched == [False, True] and tmas == [False, tma]
     torch.testing.assert_close(outs[1], outs[0], rtol=1e-5, atol=1e-5 * float(outs[0].abs().max()))
 
 
@@ -400,8 +406,9 @@ def test_out_projection_on_64_row_tiles(plan: tuple[int, ...],
     """BERT-base's 16-bit out-projection (stored whole, residual epilogue, e4m3 copy) on
     64-row ``wgmma`` tiles, the plans ``benchmarks/out_proj_sweep.sh`` measures: with its
     weight slice loaded before the wait (the fit's byte limit raised as the sweep raises
-    it) bit for bit as with the K loop, and both within fp16 rounding of the engine's
-    32x32 plan; at 128 and 77 rows, with PDL and prefetch."""
+    it; by loads, then through TMA descriptors) bit for bit as with the K loop, and all
+    within fp16 rounding of the engine's 32x32 plan; at 128 and 77 rows, with PDL and
+    prefetch."""
     from engine.fused import kernels as k
     from engine.fused.kernels import deferred
     from engine.fused.kernels.deferred import deferred_plan
@@ -418,10 +425,12 @@ def test_out_projection_on_64_row_tiles(plan: tuple[int, ...],
         res = (torch.randn(rows, d, generator=g, device="cuda") * 3.0).float()
         res_stats = torch.stack([res.sum(1), (res ** 2).sum(1)], 1)
         outs, sums = [], []
-        configs = [(deferred_plan(rows, d, d, "residual")[0], False), (plan, False),
-                   (plan, True)]
-        with launch_keywords(deferred, "_deferred_gemm_kernel", "EARLY") as launched:
-            for config, early in configs:
+        configs = [(deferred_plan(rows, d, d, "residual")[0], False, False),
+                   (plan, False, False), (plan, True, False), (plan, True, True)]
+        with launch_keywords(deferred, "_deferred_gemm_kernel", "W_TMA") as tmas, \
+                launch_keywords(deferred, "_deferred_gemm_kernel", "EARLY") as launched:
+            for config, early, tma in configs:
+                monkeypatch.setattr(deferred, "EARLY_TMA", tma)
                 stats_out = torch.zeros(rows, 2, device="cuda")
                 y8 = torch.empty(rows, d, device="cuda", dtype=torch.float8_e4m3fn)
                 outs.append(k.residual_linear(ctx, w, bias, res, res_stats, gamma, beta, eps,
@@ -429,9 +438,11 @@ def test_out_projection_on_64_row_tiles(plan: tuple[int, ...],
                                               prefetch=True, out8=y8, inv8=inv8,
                                               early=early))
                 sums.append(stats_out)
-        assert launched == [False, False, True]  # each path ran
+        assert launched == [False, False, True, True]  # each path ran
+        assert tmas == [False, False, False, True]
         torch.cuda.synchronize()
-        assert torch.equal(outs[1], outs[2]), float((outs[1] - outs[2]).abs().max())
+        for early in outs[2:]:
+            assert torch.equal(outs[1], early), float((outs[1] - early).abs().max())
         torch.testing.assert_close(outs[1], outs[0], rtol=2e-3, atol=2e-2)
         torch.testing.assert_close(sums[1], sums[0], rtol=1e-3, atol=0.5)
 

@@ -5,11 +5,11 @@ wheel has no cuobjdump)."""
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import pytest
 
 from benchmarks.attention_sass import DEFAULT_MODULE, longest_loop, parse_tile
+from tests.sass_tools import tools_or_skip
 
 LISTING = """
         /*0000*/                   MOV R1, c[0x0][0x28] ;                 /* 0x000 */
@@ -39,9 +39,7 @@ def test_parse_tile() -> None:
 
 
 def test_engine_attention_loop_on_sm90() -> None:
-    triton = pytest.importorskip("triton")
-    if not (Path(triton.__file__).parent / "backends" / "nvidia" / "bin" / "cuobjdump").exists():
-        pytest.skip("this Triton wheel has no cuobjdump")
+    tools_or_skip()
     from benchmarks.attention_sass import compile_stats, load_module
 
     stats = compile_stats(load_module(DEFAULT_MODULE), 64, 32, 4)

@@ -14,6 +14,7 @@ pytest.importorskip("triton")
 
 from engine.fused.kernels import attention, deferred, timeline  # noqa: E402
 from tests.launch_spy import launches_unrun  # noqa: E402
+from tests.sass_tools import GEMM_POINTERS, code_lines, gemm_sass, tools_or_skip  # noqa: E402
 
 CPU = torch.device("cpu")
 
@@ -124,44 +125,21 @@ def test_embeddings_and_head_ask_for_their_rows_and_keep_the_logits_apart() -> N
 
 # --------------------------------------------------------------------------- the code
 
-_GEMM_POINTERS = ("x_ptr", "w_ptr", "u_ptr", "bias_ptr", "out_ptr", "out16_ptr", "stats_ptr",
-                  "stats_out_ptr", "cnt_ptr", "res_ptr", "res_g_ptr", "res_b_ptr", "zero_ptr",
-                  "scale_ptr", "out8_ptr", "inv8_ptr")
 _TIMER = re.compile(r"SR_GLOBALTIMERLO|SR_CLOCKLO|SR_VIRTUALSMID")
 
 
 def _gemm_sass(trace: bool) -> str:
     """FFN2's launch of the FP8 deferred layer (split-K atomics, the tile fix-up, e4m3
     copy, PDL, L2 prefetch) compiled for sm_90a."""
-    from benchmarks.attention_sass import compile_sass
-
     e4m3 = ("x_ptr", "w_ptr", "out8_ptr")
     types = {p: "*fp8e4nv" if p in e4m3 else "*i32" if p == "cnt_ptr" else "*fp32"
-             for p in _GEMM_POINTERS}
-    types |= {"M": "i32", "N": "i32", "K": "i32", "k_split": "i32", "zero_numel": "i32",
-              "eps": "fp32", "trace_ptr": "*i64"}
-    kernel = deferred._deferred_gemm_kernel
-    signature = {name: types.get(name, "constexpr") for name in kernel.arg_names}
+             for p in GEMM_POINTERS}
     constexprs = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, GROUP_M=8, FOLD_LN=False,
                       GELU=False, TANH=False, HAS_BIAS=True, RESIDUAL=True, ATOMIC=True,
                       STATS_OUT=True, ZERO=False, USE_PDL=True, PREFETCH=True, W_BYTES=1,
                       LATE_RELEASE=False, SCALED=True, Q_OUT=False, COPY8=True, EARLY=False,
                       NCH=0, TRACE=trace, w_desc=None, W_TMA=False)
-    assert {n for n, t in signature.items() if t == "constexpr"} == set(constexprs)
-    sass, _, _ = compile_sass(kernel, signature, constexprs,
-                              (*_GEMM_POINTERS, "trace_ptr", "N", "K", "k_split"),
-                              {"num_warps": 4, "num_stages": 4})
-    return sass
-
-
-def _tools_or_skip() -> None:
-    import pathlib
-
-    import triton
-
-    if not (pathlib.Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
-            / "cuobjdump").exists():
-        pytest.skip("this Triton wheel has no cuobjdump")
+    return gemm_sass(types, constexprs, 4, 4)[0]
 
 
 def test_trace_off_compiles_no_timer_and_on_stamps_around_the_wait() -> None:
@@ -170,9 +148,9 @@ def test_trace_off_compiles_no_timer_and_on_stamps_around_the_wait() -> None:
     (``ACQBULK``) and the release, the product mark after the last wait on the tensor
     cores, the epilogue mark before the tile's first atomic add, the counted mark after
     the tile counter's atomic, the end after the fix-up's last atomic (its row sums)."""
-    _tools_or_skip()
+    tools_or_skip()
     assert not _TIMER.search(_gemm_sass(False))
-    code = [line for line in _gemm_sass(True).splitlines() if re.match(r"\s+/\*[0-9a-f]{4}", line)]
+    code = code_lines(_gemm_sass(True))
     at = {key: [i for i, line in enumerate(code) if key in line]
           for key in ("SR_GLOBALTIMERLO", "SR_CLOCKLO", "SR_VIRTUALSMID", "ACQBULK",
                       "UBLKPF", "ATOMG", "REDG", "WARPGROUP.DEPBAR")}
@@ -239,10 +217,9 @@ def test_every_traced_kernel_compiles_both_ways(compile_kernel: Any, stamps: int
     """Each kernel that takes a trace: no timer read off; on, its stamps (start, wait,
     attention's two marks, end) and the SM id, the second after the PDL wait and
     attention's last mark before its output's store."""
-    _tools_or_skip()
+    tools_or_skip()
     assert not _TIMER.search(compile_kernel(False))
-    code = [line for line in compile_kernel(True).splitlines()
-            if re.match(r"\s+/\*[0-9a-f]{4}", line)]
+    code = code_lines(compile_kernel(True))
     timers = [i for i, line in enumerate(code) if "SR_GLOBALTIMERLO" in line]
     (wait,) = [i for i, line in enumerate(code) if "ACQBULK" in line]
     assert len(timers) == stamps and timers[0] < wait < timers[1]

@@ -183,7 +183,7 @@ def _desc_chunks(desc, row, k0, NCH: tl.constexpr, BLOCK_K: tl.constexpr):
 def _desc_chunk(desc, row, k0, i: tl.constexpr, NCH: tl.constexpr, BLOCK_K: tl.constexpr,
                 first):
     """Box ``i`` of a K slice (``first`` where the slice has no such chunk)."""
-    if i >= NCH:
+    if i >= NCH:  # noqa: SIM108 (a constexpr branch: no load for an absent chunk)
         c = first
     else:
         c = desc.load([row, k0 + i * BLOCK_K])
