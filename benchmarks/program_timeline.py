@@ -202,7 +202,7 @@ def markdown(title: str, stats: list[dict[str, Any]], means: list[dict[str, Any]
     for label, s in zip(labels, rows, strict=True):
         work = ["-" if math.isnan(s[k]) else f"{s[k]:.2f}"
                 for k in ("work_single", "work_doubled", "work_host", "work_alone")]
-        lines.append(f"| {label} | {s['sms']:.0f} | {s['stack']:.0f} | {s['doubled']:.1f} "
+        lines.append(f"| {label} | {s['sms']:.1f} | {s['stack']:.2f} | {s['doubled']:.1f} "
                      f"| {s['reused']:.1f} | {work[0]} | {work[1]} | {s['host']:.1f} "
                      f"| {work[2]} | {work[3]} |")
     if not any(s[k] for s in rows for k in (*_PARTS[:-1], *(f"last_{p}" for p in _PARTS[:-1]))):
@@ -277,6 +277,12 @@ def record_shape(name: str, batch: int, seq: int, options: dict[str, Any], dtype
     if not written:
         raise SystemExit(f"{name} {batch}x{seq}: no launch recorded a row (no graph?)")
     return written, cfg.num_hidden_layers
+
+
+def _finite(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The figures with None for NaN (none of the programs named), as strict JSON has it."""
+    return [{k: None if isinstance(v, float) and math.isnan(v) else v for k, v in r.items()}
+            for r in rows]
 
 
 def load_recorded(path: Path) -> tuple[str, Launches, int]:
@@ -356,7 +362,7 @@ def main() -> None:
             "shape": title, "options": options, "set": args.set, "idle": args.idle,
             "layers": layers,
             "launches": [{"name": n, "rows": r.tolist()} for n, r in launches],
-            "stats": stats, "per_layer": means}))
+            "stats": _finite(stats), "per_layer": _finite(means)}, allow_nan=False))
         print(report[-1], flush=True)
     if args.set:
         report.append("Module constants set: " + ", ".join(args.set))

@@ -19,7 +19,7 @@ out="${2:?output directory}"
 mkdir -p "$out"
 tl() {
   local name="$1"; shift
-  timeout 200 env PYTHONPATH="$PWD" python3 benchmarks/program_timeline.py "$@" \
+  timeout 140 env PYTHONPATH="$PWD" python3 benchmarks/program_timeline.py "$@" \
     --out "$out/$name" || echo "$name failed: $?"
 }
 if [ "$which" = first ]; then

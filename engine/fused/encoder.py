@@ -121,7 +121,9 @@ LATE_RELEASE_KERNELS = ("qkv", "attention", "out", "ln1", "ffn1", "ffn2", "ln2")
 # v28); BERT-base's 96 KB 16-bit slices were 12% slower, and the fit rule
 # (``early_weights_fit``) refuses them. The out-projection's 32-row plan never fits (its
 # ``mma.sync`` tiles spilled this way, v27); "out" is for plans on 64-row tiles
-# (``gemm_plans``; ``benchmarks/out_proj_sweep.sh``, not yet measured).
+# (``gemm_plans``), and on BERT-base's 16-bit out-projection even 64x16 (120 KB) needs
+# ``kernels.deferred._EARLY_BYTES`` raised, as ``benchmarks/out_proj_sweep.sh`` does for
+# its early variants (not yet measured); otherwise the K loop runs.
 EARLY_WEIGHT_GEMMS = ("qkv", "out", "ffn1", "ffn2")
 EARLY_WEIGHTS: tuple[str, ...] = ("qkv", "ffn1")
 

@@ -424,7 +424,7 @@ def test_out_projection_on_64_row_tiles(plan: tuple[int, ...],
         ctx = torch.randn(rows, d, generator=g, device="cuda").half()
         res = (torch.randn(rows, d, generator=g, device="cuda") * 3.0).float()
         res_stats = torch.stack([res.sum(1), (res ** 2).sum(1)], 1)
-        outs, sums = [], []
+        outs, sums, copies = [], [], []
         configs = [(deferred_plan(rows, d, d, "residual")[0], False, False),
                    (plan, False, False), (plan, True, False), (plan, True, True)]
         with launch_keywords(deferred, "_deferred_gemm_kernel", "W_TMA") as tmas, \
@@ -438,11 +438,13 @@ def test_out_projection_on_64_row_tiles(plan: tuple[int, ...],
                                               prefetch=True, out8=y8, inv8=inv8,
                                               early=early))
                 sums.append(stats_out)
+                copies.append(y8.view(torch.uint8))
         assert launched == [False, False, True, True]  # each path ran
         assert tmas == [False, False, False, True]
         torch.cuda.synchronize()
-        for early in outs[2:]:
+        for early, copy in zip(outs[2:], copies[2:], strict=True):
             assert torch.equal(outs[1], early), float((outs[1] - early).abs().max())
+            assert torch.equal(copies[1], copy)  # the e4m3 copy too
         torch.testing.assert_close(outs[1], outs[0], rtol=2e-3, atol=2e-2)
         torch.testing.assert_close(sums[1], sums[0], rtol=1e-3, atol=0.5)
 

@@ -165,6 +165,29 @@ def test_trace_off_compiles_no_timer_and_on_stamps_around_the_wait() -> None:
     assert end > max(at["REDG"])
 
 
+def test_stored_gemm_marks_the_product_then_the_output_before_its_stores() -> None:
+    """QKV's launch (one K slice, its output stored whole, no counter): the product mark
+    after the last tensor-core wait, the epilogue mark (the counted one is the same
+    stamp: no timer read of its own) before the output's first store, the end after its
+    last."""
+    tools_or_skip()
+    e4m3 = ("x_ptr", "w_ptr")
+    types = {p: "*fp8e4nv" if p in e4m3 else "*i32" if p == "cnt_ptr"
+             else "*fp16" if p == "out_ptr" else "*fp32" for p in GEMM_POINTERS}
+    constexprs = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=256, GROUP_M=8, FOLD_LN=True,
+                      GELU=False, TANH=False, HAS_BIAS=False, RESIDUAL=False, ATOMIC=False,
+                      STATS_OUT=False, ZERO=False, USE_PDL=True, PREFETCH=True, W_BYTES=1,
+                      LATE_RELEASE=False, SCALED=True, Q_OUT=False, COPY8=False, EARLY=True,
+                      NCH=3, TRACE=True, w_desc=None, W_TMA=False)
+    code = code_lines(gemm_sass(types, constexprs, 4, 3)[0])
+    at = {key: [i for i, line in enumerate(code) if key in line]
+          for key in ("SR_GLOBALTIMERLO", "WARPGROUP.DEPBAR", "STG.E")}
+    _, _, product, epilogue, end = at["SR_GLOBALTIMERLO"]  # (start, wait)
+    outputs = [i for i in at["STG.E"] if i < end]  # before the timeline row's stores
+    assert max(at["WARPGROUP.DEPBAR"]) < product < epilogue < min(outputs)
+    assert max(outputs) < end
+
+
 def _sass_of(kernel: Any, types: dict[str, str], constexprs: dict[str, object]) -> str:
     """SASS of ``kernel`` (arguments typed by ``types``, the rest constexpr) for sm_90a."""
     from benchmarks.attention_sass import compile_sass
@@ -224,9 +247,11 @@ def test_every_traced_kernel_compiles_both_ways(compile_kernel: Any, stamps: int
     (wait,) = [i for i, line in enumerate(code) if "ACQBULK" in line]
     assert len(timers) == stamps and timers[0] < wait < timers[1]
     assert sum("SR_VIRTUALSMID" in line for line in code) == 1
-    if stamps == 5:
+    if stamps == 5:  # attention: its key loop's last tensor-core wait, then the output
         stores = [i for i, line in enumerate(code) if re.search(r"\bSTG\.", line)]
-        assert timers[2] < timers[3] < min(s for s in stores if s > timers[2]) < timers[4]
+        depbars = [i for i, line in enumerate(code) if "WARPGROUP.DEPBAR" in line]
+        assert max(depbars) < timers[2] < timers[3] < min(s for s in stores if s > timers[2])
+        assert min(s for s in stores if s > timers[2]) < timers[4]
 
 
 # ------------------------------------------------------------- the tool's arithmetic
@@ -375,6 +400,17 @@ def test_hosting_counts_programs_beside_the_next_launchs_early_ones() -> None:
     assert last["host"] == 0 and math.isnan(last["work_host"])
 
 
+def test_saved_figures_are_strict_json() -> None:
+    import json
+    import math
+
+    from benchmarks.program_timeline import _finite
+
+    rows = _finite([{"name": "a", "work_doubled": math.nan, "step": 1.5, "sms": 3}])
+    assert rows == [{"name": "a", "work_doubled": None, "step": 1.5, "sms": 3}]
+    json.dumps(rows, allow_nan=False)
+
+
 def test_a_saved_timeline_reads_back_with_marks_at_the_wait(tmp_path: Any) -> None:
     import gzip
     import json
@@ -410,7 +446,9 @@ def test_the_recorded_early_tail_pass_shows_its_doubled_programs() -> None:
         means[tail] = {m["position"]: m for m in layer_means(launch_stats(launches), layers)}
     late = means["late"]
     assert [late[k]["sms"] for k in ("3 out-projection", "4 FFN1", "5 FFN2")] == [96] * 3
-    assert late["2 attention"]["doubled"] < 8  # 5.3 a layer: two sequence boundaries
+    _, launches, _ = load_recorded(at / "timeline_bert-base_2x48_fp8.json.gz")
+    attention = [s for s in launch_stats(launches) if s["name"] == "attention"]
+    assert [s["doubled"] for s in attention[1:]] == [0] * 11  # all of them in layer 0
     early = means["early"]
     # means over the 12 layers
     assert early["2 attention"]["sms"] < 61 and early["2 attention"]["reused"] == 0

@@ -33,9 +33,10 @@ import triton.language as tl
 # One row per program, int64.
 # ``product_ns``, ``epilogue_ns`` and ``counted_ns``: marks inside a program (the main
 # product done: a deferred GEMM's K loop, attention's key loop; its output computed,
-# before the stores; the tile counter returned, in a GEMM whose last program of a tile
-# finishes it), each the mark before it where a kernel has no such point (the
-# embeddings, the QA head, attention's tile-list path).
+# before the stores: a GEMM's before its conversion to the stored type, attention's
+# after it; the tile counter returned, in a GEMM whose last program of a tile finishes
+# it), each the mark before it where a kernel has no such point (the embeddings, the QA
+# head, attention's tile-list path).
 FIELDS = ("start_ns", "waited_ns", "end_ns", "start_clk", "waited_clk", "end_clk", "sm",
           "program", "product_ns", "epilogue_ns", "counted_ns")
 _WIDTH = tl.constexpr(len(FIELDS))
