@@ -3,8 +3,9 @@
 # loads through the registers (the default). v31's timeline: programs sharing their SM with
 # the next launch's early programs (loading their slices before their wait) ran 0.35-0.4
 # us longer; with TMA an early program issues one bulk copy a chunk instead of a slice's
-# worth of loads and shared-memory stores (compiled here, BERT-base FP8 QKV: 80 registers
-# against 152, 96 KB of shared memory against 64). Graph replay (``ab_replay.py``,
+# worth of loads and shared-memory stores (compiled here with the device's triton 3.6,
+# BERT-base FP8 QKV: 80 registers against 92, 96 KB of shared memory both ways). Graph
+# replay (``ab_replay.py``,
 # interleaved rounds; the first variant is the default), at several sequence counts (a
 # change of resources moves the neighbours' placement: NOTES v30, v31), then the timeline
 # of 1x128 with TMA (its ``host`` programs against v31's).
