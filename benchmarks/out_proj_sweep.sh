@@ -8,7 +8,7 @@
 # halve them. Graph replay (``ab_replay.py``, interleaved rounds; the first variant is the
 # engine's plan), calibrated FP8 BERT-base at 1x128, then at several sequences (a change
 # of one kernel's resources moves its neighbours' placement: NOTES v30, v31).
-# One shape a call (each run builds five calibrated engines; up to 280 s):
+# One shape a call (each run builds five calibrated engines; up to 480 s):
 #   benchmarks/out_proj_sweep.sh 1x128 OUT_DIR, then 2x64 and 4x32 if a variant wins.
 # Run on the GPU from the repository root.
 set -euo pipefail
@@ -27,6 +27,6 @@ variants=(--variant 'default={"calibrate": true}'
           --variant "$(plan o64x32 64,32,128,4,3)"
           --variant "$(plan o64x32e 64,32,128,4,3 early)"
           --set "o64x32e:engine.fused.kernels.deferred._EARLY_BYTES=163840")
-timeout 280 env PYTHONPATH="$PWD" python3 benchmarks/ab_replay.py --model bert-base \
+timeout 480 env PYTHONPATH="$PWD" python3 benchmarks/ab_replay.py --model bert-base \
   --dtype fp8 --shape "$shape" --rounds 8 --iters 300 "${variants[@]}" \
   --out "$out/out-proj-bert-base-$shape-fp8.json" || echo "$shape failed: $?"
