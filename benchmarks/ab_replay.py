@@ -40,6 +40,8 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+# A variant's options that are this tool's own (see the docstring), not engine keywords.
+OWN_OPTIONS = ("fp8_scaling", "calibrate", "repeat_layers")
 
 
 def _tuples(value: Any) -> Any:

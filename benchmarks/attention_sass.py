@@ -123,6 +123,18 @@ def load_module(path: Path) -> ModuleType:
     return module
 
 
+def cuda_tools() -> Path:
+    """The folder of the CUDA binaries (``cuobjdump``, ``ptxas``) the Triton wheel ships."""
+    import triton
+
+    return Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+
+
+def code_lines(sass: str) -> list[str]:
+    """The instructions of ``cuobjdump -sass`` output, in order (each up to its ';')."""
+    return [text for _, text in _code(sass)]
+
+
 def compile_sass(fn: object, signature: Mapping[str, str], constexprs: Mapping[str, object],
                  divisible: tuple[str, ...], options: Mapping[str, object]
                  ) -> tuple[str, str, int]:
@@ -140,7 +152,7 @@ def compile_sass(fn: object, signature: Mapping[str, str], constexprs: Mapping[s
                     constexprs=dict(constexprs))
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32),
                             options={"enable_fp_fusion": True, **options})
-    tools = Path(triton.__file__).parent / "backends" / "nvidia" / "bin"
+    tools = cuda_tools()
     with tempfile.TemporaryDirectory() as tmp:
         cubin = Path(tmp) / "kernel.cubin"
         cubin.write_bytes(kernel.asm["cubin"])

@@ -78,7 +78,7 @@ def launch_stats(launches: Launches) -> list[dict[str, Any]]:
             "handoff": float(waited.min()) - base,
             "waits": float(waited.max() - waited.min()),
             "after": last_end - float(waited.max()),
-            "early": int((start < base).sum()) if prev_end is not None else 0,
+            "early": int((start < base).sum()),  # 0 for the first: base is its start
             "sms": int(per_sm.size), "stack": int(per_sm.max()),
             **program_parts(rows), **placement(rows, prev_sms),
             **hosting(rows, launches[i + 1][1] if i + 1 < len(launches) else rows[:0]),
@@ -316,7 +316,7 @@ def analyse(title: str, launches: Launches, layers: int, out: Path, tag: str,
     note = (f"Global timer: smallest step between stamps {timer_step_ns(launches)} ns; "
             f"SM clock {clock_ghz(launches):.2f} GHz (cycles over ns). "
             + ("" if means else "Launches not in whole layers: every launch listed."))
-    per = (len(launches) - 2) // layers if means else len(launches)
+    per = len(means) or len(launches)
     layer = min(plot_at, layers - 1) if means else 0
     plot_layer(out / f"timeline_{tag}.png", launches, 1 + per * layer if means else 0,
                per, f"{title}, layer {layer}" if means else title)

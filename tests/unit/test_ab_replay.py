@@ -321,10 +321,10 @@ def test_sweep_scripts_parse_and_name_what_exists() -> None:
     assert ("engine.fused.dispatch", "EARLY_TAIL_E4M3_MAX_SEQS") in targets
     assert {"calibrate", "early_weights"} <= options  # the literals were found
     pytest.importorskip("triton")
+    from benchmarks.ab_replay import OWN_OPTIONS
     from engine.fused.engine import FusedEngine
 
-    known = set(inspect.signature(FusedEngine).parameters) | {
-        "calibrate", "fp8_scaling", "repeat_layers"}  # ab_replay's own (see its docstring)
+    known = set(inspect.signature(FusedEngine).parameters) | set(OWN_OPTIONS)
     assert options <= known, sorted(options - known)
     for module, attr in sorted(targets):
         assert hasattr(importlib.import_module(module), attr), f"{module}.{attr}"

@@ -10,24 +10,15 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("triton")
 
-from tests.sass_tools import GEMM_POINTERS, code_lines, gemm_sass, tools_or_skip
+from benchmarks.attention_sass import code_lines
+from tests.sass_tools import qkv_fp8_sass, tools_or_skip
 
 
 def _qkv(tma: bool) -> tuple[list[str], str]:
-    """BERT-base's calibrated FP8 QKV launch with early weights (64x64x256, 3 chunks):
-    its SASS lines and resource usage."""
-    types = {p: "*fp8e4nv" if p in ("x_ptr", "w_ptr") else "*i32" if p == "cnt_ptr"
-             else "*fp16" if p == "out_ptr" else "*fp32" for p in GEMM_POINTERS}
-    constexprs: dict[str, object] = dict(
-        BLOCK_M=64, BLOCK_N=64, BLOCK_K=256, GROUP_M=8, FOLD_LN=True, GELU=False, TANH=False,
-        HAS_BIAS=False, RESIDUAL=False, ATOMIC=False, STATS_OUT=False, ZERO=True,
-        USE_PDL=True, PREFETCH=True, W_BYTES=1, LATE_RELEASE=False, SCALED=True, Q_OUT=False,
-        COPY8=False, EARLY=True, NCH=3, TRACE=False, W_TMA=tma)
-    if tma:
-        types["w_desc"] = "tensordesc<fp8e4nv[64, 256]>"
-    else:
-        constexprs["w_desc"] = None
-    sass, usage, _ = gemm_sass(types, constexprs, 4, 3)
+    """BERT-base's calibrated FP8 QKV launch with early weights: its SASS lines and
+    resource usage, the slice loaded through the registers or (``tma``) a descriptor."""
+    sass, usage, _ = (qkv_fp8_sass(W_TMA=True, w_desc="tensordesc<fp8e4nv[64, 256]>")
+                      if tma else qkv_fp8_sass())
     return code_lines(sass), usage
 
 

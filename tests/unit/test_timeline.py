@@ -12,9 +12,16 @@ import pytest
 torch = pytest.importorskip("torch")
 pytest.importorskip("triton")
 
+from benchmarks.attention_sass import code_lines  # noqa: E402
 from engine.fused.kernels import attention, deferred, timeline  # noqa: E402
 from tests.launch_spy import launches_unrun  # noqa: E402
-from tests.sass_tools import GEMM_POINTERS, code_lines, gemm_sass, tools_or_skip  # noqa: E402
+from tests.sass_tools import (  # noqa: E402
+    GEMM_POINTERS,
+    gemm_sass,
+    kernel_sass,
+    qkv_fp8_sass,
+    tools_or_skip,
+)
 
 CPU = torch.device("cpu")
 
@@ -171,15 +178,7 @@ def test_stored_gemm_marks_the_product_then_the_output_before_its_stores() -> No
     stamp: no timer read of its own) before the output's first store, the end after its
     last."""
     tools_or_skip()
-    e4m3 = ("x_ptr", "w_ptr")
-    types = {p: "*fp8e4nv" if p in e4m3 else "*i32" if p == "cnt_ptr"
-             else "*fp16" if p == "out_ptr" else "*fp32" for p in GEMM_POINTERS}
-    constexprs = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=256, GROUP_M=8, FOLD_LN=True,
-                      GELU=False, TANH=False, HAS_BIAS=False, RESIDUAL=False, ATOMIC=False,
-                      STATS_OUT=False, ZERO=False, USE_PDL=True, PREFETCH=True, W_BYTES=1,
-                      LATE_RELEASE=False, SCALED=True, Q_OUT=False, COPY8=False, EARLY=True,
-                      NCH=3, TRACE=True, w_desc=None, W_TMA=False)
-    code = code_lines(gemm_sass(types, constexprs, 4, 3)[0])
+    code = code_lines(qkv_fp8_sass(TRACE=True)[0])
     at = {key: [i for i, line in enumerate(code) if key in line]
           for key in ("SR_GLOBALTIMERLO", "WARPGROUP.DEPBAR", "STG.E")}
     _, _, product, epilogue, end = at["SR_GLOBALTIMERLO"]  # (start, wait)
@@ -188,17 +187,12 @@ def test_stored_gemm_marks_the_product_then_the_output_before_its_stores() -> No
     assert max(outputs) < end
 
 
-def _sass_of(kernel: Any, types: dict[str, str], constexprs: dict[str, object]) -> str:
-    """SASS of ``kernel`` (arguments typed by ``types``, the rest constexpr) for sm_90a."""
-    from benchmarks.attention_sass import compile_sass
-
-    signature = {p.name: "constexpr" if p.is_constexpr else types[p.name]
-                 for p in kernel.params}
-    assert {n for n, t in signature.items() if t == "constexpr"} == set(constexprs)
-    pointers = tuple(n for n, t in signature.items() if t.startswith("*"))
-    sass, _, _ = compile_sass(kernel, signature, constexprs, pointers,
-                              {"num_warps": 4, "num_stages": 3})
-    return sass
+def _sass_of(kernel: Any, types: dict[str, str], constexprs: dict[str, object],
+             divisible: tuple[str, ...] | None = None) -> str:
+    """SASS of ``kernel`` for sm_90a (``divisible``: by default its pointers)."""
+    pointers = tuple(n for n, t in types.items() if t.startswith("*"))
+    return kernel_sass(kernel, types, constexprs,
+                       pointers if divisible is None else divisible)[0]
 
 
 def _embeddings(trace: bool) -> str:
@@ -223,14 +217,16 @@ def _head(trace: bool) -> str:
 
 
 def _attention(trace: bool) -> str:
-    from benchmarks.attention_sass import _SIGNATURE
+    """As the engine launches it: pointers and strides divisible by 16 (without, the loads
+    compile to scalar ones: ``benchmarks.attention_sass``)."""
+    from benchmarks.attention_sass import _DIVISIBLE, _SIGNATURE
 
     types = {n: t for n, t in _SIGNATURE.items() if t != "constexpr"}
     return _sass_of(attention._attn_varlen_kernel, types,
                     {"HEAD_DIM": 64, "BLOCK_DH": 64, "BLOCK_M": 64, "BLOCK_N": 64,
                      "USE_PDL": True, "PREFETCH": True, "FP8_OUT": False, "TILED": False,
                      "SPLIT": True, "LATE_RELEASE": False, "EARLY_TAIL": True,
-                     "TRACE": trace})
+                     "TRACE": trace}, _DIVISIBLE)
 
 
 @pytest.mark.parametrize(("compile_kernel", "stamps"),
@@ -439,15 +435,15 @@ def test_the_recorded_early_tail_pass_shows_its_doubled_programs() -> None:
     from benchmarks.program_timeline import launch_stats, layer_means, load_recorded
 
     at = Path(__file__).resolve().parents[2] / "benchmarks" / "gpu-2026-12-01-v31"
-    means = {}
+    stats, means = {}, {}
     for tail, name in (("late", "timeline_bert-base_2x48_fp8.json.gz"),
                        ("early", "timeline_bert-base_2x48_fp8_early-tail.json.gz")):
         _, launches, layers = load_recorded(at / name)
-        means[tail] = {m["position"]: m for m in layer_means(launch_stats(launches), layers)}
+        stats[tail] = launch_stats(launches)
+        means[tail] = {m["position"]: m for m in layer_means(stats[tail], layers)}
     late = means["late"]
     assert [late[k]["sms"] for k in ("3 out-projection", "4 FFN1", "5 FFN2")] == [96] * 3
-    _, launches, _ = load_recorded(at / "timeline_bert-base_2x48_fp8.json.gz")
-    attention = [s for s in launch_stats(launches) if s["name"] == "attention"]
+    attention = [s for s in stats["late"] if s["name"] == "attention"]
     assert [s["doubled"] for s in attention[1:]] == [0] * 11  # all of them in layer 0
     early = means["early"]
     # means over the 12 layers
