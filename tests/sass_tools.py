@@ -60,7 +60,7 @@ def qkv_fp8_sass(**constexprs: Any) -> tuple[str, str, int]:
         TANH=False, HAS_BIAS=False, RESIDUAL=False, ATOMIC=False, STATS_OUT=False,
         ZERO=True, USE_PDL=True, PREFETCH=True, W_BYTES=1, LATE_RELEASE=False,
         SCALED=True, Q_OUT=False, COPY8=False, EARLY=True, NCH=3, TRACE=False,
-        w_desc=None, W_TMA=False) | constexprs
+        w_desc=None, W_TMA=False, SETTLED=False) | constexprs
     if constants["w_desc"] is not None:  # a descriptor's type: a runtime argument
         types["w_desc"] = constants.pop("w_desc")
     return gemm_sass(types, constants, 4, 3)

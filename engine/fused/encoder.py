@@ -124,6 +124,13 @@ LATE_RELEASE_KERNELS = ("qkv", "attention", "out", "ln1", "ffn1", "ffn2", "ln2")
 # (``gemm_plans``), and on BERT-base's 16-bit out-projection even 64x16 (120 KB) needs
 # ``kernels.deferred._EARLY_BYTES`` raised, as ``benchmarks/out_proj_sweep.sh`` does for
 # its early variants (not yet measured); otherwise the K loop runs.
+# The deferred layer's residual GEMMs that build their addend (bias + LN(residual)) before
+# their PDL wait (``kernels.deferred.residual_linear``'s ``settled``): the out-projection's
+# residual comes from the previous layer's FFN2 (QKV and attention between), FFN2's from
+# the out-projection (FFN1 between). v32's timeline (H200, 2026-12-01, BERT-base 1x128
+# FP8): FFN2's programs spent 1.9 us of their 5.9 after the wait between the product and
+# the atomic adds, building that addend. Not yet measured.
+SETTLED_RESIDUAL_GEMMS: tuple[str, ...] = ()
 EARLY_WEIGHT_GEMMS = ("qkv", "out", "ffn1", "ffn2")
 EARLY_WEIGHTS: tuple[str, ...] = ("qkv", "ffn1")
 
@@ -477,7 +484,8 @@ def _encode_deferred(
         y = ops.residual_linear(ctx, layer.attn_out.weight, layer.attn_out.bias, z32[q],
                                 z_sums[q], ln_g, ln_b, eps, y_sums[p], config=c_out, pdl=pdl,
                                 prefetch=pf, late_release="out" in late, out8=y8,
-                                inv8=f8.ffn_in_inv if f8 else None, early="out" in early)
+                                inv8=f8.ffn_in_inv if f8 else None, early="out" in early,
+                                settled="out" in SETTLED_RESIDUAL_GEMMS)
         h = folded(y, y8, fold.ffn_in, f8.ffn_in if f8 else None, fold.ffn_in.bias, y_sums[p],
                    eps, act=act, config=c_ff1, pdl=pdl, prefetch=pf,
                    late_release="ffn1" in late, out_inv=f8.ffn_out_inv if f8 else None,
@@ -489,7 +497,7 @@ def _encode_deferred(
                             prefetch=pf, late_release="ffn2" in late,
                             scale=f8.ffn_out_scale if f8 else None,
                             out8=z8 if nxt else None, inv8=nxt.qkv_inv if nxt else None,
-                            early="ffn2" in early)
+                            early="ffn2" in early, settled="ffn2" in SETTLED_RESIDUAL_GEMMS)
         ln_g, ln_b = layer.ln2_weight, layer.ln2_bias
     return ops.layernorm_qa(z32[(len(w.layers) - 1) % 2], ln_g, ln_b, eps,  # type: ignore[no-any-return]
                             w.qa_weight, w.qa_bias, pdl=pdl)

@@ -251,6 +251,7 @@ def residual_linear(
     out8: torch.Tensor | None = None,
     inv8: torch.Tensor | None = None,
     early: bool = False,  # where weights are loaded: meaningless here
+    settled: bool = False,  # when the addend is built: meaningless here
 ) -> torch.Tensor:
     """``x @ w^T + bias + LN(residual)`` (moments from ``res_stats``): stored in ``x``'s
     dtype, or added into the float32 ``out`` with its copy in ``out16``; the result's

@@ -200,8 +200,8 @@ def _sums64(v: object) -> object:
     return torch.stack([v.sum(1), (v * v).sum(1)], 1)
 
 
-def _check_deferred(splits: int, early: bool = False,
-                    narrow: bool = False) -> tuple[float, float]:
+def _check_deferred(splits: int, early: bool = False, narrow: bool = False,
+                    settled: bool = False) -> tuple[float, float]:
     """The deferred-LayerNorm kernels (``kernels.deferred``) against float64 LayerNorm-then-
     GEMM references, each error in units of its tolerance: the embeddings' sum with its
     row sums; the folded GEMM (GELU, and the buffer it zeroes); the residual GEMM stored
@@ -209,7 +209,8 @@ def _check_deferred(splits: int, early: bool = False,
     the row sums left by each tile's last program); the LayerNorm + QA head. ``early``:
     the GEMMs on 64-row tiles, their weight slices loaded whole (``early``), no K loop;
     ``narrow``: 64x16 tiles (an out-projection plan on ``wgmma`` tiles with as many
-    programs as its 32x32 ones)."""
+    programs as its 32x32 ones); ``settled``: the residual GEMMs build their addend before
+    their wait (``residual_linear``'s ``settled``)."""
     import torch
 
     from engine.fused import kernels as k
@@ -230,7 +231,8 @@ def _check_deferred(splits: int, early: bool = False,
     k.embed_sum(ids, tt, pos, *tables, z, z16, zs)
     e = sum(t.double()[i.long()] for t, i in zip(tables, (ids, pos, tt), strict=True))
     errs += [_rel(z, e) / 1e-6, _rel(z16, e) / _TOL["float16"], _rel(zs, _sums64(e)) / 1e-6]
-    with launch_keywords(deferred, "_deferred_gemm_kernel", "EARLY") as launched:
+    with (launch_keywords(deferred, "_deferred_gemm_kernel", "EARLY") as launched,
+          launch_keywords(deferred, "_deferred_gemm_kernel", "SETTLED") as built):
         x = (torch.randn(m, kk, generator=g) * 2 + 0.5).half()
         lin = Linear(torch.randn(n, kk, generator=g).half() * 0.1, torch.randn(n, generator=g))
         gamma, beta = torch.randn(kk, generator=g), torch.randn(kk, generator=g)
@@ -251,13 +253,14 @@ def _check_deferred(splits: int, early: bool = False,
         start = torch.randn(m, 2)
         acc = start.clone()
         y = k.residual_linear(ctx, wo, bo, res, res_sums, g2, b2, eps, acc, config=tile,
-                              early=early)
+                              early=early, settled=settled)
         errs += [_rel(y, ref) / _TOL["float16"], _rel(acc, start.double() + _sums64(y)) / 1e-5]
         out, out16 = torch.zeros(m, n), torch.empty(m, n).half()
         counters = torch.zeros(tiles, dtype=torch.int32)  # e.g. 2 x 3 tiles of 32x32
         acc = start.clone()
         k.residual_linear(ctx, wo, bo, res, res_sums, g2, b2, eps, acc, out=out, out16=out16,
-                          counters=counters, splits=splits, config=tile, early=early)
+                          counters=counters, splits=splits, config=tile, early=early,
+                          settled=settled)
         errs += [_rel(out, ref) / 1e-5, _rel(out16, ref) / _TOL["float16"],
                  _rel(acc, start.double() + _sums64(out)) / 1e-5,
                  0.0 if bool((counters == splits).all()) else math.inf]
@@ -266,7 +269,7 @@ def _check_deferred(splits: int, early: bool = False,
         logits = k.layernorm_qa(out, g2, b2, eps, qa_w, qa_b)
         errs.append(_rel(logits, qa_w.double() @ _ln64(out.double(), g2, b2, eps).t()
                          + qa_b.double()[:, None]) / 1e-5)
-    if launched != [early] * 3:  # the path asked for is the path that ran
+    if launched != [early] * 3 or built != [False, settled, settled]:  # as asked for
         return math.inf, 1.0
     return max(errs), 1.0
 
@@ -289,13 +292,14 @@ def _with_tma(check: Callable[[], tuple[float, float]]) -> tuple[float, float]:
 _E4M3_STEP = 0.0625  # e4m3's relative rounding step (3 mantissa bits): at most half of it
 
 
-def _check_deferred_fp8(splits: int, early: bool = False) -> tuple[float, float]:
+def _check_deferred_fp8(splits: int, early: bool = False,
+                        settled: bool = False) -> tuple[float, float]:
     """The deferred-LayerNorm kernels on e4m3 operands (``folding.DeferredFP8Layer``)
     against float64 math on the same e4m3 values, each error in units of its tolerance:
     the embeddings' e4m3 copy; the folded GEMM (FP8 product times its scale, LayerNorm
     algebra, GELU, e4m3 output); the out-projection's e4m3 copy of what it stores; FFN2's
     FP8 product accumulated over ``splits`` K slices with the last program's e4m3 copy.
-    ``early`` as for :func:`_check_deferred`."""
+    ``early`` and ``settled`` as for :func:`_check_deferred`."""
     import torch
 
     from engine.fused import kernels as k
@@ -322,7 +326,8 @@ def _check_deferred_fp8(splits: int, early: bool = False) -> tuple[float, float]
     e = sum(t.double()[i.long()] for t, i in zip(tables, (ids, pos, tt), strict=True))
     errs.append(_rel(deq(z8, inv), e) / _E4M3_STEP)
 
-    with launch_keywords(deferred, "_deferred_gemm_kernel", "EARLY") as launched:
+    with (launch_keywords(deferred, "_deferred_gemm_kernel", "EARLY") as launched,
+          launch_keywords(deferred, "_deferred_gemm_kernel", "SETTLED") as built):
         xs = torch.tensor([0.02])  # the input's scale: x = x8 * xs
         x8 = ((torch.randn(m, kk, generator=g) * 2 + 0.5) / xs).to(e8)
         xd = x8.double() * xs.double()
@@ -350,7 +355,7 @@ def _check_deferred_fp8(splits: int, early: bool = False) -> tuple[float, float]
         res_sums = _sums64(res).float()
         y8 = torch.empty(m, n, dtype=e8)
         y = k.residual_linear(ctx, wo, bo, res, res_sums, g2, b2, eps, torch.zeros(m, 2),
-                              config=tile, out8=y8, inv8=inv, early=early)
+                              config=tile, out8=y8, inv8=inv, early=early, settled=settled)
         errs.append(_rel(deq(y8, inv), y.double()) / _E4M3_STEP)
 
         x2 = (torch.randn(m, kk, generator=g) * 30).to(e8)  # h in e4m3, scale 1 / 30
@@ -364,9 +369,9 @@ def _check_deferred_fp8(splits: int, early: bool = False) -> tuple[float, float]
         z_inv = torch.tensor([200.0 / float(ref.abs().max())])
         k.residual_linear(x2, w2, bo, res, res_sums, g2, b2, eps, torch.zeros(m, 2), out=out,
                           out16=out16, counters=counters, splits=splits, config=tile, scale=s2,
-                          out8=out8, inv8=z_inv, early=early)
+                          out8=out8, inv8=z_inv, early=early, settled=settled)
         errs += [_rel(out, ref) / 1e-5, _rel(deq(out8, z_inv), ref) / _E4M3_STEP]
-    if launched != [early] * 4:  # the path asked for is the path that ran
+    if launched != [early] * 4 or built != [False, False, settled, settled]:  # as asked
         return math.inf, 1.0
     return max(errs), 1.0
 
@@ -971,6 +976,10 @@ CASES: dict[str, Callable[[], tuple[float, float]]] = {
         lambda: _check_deferred_fp8(3, early=True)),
     "deferred_ln_kernels_fp8_early_weights": lambda: _check_deferred_fp8(1, early=True),
     "deferred_ln_kernels_fp8_early_weights_3_splits": lambda: _check_deferred_fp8(3, early=True),
+    "deferred_ln_kernels_settled_3_splits": lambda: _check_deferred(3, settled=True),
+    "deferred_ln_kernels_fp8_settled_3_splits": lambda: _check_deferred_fp8(3, settled=True),
+    "deferred_ln_kernels_fp8_early_weights_settled": lambda: _check_deferred_fp8(
+        3, early=True, settled=True),
     "tiny_bert_fp32": lambda: _check_tiny_bert("float32"),
     "tiny_bert_fp16": lambda: _check_tiny_bert("float16"),
     "tiny_bert_fp16_splitk_2": lambda: _check_tiny_bert("float16", splits=2),

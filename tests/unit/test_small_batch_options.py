@@ -169,6 +169,29 @@ def test_early_weights_reach_the_named_gemms_only(
     assert [role for role, early in seen if early] == [r for r in expected if r in named]
 
 
+@pytest.mark.parametrize(("names", "fp8"), [((), True), (("out",), True), (("ffn2",), True),
+                                            (("out", "ffn2"), True), (("out", "ffn2"), False)])
+def test_settled_residuals_reach_the_named_gemms_only(
+        tiny8: Any, monkeypatch: pytest.MonkeyPatch, names: tuple[str, ...], fp8: bool) -> None:
+    """``encoder.SETTLED_RESIDUAL_GEMMS`` asks exactly the named residual GEMMs of every
+    deferred layer to build their addend before their wait (``residual_linear``'s
+    ``settled``), on e4m3 and 16-bit operands alike; nothing else is asked."""
+    from engine.fused import encoder
+    from engine.fused.engine import FusedEngine
+
+    monkeypatch.setattr(encoder, "SETTLED_RESIDUAL_GEMMS", names)
+    seen = _record_launches(monkeypatch, "settled")
+    never = 1 << 30
+    engine = FusedEngine(tiny8, "cpu", backend="torch", deferred_ln_max_hidden=48,
+                         fp8_min_tokens=never, fp8_calibrated_min_tokens=never,
+                         fp8_deferred=fp8)
+    ids = np.random.default_rng(8).integers(1, 100, (2, 20)).astype(np.int32)
+    engine.infer(ids, np.ones_like(ids), np.zeros_like(ids))
+    expected = ["qkv", "attention", "out", "ffn1", "ffn2"] * 2
+    assert [role for role, _ in seen] == expected
+    assert [role for role, settled in seen if settled] == [r for r in expected if r in names]
+
+
 @pytest.mark.parametrize(("fp8", "windows", "max_seqs", "want"), [
     (True, 1, None, None),   # one sequence: the kernel's choice (early where uncapped)
     (True, 2, None, False),  # several on e4m3 operands: the late load

@@ -145,7 +145,7 @@ def _gemm_sass(trace: bool) -> str:
                       GELU=False, TANH=False, HAS_BIAS=True, RESIDUAL=True, ATOMIC=True,
                       STATS_OUT=True, ZERO=False, USE_PDL=True, PREFETCH=True, W_BYTES=1,
                       LATE_RELEASE=False, SCALED=True, Q_OUT=False, COPY8=True, EARLY=False,
-                      NCH=0, TRACE=trace, w_desc=None, W_TMA=False)
+                      NCH=0, TRACE=trace, w_desc=None, W_TMA=False, SETTLED=False)
     return gemm_sass(types, constexprs, 4, 4)[0]
 
 

@@ -209,7 +209,7 @@ def _deferred_gemm_kernel(
     PREFETCH: tl.constexpr, W_BYTES: tl.constexpr, LATE_RELEASE: tl.constexpr,
     SCALED: tl.constexpr, Q_OUT: tl.constexpr, COPY8: tl.constexpr,
     EARLY: tl.constexpr, NCH: tl.constexpr, trace_ptr, TRACE: tl.constexpr,
-    w_desc, W_TMA: tl.constexpr,
+    w_desc, W_TMA: tl.constexpr, SETTLED: tl.constexpr,
 ):
     """Output tile of ``x @ w^T`` over K slice ``program_id(1)``, then:
 
@@ -236,6 +236,11 @@ def _deferred_gemm_kernel(
     weights' L2 prefetch is still issued first, as measured; without it is unmeasured.)
     ``W_TMA`` (with ``EARLY``): the slice's chunks come through ``w_desc``, a TMA
     descriptor of ``w`` in [BLOCK_N, BLOCK_K] boxes, straight into shared memory.
+    ``SETTLED`` (with ``RESIDUAL``): the residual and its moments were written two or more
+    launches back, so the program builds its addend (bias and LN(residual)) before its
+    wait, which the launch in between waited for (each program's wait comes before its
+    release): the deferred layer's out-projection (the residual from the previous FFN2,
+    attention and QKV between) and FFN2 (from the out-projection, FFN1 between).
 
     Everything the epilogue reads is loaded after the K loop, but for the FP8 scalars (in
     the prologue: after the loop each was a dependent load in FFN2's way, +1.2 us a layer,
@@ -275,13 +280,16 @@ def _deferred_gemm_kernel(
     elif EARLY:  # the whole weight slice, loaded before the wait
         b = _chunks(w_ptr + cols[:, None] * K + k0 + tl.arange(0, BLOCK_K)[None, :], NCH,
                     BLOCK_K, False)
-    pdl_enter(USE_PDL, not LATE_RELEASE)
-    waited = stamp(TRACE)
     rmask = offs_m < M
     nmask = offs_n < N
     lead = 1  # 1 where this program adds bias and residual (ATOMIC: K slice 0 only), else 0
     if ATOMIC:
         lead = (split == 0).to(tl.int32)
+    if SETTLED:
+        add = epilogue_addend(bias_ptr, res_ptr, stats_ptr, res_g_ptr, res_b_ptr, offs_m,
+                              offs_n, M, N, eps, lead, HAS_BIAS, RESIDUAL, BLOCK_M, BLOCK_N)
+    pdl_enter(USE_PDL, not LATE_RELEASE)
+    waited = stamp(TRACE)
     if EARLY:  # every activation chunk in flight at once, then the products
         a = _chunks(x_ptr + tl.minimum(offs_m, M - 1).to(tl.int64)[:, None] * K + k0
                     + tl.arange(0, BLOCK_K)[None, :], NCH, BLOCK_K, True)
@@ -305,8 +313,10 @@ def _deferred_gemm_kernel(
         mean, rstd = row_moments(stats_ptr, offs_m, M, K, eps)
         u = load_vector(u_ptr, offs_n, nmask)
         y = rstd[:, None] * (acc - mean[:, None] * u[None, :])
-    y += epilogue_addend(bias_ptr, res_ptr, stats_ptr, res_g_ptr, res_b_ptr, offs_m, offs_n,
-                         M, N, eps, lead, HAS_BIAS, RESIDUAL, BLOCK_M, BLOCK_N)
+    if not SETTLED:
+        add = epilogue_addend(bias_ptr, res_ptr, stats_ptr, res_g_ptr, res_b_ptr, offs_m,
+                              offs_n, M, N, eps, lead, HAS_BIAS, RESIDUAL, BLOCK_M, BLOCK_N)
+    y += add
     if ATOMIC:
         epilogue = stamp(TRACE)
         counted = epilogue
@@ -386,7 +396,7 @@ def early_weights_fit(config: GemmConfig, k_slice: int, element_bytes: int) -> b
 def _launch(x, w, out, *, config, pdl, prefetch, u=None, bias=None, out16=None, stats=None,
             stats_out=None, counters=None, residual=None, res_gamma=None, res_beta=None,
             zero=None, eps=0.0, act=None, splits=1, fold=False, late_release=False,
-            scale=None, out8=None, inv8=None, early=False) -> None:
+            scale=None, out8=None, inv8=None, early=False, settled=False) -> None:
     m, k = x.shape
     n = w.shape[0]
     bm, bn, bk, warps, stages, loads = unpack_config(config)
@@ -427,7 +437,8 @@ def _launch(x, w, out, *, config, pdl, prefetch, u=None, bias=None, out16=None, 
         W_BYTES=w.element_size(), LATE_RELEASE=pdl and late_release, SCALED=scaled,
         Q_OUT=q_out, COPY8=out8 is not None, EARLY=early, NCH=k // splits // bk if early else 0,
         trace_ptr=w if trace is None else trace, TRACE=trace is not None,
-        w_desc=w_desc, W_TMA=w_desc is not None, num_warps=warps,
+        w_desc=w_desc, W_TMA=w_desc is not None, SETTLED=settled and residual is not None,
+        num_warps=warps,
         num_stages=stages, **launch_options(pdl),
     )
 
@@ -498,6 +509,7 @@ def residual_linear(
     out8: torch.Tensor | None = None,
     inv8: torch.Tensor | None = None,
     early: bool = False,
+    settled: bool = False,
 ) -> torch.Tensor:
     """``v = x @ w^T + bias + LN(residual)`` (LN's moments from ``res_stats``, the rows'
     (sum, sum of squares)), whose rows' sums are added into ``stats_out`` [M, 2].
@@ -510,7 +522,9 @@ def residual_linear(
 
     FP8: ``x`` and ``w`` in e4m3 (with ``out``) and ``scale`` [1] float32 the product's.
     ``out8`` ([M, N] e4m3) also gets ``v`` times ``inv8`` [1]: the next GEMM's operand.
-    ``early`` as for :func:`folded_linear`.
+    ``early`` as for :func:`folded_linear`. ``settled``: ``residual`` and ``res_stats``
+    were written two or more launches back (with ``pdl``, the launch in between waited
+    for their writer): the programs build bias + LN(residual) before their wait.
     """
     m, n = x.shape[0], w.shape[0]
     if out is None:
@@ -529,7 +543,7 @@ def residual_linear(
             splits=splits, config=config or deferred_plan(m, n, x.shape[1], kind,
                                                           scale is not None)[0],
             pdl=pdl, prefetch=prefetch, late_release=late_release, scale=scale, out8=out8,
-            inv8=inv8, early=early)
+            inv8=inv8, early=early, settled=settled)
     return out if out16 is None else out16
 
 
