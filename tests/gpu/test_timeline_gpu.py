@@ -29,12 +29,16 @@ def _close(a: Any, b: Any) -> bool:
 
 
 def test_a_recorded_graph_writes_every_programs_row() -> None:
+    from engine.fused.encoder import SMALL_BATCH_MAX_TOKENS
     from engine.fused.engine import FusedEngine
     from engine.fused.kernels import timeline
 
     traced = FusedEngine.from_pretrained(CHECKPOINT, device="cuda", dtype="float16")
     plain = FusedEngine(traced.weights, "cuda")
-    lengths = [100, 37]  # two sequences, neither a whole number of 64-key blocks
+    # two sequences, neither a whole number of 64-key blocks, within the small-batch path's
+    # tokens (encoder.SMALL_BATCH_MAX_TOKENS; above it only attention is traced)
+    lengths = [90, 37]
+    assert SMALL_BATCH_MAX_TOKENS is not None and sum(lengths) <= SMALL_BATCH_MAX_TOKENS
     cu = torch.tensor([0, *np.cumsum(lengths).tolist()], dtype=torch.int32, device="cuda")
     ids = torch.randint(1000, 30000, (sum(lengths),), dtype=torch.int32, device="cuda")
     pos = torch.cat([torch.arange(n, dtype=torch.int32) for n in lengths]).cuda()
