@@ -128,9 +128,15 @@ LATE_RELEASE_KERNELS = ("qkv", "attention", "out", "ln1", "ffn1", "ffn2", "ln2")
 # their PDL wait (``kernels.deferred.residual_linear``'s ``settled``): the out-projection's
 # residual comes from the previous layer's FFN2 (QKV and attention between), FFN2's from
 # the out-projection (FFN1 between). v32's timeline (H200, 2026-12-01, BERT-base 1x128
-# FP8): FFN2's programs spent 1.9 us of their 5.9 after the wait between the product and
-# the atomic adds, building that addend. Not yet measured.
-SETTLED_RESIDUAL_GEMMS: tuple[str, ...] = ()
+# calibrated FP8): FFN2's programs spent 1.84 us of their ~5.9 after the wait building it
+# (528 instructions with 5 barriers between the product and the atomic adds; 43 without).
+# Graph replay, ms, after-product -> FFN2 settled (``benchmarks/settled_sweep.sh``): FP8
+# 1x128 0.2494 -> 0.2448, 2x64 0.2493 -> 0.2450, 4x32 0.2504 -> 0.2458, 8x16 0.2625 ->
+# 0.2573; the shipped MiniLM's shape in fp16 0.1040 -> 0.1008. The out-projection settled
+# lost (1x128 0.3033, 2x64 0.2876, 4x32 0.2885; 8x16 0.2605): its 32x32 mma.sync tiles
+# held the addend through the K loop (72 -> 94 registers) and FFN1's programs, launched
+# during it, ran two to an SM. ("out" stays an option, tested.)
+SETTLED_RESIDUAL_GEMMS: tuple[str, ...] = ("ffn2",)
 EARLY_WEIGHT_GEMMS = ("qkv", "out", "ffn1", "ffn2")
 EARLY_WEIGHTS: tuple[str, ...] = ("qkv", "ffn1")
 
