@@ -128,7 +128,7 @@ LATE_RELEASE_KERNELS = ("qkv", "attention", "out", "ln1", "ffn1", "ffn2", "ln2")
 # their PDL wait (``kernels.deferred.residual_linear``'s ``settled``): the out-projection's
 # residual comes from the previous layer's FFN2 (QKV and attention between), FFN2's from
 # the out-projection (FFN1 between). v32's timeline (H200, 2026-12-01, BERT-base 1x128
-# calibrated FP8): FFN2's programs spent 1.84 us of their ~5.9 after the wait building it
+# calibrated FP8): each FFN2 program spent 1.84 us of its ~4.7 after the wait building it
 # (528 instructions with 5 barriers between the product and the atomic adds; 43 without).
 # Graph replay, ms, after-product -> FFN2 settled (``benchmarks/settled_sweep.sh``): FP8
 # 1x128 0.2494 -> 0.2448, 2x64 0.2493 -> 0.2450, 4x32 0.2504 -> 0.2458, 8x16 0.2625 ->
