@@ -2,7 +2,7 @@
 
     python3 benchmarks/program_timeline.py --out DIR [--shapes bert-base:1x128,bert-base:2x48]
         [--dtype fp8 [--calibrate]] [--option KEY=VALUE ...] [--set module.ATTR=VALUE ...]
-        [--passes 20] [--idle] [--plot-layer 5]
+        [--passes 20] [--idle] [--plot-layer 5] [--by-slice FFN2=4]
 
 A kernel trace (``trace_pass.py``) sees one start and one end per kernel; with
 programmatic dependent launch that hides what moves a pass: when each kernel's programs
@@ -29,6 +29,8 @@ position in a layer, as ``trace_pass.py`` gives them. Writes
 ``DIR/timeline_<shape>.json`` (every program's row, per launch), ``DIR/timeline.md`` and,
 with matplotlib, ``DIR/timeline_<shape>.png``: layer ``--plot-layer``'s programs by SM.
 ``--from FILE`` reports a saved ``timeline_<shape>.json[.gz]`` again, without a GPU.
+``--by-slice FFN2=4`` also lists a split-K launch's programs by K slice and by whether
+each was its tile's last (:func:`slice_parts`).
 The timer reads cost a few instructions a program: times run a little over untraced
 ones; compare shapes and variants traced alike.
 """
@@ -126,11 +128,46 @@ def program_parts(rows: np.ndarray[Any, np.dtype[np.int64]]) -> dict[str, float]
     to the end; 0 where a kernel has no such mark): the median over its programs, and as
     ``last_<part>`` those of the program that ended last (the one the next launch waits
     for)."""
-    marks = rows[:, [_WAITED, _PRODUCT, _EPILOGUE, _COUNTED, _END]]
-    parts = np.diff(marks, axis=1) / 1e3
+    parts = _parts(rows)
     last = parts[int(np.argmax(rows[:, _END]))]
     return {**{p: float(np.median(parts[:, i])) for i, p in enumerate(_PARTS)},
             **{f"last_{p}": float(last[i]) for i, p in enumerate(_PARTS)}}
+
+
+def _parts(rows: np.ndarray[Any, np.dtype[np.int64]]) -> np.ndarray[Any, np.dtype[Any]]:
+    """µs of each program's parts after its wait, [programs, len(_PARTS)]."""
+    return np.diff(rows[:, [_WAITED, _PRODUCT, _EPILOGUE, _COUNTED, _END]], axis=1) / 1e3
+
+
+def slice_parts(launches: Launches, name: str, splits: int) -> list[dict[str, Any]]:
+    """The parts after the wait of every launch ``name``, a grid of (tiles, ``splits``)
+    (a row's flat index is ``tile + split * tiles``), by K slice and by whether the
+    program was its tile's last to end (the one that fixes the tile up): medians over the
+    programs of each kind, with their count."""
+    groups: dict[tuple[int, bool], list[np.ndarray[Any, np.dtype[Any]]]] = {}
+    for n, rows in launches:
+        if n != name:
+            continue
+        if len(rows) % splits:
+            raise ValueError(f"{name}: {len(rows)} programs are not {splits} K slices")
+        ends = rows[:, _END].reshape(splits, -1)
+        last = (ends == ends.max(axis=0)).ravel()
+        for i, part in enumerate(_parts(rows)):
+            groups.setdefault((i // ends.shape[1], bool(last[i])), []).append(part)
+    return [{"split": split, "last": last_, "programs": len(v),
+             **dict(zip(_PARTS, np.median(np.array(v), axis=0).tolist(), strict=True))}
+            for (split, last_), v in sorted(groups.items())]
+
+
+def slice_markdown(name: str, groups: list[dict[str, Any]]) -> str:
+    """:func:`slice_parts` as a table."""
+    lines = [f"{name} by K slice (median µs after the wait; last: the tile's last program):",
+             "", "| slice | last | programs | " + " | ".join(_PARTS) + " |",
+             "|---" * (3 + len(_PARTS)) + "|"]
+    for g in groups:
+        lines.append(f"| {g['split']} | {'yes' if g['last'] else 'no'} | {g['programs']} | "
+                     + " | ".join(f"{g[p]:.2f}" for p in _PARTS) + " |")
+    return "\n".join([*lines, ""])
 
 
 _MEANS = ("step", "handoff", "waits", "after", "early", "sms", "stack", "programs",
@@ -308,9 +345,11 @@ def load_recorded(path: Path) -> tuple[str, Launches, int]:
 
 
 def analyse(title: str, launches: Launches, layers: int, out: Path, tag: str,
-            plot_at: int) -> tuple[str, list[dict[str, Any]], list[dict[str, Any]]]:
+            plot_at: int, by_slice: tuple[tuple[str, int], ...] = ()
+            ) -> tuple[str, list[dict[str, Any]], list[dict[str, Any]]]:
     """One pass's report (markdown), its launches' figures and the per-position means;
-    plots layer ``plot_at`` (or the last) into ``out/timeline_<tag>.png``."""
+    plots layer ``plot_at`` (or the last) into ``out/timeline_<tag>.png``. ``by_slice``:
+    (launch name, K slices) whose programs the report also lists by slice."""
     stats = launch_stats(launches)
     means = layer_means(stats, layers)
     note = (f"Global timer: smallest step between stamps {timer_step_ns(launches)} ns; "
@@ -320,7 +359,17 @@ def analyse(title: str, launches: Launches, layers: int, out: Path, tag: str,
     layer = min(plot_at, layers - 1) if means else 0
     plot_layer(out / f"timeline_{tag}.png", launches, 1 + per * layer if means else 0,
                per, f"{title}, layer {layer}" if means else title)
-    return markdown(title, stats, means, note), stats, means
+    slices = [slice_markdown(name, slice_parts(launches, name, splits))
+              for name, splits in by_slice]
+    return "\n".join([markdown(title, stats, means, note), *slices]), stats, means
+
+
+def _by_slice(text: str) -> tuple[str, int]:
+    """``NAME=SPLITS`` -> (NAME, SPLITS)."""
+    name, _, splits = text.rpartition("=")
+    if not name or not splits.isdigit() or int(splits) < 1:
+        raise argparse.ArgumentTypeError(f"expected NAME=SPLITS, got {text!r}")
+    return name, int(splits)
 
 
 def main() -> None:
@@ -336,6 +385,9 @@ def main() -> None:
     p.add_argument("--from", dest="saved", type=Path, action="append", default=[],
                    help="a saved timeline_<shape>.json[.gz] to report again (no GPU; "
                         "repeatable; --shapes is then ignored)")
+    p.add_argument("--by-slice", type=_by_slice, action="append", default=[],
+                   metavar="NAME=SPLITS", help="also list launch NAME's programs by K "
+                   "slice, its grid having SPLITS of them (e.g. FFN2=4; repeatable)")
     args = p.parse_args()
     if args.plot_layer < 0 or args.passes < 1:
         p.error("--plot-layer must be >= 0 and --passes >= 1")
@@ -344,7 +396,8 @@ def main() -> None:
     for path in args.saved:
         title, launches, layers = load_recorded(path)
         tag = path.name.removesuffix(".gz").removesuffix(".json").removeprefix("timeline_")
-        text, _, _ = analyse(title, launches, layers, args.out, tag, args.plot_layer)
+        text, _, _ = analyse(title, launches, layers, args.out, tag, args.plot_layer,
+                             tuple(args.by_slice))
         report.append(f"{text}\nFrom {path.name}.\n")
         print(report[-1], flush=True)
     from benchmarks.bench_gpu import parse_shapes
@@ -356,7 +409,7 @@ def main() -> None:
                                                         else "")
         tag = f"{name}_{batch}x{seq}_{args.dtype}"
         text, stats, means = analyse(title, launches, layers, args.out, tag,
-                                     args.plot_layer)
+                                     args.plot_layer, tuple(args.by_slice))
         report.append(text)
         (args.out / f"timeline_{tag}.json").write_text(json.dumps({
             "shape": title, "options": options, "set": args.set, "idle": args.idle,

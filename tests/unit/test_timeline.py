@@ -293,6 +293,25 @@ def test_program_parts_median_and_the_last_program() -> None:
     assert (plain["loop"], plain["finish"], plain["last_finish"]) == (0.0, 2.0, 2.0)
 
 
+def test_slice_parts_group_programs_by_k_slice_and_the_tiles_last() -> None:
+    """Two tiles of 2 K slices (row = tile + slice * tiles), in two launches of the named
+    kind: each tile's last program to end is "last"; other launches are left out, and a
+    launch that is not whole slices is refused."""
+    from benchmarks.program_timeline import slice_markdown, slice_parts
+
+    # slice 0: tiles 0, 1; slice 1: tiles 0, 1. Tile 0 ends last in slice 1, tile 1 in 0.
+    rows = _rows([(0, 1000, 3000, 0), (0, 1000, 5000, 1), (0, 1000, 4000, 2),
+                  (0, 1000, 2000, 3)])
+    other = _rows([(0, 1000, 9000, 0)] * 4)
+    groups = slice_parts([("FFN2", rows), ("QKV", other), ("FFN2", rows)], "FFN2", 2)
+    assert [(g["split"], g["last"], g["programs"]) for g in groups] == \
+        [(0, False, 2), (0, True, 2), (1, False, 2), (1, True, 2)]
+    assert [g["finish"] for g in groups] == pytest.approx([2.0, 4.0, 1.0, 3.0])
+    assert "| 1 | yes | 2 | 0.00 | 0.00 | 0.00 | 3.00 |" in slice_markdown("FFN2", groups)
+    with pytest.raises(ValueError, match="not 3 K slices"):
+        slice_parts([("FFN2", rows)], "FFN2", 3)
+
+
 def test_markdown_lists_the_per_position_means_between_first_and_last() -> None:
     from benchmarks.program_timeline import launch_stats, layer_means, markdown
 
