@@ -123,7 +123,10 @@ LATE_RELEASE_KERNELS = ("qkv", "attention", "out", "ln1", "ffn1", "ffn2", "ln2")
 # ``mma.sync`` tiles spilled this way, v27); "out" is for plans on 64-row tiles
 # (``gemm_plans``), and on BERT-base's 16-bit out-projection even 64x16 (120 KB) needs
 # ``kernels.deferred._EARLY_BYTES`` raised, as ``benchmarks/out_proj_sweep.sh`` does for
-# its early variants (not yet measured); otherwise the K loop runs.
+# its early variants; otherwise the K loop runs. Every 64-row plan lost at 1x128 FP8, with
+# or without early weights (+1.4 to +12.7%, v32): the 32x32 plan stays.
+EARLY_WEIGHT_GEMMS = ("qkv", "out", "ffn1", "ffn2")
+EARLY_WEIGHTS: tuple[str, ...] = ("qkv", "ffn1")
 # The deferred layer's residual GEMMs that build their addend (bias + LN(residual)) before
 # their PDL wait (``kernels.deferred.residual_linear``'s ``settled``): the out-projection's
 # residual comes from the previous layer's FFN2 (QKV and attention between), FFN2's from
@@ -137,8 +140,6 @@ LATE_RELEASE_KERNELS = ("qkv", "attention", "out", "ln1", "ffn1", "ffn2", "ln2")
 # held the addend through the K loop (72 -> 94 registers) and FFN1's programs, launched
 # during it, ran two to an SM. ("out" stays an option, tested.)
 SETTLED_RESIDUAL_GEMMS: tuple[str, ...] = ("ffn2",)
-EARLY_WEIGHT_GEMMS = ("qkv", "out", "ffn1", "ffn2")
-EARLY_WEIGHTS: tuple[str, ...] = ("qkv", "ffn1")
 
 # Tiles and K splits of one GEMM: (BLOCK_M, BLOCK_N, BLOCK_K, warps, stages[, loads]),
 # splits (``kernels.matmul.GemmConfig``; the optional ``loads`` only for ``linear``).

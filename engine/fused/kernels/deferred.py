@@ -81,8 +81,9 @@ _EARLY_BYTES = 96 * 1024
 # registers: the early program then issues a few instructions before its wait, not a
 # slice's worth of loads and shared-memory stores on a multiprocessor where the launch
 # before it still works. Programs beside the next launch's early ones ran 0.35-0.4 us
-# longer (H200, 2026-12-01, NOTES v31); whether TMA takes that away is not measured
-# (``benchmarks/early_tma_sweep.sh``), so it is off.
+# longer (H200, 2026-12-01, NOTES v31); TMA did not take that away (graph replay,
+# ``benchmarks/early_tma_sweep.sh``, v32): BERT-base FP8 1x128 0.2504 -> 0.2500 ms, within
+# the rounds' spread; MiniLM fp16 1x128 0.1044 -> 0.1057. So it is off.
 EARLY_TMA = False
 
 
