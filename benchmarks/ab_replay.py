@@ -40,8 +40,10 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-# A variant's options that are this tool's own (see the docstring), not engine keywords.
-OWN_OPTIONS = ("fp8_scaling", "calibrate", "repeat_layers")
+# A variant's options that are this tool's own (see the docstring), not engine keywords,
+# with their defaults.
+OWN_OPTIONS: dict[str, Any] = {"fp8_scaling": "rows", "calibrate": False,
+                               "repeat_layers": None}
 
 
 def _tuples(value: Any) -> Any:
@@ -141,9 +143,8 @@ def main() -> None:
     engines = {}
     for name, opts in args.variant:
         opts = dict(opts)
-        scaling = opts.pop("fp8_scaling", "rows")
-        calibrate = opts.pop("calibrate", False)
-        repeat = opts.pop("repeat_layers", None)
+        scaling, calibrate, repeat = (opts.pop(key, default)
+                                      for key, default in OWN_OPTIONS.items())
         if scaling not in weights:
             weights[scaling] = make_ours(model, cfg, dtype=args.dtype,
                                          fp8_scaling=scaling).weights

@@ -307,10 +307,8 @@ def record_shape(name: str, batch: int, seq: int, options: dict[str, Any], dtype
         for _ in range(1 if idle else passes):
             eng._run_device(*x)
         torch.cuda.synchronize()
-    rows = recorder.rows.cpu().numpy()
-    written = [(launch.name, rows[launch.first : launch.first + launch.programs])
-               for launch in recorder.launches]
-    written = [(n, r) for n, r in written if (r[:, _END] > 0).all()]
+    written = [(launch.name, rows.numpy()) for launch, rows in recorder.launch_rows()
+               if (rows[:, _END] > 0).all()]
     if not written:
         raise SystemExit(f"{name} {batch}x{seq}: no launch recorded a row (no graph?)")
     return written, cfg.num_hidden_layers
@@ -402,7 +400,8 @@ def main() -> None:
         print(report[-1], flush=True)
     from benchmarks.bench_gpu import parse_shapes
 
-    for name, batch, seq in [] if args.saved else parse_shapes(args.shapes):
+    for name, batch, seq in [] if args.saved or not args.shapes else parse_shapes(
+            args.shapes):
         launches, layers = record_shape(name, batch, seq, options, args.dtype,
                                         args.calibrate, args.passes, args.idle)
         title = f"{name} {batch}x{seq} {args.dtype}" + (" calibrated" if args.calibrate

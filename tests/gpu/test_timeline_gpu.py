@@ -54,10 +54,8 @@ def test_a_recorded_graph_writes_every_programs_row() -> None:
         torch.cuda.synchronize()
     assert _close(first, want) and _close(again, want)
 
-    rows = recorder.rows.cpu().numpy()
     f = {name: i for i, name in enumerate(timeline.FIELDS)}
-    written = [(launch, rows[launch.first : launch.first + launch.programs])
-               for launch in recorder.launches]
+    written = [(launch, rows.numpy()) for launch, rows in recorder.launch_rows()]
     graph = [(launch, r) for launch, r in written if r[:, f["end_ns"]].any()]
     layers = traced.weights.config.num_layers
     assert [launch.name for launch, _ in graph] == ["embeddings", *ROLES * layers,

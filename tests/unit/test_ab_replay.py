@@ -299,9 +299,11 @@ def test_process_state_probe_actions() -> None:
 
 def test_sweep_scripts_parse_and_name_what_exists() -> None:
     """The device sweeps (``benchmarks/*.sh``) parse as bash, every module constant they
-    set (``--set [NAME:]module.ATTR=VALUE``) exists, and every literal variant's options
-    are engine options or ``ab_replay``'s own: on the device a typo costs a call
-    (ab_replay refuses it only once the call has started)."""
+    name in full (``--set [NAME:]module.ATTR=VALUE`` written out, not through a shell
+    variable) exists, and the options of every variant written as one single-quoted
+    literal (``'NAME={...}'``) are engine options or ``ab_replay``'s own: on the device a
+    typo costs a call (ab_replay refuses it only once the call has started). Variants a
+    script builds (``out_proj_sweep.sh``'s ``plan``) are not seen."""
     import importlib
     import inspect
     import re
@@ -319,6 +321,7 @@ def test_sweep_scripts_parse_and_name_what_exists() -> None:
         for literal in re.findall(r"'\w+=(\{[^'$]*\})'", text):
             options |= set(json.loads(literal))
     assert ("engine.fused.dispatch", "EARLY_TAIL_E4M3_MAX_SEQS") in targets
+    assert ("engine.fused.encoder", "SETTLED_RESIDUAL_GEMMS") in targets
     assert {"calibrate", "early_weights"} <= options  # the literals were found
     pytest.importorskip("triton")
     from benchmarks.ab_replay import OWN_OPTIONS

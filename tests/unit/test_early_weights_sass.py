@@ -1,7 +1,7 @@
 """The deferred GEMM's early weight slices compiled for sm_90a on this CPU machine (skipped
 where the Triton wheel has no cuobjdump): through TMA descriptors (``deferred.EARLY_TMA``)
 each chunk is one bulk tensor copy issued before the PDL wait, and the slice no longer
-passes through the registers (fewer registers, no weight loads before the wait)."""
+passes through the registers (fewer registers, fewer loads before the wait)."""
 
 from __future__ import annotations
 

@@ -280,12 +280,12 @@ def _with_tma(check: Callable[[], tuple[float, float]]) -> tuple[float, float]:
     from engine.fused.kernels import deferred
     from tests.launch_spy import launch_keywords
 
-    deferred.EARLY_TMA = True
+    before, deferred.EARLY_TMA = deferred.EARLY_TMA, True
     try:
         with launch_keywords(deferred, "_deferred_gemm_kernel", "W_TMA") as tma:
             result = check()
     finally:
-        deferred.EARLY_TMA = False
+        deferred.EARLY_TMA = before
     return result if tma and all(tma) else (math.inf, 1.0)
 
 
@@ -978,7 +978,7 @@ CASES: dict[str, Callable[[], tuple[float, float]]] = {
     "deferred_ln_kernels_fp8_early_weights_3_splits": lambda: _check_deferred_fp8(3, early=True),
     "deferred_ln_kernels_settled_3_splits": lambda: _check_deferred(3, settled=True),
     "deferred_ln_kernels_fp8_settled_3_splits": lambda: _check_deferred_fp8(3, settled=True),
-    "deferred_ln_kernels_fp8_early_weights_settled": lambda: _check_deferred_fp8(
+    "deferred_ln_kernels_fp8_early_weights_settled_3_splits": lambda: _check_deferred_fp8(
         3, early=True, settled=True),
     "tiny_bert_fp32": lambda: _check_tiny_bert("float32"),
     "tiny_bert_fp16": lambda: _check_tiny_bert("float16"),

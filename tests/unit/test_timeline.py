@@ -16,8 +16,7 @@ from benchmarks.attention_sass import code_lines  # noqa: E402
 from engine.fused.kernels import attention, deferred, timeline  # noqa: E402
 from tests.launch_spy import launches_unrun  # noqa: E402
 from tests.sass_tools import (  # noqa: E402
-    GEMM_POINTERS,
-    gemm_sass,
+    ffn2_fp8_sass,
     kernel_sass,
     qkv_fp8_sass,
     tools_or_skip,
@@ -32,6 +31,9 @@ def test_slots_follow_launch_order_within_capacity() -> None:
     assert a.shape == (3, len(timeline.FIELDS)) and b.shape == (7, len(timeline.FIELDS))
     assert a.data_ptr() == t.rows.data_ptr() and b.data_ptr() == t.rows[3].data_ptr()
     assert [(x.name, x.programs, x.first) for x in t.launches] == [("a", 3, 0), ("b", 7, 3)]
+    b.fill_(5)
+    assert [(x.name, r.shape[0], int(r.sum())) for x, r in t.launch_rows()] == \
+        [("a", 3, 0), ("b", 7, 5 * 7 * len(timeline.FIELDS))]
     with pytest.raises(RuntimeError, match="holds 10 program rows"):
         t.slot("c", 1)
     with pytest.raises(ValueError, match="at least one program"):
@@ -136,17 +138,8 @@ _TIMER = re.compile(r"SR_GLOBALTIMERLO|SR_CLOCKLO|SR_VIRTUALSMID")
 
 
 def _gemm_sass(trace: bool) -> str:
-    """FFN2's launch of the FP8 deferred layer (split-K atomics, the tile fix-up, e4m3
-    copy, PDL, L2 prefetch) compiled for sm_90a."""
-    e4m3 = ("x_ptr", "w_ptr", "out8_ptr")
-    types = {p: "*fp8e4nv" if p in e4m3 else "*i32" if p == "cnt_ptr" else "*fp32"
-             for p in GEMM_POINTERS}
-    constexprs = dict(BLOCK_M=64, BLOCK_N=64, BLOCK_K=128, GROUP_M=8, FOLD_LN=False,
-                      GELU=False, TANH=False, HAS_BIAS=True, RESIDUAL=True, ATOMIC=True,
-                      STATS_OUT=True, ZERO=False, USE_PDL=True, PREFETCH=True, W_BYTES=1,
-                      LATE_RELEASE=False, SCALED=True, Q_OUT=False, COPY8=True, EARLY=False,
-                      NCH=0, TRACE=trace, w_desc=None, W_TMA=False, SETTLED=False)
-    return gemm_sass(types, constexprs, 4, 4)[0]
+    """FFN2's launch of the FP8 deferred layer compiled for sm_90a."""
+    return ffn2_fp8_sass(TRACE=trace)[0]
 
 
 def test_trace_off_compiles_no_timer_and_on_stamps_around_the_wait() -> None:

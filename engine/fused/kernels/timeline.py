@@ -112,6 +112,12 @@ class Timeline:
         self._used += programs
         return view
 
+    def launch_rows(self) -> list[tuple[Launch, torch.Tensor]]:
+        """Every launch and its rows as they are now, copied to the host once."""
+        host = self.rows.cpu()
+        return [(launch, host[launch.first : launch.first + launch.programs])
+                for launch in self.launches]
+
 
 _active: Timeline | None = None
 
