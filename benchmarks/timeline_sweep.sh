@@ -28,7 +28,8 @@ if [ "$which" = first ]; then
     --set engine.fused.dispatch.EARLY_TAIL_E4M3_MAX_SEQS=64
 fi
 if [ "$which" = marks ]; then
-  tl fp8 --dtype fp8 --calibrate --shapes bert-base:1x128,bert-base:2x48
-  tl fp16 --dtype float16 --shapes bert-base:1x128
-  tl fp8-no-early --dtype fp8 --calibrate --shapes bert-base:1x128 --option early_weights=none
+  tl fp8 --dtype fp8 --calibrate --shapes bert-base:1x128,bert-base:2x48 --by-slice FFN2=4
+  tl fp16 --dtype float16 --shapes bert-base:1x128 --by-slice FFN2=4
+  tl fp8-no-early --dtype fp8 --calibrate --shapes bert-base:1x128 --option early_weights=none \
+    --by-slice FFN2=4
 fi
