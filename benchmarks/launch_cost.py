@@ -21,7 +21,12 @@ tensors and on four sets in turn (as ``bench_gpu``'s per-call rows; and, one med
 round, through ``bench_gpu.time_calls`` itself, to tell the timer from the calls). Since
 v25 a call sets its inputs before its launch where they changed (none with one set, one
 driver call with four), and names the next call's output after it (one driver call, off
-the timed path to the launch); v24 set both before the launch. Prints a table, writes JSON.
+the timed path to the launch); v24 set both before the launch. And what runs after a
+driver launch while its graph is in flight, as ``replay_into``'s next output: 12 µs of host
+spinning (no driver call), a set of the output argument (one driver call, to one of two
+tensors in turn), the same after a ``cuStreamQuery`` (which makes the driver submit what
+it queued), and ``torch.empty``: if the graph's start waits for any of them, its idle time
+grows by that work. Prints a table, writes JSON.
 """
 
 from __future__ import annotations
@@ -59,6 +64,7 @@ def main() -> None:
     from benchmarks.rounds import event_ms, host_us
     from engine.fused.engine import FusedEngine
     from engine.fused.graph_args import Launcher
+    from engine.fused.graph_args import _cuda as cuda_driver
 
     model, cfg = make_hf(args.model)
     fp8 = make_ours(model, cfg, dtype="fp8")
@@ -86,9 +92,39 @@ def main() -> None:
         turn[0] = (turn[0] + 1) % len(sets)
         eng._run_device(*sets[turn[0]])
 
+    # What runs after a launch, while its graph is in flight (``replay_into`` makes and
+    # names the next call's output there): does any of it hold back the graph's start?
+    args_ = entry.args
+    assert args_ is not None and args_._named is not None
+    named_inputs = args_._named[0]
+    outs = [torch.empty((2, bucket.tokens), device="cuda") for _ in range(2)]
+    query = cuda_driver().cuStreamQuery
+    flip = [0]
+
+    def then_spin() -> None:
+        launch(stream)
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < 12e-6:
+            pass
+
+    def then_set(flush: bool = False) -> None:
+        launch(stream)
+        if flush:
+            query(stream)
+        flip[0] ^= 1
+        args_.name(named_inputs, outs[flip[0]].data_ptr())
+
+    def then_empty() -> None:
+        launch(stream)
+        torch.empty((2, bucket.tokens), device="cuda")
+
     calls: dict[str, Callable[[], Any]] = {
         "torch replay": entry.graph.replay,
         "driver launch": driver_launch,
+        "launch, then 12 µs on the host": then_spin,
+        "launch, then an output set": then_set,
+        "launch, stream query, output set": lambda: then_set(flush=True),
+        "launch, then torch.empty": then_empty,
         "GraphCache.replay": lambda: graphs.replay(bucket),
         "_run_device, one input set": lambda: eng._run_device(ids, tt, pos, cu, max_len),
         "_run_device, four sets in turn": rotating,
