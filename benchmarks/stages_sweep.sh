@@ -18,7 +18,7 @@
 set -euo pipefail
 out="${1:?output directory}"
 shift
-mkdir -p "$out"
+source "$(dirname "$0")/sweep_lib.sh"
 variants=(
   --variant 'default={"calibrate": true}'
   --variant 'out_s4={"calibrate": true, "gemm_plans": {"out": [[32, 32, 128, 4, 4], 1]}}'
@@ -29,10 +29,4 @@ variants=(
   --variant 'ffn2_s6={"calibrate": true, "gemm_plans": {"ffn2": [[64, 64, 128, 4, 6], 4]}}'
   --variant 'ffn2_k256={"calibrate": true, "gemm_plans": {"ffn2": [[64, 64, 256, 4, 3], 4]}}'
 )
-shapes=("$@")
-[ "${#shapes[@]}" -gt 0 ] || shapes=(1x128 2x64 4x32 8x16)
-for s in "${shapes[@]}"; do
-  timeout 140 env PYTHONPATH="$PWD" python3 benchmarks/ab_replay.py --model bert-base \
-    --dtype fp8 --shape "$s" --rounds 8 --iters 300 "${variants[@]}" \
-    --out "$out/stages-bert-base-$s-fp8.json" || echo "$s failed: $?"
-done
+sweep_shapes stages "$out" "$@"

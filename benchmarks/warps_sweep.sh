@@ -15,7 +15,7 @@
 set -euo pipefail
 out="${1:?output directory}"
 shift
-mkdir -p "$out"
+source "$(dirname "$0")/sweep_lib.sh"
 variants=(
   --variant 'default={"calibrate": true}'
   --variant 'qkv_w8={"calibrate": true, "gemm_plans": {"qkv": [[64, 64, 256, 8, 3], 1]}}'
@@ -26,10 +26,4 @@ variants=(
   --variant 'ffn2_s8={"calibrate": true, "gemm_plans": {"ffn2": [[64, 64, 128, 4, 4], 8]}}'
   --variant 'ffn2_early={"calibrate": true, "early_weights": ["qkv", "ffn1", "ffn2"]}'
 )
-shapes=("$@")
-[ "${#shapes[@]}" -gt 0 ] || shapes=(1x128 2x64 4x32 8x16)
-for s in "${shapes[@]}"; do
-  timeout 140 env PYTHONPATH="$PWD" python3 benchmarks/ab_replay.py --model bert-base \
-    --dtype fp8 --shape "$s" --rounds 8 --iters 300 "${variants[@]}" \
-    --out "$out/warps-bert-base-$s-fp8.json" || echo "$s failed: $?"
-done
+sweep_shapes warps "$out" "$@"
