@@ -9,7 +9,8 @@
 # 64 with 6 stages, BLOCK_K 256 with 3 (96 KB), 2 warps; FFN2 with 6 stages (96 KB) and
 # BLOCK_K 256 with 3. Compiled here (triton 3.6, sm_90a): no spills; the out-projection 54-96
 # registers, FFN2 134-166. v16 swept deeper pipelines on the 16-bit layer (whole pass within
-# noise); these plans on the FP8 layer with early weights are unmeasured. Graph replay
+# noise). Outcome (v33, 0c67d91): every out-projection variant lost at every shape (+0.1 to
+# +22%; 4 stages +22% at 1x128), FFN2 at 6 stages tied, BLOCK_K 256 lost 0.4-0.7%. Graph replay
 # (``ab_replay.py``, interleaved rounds; the first variant is the engine's plan), calibrated
 # FP8 BERT-base at the shapes given (a resource change moves the neighbours' placement:
 # NOTES v30, v31).

@@ -6,7 +6,8 @@
 # fix-up. Compiled here (triton 3.6, sm_90a): with 8 warps FFN1's epilogue is 388
 # instructions a thread (90 registers, 96 KB of shared memory as with 4) and FFN2's
 # counter + fix-up 271 against 437 (79 registers against 163). Earlier sweeps of these
-# plans (v18, 16-bit, before the FP8 layer and the early weights) found no gain. Graph
+# plans (v18, 16-bit, before the FP8 layer and the early weights) found no gain; nor did
+# this one (v33, 64fc215: every variant lost at every shape, +0.5 to +16%). Graph
 # replay (``ab_replay.py``, interleaved rounds; the first variant is the engine's plan),
 # calibrated FP8 BERT-base at the shapes given (a resource change moves the neighbours'
 # placement: NOTES v30, v31).
