@@ -17,8 +17,6 @@
 # Run on the GPU from the repository root (the four default shapes fit one call):
 #   benchmarks/stages_sweep.sh OUT_DIR [SHAPE ...]   (default: 1x128 2x64 4x32 8x16)
 set -euo pipefail
-out="${1:?output directory}"
-shift
 source "$(dirname "$0")/sweep_lib.sh"
 variants=(
   --variant 'default={"calibrate": true}'
@@ -30,4 +28,4 @@ variants=(
   --variant 'ffn2_s6={"calibrate": true, "gemm_plans": {"ffn2": [[64, 64, 128, 4, 6], 4]}}'
   --variant 'ffn2_k256={"calibrate": true, "gemm_plans": {"ffn2": [[64, 64, 256, 4, 3], 4]}}'
 )
-sweep_shapes stages "$out" "$@"
+sweep_shapes stages "$@"  # OUT_DIR [SHAPE ...]

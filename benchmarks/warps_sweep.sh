@@ -14,8 +14,6 @@
 # Run on the GPU from the repository root (the four default shapes fit one call):
 #   benchmarks/warps_sweep.sh OUT_DIR [SHAPE ...]   (default: 1x128 2x64 4x32 8x16)
 set -euo pipefail
-out="${1:?output directory}"
-shift
 source "$(dirname "$0")/sweep_lib.sh"
 variants=(
   --variant 'default={"calibrate": true}'
@@ -27,4 +25,4 @@ variants=(
   --variant 'ffn2_s8={"calibrate": true, "gemm_plans": {"ffn2": [[64, 64, 128, 4, 4], 8]}}'
   --variant 'ffn2_early={"calibrate": true, "early_weights": ["qkv", "ffn1", "ffn2"]}'
 )
-sweep_shapes warps "$out" "$@"
+sweep_shapes warps "$@"  # OUT_DIR [SHAPE ...]
