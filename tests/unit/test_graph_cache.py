@@ -108,3 +108,33 @@ def test_call_args_point_back_at_the_graph_buffers_once_per_switch() -> None:
     assert log == host
     with pytest.raises(RuntimeError, match="first kernel is also its last"):
         _CallArgs(stage, _FakeArgs(1, log, "x"), (), logits)  # type: ignore[arg-type]
+
+
+def test_staged_tensors_fit_refuses_what_a_kernel_would_misread() -> None:
+    """``staged_tensors_fit`` (``replay_into``'s check before it hands bare addresses to a
+    graph): contiguous int32 ids, token types and positions of one length and int32
+    offsets, on the graph's device (CPU tensors report device -1); anything else is
+    refused."""
+    import torch
+
+    from engine.fused.graphs import staged_tensors_fit
+
+    def batch() -> list[torch.Tensor]:
+        return [torch.zeros(8, dtype=torch.int32) for _ in range(3)] + [
+            torch.tensor([0, 8], dtype=torch.int32)]
+
+    assert staged_tensors_fit(*batch(), -1)
+    assert not staged_tensors_fit(*batch(), 0)  # another device
+    for i in range(4):
+        wrong = batch()
+        wrong[i] = wrong[i].long()
+        assert not staged_tensors_fit(*wrong, -1), ("dtype", i)
+        strided = batch()
+        strided[i] = torch.zeros(2 * strided[i].shape[0], dtype=torch.int32)[::2]
+        assert not staged_tensors_fit(*strided, -1), ("stride", i)
+    for i in range(3):
+        short = batch()
+        short[i] = short[i][:7]
+        assert not staged_tensors_fit(*short, -1), ("length", i)
+    flat = batch()
+    assert not staged_tensors_fit(*(t.reshape(2, 4) for t in flat[:3]), flat[3], -1)
