@@ -143,8 +143,8 @@ def main() -> None:
     engines = {}
     for name, opts in args.variant:
         opts = dict(opts)
-        scaling, calibrate, repeat = (opts.pop(key, default)
-                                      for key, default in OWN_OPTIONS.items())
+        own = {key: opts.pop(key, default) for key, default in OWN_OPTIONS.items()}
+        scaling, calibrate, repeat = own["fp8_scaling"], own["calibrate"], own["repeat_layers"]
         if scaling not in weights:
             weights[scaling] = make_ours(model, cfg, dtype=args.dtype,
                                          fp8_scaling=scaling).weights

@@ -12,7 +12,7 @@ the raw stream, the stream ordering, the argument values, the context check, the
 comparison; then
 ``torch.empty`` (the next call's output, made after the launch), a few tensor accessors,
 and the whole of ``_run_device`` and of ``replay_into`` with the launch a no-op (the
-spare output still made and named). Best of 5 repeats of ``--calls`` calls, µs.
+spare output still made and named). Best of ``--rounds`` repeats of ``--calls`` calls, µs.
 """
 
 from __future__ import annotations
@@ -30,22 +30,18 @@ REPO = Path(__file__).resolve().parents[1]
 
 def main() -> None:
     sys.path.insert(0, str(REPO))
-    from benchmarks.rounds import batch1_parser
+    from benchmarks.rounds import batch1_parser, tool_engine
 
     p = batch1_parser(__doc__, calls=2000, calls_help="per piece and repeat")
     args = p.parse_args()
     import numpy as np
     import torch
 
-    from benchmarks.bench_gpu import device_packed, make_hf, make_ours, random_padded
-    from engine.fused.engine import FusedEngine
+    from benchmarks.bench_gpu import device_packed, random_padded
     from engine.fused.graphs import staged_tensors_fit
 
-    model, cfg = make_hf(args.model)
-    fp8 = make_ours(model, cfg, dtype="fp8")
-    del model
-    eng = FusedEngine(fp8.weights, "cuda")
-    eng.calibrate(*random_padded(np.random.default_rng(7), 64, 384))
+    eng, _ = tool_engine(args.model, "fp8", {}, random_padded(np.random.default_rng(7), 64,
+                                                              384))
     ids, tt, pos, cu, max_len = device_packed(*random_padded(np.random.default_rng(0), 1,
                                                               args.seq))
     graphs = eng._graphs
@@ -98,7 +94,7 @@ def main() -> None:
                                                                               tt, pos, cu)
             rows = {}
             for name, fn in pieces.items():
-                best = min(timeit.repeat(fn, number=args.calls, repeat=5)) / args.calls
+                best = min(timeit.repeat(fn, number=args.calls, repeat=args.rounds)) / args.calls
                 rows[name] = best * 1e6
                 print(f"{name:32s} {rows[name]:6.2f} us", flush=True)
         finally:

@@ -54,23 +54,13 @@ def main() -> None:
     import numpy as np
     import torch
 
-    from benchmarks.bench_gpu import (
-        device_packed,
-        make_hf,
-        make_ours,
-        random_padded,
-        time_calls,
-    )
-    from benchmarks.rounds import event_ms, host_us
-    from engine.fused.engine import FusedEngine
+    from benchmarks.bench_gpu import device_packed, random_padded, time_calls
+    from benchmarks.rounds import event_ms, host_us, tool_engine
     from engine.fused.graph_args import Launcher
     from engine.fused.graph_args import _cuda as cuda_driver
 
-    model, cfg = make_hf(args.model)
-    fp8 = make_ours(model, cfg, dtype="fp8")
-    del model
-    eng = FusedEngine(fp8.weights, "cuda")
-    eng.calibrate(*random_padded(np.random.default_rng(7), 64, 384))
+    eng, _ = tool_engine(args.model, "fp8", {}, random_padded(np.random.default_rng(7), 64,
+                                                              384))
     rng = np.random.default_rng(0)
     sets = [device_packed(*random_padded(rng, 1, args.seq)) for _ in range(4)]
     ids, tt, pos, cu, max_len = sets[0]

@@ -336,7 +336,7 @@ def load_recorded(path: Path) -> tuple[str, Launches, int]:
             marks = np.repeat(rows[:, [_WAITED]], _COUNTED + 1 - rows.shape[1], axis=1)
             rows = np.concatenate([rows, marks], axis=1)
         launches.append((launch["name"], rows))
-    per = len(saved["per_layer"])
+    per = len(saved.get("per_layer", []))  # absent where the report failed after the save
     layers = saved.get("layers") or ((len(launches) - 2) // per if per else 1)
     constants = saved.get("set") or []
     return saved["shape"] + (f" ({', '.join(constants)})" if constants else ""), launches, layers
@@ -407,14 +407,16 @@ def main() -> None:
         title = f"{name} {batch}x{seq} {args.dtype}" + (" calibrated" if args.calibrate
                                                         else "")
         tag = f"{name}_{batch}x{seq}_{args.dtype}"
+        saved = {"shape": title, "options": options, "set": args.set, "idle": args.idle,
+                 "layers": layers,
+                 "launches": [{"name": n, "rows": r.tolist()} for n, r in launches]}
+        path = args.out / f"timeline_{tag}.json"
+        path.write_text(json.dumps(saved))  # the recording first: a report error keeps it
         text, stats, means = analyse(title, launches, layers, args.out, tag,
                                      args.plot_layer, tuple(args.by_slice))
         report.append(text)
-        (args.out / f"timeline_{tag}.json").write_text(json.dumps({
-            "shape": title, "options": options, "set": args.set, "idle": args.idle,
-            "layers": layers,
-            "launches": [{"name": n, "rows": r.tolist()} for n, r in launches],
-            "stats": _finite(stats), "per_layer": _finite(means)}, allow_nan=False))
+        path.write_text(json.dumps(saved | {"stats": _finite(stats),
+                                            "per_layer": _finite(means)}, allow_nan=False))
         print(report[-1], flush=True)
     if args.set:
         report.append("Module constants set: " + ", ".join(args.set))

@@ -56,6 +56,8 @@ def _cuda() -> ctypes.CDLL:
         lib.cuCtxSetCurrent.argtypes = [ctypes.c_void_p]
         lib.cuStreamSynchronize.restype = ctypes.c_int
         lib.cuStreamSynchronize.argtypes = [ctypes.c_void_p]
+        lib.cuStreamQuery.restype = ctypes.c_int
+        lib.cuStreamQuery.argtypes = [ctypes.c_void_p]
         lib.cuMemcpyHtoDAsync_v2.restype = ctypes.c_int
         lib.cuMemcpyHtoDAsync_v2.argtypes = [ctypes.c_uint64, ctypes.c_void_p, ctypes.c_size_t,
                                              ctypes.c_void_p]

@@ -23,6 +23,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -280,12 +281,9 @@ def _with_tma(check: Callable[[], tuple[float, float]]) -> tuple[float, float]:
     from engine.fused.kernels import deferred
     from tests.launch_spy import launch_keywords
 
-    before, deferred.EARLY_TMA = deferred.EARLY_TMA, True
-    try:
-        with launch_keywords(deferred, "_deferred_gemm_kernel", "W_TMA") as tma:
-            result = check()
-    finally:
-        deferred.EARLY_TMA = before
+    with mock.patch.object(deferred, "EARLY_TMA", True), \
+            launch_keywords(deferred, "_deferred_gemm_kernel", "W_TMA") as tma:
+        result = check()
     return result if tma and all(tma) else (math.inf, 1.0)
 
 

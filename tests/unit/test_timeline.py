@@ -435,6 +435,10 @@ def test_a_saved_timeline_reads_back_with_marks_at_the_wait(tmp_path: Any) -> No
     assert title == "s (m.X=1)" and layers == 2 and len(launches) == 6
     assert launches[0][1].shape == (1, len(timeline.FIELDS))
     assert launches[0][1][0].tolist() == [10, 20, 30, 0, 0, 0, 4, 0, 20, 20, 20]
+    # saved before its report (``main`` writes the rows first): no stats, its layer count
+    bare = tmp_path / "timeline_bare.json"
+    bare.write_text(json.dumps({"shape": "s", "layers": 3, "launches": saved["launches"]}))
+    assert load_recorded(bare)[0] == "s" and load_recorded(bare)[2] == 3
 
 
 def test_the_recorded_early_tail_pass_shows_its_doubled_programs() -> None:
