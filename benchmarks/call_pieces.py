@@ -13,6 +13,10 @@ comparison; then
 ``torch.empty`` (the next call's output, made after the launch), a few tensor accessors,
 and the whole of ``_run_device`` and of ``replay_into`` with the launch a no-op (the
 spare output still made and named). Best of ``--rounds`` repeats of ``--calls`` calls, µs.
+These are the pieces of the Python path (``graphs.NATIVE_LAUNCH`` off here): since v34 a
+call takes the compiled path (``engine.fused.staged_launch``) where it builds, which does
+the checks, argument values, context check, argument sets and launch in one call;
+``launch_cost.py`` times both paths' whole calls.
 """
 
 from __future__ import annotations
@@ -38,8 +42,10 @@ def main() -> None:
     import torch
 
     from benchmarks.bench_gpu import device_packed, random_padded
+    from engine.fused import graphs as graphs_module
     from engine.fused.graphs import staged_tensors_fit
 
+    graphs_module.NATIVE_LAUNCH = False  # the Python path's pieces (captured so below)
     eng, _ = tool_engine(args.model, "fp8", {}, random_padded(np.random.default_rng(7), 64,
                                                               384))
     ids, tt, pos, cu, max_len = device_packed(*random_padded(np.random.default_rng(0), 1,
@@ -55,7 +61,7 @@ def main() -> None:
         entry = graphs._graphs[bucket]
         call_args = entry.args
         assert call_args is not None
-        named, index, stream = call_args._named, graphs._index, graphs._current_stream()
+        named, index, stream = call_args.named, graphs._index, graphs._current_stream()
         assert named is not None
 
         def locked() -> None:

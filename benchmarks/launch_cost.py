@@ -18,7 +18,9 @@ for these calls: ``torch replay`` (``CUDAGraph.replay``), ``driver launch``
 and stream), ``GraphCache.replay`` (the bare replay with its argument bookkeeping and
 context check, through ``Launcher`` since v25), ``_run_device`` on one set of input
 tensors and on four sets in turn (as ``bench_gpu``'s per-call rows; and, one median a
-round, through ``bench_gpu.time_calls`` itself, to tell the timer from the calls). Since
+round, through ``bench_gpu.time_calls`` itself, to tell the timer from the calls), on the
+compiled call path (``staged_launch``, the default since v34) and on the Python path
+(``graphs.NATIVE_LAUNCH`` off: an engine of the same weights captured so). Since
 v25 a call sets its inputs before its launch where they changed (none with one set, one
 driver call with four), and names the next call's output after it (one driver call, off
 the timed path to the launch); v24 set both before the launch. And what runs after a
@@ -56,6 +58,8 @@ def main() -> None:
 
     from benchmarks.bench_gpu import device_packed, random_padded, time_calls
     from benchmarks.rounds import event_ms, host_us, tool_engine
+    from engine.fused import graphs as graphs_module
+    from engine.fused.engine import FusedEngine
     from engine.fused.graph_args import Launcher
     from engine.fused.graph_args import _cuda as cuda_driver
 
@@ -64,6 +68,11 @@ def main() -> None:
     rng = np.random.default_rng(0)
     sets = [device_packed(*random_padded(rng, 1, args.seq)) for _ in range(4)]
     ids, tt, pos, cu, max_len = sets[0]
+    graphs_module.NATIVE_LAUNCH = False  # the same weights, its graphs on the Python path
+    py_eng = FusedEngine(eng.weights, "cuda")
+    with torch.inference_mode():
+        py_eng._run_device(ids, tt, pos, cu, max_len)
+    graphs_module.NATIVE_LAUNCH = True
     with torch.inference_mode():
         eng._run_device(ids, tt, pos, cu, max_len)
     bucket = eng._graph_bucket(args.seq, 1, args.seq)
@@ -78,15 +87,16 @@ def main() -> None:
 
     turn = [0]
 
-    def rotating() -> None:
+    def rotating(engine: Any = eng) -> None:
         turn[0] = (turn[0] + 1) % len(sets)
-        eng._run_device(*sets[turn[0]])
+        engine._run_device(*sets[turn[0]])
 
     # What runs after a launch, while its graph is in flight (``replay_into`` makes and
     # names the next call's output there): does any of it hold back the graph's start?
     args_ = entry.args
-    assert args_ is not None and args_._named is not None
-    named_inputs = args_._named[0]
+    assert args_ is not None and args_.named is not None
+    assert args_.native is not None, "the compiled call path did not build here"
+    named_inputs = args_.named[0]
     outs = [torch.empty((2, bucket.tokens), device="cuda") for _ in range(2)]
     query = cuda_driver().cuStreamQuery
     flip = [0]
@@ -118,6 +128,8 @@ def main() -> None:
         "GraphCache.replay": lambda: graphs.replay(bucket),
         "_run_device, one input set": lambda: eng._run_device(ids, tt, pos, cu, max_len),
         "_run_device, four sets in turn": rotating,
+        "Python path, one input set": lambda: py_eng._run_device(ids, tt, pos, cu, max_len),
+        "Python path, four sets in turn": lambda: rotating(py_eng),
     }
     times: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
 
@@ -136,8 +148,10 @@ def main() -> None:
                     times[name]["host"].append(host_us(fn))
             # bench_gpu's own timer on the same calls, one round's median each (v25's
             # question; v26: it agrees with event_ms here, 283.0 against 283.5 µs)
-            timing = time_calls(lambda x: eng._run_device(*x), sets, target_s=0.07)
-            times["bench_gpu.time_calls, four sets"]["idle"].append(timing.median_ms * 1e3)
+            for label, engine in (("", eng), (", Python path", py_eng)):
+                timing = time_calls(lambda x, e=engine: e._run_device(*x), sets, target_s=0.07)
+                times[f"bench_gpu.time_calls, four sets{label}"]["idle"].append(
+                    timing.median_ms * 1e3)
             print(f"round {r + 1}/{args.rounds} done", flush=True)
         # the sleep kernel alone, queued: what "queued" would read with no call at all
         times["nothing"]["queued"] = [ms * 1e3 for ms in event_ms(lambda: None, args.calls,

@@ -113,7 +113,7 @@ def main() -> None:
 
     from benchmarks.bench_gpu import HFRunner, device_packed, make_hf, random_padded
     from engine.fused.engine import FusedEngine
-    from engine.fused.graph_args import _check, _cuda
+    from engine.fused.graph_args import _cuda, check
 
     batch, seq = args.shape
     rng = np.random.default_rng(5)
@@ -175,7 +175,7 @@ def main() -> None:
                         fp8_calibration=a.calibration)._run_device(*x)
         elif action == "upload":
             own = a._graphs._graphs[bucket_a].graph
-            _check(_cuda().cuGraphUpload(ctypes.c_void_p(own.raw_cuda_graph_exec()),
+            check(_cuda().cuGraphUpload(ctypes.c_void_p(own.raw_cuda_graph_exec()),
                                          ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)),
                    "cuGraphUpload")
         elif action in HF_OPS:

@@ -73,6 +73,17 @@ def _set_params() -> Callable[..., int]:
     return function
 
 
+def driver_functions() -> dict[str, int]:
+    """The addresses of the driver functions a staged call makes (for the compiled path,
+    ``engine.fused.staged_launch``, which links no CUDA library), under the names its
+    ``StagedLaunch`` takes them by."""
+    cuda = _cuda()
+    names = {"set_params": "cuGraphExecKernelNodeSetParams_v2", "graph_launch": "cuGraphLaunch",
+             "ctx_get": "cuCtxGetCurrent", "ctx_set": "cuCtxSetCurrent"}
+    return {key: ctypes.cast(getattr(cuda, name), ctypes.c_void_p).value or 0
+            for key, name in names.items()}
+
+
 def supported() -> bool:
     """Whether this process's CUDA driver can do what this module asks of it (12.4 or
     later, with ``cuFuncGetParamInfo``); False where there is no driver at all."""
@@ -86,7 +97,7 @@ def supported() -> bool:
             and version.value >= _MIN_DRIVER)
 
 
-def _check(result: int, what: str) -> None:
+def check(result: int, what: str) -> None:
     """Raise on a driver error, named as the driver names it (e.g. CUDA_ERROR_ASSERT, a
     device-side assert that ended the context)."""
     if result != 0:
@@ -122,28 +133,29 @@ class Context:
     def __init__(self, device_index: int) -> None:
         cuda = _cuda()
         device, context = ctypes.c_int(), ctypes.c_void_p()
-        _check(cuda.cuDeviceGet(ctypes.byref(device), device_index), "cuDeviceGet")
-        _check(cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), device),
+        check(cuda.cuDeviceGet(ctypes.byref(device), device_index), "cuDeviceGet")
+        check(cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), device),
                "cuDevicePrimaryCtxRetain")
         if not context.value:
             raise RuntimeError(f"device {device_index} has no primary context")
         self._context: int = context.value
+        self.handle = self._context  # the CUcontext, for code that makes its own driver calls
         self._get, self._set = cuda.cuCtxGetCurrent, cuda.cuCtxSetCurrent
         self._found = ctypes.c_void_p()  # scratch: one caller at a time
 
     def enter(self) -> int | None:
         """None if this context was current already, else the one to :meth:`leave` to
         (0: none)."""
-        _check(self._get(ctypes.byref(self._found)), "cuCtxGetCurrent")
+        check(self._get(ctypes.byref(self._found)), "cuCtxGetCurrent")
         if self._found.value == self._context:
             return None
         previous = self._found.value or 0
-        _check(self._set(self._context), "cuCtxSetCurrent")
+        check(self._set(self._context), "cuCtxSetCurrent")
         return previous
 
     def leave(self, previous: int | None) -> None:
         if previous is not None:
-            _check(self._set(previous or None), "cuCtxSetCurrent")
+            check(self._set(previous or None), "cuCtxSetCurrent")
 
 
 class Launcher:
@@ -159,14 +171,14 @@ class Launcher:
         self._launch = _cuda().cuGraphLaunch
 
     def __call__(self, stream: int) -> None:
-        _check(self._launch(self._exec, stream), "cuGraphLaunch")
+        check(self._launch(self._exec, stream), "cuGraphLaunch")
 
 
 def copy_to_device(device: int, host: int, nbytes: int, stream: int) -> None:
     """Queue a copy of ``nbytes`` from (pinned) host memory to device memory on a raw
     stream handle, in the current context (``cuMemcpyHtoDAsync``): one driver call, where
     torch's ``copy_`` adds its dispatch."""
-    _check(_cuda().cuMemcpyHtoDAsync_v2(device, host, nbytes, stream or None),
+    check(_cuda().cuMemcpyHtoDAsync_v2(device, host, nbytes, stream or None),
            "cuMemcpyHtoDAsync")
 
 
@@ -174,7 +186,7 @@ def synchronize(stream: int) -> None:
     """Wait for the work queued so far on a raw stream handle (in the current context:
     0 is its legacy default stream), as ``torch.cuda.Stream.synchronize`` does, without
     making torch's stream object (~5 µs of host time on the H200's host, v26)."""
-    _check(_cuda().cuStreamSynchronize(stream or None), "cuStreamSynchronize")
+    check(_cuda().cuStreamSynchronize(stream or None), "cuStreamSynchronize")
 
 
 def argument_layout(function: int) -> list[tuple[int, int]]:
@@ -198,14 +210,14 @@ def _kernel_nodes(raw_graph: int, end: str) -> list[tuple[int, _NodeParams]]:
     graph = ctypes.c_void_p(raw_graph)
     count = ctypes.c_size_t(0)
     listing = "cuGraphGetRootNodes" if end == "first" else "cuGraphGetNodes"
-    _check(getattr(cuda, listing)(graph, None, ctypes.byref(count)), listing)
+    check(getattr(cuda, listing)(graph, None, ctypes.byref(count)), listing)
     nodes = (ctypes.c_void_p * count.value)()
-    _check(getattr(cuda, listing)(graph, nodes, ctypes.byref(count)), listing)
+    check(getattr(cuda, listing)(graph, nodes, ctypes.byref(count)), listing)
     found = []
     for node in nodes:
         handle = ctypes.c_void_p(node)
         kind = ctypes.c_int()
-        _check(cuda.cuGraphNodeGetType(handle, ctypes.byref(kind)), "cuGraphNodeGetType")
+        check(cuda.cuGraphNodeGetType(handle, ctypes.byref(kind)), "cuGraphNodeGetType")
         if kind.value != _NODE_KERNEL:
             continue
         if end == "last":
@@ -213,9 +225,9 @@ def _kernel_nodes(raw_graph: int, end: str) -> list[tuple[int, _NodeParams]]:
             result = cuda.cuGraphNodeGetDependentNodes(handle, None, ctypes.byref(dependents))
             if result == _LOSSY_QUERY or (result == 0 and dependents.value):
                 continue  # it has dependents (edges with data make the count query lossy)
-            _check(result, "cuGraphNodeGetDependentNodes")
+            check(result, "cuGraphNodeGetDependentNodes")
         params = _NodeParams()
-        _check(cuda.cuGraphKernelNodeGetParams_v2(handle, ctypes.byref(params)),
+        check(cuda.cuGraphKernelNodeGetParams_v2(handle, ctypes.byref(params)),
                "cuGraphKernelNodeGetParams")
         if params.kernel_params:  # else launched with a packed buffer: not ours
             found.append((int(node or 0), params))
@@ -313,11 +325,19 @@ class KernelArgs:
                 runs.append((offset, f, 1))
         self._runs = [(offset, struct.Struct("<" + fmt), n) for offset, fmt, n in runs]
         self._count = len(slots)
+        # Where each set argument lives in the buffer, and its size (``native_view``).
+        self._slots_at = [(base + layout[i][0], layout[i][1]) for i in slots]
         self.node = node  # two KernelArgs on one node would undo each other's values
         self._call = (ctypes.c_void_p(graph.raw_cuda_graph_exec()), ctypes.c_void_p(node),
                       ctypes.byref(self._params))
         self._set = _set_params()
         self._last: tuple[int, ...] | None = None
+
+    def native_view(self) -> tuple[int, int, list[tuple[int, int]]]:
+        """(node, address of its kernel node parameters, [(address, size)] of each set
+        argument in the buffer those parameters point into), for code that sets them
+        itself (``staged_launch``); the buffer lives as long as this object."""
+        return self.node, ctypes.addressof(self._params), list(self._slots_at)
 
     def set(self, *values: int) -> None:
         """The arguments of the graph's later launches."""
@@ -330,7 +350,7 @@ class KernelArgs:
             run.pack_into(self._buffer, offset, *values[at:at + n])
             at += n
         self._last = None  # unknown until the driver has taken them
-        _check(self._set(*self._call), "cuGraphExecKernelNodeSetParams")
+        check(self._set(*self._call), "cuGraphExecKernelNodeSetParams")
         self._last = values
 
 

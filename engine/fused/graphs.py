@@ -29,19 +29,22 @@ import threading
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
 import torch
 
-from engine.fused import cublaslt
+from engine.fused import cublaslt, staged_launch
 from engine.fused.graph_args import (
     Context,
     KernelArgs,
     Launcher,
     PointerArg,
+    check,
     copy_to_device,
     device_address,
+    driver_functions,
     leading_args,
     pointer_arg,
     synchronize,
@@ -66,6 +69,11 @@ HOST_ZERO_COPY = True
 # 327-331 µs against 304-309; the logits written over the bus cost nothing measurable;
 # the batch copied in first, 313-320).
 HOST_BATCH_COPIED = True
+
+# Calls on device tensors (``GraphCache.replay_into``) take the compiled path
+# (``staged_launch``: checks, argument sets and launch in one call) where it builds here;
+# False: the Python path, also the fallback (for A/B measurements).
+NATIVE_LAUNCH = True
 
 # Batches above this many tokens run eagerly (the engine's ``max_graph_tokens``): their
 # exact token count, no bucket padding, and the GPU's work hides the host's launches.
@@ -92,11 +100,14 @@ def split_inputs(buf: torch.Tensor, bucket: Bucket) -> tuple[torch.Tensor, ...]:
 def staged_tensors_fit(ids: torch.Tensor, tt: torch.Tensor, pos: torch.Tensor,
                        cu: torch.Tensor, index: int) -> bool:
     """Whether a call's tensors can be handed to a graph as bare addresses
-    (:meth:`GraphCache.replay_into`): contiguous int32 on device ``index``, ids, token
-    types and positions of one length. The kernel gets bare addresses: a wrong dtype,
-    stride, device or length would be misread. (Spelled out rather than looped: this is
-    every call's host path, 2.1 µs on the H200's host, ``benchmarks/call_pieces.py``.)"""
+    (:meth:`GraphCache.replay_into`): contiguous 1-D int32 on device ``index``, ids, token
+    types and positions of one length, at least one offset. The kernel gets bare
+    addresses: a wrong dtype, stride, device or length would be misread. (Spelled out
+    rather than looped: this is every call's host path on the Python path, 2.1 µs on the
+    H200's host, ``benchmarks/call_pieces.py``; ``cpp/staged_launch.cpp``'s ``staged_fit``
+    is the compiled form.)"""
     return (tt.shape == pos.shape == ids.shape == (ids.shape[0],)
+            and cu.shape == (cu.shape[0],) and cu.shape[0] >= 1
             and ids.dtype == tt.dtype == pos.dtype == cu.dtype == torch.int32
             and ids.get_device() == tt.get_device() == pos.get_device() == cu.get_device()
             == index
@@ -142,22 +153,33 @@ class _CallArgs:
     logits; ``host_values`` the inputs alone), :meth:`GraphCache.run_host` those inputs
     and the bucket's pinned logits (:class:`_HostIO`; its pinned batch too with
     ``HOST_BATCH_COPIED`` off); :meth:`GraphCache.replay_into` names a fresh output after
-    every launch."""
+    every launch. ``native``: the compiled form of the same (``staged_launch``), which then
+    sets both nodes itself (the KernelArgs only hold its buffers), or None."""
 
     def __init__(self, stage: KernelArgs, output: PointerArg,
-                 host_values: tuple[int, ...], logits: torch.Tensor) -> None:
+                 host_values: tuple[int, ...], logits: torch.Tensor,
+                 native: Any | None = None) -> None:
         if stage.node == output.node:  # a one-kernel forward
             raise RuntimeError("the graph's first kernel is also its last: a call cannot "
                                "set both its inputs and its output there")
         self.stage, self.output = stage, output
         self.host_values, self._logits = host_values, logits.data_ptr()
         self._named: tuple[tuple[int, ...], int] | None = None
+        self.native = native
+
+    @property
+    def named(self) -> tuple[tuple[int, ...], int] | None:
+        """(inputs, output) the graph's later launches get, or None before both are set."""
+        return self._named if self.native is None else self.native.named
 
     def host(self) -> None:
         self.name(self.host_values, self._logits)
 
     def name(self, values: tuple[int, ...], out: int) -> None:
         """The inputs (``STAGE_ARGS`` values) and output address of later launches."""
+        if self.native is not None:
+            check(self.native.name(*values, out), self.native.failed)
+            return
         if (values, out) == self._named:
             return
         self._named = None  # unknown until both are set: a failed set is redone next time
@@ -258,6 +280,19 @@ class GraphCache:
             current.wait_event(done)
         self._last = (stream, current)
 
+    def _native(self, graph: torch.cuda.CUDAGraph, stage: KernelArgs,
+                output: PointerArg) -> Any | None:
+        """The compiled call path of one graph (``NATIVE_LAUNCH``), or None."""
+        if not NATIVE_LAUNCH:
+            return None
+        stage_node, stage_params, stage_slots = stage.native_view()
+        output_node, output_params, output_slots = output.native_view()
+        return staged_launch.make(
+            owners=(stage, output), exec=graph.raw_cuda_graph_exec(),
+            context=self._context.handle, device=self._index, **driver_functions(),
+            stage_node=stage_node, stage_params=stage_params, stage_slots=stage_slots,
+            output_node=output_node, output_params=output_params, output_slots=output_slots)
+
     def replay(self, bucket: Bucket) -> torch.Tensor:
         """Run the bucket's graph on what its input buffer holds; returns the static logits."""
         entry = self._graphs[bucket]
@@ -281,12 +316,13 @@ class GraphCache:
         entry = self._graphs.get(bucket) or self._capture(bucket)
         assert entry.args is not None, \
             "replay_into needs a GraphCache with stage_args and a bucket that stages itself"
+        if entry.args.native is not None:
+            return self._replay_native(entry, bucket, ids, tt, pos, cu)
         t, b = ids.shape[0], cu.shape[0] - 1
         if t > bucket.tokens or b > bucket.seqs:
             raise ValueError(f"batch ({t} tokens, {b} sequences) does not fit {bucket}")
         if not staged_tensors_fit(ids, tt, pos, cu, self._index):
-            raise ValueError(f"replay_into takes contiguous int32 tensors on cuda:"
-                             f"{self._index}, ids, token types and positions of one length")
+            raise self._misfit()
         stream = self._current_stream()
         self._follow(stream)
         out = entry.spare
@@ -304,17 +340,57 @@ class GraphCache:
             # makes an op's output) and named while this call runs, off the next call's
             # path to its launch: a set applies to later launches only. (Made under this
             # call's inference mode, or not: the next call returns it as it is.)
-            try:
-                spare: torch.Tensor | None = torch.empty(
-                    (2, bucket.tokens), device=self._device, dtype=torch.float32)
-            except torch.OutOfMemoryError:  # this call's logits are done: return them
-                spare = None
+            spare = self._spare(bucket)
             if spare is not None:
                 entry.args.name(values, spare.data_ptr())
         finally:
             self._context.leave(previous)
         entry.spare, entry.spare_stream = spare, stream
         return out if t == bucket.tokens else out[:, :t]
+
+    def _replay_native(self, entry: _Captured, bucket: Bucket, ids: torch.Tensor,
+                       tt: torch.Tensor, pos: torch.Tensor, cu: torch.Tensor) -> torch.Tensor:
+        """:meth:`replay_into` through the compiled path: the same checks, argument sets
+        and launch in one call (which enters the graph's context itself)."""
+        native = entry.args.native if entry.args is not None else None
+        assert native is not None
+        stream = self._current_stream()
+        self._follow(stream)
+        out = entry.spare
+        if out is None or entry.spare_stream != stream:  # the spare belongs to its stream
+            out = torch.empty((2, bucket.tokens), device=self._device, dtype=torch.float32)
+        result = native.launch(ids, tt, pos, cu, out, bucket.tokens, bucket.seqs, stream)
+        if result:
+            entry.spare, entry.spare_stream = out, stream  # unused: the next call's
+            if result == staged_launch.NOT_IN_BUCKET:
+                raise ValueError(f"batch ({ids.shape[0]} tokens, {cu.shape[0] - 1} "
+                                 f"sequences) does not fit {bucket}")
+            if result == staged_launch.TENSORS_MISFIT:
+                raise self._misfit()
+            check(result, native.failed)
+        # The next call's output, named while this call runs (as on the Python path).
+        spare = self._spare(bucket)
+        if spare is not None:
+            check(native.name_output(spare), native.failed)
+        entry.spare, entry.spare_stream = spare, stream
+        t = ids.shape[0]
+        return out if t == bucket.tokens else out[:, :t]
+
+    def _misfit(self) -> ValueError:
+        return ValueError(f"replay_into takes contiguous 1-D int32 tensors on cuda:"
+                          f"{self._index}, ids, token types and positions of one length "
+                          "and at least one offset")
+
+    def _spare(self, bucket: Bucket) -> torch.Tensor | None:
+        """The next call's output, made after this call's launch (on the stream it will be
+        written on, as torch makes an op's output) and named while this call runs, off
+        the next call's path to its launch: a set applies to later launches only. (Made
+        under this call's inference mode, or not: the next call returns it as it is.)
+        None where memory ran out: this call's logits are done, so it returns them."""
+        try:
+            return torch.empty((2, bucket.tokens), device=self._device, dtype=torch.float32)
+        except torch.OutOfMemoryError:
+            return None
 
     def run_host(self, bucket: Bucket, ids: I32, tt: I32, pos: I32,
                  cu: I32) -> npt.NDArray[np.float32]:
@@ -401,8 +477,10 @@ class GraphCache:
             # As captured: the batch the host writes into ``inputs``, every row of it.
             host = (ids.data_ptr(), tt.data_ptr(), pos.data_ptr(), cu.data_ptr(),
                     bucket.tokens, bucket.seqs)
-            call_args = _CallArgs(leading_args(graph, host, self._stage_args),
-                                  pointer_arg(graph, logits.data_ptr()), host, logits)
+            stage_args = leading_args(graph, host, self._stage_args)
+            output = pointer_arg(graph, logits.data_ptr())
+            call_args = _CallArgs(stage_args, output, host, logits,
+                                  self._native(graph, stage_args, output))
         entry = _Captured(inputs, logits, graph, Launcher(graph), call_args)
         self._graphs[bucket] = entry
         return entry

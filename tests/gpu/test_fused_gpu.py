@@ -799,18 +799,22 @@ def test_torch_entry_points_on_gpu() -> None:
     del te
 
 
-def test_graph_staging_one_launch_calls() -> None:
+@pytest.mark.parametrize("native", [True, False], ids=["compiled", "python"])
+def test_graph_staging_one_launch_calls(native: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """Calls on device tensors as one graph launch (``graph_staging``: the graph's first
-    kernel's inputs and last kernel's output set per call, ``graph_args``): the logits of
-    the three-launch path (staging kernel, graph, copy; bit for bit above the small path,
+    kernel's inputs and last kernel's output set per call, ``graph_args``), on the compiled
+    call path (``staged_launch``, which must build here) and on the Python path: the logits
+    of the three-launch path (staging kernel, graph, copy; bit for bit above the small path,
     whose float32 atomics leave the last bits to arrival order; the batches of 3 and 12
     sequences run attention over a tile list), over several buckets, interleaved with
     host-path calls on the same graphs, and with 24 calls issued back to back without a
     sync (each launch must read the arguments set before it, never the next call's: the
     driver applies a change to later launches only)."""
+    from engine.fused import graphs
     from engine.fused.encoder import SMALL_BATCH_MAX_TOKENS
     from engine.fused.engine import FusedEngine
 
+    monkeypatch.setattr(graphs, "NATIVE_LAUNCH", native)
     one = FusedEngine.from_pretrained(CHECKPOINT, device="cuda", dtype="float16")
     three = FusedEngine(one.weights, "cuda", graph_staging=False)
     from engine.fused.packing import bucket_for
@@ -842,10 +846,16 @@ def test_graph_staging_one_launch_calls() -> None:
     batches = [packed(w, s) for w, s in [(1, 128), (3, 200), (1, 384), (8, 64), (1, 128),
                                          (12, 384)]]  # the last above STAGE_MAX_TOKENS
     (ids0, tt0, pos0, cu0, _), _, _ = batches[0]
-    with pytest.raises(ValueError, match="contiguous int32"):  # bare addresses: checked
+    with pytest.raises(ValueError, match="contiguous 1-D int32"):  # bare addresses: checked
         one._graphs.replay_into(bucket_for(128, 1, 128), ids0.long(), tt0, pos0, cu0)
-    with pytest.raises(ValueError, match="contiguous int32"):
+    entry = one._graphs._graphs[bucket_for(128, 1, 128)]
+    assert entry.args is not None and (entry.args.native is not None) == native
+    with pytest.raises(ValueError, match="contiguous 1-D int32"):
         one._graphs.replay_into(bucket_for(128, 1, 128), ids0, tt0[:-1], pos0, cu0)
+    with pytest.raises(ValueError, match="contiguous 1-D int32"):
+        one._graphs.replay_into(bucket_for(128, 1, 128), ids0.cpu(), tt0, pos0, cu0)
+    with pytest.raises(ValueError, match="does not fit"):
+        one._graphs.replay_into(bucket_for(64, 1, 64), ids0, tt0, pos0, cu0)
     with torch.inference_mode():
         for x, keep, host in batches:
             a, b = one._run_device(*x), three._run_device(*x)
@@ -924,11 +934,11 @@ def test_host_batches_read_and_answered_in_pinned_memory(
     assert (io.device[0][0], io.device[1]) == (io.inputs.data_ptr(), io.logits.data_ptr())
     eng.infer(*batches[0])
     # The last host call named the graph's own input buffer and the pinned logits.
-    assert entry.args._named == (entry.args.host_values, io.device[1])
+    assert entry.args.named == (entry.args.host_values, io.device[1])
     assert not eng._graphs.stages_itself(bucket_for(12 * 384, 12, 384))
     monkeypatch.setattr(graphs, "HOST_BATCH_COPIED", False)
     bus = [eng.infer(*b) for b in batches]
-    assert entry.args._named == io.device  # its last host call (batches[1]): the pinned batch too
+    assert entry.args.named == io.device  # its last host call (batches[1]): the pinned batch too
     monkeypatch.setattr(graphs, "HOST_BATCH_COPIED", True)
     monkeypatch.setattr(graphs, "HOST_ZERO_COPY", False)
     copied = [eng.infer(*b) for b in batches]

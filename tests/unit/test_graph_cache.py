@@ -112,8 +112,8 @@ def test_call_args_point_back_at_the_graph_buffers_once_per_switch() -> None:
 
 def test_staged_tensors_fit_refuses_what_a_kernel_would_misread() -> None:
     """``staged_tensors_fit`` (``replay_into``'s check before it hands bare addresses to a
-    graph): contiguous int32 ids, token types and positions of one length and int32
-    offsets, on the graph's device (CPU tensors report device -1); anything else is
+    graph): contiguous 1-D int32 ids, token types and positions of one length and int32
+    offsets (at least one), on the graph's device (CPU tensors report device -1); anything else is
     refused."""
     import torch
 
@@ -138,3 +138,5 @@ def test_staged_tensors_fit_refuses_what_a_kernel_would_misread() -> None:
         assert not staged_tensors_fit(*short, -1), ("length", i)
     flat = batch()
     assert not staged_tensors_fit(*(t.reshape(2, 4) for t in flat[:3]), flat[3], -1)
+    assert not staged_tensors_fit(*flat[:3], flat[3].reshape(1, 2), -1)  # 2-D offsets
+    assert not staged_tensors_fit(*flat[:3], flat[3][:0], -1)  # no offset at all

@@ -1,0 +1,357 @@
+// A call's path to its graph in compiled code: GraphCache.replay_into's tensor checks, the
+// first kernel's input arguments and the last kernel's output argument set in the
+// instantiated graph (cuGraphExecKernelNodeSetParams, only where they changed), and the
+// launch (cuGraphLaunch), in the graph's context. The Python version of the same path
+// (engine/fused/graphs.py, graph_args.py) stays as the fallback and the reference.
+//
+// A CPython extension on torch's C++ headers (to read a tensor's metadata without Python
+// attribute lookups); the driver is reached through function addresses the caller passes
+// (ctypes' view of libcuda), so the module links no CUDA library and builds on machines
+// without one. Built and loaded by engine/fused/staged_launch.py. The caller holds the
+// GIL throughout (never released here) and serialises calls (the engine's lock).
+#include <torch/csrc/autograd/python_variable.h>
+
+#include <cstdint>
+#include <cstring>
+
+namespace {
+
+using SetParamsFn = int (*)(void* exec, void* node, const void* params);
+using GraphLaunchFn = int (*)(void* exec, void* stream);
+using CtxGetFn = int (*)(void** context);
+using CtxSetFn = int (*)(void* context);
+
+constexpr int kMaxSlots = 8;
+constexpr int kStageArgs = 6;  // kernels.STAGE_ARGS: ids, tt, pos, cu addresses; tokens, seqs
+constexpr long long kNotInBucket = -1;
+constexpr long long kTensorsMisfit = -2;
+
+// Some arguments of one kernel node: where each lives in the parameter buffer its
+// CUDA_KERNEL_NODE_PARAMS points into, its size (4 or 8 bytes, little-endian), and the
+// values the driver last took (valid only after a set that succeeded).
+struct Node {
+  void* node = nullptr;
+  const void* params = nullptr;
+  int count = 0;
+  char* at[kMaxSlots] = {};
+  int size[kMaxSlots] = {};
+  int64_t last[kMaxSlots] = {};
+  bool valid = false;
+};
+
+struct StagedLaunch {
+  PyObject_HEAD
+  PyObject* owners;  // what owns the parameter buffers (kept alive with this object)
+  void* exec;
+  void* context;
+  int device;
+  SetParamsFn set_params;
+  GraphLaunchFn graph_launch;
+  CtxGetFn ctx_get;
+  CtxSetFn ctx_set;
+  Node stage;
+  Node output;
+  const char* failed;  // the driver call behind the last non-zero result
+};
+
+// The node's arguments for later launches: no driver call where they hold these already.
+int set_node(StagedLaunch* self, Node& n, const int64_t* values) {
+  if (n.valid && std::memcmp(n.last, values, sizeof(int64_t) * n.count) == 0) return 0;
+  for (int i = 0; i < n.count; ++i) std::memcpy(n.at[i], &values[i], n.size[i]);
+  n.valid = false;  // unknown until the driver has taken them
+  int result = self->set_params(self->exec, n.node, n.params);
+  if (result != 0) {
+    self->failed = "cuGraphExecKernelNodeSetParams";
+    return result;
+  }
+  std::memcpy(n.last, values, sizeof(int64_t) * n.count);
+  n.valid = true;
+  return 0;
+}
+
+int set_output(StagedLaunch* self, int64_t address) {
+  int64_t values[kMaxSlots];
+  for (int i = 0; i < self->output.count; ++i) values[i] = address;
+  return set_node(self, self->output, values);
+}
+
+// Makes the graph's context current where it is not; *previous gets what to restore.
+int enter(StagedLaunch* self, void** previous, bool* switched) {
+  *switched = false;
+  int result = self->ctx_get(previous);
+  if (result != 0) {
+    self->failed = "cuCtxGetCurrent";
+    return result;
+  }
+  if (*previous == self->context) return 0;
+  result = self->ctx_set(self->context);
+  if (result != 0) {
+    self->failed = "cuCtxSetCurrent";
+    return result;
+  }
+  *switched = true;
+  return 0;
+}
+
+int leave(StagedLaunch* self, void* previous, bool switched, int result) {
+  if (!switched) return result;
+  int restored = self->ctx_set(previous);
+  if (result == 0 && restored != 0) {
+    self->failed = "cuCtxSetCurrent";
+    return restored;
+  }
+  return result;
+}
+
+bool parse_slots(PyObject* slots, Node& n, int expected) {
+  PyObject* seq = PySequence_Fast(slots, "slots must be a sequence of (address, size)");
+  if (seq == nullptr) return false;
+  Py_ssize_t count = PySequence_Fast_GET_SIZE(seq);
+  if (count < 1 || count > kMaxSlots || (expected > 0 && count != expected)) {
+    Py_DECREF(seq);
+    PyErr_Format(PyExc_ValueError, "%zd argument slots (at most %d%s)", count, kMaxSlots,
+                 expected > 0 ? ", and exactly the six of STAGE_ARGS for the stage" : "");
+    return false;
+  }
+  for (Py_ssize_t i = 0; i < count; ++i) {
+    unsigned long long address = 0;
+    int size = 0;
+    if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, i), "Ki", &address, &size)) {
+      Py_DECREF(seq);
+      return false;
+    }
+    if (size != 4 && size != 8) {
+      Py_DECREF(seq);
+      PyErr_Format(PyExc_ValueError, "argument size %d (4 or 8 bytes)", size);
+      return false;
+    }
+    n.at[i] = reinterpret_cast<char*>(static_cast<uintptr_t>(address));
+    n.size[i] = size;
+  }
+  n.count = static_cast<int>(count);
+  Py_DECREF(seq);
+  return true;
+}
+
+void* as_pointer(unsigned long long value) {
+  return reinterpret_cast<void*>(static_cast<uintptr_t>(value));
+}
+
+int staged_init(PyObject* obj, PyObject* args, PyObject* kwargs) {
+  auto* self = reinterpret_cast<StagedLaunch*>(obj);
+  static const char* names[] = {"owners", "exec", "context", "device", "set_params",
+                                "graph_launch", "ctx_get", "ctx_set", "stage_node",
+                                "stage_params", "stage_slots", "output_node",
+                                "output_params", "output_slots", nullptr};
+  PyObject *owners = nullptr, *stage_slots = nullptr, *output_slots = nullptr;
+  unsigned long long exec = 0, context = 0, set_params = 0, graph_launch = 0, ctx_get = 0,
+                     ctx_set = 0, stage_node = 0, stage_params = 0, output_node = 0,
+                     output_params = 0;
+  int device = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OKKiKKKKKKOKKO", const_cast<char**>(names),
+                                   &owners, &exec, &context, &device, &set_params,
+                                   &graph_launch, &ctx_get, &ctx_set, &stage_node,
+                                   &stage_params, &stage_slots, &output_node, &output_params,
+                                   &output_slots)) {
+    return -1;
+  }
+  if (!exec || !context || !set_params || !graph_launch || !ctx_get || !ctx_set ||
+      !stage_params || !output_params) {
+    PyErr_SetString(PyExc_ValueError, "a null graph, context, driver function or parameters");
+    return -1;
+  }
+  Node stage, output;
+  if (!parse_slots(stage_slots, stage, kStageArgs) || !parse_slots(output_slots, output, 0)) {
+    return -1;
+  }
+  stage.node = as_pointer(stage_node);
+  stage.params = as_pointer(stage_params);
+  output.node = as_pointer(output_node);
+  output.params = as_pointer(output_params);
+  Py_INCREF(owners);
+  Py_XSETREF(self->owners, owners);
+  self->exec = as_pointer(exec);
+  self->context = as_pointer(context);
+  self->device = device;
+  self->set_params = reinterpret_cast<SetParamsFn>(as_pointer(set_params));
+  self->graph_launch = reinterpret_cast<GraphLaunchFn>(as_pointer(graph_launch));
+  self->ctx_get = reinterpret_cast<CtxGetFn>(as_pointer(ctx_get));
+  self->ctx_set = reinterpret_cast<CtxSetFn>(as_pointer(ctx_set));
+  self->stage = stage;
+  self->output = output;
+  self->failed = "";
+  return 0;
+}
+
+void staged_dealloc(PyObject* obj) {
+  auto* self = reinterpret_cast<StagedLaunch*>(obj);
+  Py_CLEAR(self->owners);
+  Py_TYPE(obj)->tp_free(obj);
+}
+
+// False, with a Python error set, where __init__ has not succeeded (null function pointers).
+bool ready(StagedLaunch* self) {
+  if (self->graph_launch != nullptr) return true;
+  PyErr_SetString(PyExc_RuntimeError, "StagedLaunch used before a successful __init__");
+  return false;
+}
+
+bool read_ints(PyObject* const* args, Py_ssize_t n, int64_t* out) {
+  for (Py_ssize_t i = 0; i < n; ++i) {
+    out[i] = static_cast<int64_t>(PyLong_AsLongLong(args[i]));
+    if (out[i] == -1 && PyErr_Occurred()) return false;
+  }
+  return true;
+}
+
+// name(ids, tt, pos, cu, tokens, seqs, out) -> CUresult: the inputs (STAGE_ARGS values) and
+// the output address of later launches (_CallArgs.name).
+PyObject* staged_name(PyObject* obj, PyObject* const* args, Py_ssize_t nargs) {
+  auto* self = reinterpret_cast<StagedLaunch*>(obj);
+  if (!ready(self)) return nullptr;
+  int64_t values[kStageArgs + 1];
+  if (nargs != kStageArgs + 1) {
+    PyErr_Format(PyExc_TypeError, "name takes %d integers", kStageArgs + 1);
+    return nullptr;
+  }
+  if (!read_ints(args, nargs, values)) return nullptr;
+  void* previous = nullptr;
+  bool switched = false;
+  int result = enter(self, &previous, &switched);
+  if (result == 0) {
+    result = set_node(self, self->stage, values);
+    if (result == 0) result = set_output(self, values[kStageArgs]);
+  }
+  return PyLong_FromLong(leave(self, previous, switched, result));
+}
+
+// name_output(out: Tensor) -> CUresult: the output of later launches, inputs as last named.
+PyObject* staged_name_output(PyObject* obj, PyObject* out) {
+  auto* self = reinterpret_cast<StagedLaunch*>(obj);
+  if (!ready(self)) return nullptr;
+  if (!THPVariable_Check(out)) {
+    PyErr_SetString(PyExc_TypeError, "name_output takes a tensor");
+    return nullptr;
+  }
+  int64_t address = reinterpret_cast<intptr_t>(THPVariable_Unpack(out).data_ptr());
+  void* previous = nullptr;
+  bool switched = false;
+  int result = enter(self, &previous, &switched);
+  if (result == 0) result = set_output(self, address);
+  return PyLong_FromLong(leave(self, previous, switched, result));
+}
+
+// Whether the tensors can be handed to the graph as bare addresses: graphs.staged_tensors_fit.
+bool staged_fit(const at::Tensor& ids, const at::Tensor& tt, const at::Tensor& pos,
+                const at::Tensor& cu, int device) {
+  const at::Tensor* all[4] = {&ids, &tt, &pos, &cu};
+  for (const at::Tensor* t : all) {
+    if (t->dim() != 1 || t->scalar_type() != at::kInt || t->get_device() != device ||
+        !t->is_contiguous()) {
+      return false;
+    }
+  }
+  return tt.size(0) == ids.size(0) && pos.size(0) == ids.size(0) && cu.size(0) >= 1;
+}
+
+// launch(ids, tt, pos, cu, out, max_tokens, max_seqs, stream) -> int: 0 launched,
+// -1 the batch does not fit the bucket, -2 the tensors do not fit (staged_fit), else the
+// CUresult of the driver call named by `failed`. Nothing is set or launched unless both fit.
+PyObject* staged_launch(PyObject* obj, PyObject* const* args, Py_ssize_t nargs) {
+  auto* self = reinterpret_cast<StagedLaunch*>(obj);
+  if (!ready(self)) return nullptr;
+  if (nargs != 8) {
+    PyErr_SetString(PyExc_TypeError,
+                    "launch(ids, tt, pos, cu, out, max_tokens, max_seqs, stream)");
+    return nullptr;
+  }
+  for (int i = 0; i < 5; ++i) {
+    if (!THPVariable_Check(args[i])) return PyLong_FromLongLong(kTensorsMisfit);
+  }
+  int64_t limits[3];
+  if (!read_ints(args + 5, 3, limits)) return nullptr;
+  const at::Tensor& ids = THPVariable_Unpack(args[0]);
+  const at::Tensor& tt = THPVariable_Unpack(args[1]);
+  const at::Tensor& pos = THPVariable_Unpack(args[2]);
+  const at::Tensor& cu = THPVariable_Unpack(args[3]);
+  if (!staged_fit(ids, tt, pos, cu, self->device)) return PyLong_FromLongLong(kTensorsMisfit);
+  int64_t tokens = ids.size(0), seqs = cu.size(0) - 1;
+  if (tokens > limits[0] || seqs > limits[1]) return PyLong_FromLongLong(kNotInBucket);
+  int64_t values[kStageArgs] = {
+      reinterpret_cast<intptr_t>(ids.data_ptr()), reinterpret_cast<intptr_t>(tt.data_ptr()),
+      reinterpret_cast<intptr_t>(pos.data_ptr()), reinterpret_cast<intptr_t>(cu.data_ptr()),
+      tokens, seqs};
+  int64_t out = reinterpret_cast<intptr_t>(THPVariable_Unpack(args[4]).data_ptr());
+  void* previous = nullptr;
+  bool switched = false;
+  int result = enter(self, &previous, &switched);
+  if (result == 0) result = set_node(self, self->stage, values);
+  if (result == 0) result = set_output(self, out);
+  if (result == 0) {
+    result = self->graph_launch(self->exec, as_pointer(static_cast<uint64_t>(limits[2])));
+    if (result != 0) self->failed = "cuGraphLaunch";
+  }
+  return PyLong_FromLong(leave(self, previous, switched, result));
+}
+
+PyObject* staged_failed(PyObject* obj, void*) {
+  return PyUnicode_FromString(reinterpret_cast<StagedLaunch*>(obj)->failed);
+}
+
+PyMethodDef staged_methods[] = {
+    {"launch", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(staged_launch)),
+     METH_FASTCALL, "launch(ids, tt, pos, cu, out, max_tokens, max_seqs, stream) -> int"},
+    {"name", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(staged_name)),
+     METH_FASTCALL, "name(ids, tt, pos, cu, tokens, seqs, out) -> CUresult"},
+    {"name_output", staged_name_output, METH_O, "name_output(out) -> CUresult"},
+    {nullptr, nullptr, 0, nullptr}};
+
+// ((ids, tt, pos, cu, tokens, seqs), out) the driver holds for later launches, or None
+// before both are set (_CallArgs.named).
+PyObject* staged_named(PyObject* obj, void*) {
+  auto* self = reinterpret_cast<StagedLaunch*>(obj);
+  if (!self->stage.valid || !self->output.valid) Py_RETURN_NONE;
+  const int64_t* v = self->stage.last;
+  return Py_BuildValue("((LLLLLL)L)", static_cast<long long>(v[0]), static_cast<long long>(v[1]),
+                       static_cast<long long>(v[2]), static_cast<long long>(v[3]),
+                       static_cast<long long>(v[4]), static_cast<long long>(v[5]),
+                       static_cast<long long>(self->output.last[0]));
+}
+
+PyGetSetDef staged_getset[] = {
+    {"failed", staged_failed, nullptr, "the driver call behind the last non-zero result",
+     nullptr},
+    {"named", staged_named, nullptr, "the inputs and output later launches get, or None",
+     nullptr},
+    {nullptr, nullptr, nullptr, nullptr, nullptr}};
+
+PyTypeObject StagedLaunchType = {PyVarObject_HEAD_INIT(nullptr, 0)};
+
+PyModuleDef module_def = {PyModuleDef_HEAD_INIT, "qa_staged_launch",
+                          "A staged graph launch in compiled code (GraphCache.replay_into).",
+                          -1, nullptr};
+
+}  // namespace
+
+PyMODINIT_FUNC PyInit_qa_staged_launch() {
+  StagedLaunchType.tp_name = "qa_staged_launch.StagedLaunch";
+  StagedLaunchType.tp_basicsize = sizeof(StagedLaunch);
+  StagedLaunchType.tp_flags = Py_TPFLAGS_DEFAULT;
+  StagedLaunchType.tp_doc = "One graph's staged call path (see engine/fused/staged_launch.py).";
+  StagedLaunchType.tp_new = PyType_GenericNew;
+  StagedLaunchType.tp_init = staged_init;
+  StagedLaunchType.tp_dealloc = staged_dealloc;
+  StagedLaunchType.tp_methods = staged_methods;
+  StagedLaunchType.tp_getset = staged_getset;
+  if (PyType_Ready(&StagedLaunchType) < 0) return nullptr;
+  PyObject* module = PyModule_Create(&module_def);
+  if (module == nullptr) return nullptr;
+  Py_INCREF(&StagedLaunchType);
+  if (PyModule_AddObject(module, "StagedLaunch",
+                         reinterpret_cast<PyObject*>(&StagedLaunchType)) < 0) {
+    Py_DECREF(&StagedLaunchType);
+    Py_DECREF(module);
+    return nullptr;
+  }
+  return module;
+}

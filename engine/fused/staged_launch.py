@@ -1,0 +1,149 @@
+"""A staged call's path to its graph in compiled code (``cpp/staged_launch.cpp``).
+
+:meth:`GraphCache.replay_into` checks the caller's tensors, names them to the graph (the
+first kernel's input arguments, the last kernel's output argument, where they changed) and
+launches it. In Python that path took ~5.5 µs of host time before the launch on the H200's
+host, about twice that right after a wait on the GPU (``benchmarks/call_pieces.py``, v33),
+and each of those µs delays the GPU's start. :class:`StagedLaunch` (the extension's type)
+does the same in one call: the tensors' metadata read in C++ (torch's headers), the
+driver reached through the addresses of ctypes' libcuda functions, so the extension links
+no CUDA library and builds on any machine with a C++ compiler and torch.
+
+The extension is compiled on first use (:func:`load`: ~10-25 s, once per source, Python and
+torch version) into ``build/native``, with the compiler the environment names (``CXX``,
+else ``c++``). Where it cannot be built or loaded, :func:`make` warns once and returns None,
+and the engine keeps the Python path, which stays the reference.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import importlib.util
+import os
+import shlex
+import subprocess
+import sys
+import sysconfig
+import threading
+import warnings
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+SOURCE = Path(__file__).resolve().parent / "cpp" / "staged_launch.cpp"
+BUILD_DIR = Path(__file__).resolve().parents[2] / "build" / "native"
+MODULE = "qa_staged_launch"
+NOT_IN_BUCKET, TENSORS_MISFIT = -1, -2  # StagedLaunch.launch's refusals (else a CUresult)
+
+_lock = threading.Lock()
+_module: ModuleType | None = None
+_failure: str | None = None  # why the last attempt to build or load failed
+
+
+def compile_command(source: Path, target: Path) -> list[str]:
+    """The compiler command that builds ``source`` into the extension ``target``, against
+    this process's Python and torch (torch's own include and library paths and C++ ABI)."""
+    import torch
+    from torch.utils import cpp_extension
+
+    compiler = shlex.split(os.environ.get("CXX", "c++"))
+    includes = [*cpp_extension.include_paths(), sysconfig.get_paths()["include"]]
+    libraries = cpp_extension.library_paths()
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    return [*compiler, "-O2", "-std=c++20", "-shared", "-fPIC", "-w",
+            f"-D_GLIBCXX_USE_CXX11_ABI={abi}", *(f"-I{d}" for d in includes),
+            str(source), "-o", str(target), *(f"-L{d}" for d in libraries),
+            *(f"-Wl,-rpath,{d}" for d in libraries), "-ltorch_python", "-ltorch",
+            "-ltorch_cpu", "-lc10"]
+
+
+def target_path(build_dir: Path = BUILD_DIR, source: Path = SOURCE) -> Path:
+    """Where the extension of this source, Python and torch lives: a name per build."""
+    import torch
+
+    key = hashlib.sha1(source.read_bytes())
+    key.update(f"{sys.version}|{torch.__version__}|{os.environ.get('CXX', 'c++')}".encode())
+    suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
+    return build_dir / f"{MODULE}-{key.hexdigest()[:12]}{suffix}"
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    """Exclusive across processes (two test workers, two engines' first captures)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def build(build_dir: Path = BUILD_DIR, source: Path = SOURCE) -> Path:
+    """The extension's path, compiled first where it is missing. RuntimeError with the
+    compiler's output where compiling fails."""
+    target = target_path(build_dir, source)
+    if target.is_file():
+        return target
+    with _file_lock(target.with_suffix(".lock")):
+        if target.is_file():  # built by another process meanwhile
+            return target
+        partial = target.with_name(f"{target.name}.{os.getpid()}.partial")
+        command = compile_command(source, partial)
+        try:
+            done = subprocess.run(command, capture_output=True, text=True, check=False)
+        except OSError as exc:  # no compiler at all
+            raise RuntimeError(f"cannot run the C++ compiler {command[0]!r}: {exc}") from exc
+        if done.returncode != 0:
+            partial.unlink(missing_ok=True)
+            raise RuntimeError(f"compiling {source.name} failed ({shlex.join(command)}):\n"
+                               f"{(done.stderr or done.stdout)[-2000:]}")
+        os.replace(partial, target)
+    return target
+
+
+def load(build_dir: Path = BUILD_DIR) -> ModuleType:
+    """The extension module, built where needed and loaded once per process."""
+    global _module
+    with _lock:
+        if _module is None:
+            path = build(build_dir)
+            spec = importlib.util.spec_from_file_location(MODULE, path)
+            if spec is None or spec.loader is None:
+                raise RuntimeError(f"{path} is not a loadable extension")
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+            _module = module
+        return _module
+
+
+def available() -> bool:
+    """Whether the extension builds and loads here (the first call may compile it); the
+    reason it does not is kept for :func:`make`'s warning."""
+    global _failure
+    try:
+        load()
+    except (RuntimeError, OSError, ImportError) as exc:
+        _failure = str(exc)
+        return False
+    return True
+
+
+_warned = False
+
+
+def make(**fields: Any) -> Any | None:
+    """A ``StagedLaunch`` of the given fields (see ``staged_init`` in the source), or None
+    with one warning per process where the extension is not available here."""
+    global _warned
+    if not available():
+        if not _warned:
+            _warned = True
+            warnings.warn(f"the compiled staged launch is not available ({_failure}); calls "
+                          "on device tensors take the Python path (a few µs more host time "
+                          "each)", RuntimeWarning, stacklevel=2)
+        return None
+    return load().StagedLaunch(**fields)

@@ -1,0 +1,260 @@
+"""The compiled call path (``engine/fused/cpp/staged_launch.cpp``), built here with the
+machine's C++ compiler against CPU torch.
+
+There is no CUDA driver on CI machines, so the driver functions it is given are Python
+callbacks that record each call and can fail on demand; the real driver is exercised by
+the GPU suite (``tests/gpu/test_fused_gpu.py``: the staged calls on both paths). CPU
+tensors report device -1, which the object is built for here.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from engine.fused import staged_launch  # noqa: E402
+from engine.fused.graphs import staged_tensors_fit  # noqa: E402
+
+pytestmark = pytest.mark.skipif(shutil.which("c++") is None, reason="no C++ compiler (c++)")
+
+_SET = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
+_LAUNCH = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
+_CTX_GET = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(ctypes.c_void_p))
+_CTX_SET = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
+
+EXEC, CONTEXT, STAGE_NODE, OUTPUT_NODE = 0x1000, 0x2000, 0x3000, 0x4000
+STAGE_OFFSETS = [(0, 8), (8, 8), (16, 8), (24, 8), (32, 4), (36, 4)]  # kernels.STAGE_ARGS
+OUTPUT_OFFSETS = [(0, 8), (16, 8)]  # one address for two arguments (graph_args.pointer_arg)
+
+
+class Driver:
+    """The four driver functions as recording callbacks over two parameter buffers."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+        self.current = 0  # the thread's current context (0: none)
+        self.fail: dict[str, int] = {}  # function -> CUresult to return
+        self.stage_buffer = ctypes.create_string_buffer(40)
+        self.output_buffer = ctypes.create_string_buffer(24)
+        self.stage_params = ctypes.create_string_buffer(8)  # stand-ins: only their address
+        self.output_params = ctypes.create_string_buffer(8)
+
+        def set_params(exec_: int, node: int, params: int) -> int:
+            buffer = self.stage_buffer if node == STAGE_NODE else self.output_buffer
+            self.calls.append(("set", exec_, node, params, buffer.raw))
+            return self.fail.get("set", 0)
+
+        def launch(exec_: int, stream: int | None) -> int:
+            self.calls.append(("launch", exec_, stream or 0))
+            return self.fail.get("launch", 0)
+
+        def ctx_get(out: Any) -> int:
+            out[0] = self.current or None
+            return self.fail.get("ctx_get", 0)
+
+        def ctx_set(context: int | None) -> int:
+            self.calls.append(("ctx", context or 0))
+            self.current = context or 0
+            return 0
+
+        self._callbacks = (_SET(set_params), _LAUNCH(launch), _CTX_GET(ctx_get),
+                           _CTX_SET(ctx_set))
+
+    def fields(self, **over: Any) -> dict[str, Any]:
+        stage = ctypes.addressof(self.stage_buffer)
+        output = ctypes.addressof(self.output_buffer)
+        addresses = [ctypes.cast(f, ctypes.c_void_p).value for f in self._callbacks]
+        fields = dict(
+            owners=(self.stage_buffer, self.output_buffer), exec=EXEC, context=CONTEXT,
+            device=-1, set_params=addresses[0], graph_launch=addresses[1],
+            ctx_get=addresses[2], ctx_set=addresses[3], stage_node=STAGE_NODE,
+            stage_params=ctypes.addressof(self.stage_params),
+            stage_slots=[(stage + o, n) for o, n in STAGE_OFFSETS], output_node=OUTPUT_NODE,
+            output_params=ctypes.addressof(self.output_params),
+            output_slots=[(output + o, n) for o, n in OUTPUT_OFFSETS])
+        return fields | over
+
+    def stage_values(self) -> tuple[int, ...]:
+        raw = self.stage_buffer.raw
+        return tuple(int.from_bytes(raw[o:o + n], "little", signed=n == 4)
+                     for o, n in STAGE_OFFSETS)
+
+    def output_values(self) -> tuple[int, ...]:
+        raw = self.output_buffer.raw
+        return tuple(int.from_bytes(raw[o:o + n], "little") for o, n in OUTPUT_OFFSETS)
+
+    def kinds(self) -> list[tuple[Any, ...]]:
+        return [(c[0], c[2]) if c[0] == "set" else c for c in self.calls]
+
+
+@pytest.fixture(scope="module")
+def module() -> Any:
+    return staged_launch.load()
+
+
+@pytest.fixture()
+def driver() -> Driver:
+    return Driver()
+
+
+def _batch(tokens: int = 8) -> list[Any]:
+    return [torch.arange(tokens, dtype=torch.int32) for _ in range(3)] + [
+        torch.tensor([0, tokens - 3, tokens], dtype=torch.int32)]
+
+
+def test_a_launch_names_the_tensors_then_launches(module: Any, driver: Driver) -> None:
+    staged = module.StagedLaunch(**driver.fields())
+    batch, out = _batch(), torch.zeros(2, 16)
+    assert staged.launch(*batch, out, 16, 4, 0x77) == 0
+    # The graph's context made current for the driver calls, and left as it was (none).
+    assert driver.kinds() == [("ctx", CONTEXT), ("set", STAGE_NODE), ("set", OUTPUT_NODE),
+                              ("launch", EXEC, 0x77), ("ctx", 0)]
+    assert driver.calls[1][3] == ctypes.addressof(driver.stage_params)
+    assert driver.stage_values() == (*(t.data_ptr() for t in batch), 8, 2)
+    assert driver.output_values() == (out.data_ptr(),) * 2
+    assert staged.named == ((*(t.data_ptr() for t in batch), 8, 2), out.data_ptr())
+    # The same tensors again, in the graph's context already: the launch alone.
+    driver.calls.clear()
+    driver.current = CONTEXT
+    assert staged.launch(*batch, out, 16, 4, 0x77) == 0
+    assert driver.kinds() == [("launch", EXEC, 0x77)]
+    # New inputs, same output: only the first kernel's arguments are set.
+    driver.calls.clear()
+    other = _batch()
+    assert staged.launch(other[0], *batch[1:], out, 16, 4, 0) == 0
+    assert driver.kinds() == [("set", STAGE_NODE), ("launch", EXEC, 0)]
+    assert driver.stage_values()[0] == other[0].data_ptr()
+
+
+def test_refusals_match_the_python_check(module: Any, driver: Driver) -> None:
+    """Every batch ``staged_tensors_fit`` refuses is refused (TENSORS_MISFIT) before any
+    driver call, and the ones it accepts are launched."""
+    staged = module.StagedLaunch(**driver.fields())
+    out = torch.zeros(2, 16)
+    cases: list[list[Any]] = [_batch()]
+    for i in range(4):
+        for change in (lambda t: t.long(), lambda t: t.float(),
+                       lambda t: torch.zeros(2 * t.shape[0], dtype=torch.int32)[::2],
+                       lambda t: t.reshape(1, -1), lambda t: t[:0]):
+            case = _batch()
+            case[i] = change(case[i])
+            cases.append(case)
+    for i in range(3):
+        short = _batch()
+        short[i] = short[i][:7]
+        cases.append(short)
+    for case in cases:
+        driver.calls.clear()
+        fits = staged_tensors_fit(*case, -1)
+        result = staged.launch(*case, out, 16, 16, 0)
+        assert result == (0 if fits else staged_launch.TENSORS_MISFIT), case
+        assert bool(driver.calls) == fits
+    driver.calls.clear()
+    assert staged.launch(_batch()[0].tolist(), *_batch()[1:], out, 16, 4, 0) == \
+        staged_launch.TENSORS_MISFIT  # not a tensor
+    assert not staged_tensors_fit(*_batch(), 0)  # another device, both ways
+    assert module.StagedLaunch(**driver.fields(device=0)).launch(*_batch(), out, 16, 4, 0) \
+        == staged_launch.TENSORS_MISFIT
+    assert driver.calls == []
+
+
+def test_a_batch_larger_than_the_bucket_is_refused(module: Any, driver: Driver) -> None:
+    staged = module.StagedLaunch(**driver.fields())
+    out = torch.zeros(2, 16)
+    assert staged.launch(*_batch(8), out, 7, 4, 0) == staged_launch.NOT_IN_BUCKET
+    assert staged.launch(*_batch(8), out, 8, 1, 0) == staged_launch.NOT_IN_BUCKET  # 2 seqs
+    assert driver.calls == []
+    assert staged.launch(*_batch(8), out, 8, 2, 0) == 0
+
+
+def test_a_failed_set_is_redone_and_the_context_restored(module: Any,
+                                                         driver: Driver) -> None:
+    staged = module.StagedLaunch(**driver.fields())
+    batch, out = _batch(), torch.zeros(2, 16)
+    driver.current = 0x9000  # another context current in this thread
+    driver.fail["set"] = 700
+    assert staged.launch(*batch, out, 16, 4, 0) == 700
+    assert staged.failed == "cuGraphExecKernelNodeSetParams"
+    assert driver.kinds() == [("ctx", CONTEXT), ("set", STAGE_NODE), ("ctx", 0x9000)]
+    assert staged.named is None
+    del driver.fail["set"]
+    driver.calls.clear()
+    assert staged.launch(*batch, out, 16, 4, 0) == 0  # set again: the driver took nothing
+    assert [k for k in driver.kinds() if k[0] == "set"] == [("set", STAGE_NODE),
+                                                             ("set", OUTPUT_NODE)]
+    driver.fail["launch"] = 719
+    assert staged.launch(*batch, out, 16, 4, 0) == 719
+    assert staged.failed == "cuGraphLaunch"
+    assert driver.current == 0x9000
+    driver.fail = {"ctx_get": 201}
+    driver.calls.clear()
+    assert staged.launch(*batch, out, 16, 4, 0) == 201
+    assert staged.failed == "cuCtxGetCurrent" and driver.calls == []
+
+
+def test_name_and_name_output(module: Any, driver: Driver) -> None:
+    """``name`` (``_CallArgs.name``: the host path's buffers) sets what changed;
+    ``name_output`` (the next call's output) keeps the inputs last named."""
+    staged = module.StagedLaunch(**driver.fields())
+    values = (11, 22, 33, 44, 128, 1)
+    assert staged.name(*values, 55) == 0
+    assert driver.stage_values() == values and driver.output_values() == (55, 55)
+    driver.calls.clear()
+    assert staged.name(*values, 55) == 0
+    assert driver.kinds() == [("ctx", CONTEXT), ("ctx", 0)]  # no set
+    out = torch.zeros(2, 4)
+    driver.calls.clear()
+    assert staged.name_output(out) == 0
+    assert [k for k in driver.kinds() if k[0] == "set"] == [("set", OUTPUT_NODE)]
+    assert staged.named == (values, out.data_ptr())
+    with pytest.raises(TypeError):
+        staged.name(*values)
+    with pytest.raises(TypeError):
+        staged.name_output(55)
+
+
+def test_bad_construction_is_refused(module: Any, driver: Driver) -> None:
+    fields = driver.fields()
+    with pytest.raises(ValueError, match="six"):
+        module.StagedLaunch(**fields | {"stage_slots": fields["stage_slots"][:5]})
+    with pytest.raises(ValueError, match="size 2"):
+        module.StagedLaunch(**fields | {"output_slots": [(fields["output_slots"][0][0], 2)]})
+    with pytest.raises(ValueError, match="null"):
+        module.StagedLaunch(**fields | {"exec": 0})
+    with pytest.raises(RuntimeError, match="__init__"):
+        module.StagedLaunch.__new__(module.StagedLaunch).launch(*_batch(), None, 1, 1, 0)
+
+
+def test_the_build_is_keyed_by_source_and_failures_name_the_compiler_output(
+        tmp_path: Path) -> None:
+    source = tmp_path / "broken.cpp"
+    source.write_text("int main( {\n")
+    other = tmp_path / "other.cpp"
+    other.write_text("int main( {}\n")
+    assert staged_launch.target_path(tmp_path, source) != staged_launch.target_path(
+        tmp_path, other)
+    command = staged_launch.compile_command(source, tmp_path / "x.so")
+    assert str(source) in command and "-ltorch_python" in command
+    with pytest.raises(RuntimeError, match=r"compiling broken\.cpp failed"):
+        staged_launch.build(tmp_path, source)
+    assert not list(tmp_path.glob("*.partial")) and not list(tmp_path.glob("*.so"))
+
+
+def test_make_falls_back_with_one_warning(monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_compiler(build_dir: Path = staged_launch.BUILD_DIR) -> Any:
+        raise RuntimeError("cannot run the C++ compiler 'c++'")
+
+    monkeypatch.setattr(staged_launch, "load", no_compiler)
+    monkeypatch.setattr(staged_launch, "_warned", False)
+    with pytest.warns(RuntimeWarning, match="Python path"):
+        assert staged_launch.make() is None
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert staged_launch.make() is None  # warned once per process
