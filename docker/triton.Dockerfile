@@ -167,6 +167,13 @@ RUN python3 -m pip install --no-cache-dir --index-url "${TORCH_INDEX_URL}" \
 COPY --from=cuda-libs /src/build/cuda/libqa_fp8_blockwise.so \
      /src/build/cuda/libqa_small_gemm.so \
      build/cuda/
+# The compiled call path (engine/fused/staged_launch.py), built now against this image's
+# Python and torch into build/native: at run time the root filesystem is read-only (the
+# engine would otherwise compile it on first use, or fall back to its Python path).
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends g++ python3-dev \
+    && python3 -c "from engine.fused import staged_launch; print(staged_launch.build())" \
+    && rm -rf /var/lib/apt/lists/*
 ENV BERT_QA_ENGINE=fused \
     BERT_QA_DEVICE=cuda
 USER 10001:10001

@@ -294,3 +294,23 @@ def test_triton_gpu_image_ships_the_engines_cuda_libraries() -> None:
     # /opt/qa is the repository root in the image: the engine's build/cuda resolves there.
     assert stage(TRITON, "runtime-cpu").all("WORKDIR")[-1].args == "/opt/qa"
     assert native.BUILD_DIR.relative_to(native.BUILD_DIR.parents[1]).as_posix() + "/" == dest
+
+
+def test_triton_gpu_image_builds_the_compiled_call_path() -> None:
+    """The GPU image builds ``staged_launch``'s extension after installing torch and as
+    root (the runtime user cannot write, nor the runtime compile: read-only root), into
+    the engine's ``build/native`` under /opt/qa."""
+    from engine.fused import staged_launch
+
+    gpu = stage(TRITON, "runtime-gpu")
+    runs = gpu.all("RUN")
+    (torch_install,) = [i for i in runs if '"torch==' in i.args]
+    (built,) = [i for i in runs if "staged_launch.build()" in i.args]
+    assert runs.index(torch_install) < runs.index(built)
+    assert "g++" in built.args and "python3-dev" in built.args
+    users = gpu.all("USER")
+    before = [u.args for u in users if gpu.instructions.index(u) < gpu.instructions.index(built)]
+    assert before and before[-1] == "0:0", "built as root: the runtime user cannot write"
+    assert staged_launch.BUILD_DIR.relative_to(staged_launch.BUILD_DIR.parents[1]).as_posix() \
+        == "build/native"
+    assert stage(TRITON, "runtime-cpu").all("WORKDIR")[-1].args == "/opt/qa"
