@@ -122,8 +122,11 @@ def load(build_dir: Path = BUILD_DIR) -> ModuleType:
 
 def available() -> bool:
     """Whether the extension builds and loads here (the first call may compile it); the
-    reason it does not is kept for :func:`make`'s warning."""
+    reason it does not is kept for :func:`make`'s warning, and no later call tries again
+    (a failing compile would otherwise cost every graph capture its time)."""
     global _failure
+    if _failure is not None:
+        return False
     try:
         load()
     except (RuntimeError, OSError, ImportError) as exc:

@@ -247,14 +247,20 @@ def test_the_build_is_keyed_by_source_and_failures_name_the_compiler_output(
     assert not list(tmp_path.glob("*.partial")) and not list(tmp_path.glob("*.so"))
 
 
-def test_make_falls_back_with_one_warning(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_make_falls_back_with_one_warning_and_one_attempt(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    attempts = []
+
     def no_compiler(build_dir: Path = staged_launch.BUILD_DIR) -> Any:
+        attempts.append(build_dir)
         raise RuntimeError("cannot run the C++ compiler 'c++'")
 
     monkeypatch.setattr(staged_launch, "load", no_compiler)
     monkeypatch.setattr(staged_launch, "_warned", False)
-    with pytest.warns(RuntimeWarning, match="Python path"):
+    monkeypatch.setattr(staged_launch, "_failure", None)
+    with pytest.warns(RuntimeWarning, match=r"C\+\+ compiler.*Python path"):
         assert staged_launch.make() is None
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert staged_launch.make() is None  # warned once per process
+    assert len(attempts) == 1  # and built once: a failed compile is not redone
