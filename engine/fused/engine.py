@@ -492,14 +492,23 @@ class FusedEngine:
         tensors."""
         t, b = ids.shape[0], cu.shape[0] - 1
         with self._lock:
+            graphs = self._graphs
+            if graphs is not None and self._recorder is None:
+                # A batch size already replayed into a bucket that stages itself: the
+                # same bucket, without the lookup (~0.7 µs of the call's path).
+                known = graphs.routes.get((t, b, max_seqlen))
+                if known is not None:
+                    return graphs.replay_into(known, ids, tt, pos, cu)
             bucket = self._graph_bucket(t, b, max_seqlen)
-            if bucket is None or self._graphs is None:
+            if bucket is None or graphs is None:
                 return self._forward(ids, tt, pos, cu, b, max_seqlen)
-            if self._graphs.stages_itself(bucket):  # one launch, nothing around it
-                return self._graphs.replay_into(bucket, ids, tt, pos, cu)
+            if graphs.stages_itself(bucket):  # one launch, nothing around it
+                logits = graphs.replay_into(bucket, ids, tt, pos, cu)
+                graphs.remember_route((t, b, max_seqlen), bucket)
+                return logits
             # Rows past t keep earlier batches' (valid) tokens: they belong to no sequence.
-            self.ops.stage_inputs(self._graphs.inputs(bucket), bucket.tokens, ids, tt, pos, cu)
-            return self._graphs.replay(bucket)[:, :t].clone()
+            self.ops.stage_inputs(graphs.inputs(bucket), bucket.tokens, ids, tt, pos, cu)
+            return graphs.replay(bucket)[:, :t].clone()
 
     def _check_host(self, p: PackedHost) -> None:
         cfg = self.config

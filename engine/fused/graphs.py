@@ -70,6 +70,10 @@ HOST_ZERO_COPY = True
 # the batch copied in first, 313-320).
 HOST_BATCH_COPIED = True
 
+# Batch sizes the engine remembers the bucket of (``GraphCache.routes``), as
+# ``packing.bucket_for`` caches its own answers.
+MAX_ROUTES = 4096
+
 # Calls on device tensors (``GraphCache.replay_into``) take the compiled path
 # (``staged_launch``: checks, argument sets and launch in one call) where it builds here;
 # False: the Python path, also the fallback (for A/B measurements).
@@ -244,6 +248,15 @@ class GraphCache:
         self._context = Context(self._index)
         # The stream of the last call, raw and as torch's object (see ``_follow``).
         self._last: tuple[int, torch.cuda.Stream] | None = None
+        # (tokens, seqs, max_seqlen) of calls already replayed into a bucket that stages
+        # itself -> that bucket: the engine's shortcut past its bucket lookup (filled by
+        # ``remember_route``, bounded; it lives as long as the graphs it names).
+        self.routes: dict[tuple[int, int, int], Bucket] = {}
+
+    def remember_route(self, key: tuple[int, int, int], bucket: Bucket) -> None:
+        """``routes[key] = bucket`` once the bucket's graph exists, up to ``MAX_ROUTES``."""
+        if bucket in self._graphs and len(self.routes) < MAX_ROUTES:
+            self.routes[key] = bucket
 
     def stages_itself(self, bucket: Bucket) -> bool:
         """Whether a call names its tensors to the bucket's graph (:meth:`replay_into`)."""
@@ -316,8 +329,9 @@ class GraphCache:
         entry = self._graphs.get(bucket) or self._capture(bucket)
         assert entry.args is not None, \
             "replay_into needs a GraphCache with stage_args and a bucket that stages itself"
-        if entry.args.native is not None:
-            return self._replay_native(entry, bucket, ids, tt, pos, cu)
+        native = entry.args.native
+        if native is not None:
+            return self._replay_native(native, entry, bucket, ids, tt, pos, cu)
         t, b = ids.shape[0], cu.shape[0] - 1
         if t > bucket.tokens or b > bucket.seqs:
             raise ValueError(f"batch ({t} tokens, {b} sequences) does not fit {bucket}")
@@ -348,14 +362,15 @@ class GraphCache:
         entry.spare, entry.spare_stream = spare, stream
         return out if t == bucket.tokens else out[:, :t]
 
-    def _replay_native(self, entry: _Captured, bucket: Bucket, ids: torch.Tensor,
+    def _replay_native(self, native: Any, entry: _Captured, bucket: Bucket, ids: torch.Tensor,
                        tt: torch.Tensor, pos: torch.Tensor, cu: torch.Tensor) -> torch.Tensor:
-        """:meth:`replay_into` through the compiled path: the same checks, argument sets
-        and launch in one call (which enters the graph's context itself)."""
-        native = entry.args.native if entry.args is not None else None
-        assert native is not None
+        """:meth:`replay_into` through the compiled path (``native``, the entry's): the
+        same checks, argument sets and launch in one call (which enters the graph's
+        context itself)."""
         stream = self._current_stream()
-        self._follow(stream)
+        last = self._last
+        if last is None or last[0] != stream:
+            self._follow(stream)
         out = entry.spare
         if out is None or entry.spare_stream != stream:  # the spare belongs to its stream
             out = torch.empty((2, bucket.tokens), device=self._device, dtype=torch.float32)

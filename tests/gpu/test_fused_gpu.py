@@ -869,6 +869,12 @@ def test_graph_staging_one_launch_calls(native: bool, monkeypatch: pytest.Monkey
         torch.cuda.synchronize()
     for i, g in enumerate(got):
         assert close(g, want[i % len(batches)]), i
+    # Repeated batch sizes went straight to their bucket (GraphCache.routes): the staged
+    # ones, not the one above STAGE_MAX_TOKENS.
+    routes = one._graphs.routes
+    for x, _, _ in batches:
+        key = (x[0].shape[0], x[3].shape[0] - 1, x[4])
+        assert (key in routes) == one._graphs.stages_itself(bucket_for(*key)), key
 
 
 def test_host_batches_read_and_answered_in_pinned_memory(

@@ -140,3 +140,22 @@ def test_staged_tensors_fit_refuses_what_a_kernel_would_misread() -> None:
     assert not staged_tensors_fit(*(t.reshape(2, 4) for t in flat[:3]), flat[3], -1)
     assert not staged_tensors_fit(*flat[:3], flat[3].reshape(1, 2), -1)  # 2-D offsets
     assert not staged_tensors_fit(*flat[:3], flat[3][:0], -1)  # no offset at all
+
+
+def test_routes_are_remembered_for_captured_buckets_only_and_bounded(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``GraphCache.remember_route``: the engine's shortcut from a batch size to its bucket
+    is kept only once the bucket's graph exists, and up to ``MAX_ROUTES`` sizes."""
+    from engine.fused import graphs
+    from engine.fused.packing import bucket_for
+
+    cache = graphs.GraphCache.__new__(graphs.GraphCache)  # no GPU: the two dicts alone
+    cache._graphs, cache.routes = {}, {}
+    bucket = bucket_for(100, 1, 100)
+    cache.remember_route((100, 1, 100), bucket)
+    assert cache.routes == {}  # not captured
+    cache._graphs[bucket] = object()  # type: ignore[assignment]
+    monkeypatch.setattr(graphs, "MAX_ROUTES", 2)
+    for t in (100, 101, 102):
+        cache.remember_route((t, 1, 100), bucket)
+    assert cache.routes == {(100, 1, 100): bucket, (101, 1, 100): bucket}
