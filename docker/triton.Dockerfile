@@ -167,9 +167,12 @@ RUN python3 -m pip install --no-cache-dir --index-url "${TORCH_INDEX_URL}" \
 COPY --from=cuda-libs /src/build/cuda/libqa_fp8_blockwise.so \
      /src/build/cuda/libqa_small_gemm.so \
      build/cuda/
-# The compiled call path (engine/fused/staged_launch.py), built now against this image's
-# Python and torch into build/native: at run time the root filesystem is read-only (the
-# engine would otherwise compile it on first use, or fall back to its Python path).
+# A C compiler and Python's headers: OpenAI Triton builds its kernel launcher (a Python
+# extension) with them at run time, and the engine's compiled call path
+# (engine/fused/staged_launch.py) is built with them now, against this image's Python and
+# torch, into build/native (at run time the root filesystem is read-only; without it the
+# engine would take its Python path). The packages follow the base image's Ubuntu release.
+# hadolint ignore=DL3008
 RUN apt-get update \
     && apt-get install -y --no-install-recommends g++ python3-dev \
     && python3 -c "from engine.fused import staged_launch; print(staged_launch.build())" \

@@ -298,8 +298,9 @@ def test_triton_gpu_image_ships_the_engines_cuda_libraries() -> None:
 
 def test_triton_gpu_image_builds_the_compiled_call_path() -> None:
     """The GPU image builds ``staged_launch``'s extension after installing torch and as
-    root (the runtime user cannot write, nor the runtime compile: read-only root), into
-    the engine's ``build/native`` under /opt/qa."""
+    root (the runtime user cannot write there: read-only root), into the engine's
+    ``build/native`` under /opt/qa, with the C compiler and Python headers that OpenAI
+    Triton's launcher build also needs at run time."""
     from engine.fused import staged_launch
 
     gpu = stage(TRITON, "runtime-gpu")
