@@ -12,7 +12,9 @@ the raw stream, the stream ordering, the argument values, the context check, the
 comparison; then
 ``torch.empty`` (the next call's output, made after the launch), a few tensor accessors,
 and the whole of ``_run_device`` and of ``replay_into`` with the launch a no-op (the
-spare output still made and named). Best of ``--rounds`` repeats of ``--calls`` calls, µs.
+spare output still made and named; since v34 ``_run_device`` skips the bucket lookup for a
+batch size it has served, ``GraphCache.routes``, so its row no longer holds that piece).
+Best of ``--rounds`` repeats of ``--calls`` calls, µs.
 These are the pieces of the Python path (``graphs.NATIVE_LAUNCH`` off here): since v34 a
 call takes the compiled path (``engine.fused.staged_launch``) where it builds, which does
 the checks, argument values, context check, argument sets and launch in one call;

@@ -26,11 +26,15 @@ Random weights (fp16); interleaved over rounds; prints a table, writes JSON. Row
   ``run_host`` uses) before a launch to pinned logits, each copy alone, and ``run_host``
   itself (which waits inside: its end event holds the host's return too, so those rows
   are not the GPU's time);
-- pieces, the mean of a loop: the bucket lookup, an output tensor's allocation (since
-  v25 made after the launch, for the next call), two driver sets of the per-call kernel
-  arguments through ``_CallArgs.name``, the bucket layout written into the pinned
-  buffer, torch's current-stream object and stream synchronisation (v25's ``run_host``)
-  against the raw stream and the driver's wait (since v26), the context check.
+- pieces, the mean of a loop: the bucket lookup (which ``_run_device`` skips since v34
+  for a batch size it has served), an output tensor's allocation (since v25 made after
+  the launch, for the next call), two driver sets of the per-call kernel arguments
+  through ``_CallArgs.name`` (since v34 in compiled code where it builds: a context query
+  and the comparison with the sets; ``--steps`` takes the Python path throughout, so its
+  rows compare with runs of v33 and before, not with runs without it), the bucket layout
+  written into the pinned buffer, torch's current-stream object and stream
+  synchronisation (v25's ``run_host``) against the raw stream and the driver's wait
+  (since v26), the context check.
 
 With ``--steps`` also the steps inside each variant's calls (their wrappers add ~0.3 µs
 each).

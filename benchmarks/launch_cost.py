@@ -26,7 +26,8 @@ driver call with four), and names the next call's output after it (one driver ca
 the timed path to the launch); v24 set both before the launch. And what runs after a
 driver launch while its graph is in flight, as ``replay_into``'s next output: 12 µs of host
 spinning (no driver call), a set of the output argument (one driver call, to one of two
-tensors in turn), the same after a ``cuStreamQuery`` (which would make a driver that
+tensors in turn; through ``_CallArgs.name``, so since v34 in compiled code with a context
+query beside it), the same after a ``cuStreamQuery`` (which would make a driver that
 batches its submissions send the launch first), and ``torch.empty``: if the graph's start
 waits for any of them, its idle time grows by that work. Prints a table, writes JSON.
 """

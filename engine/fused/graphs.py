@@ -74,9 +74,10 @@ HOST_BATCH_COPIED = True
 # ``packing.bucket_for`` caches its own answers.
 MAX_ROUTES = 4096
 
-# Calls on device tensors (``GraphCache.replay_into``) take the compiled path
-# (``staged_launch``: checks, argument sets and launch in one call) where it builds here;
-# False: the Python path, also the fallback (for A/B measurements).
+# Calls on device tensors (``GraphCache.replay_into``) of graphs captured while this is
+# True take the compiled path (``staged_launch``: checks, argument sets and launch in one
+# call) where it builds here; False: the Python path, also the fallback (for A/B
+# measurements). Read at capture: a graph keeps the path it was captured with.
 NATIVE_LAUNCH = True
 
 # Batches above this many tokens run eagerly (the engine's ``max_graph_tokens``): their
@@ -182,7 +183,9 @@ class _CallArgs:
     def name(self, values: tuple[int, ...], out: int) -> None:
         """The inputs (``STAGE_ARGS`` values) and output address of later launches."""
         if self.native is not None:
-            check(self.native.name(*values, out), self.native.failed)
+            result = self.native.name(*values, out)
+            if result:
+                check(result, self.native.failed)
             return
         if (values, out) == self._named:
             return
@@ -350,11 +353,7 @@ class GraphCache:
             # the inputs alone, where they changed.
             entry.args.name(values, out.data_ptr())
             entry.launch(stream)
-            # The next call's output, made (on the stream it will be written on, as torch
-            # makes an op's output) and named while this call runs, off the next call's
-            # path to its launch: a set applies to later launches only. (Made under this
-            # call's inference mode, or not: the next call returns it as it is.)
-            spare = self._spare(bucket)
+            spare = self._spare(bucket)  # the next call's output, named while this one runs
             if spare is not None:
                 entry.args.name(values, spare.data_ptr())
         finally:
@@ -386,7 +385,9 @@ class GraphCache:
         # The next call's output, named while this call runs (as on the Python path).
         spare = self._spare(bucket)
         if spare is not None:
-            check(native.name_output(spare), native.failed)
+            named = native.name_output(spare)
+            if named:
+                check(named, native.failed)
         entry.spare, entry.spare_stream = spare, stream
         t = ids.shape[0]
         return out if t == bucket.tokens else out[:, :t]

@@ -37,6 +37,7 @@ SOURCE = Path(__file__).resolve().parent / "cpp" / "staged_launch.cpp"
 BUILD_DIR = Path(__file__).resolve().parents[2] / "build" / "native"
 MODULE = "qa_staged_launch"
 NOT_IN_BUCKET, TENSORS_MISFIT = -1, -2  # StagedLaunch.launch's refusals (else a CUresult)
+COMPILE_TIMEOUT_S = 300  # ~10-25 s measured; a compile this slow is stuck
 
 _lock = threading.Lock()
 _module: ModuleType | None = None
@@ -61,11 +62,13 @@ def compile_command(source: Path, target: Path) -> list[str]:
 
 
 def target_path(build_dir: Path = BUILD_DIR, source: Path = SOURCE) -> Path:
-    """Where the extension of this source, Python and torch lives: a name per build."""
+    """Where the extension of this source, Python, torch and compiler command lives: a
+    name per build."""
     import torch
 
     key = hashlib.sha1(source.read_bytes())
-    key.update(f"{sys.version}|{torch.__version__}|{os.environ.get('CXX', 'c++')}".encode())
+    command = compile_command(Path("source.cpp"), Path("target.so"))
+    key.update(f"{sys.version}|{torch.__version__}|{shlex.join(command)}".encode())
     suffix = sysconfig.get_config_var("EXT_SUFFIX") or ".so"
     return build_dir / f"{MODULE}-{key.hexdigest()[:12]}{suffix}"
 
@@ -94,14 +97,19 @@ def build(build_dir: Path = BUILD_DIR, source: Path = SOURCE) -> Path:
         partial = target.with_name(f"{target.name}.{os.getpid()}.partial")
         command = compile_command(source, partial)
         try:
-            done = subprocess.run(command, capture_output=True, text=True, check=False)
+            done = subprocess.run(command, capture_output=True, text=True, check=False,
+                                  timeout=COMPILE_TIMEOUT_S)
+            if done.returncode != 0:
+                raise RuntimeError(f"compiling {source.name} failed ({shlex.join(command)}):"
+                                   f"\n{(done.stderr or done.stdout)[-2000:]}")
+            os.replace(partial, target)
         except OSError as exc:  # no compiler at all
             raise RuntimeError(f"cannot run the C++ compiler {command[0]!r}: {exc}") from exc
-        if done.returncode != 0:
-            partial.unlink(missing_ok=True)
-            raise RuntimeError(f"compiling {source.name} failed ({shlex.join(command)}):\n"
-                               f"{(done.stderr or done.stdout)[-2000:]}")
-        os.replace(partial, target)
+        except subprocess.TimeoutExpired as exc:
+            raise RuntimeError(f"compiling {source.name} took over {COMPILE_TIMEOUT_S} s"
+                               ) from exc
+        finally:
+            partial.unlink(missing_ok=True)  # whatever a failed or stopped compile left
     return target
 
 
@@ -140,7 +148,8 @@ _warned = False
 
 def make(**fields: Any) -> Any | None:
     """A ``StagedLaunch`` of the given fields (see ``staged_init`` in the source), or None
-    with one warning per process where the extension is not available here."""
+    with a warning (once per process for a missing extension) where it cannot be had: the
+    caller then takes the Python path."""
     global _warned
     if not available():
         if not _warned:
@@ -149,4 +158,9 @@ def make(**fields: Any) -> Any | None:
                           "on device tensors take the Python path (a few µs more host time "
                           "each)", RuntimeWarning, stacklevel=2)
         return None
-    return load().StagedLaunch(**fields)
+    try:
+        return load().StagedLaunch(**fields)
+    except (TypeError, ValueError, OverflowError) as exc:  # a graph it cannot describe
+        warnings.warn(f"the compiled staged launch refused this graph ({exc}); its calls "
+                      "take the Python path", RuntimeWarning, stacklevel=2)
+        return None

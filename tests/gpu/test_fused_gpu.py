@@ -875,6 +875,7 @@ def test_graph_staging_one_launch_calls(native: bool, monkeypatch: pytest.Monkey
     for x, _, _ in batches:
         key = (x[0].shape[0], x[3].shape[0] - 1, x[4])
         assert (key in routes) == one._graphs.stages_itself(bucket_for(*key)), key
+        assert routes.get(key, bucket_for(*key)) == bucket_for(*key), key
 
 
 def test_host_batches_read_and_answered_in_pinned_memory(

@@ -10,6 +10,7 @@ tensors report device -1, which the object is built for here.
 from __future__ import annotations
 
 import ctypes
+import os
 import shutil
 import warnings
 from pathlib import Path
@@ -22,7 +23,8 @@ torch = pytest.importorskip("torch")
 from engine.fused import staged_launch  # noqa: E402
 from engine.fused.graphs import staged_tensors_fit  # noqa: E402
 
-pytestmark = pytest.mark.skipif(shutil.which("c++") is None, reason="no C++ compiler (c++)")
+_CXX = os.environ.get("CXX", "c++").split()[0]
+pytestmark = pytest.mark.skipif(shutil.which(_CXX) is None, reason=f"no C++ compiler ({_CXX})")
 
 _SET = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)
 _LAUNCH = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p)
@@ -61,8 +63,10 @@ class Driver:
 
         def ctx_set(context: int | None) -> int:
             self.calls.append(("ctx", context or 0))
+            if (context or 0) != CONTEXT and "restore" in self.fail:
+                return self.fail["restore"]
             self.current = context or 0
-            return 0
+            return self.fail.get("ctx_set", 0) if context == CONTEXT else 0
 
         self._callbacks = (_SET(set_params), _LAUNCH(launch), _CTX_GET(ctx_get),
                            _CTX_SET(ctx_set))
@@ -133,6 +137,45 @@ def test_a_launch_names_the_tensors_then_launches(module: Any, driver: Driver) -
     assert driver.stage_values()[0] == other[0].data_ptr()
 
 
+def test_it_writes_what_kernel_args_write(module: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Over real ``KernelArgs``/``PointerArg`` buffers (``native_view``), the compiled
+    ``name`` hands the driver the same argument bytes as the Python ``set``s, captured
+    arguments around them kept."""
+    from engine.fused.graph_args import KernelArgs, PointerArg, _NodeParams
+    from tests.unit.test_graph_args import LAYOUT, _args
+
+    values, out = (0x7F00_1122_3344, 0x7F00_5566_7788, 0x10, 0x20, 128, 3), 0x7F00_99AA_BB00
+
+    def python_bytes() -> list[list[bytes]]:
+        sent: list[list[bytes]] = []
+        stage = _args(monkeypatch, KernelArgs, [0, 1, 2, 3, 4, 5], "QQQQii", sent)
+        output = _args(monkeypatch, PointerArg, [7, 9], "QQ", sent)
+        stage.set(*values)
+        output.set(out)
+        return sent
+
+    sent: list[list[bytes]] = []
+    stage = _args(monkeypatch, KernelArgs, [0, 1, 2, 3, 4, 5], "QQQQii", [])
+    output = _args(monkeypatch, PointerArg, [7, 9], "QQ", [])
+
+    def set_params(_exec: int, _node: int, params: int) -> int:
+        p = _NodeParams.from_address(params)
+        sent.append([ctypes.string_at(p.kernel_params[i], size) for i, (_, size) in
+                     enumerate(LAYOUT)])
+        return 0
+
+    driver = Driver()
+    callback = _SET(set_params)
+    stage_node, stage_params, stage_slots = stage.native_view()
+    output_node, output_params, output_slots = output.native_view()
+    staged = module.StagedLaunch(**driver.fields(
+        owners=(stage, output), set_params=ctypes.cast(callback, ctypes.c_void_p).value,
+        stage_node=stage_node, stage_params=stage_params, stage_slots=stage_slots,
+        output_node=output_node, output_params=output_params, output_slots=output_slots))
+    assert staged.name(*values, out) == 0
+    assert sent == python_bytes() and len(sent) == 2
+
+
 def test_refusals_match_the_python_check(module: Any, driver: Driver) -> None:
     """Every batch ``staged_tensors_fit`` refuses is refused (TENSORS_MISFIT) before any
     driver call, and the ones it accepts are launched."""
@@ -197,6 +240,19 @@ def test_a_failed_set_is_redone_and_the_context_restored(module: Any,
     driver.calls.clear()
     assert staged.launch(*batch, out, 16, 4, 0) == 201
     assert staged.failed == "cuCtxGetCurrent" and driver.calls == []
+    driver.fail = {"ctx_set": 201}  # the graph's context cannot be made current
+    assert staged.launch(*batch, out, 16, 4, 0) == 201
+    assert staged.failed == "cuCtxSetCurrent"
+    assert not [c for c in driver.calls if c[0] == "launch"]
+    driver.fail = {"restore": 202}  # launched, but the caller's context not restored
+    driver.current = 0x9000
+    assert staged.launch(*batch, out, 16, 4, 0) == 202
+    assert staged.failed == "cuCtxSetCurrent"
+    driver.fail = {"launch": 719, "restore": 202}  # both: the first is the result
+    driver.current = 0x9000
+    assert staged.launch(*batch, out, 16, 4, 0) == 719
+    assert staged.failed == ("cuGraphLaunch (and cuCtxSetCurrent, restoring the caller's "
+                             "context)")
 
 
 def test_name_and_name_output(module: Any, driver: Driver) -> None:
@@ -228,8 +284,10 @@ def test_bad_construction_is_refused(module: Any, driver: Driver) -> None:
         module.StagedLaunch(**fields | {"output_slots": [(fields["output_slots"][0][0], 2)]})
     with pytest.raises(ValueError, match="null"):
         module.StagedLaunch(**fields | {"exec": 0})
+    bare = module.StagedLaunch.__new__(module.StagedLaunch)
     with pytest.raises(RuntimeError, match="__init__"):
-        module.StagedLaunch.__new__(module.StagedLaunch).launch(*_batch(), None, 1, 1, 0)
+        bare.launch(*_batch(), None, 1, 1, 0)
+    assert bare.failed == "" and bare.named is None
 
 
 def test_the_build_is_keyed_by_source_and_failures_name_the_compiler_output(

@@ -7,8 +7,9 @@
 // A CPython extension on torch's C++ headers (to read a tensor's metadata without Python
 // attribute lookups); the driver is reached through function addresses the caller passes
 // (ctypes' view of libcuda), so the module links no CUDA library and builds on machines
-// without one. Built and loaded by engine/fused/staged_launch.py. The caller holds the
-// GIL throughout (never released here) and serialises calls (the engine's lock).
+// without one. Built and loaded by engine/fused/staged_launch.py. The caller serialises
+// calls on one object (the engine's lock); the GIL is released around the driver calls
+// (a launch may block on a full queue), as ctypes releases it on the Python path.
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <cstdint>
@@ -52,6 +53,7 @@ struct StagedLaunch {
   Node stage;
   Node output;
   const char* failed;  // the driver call behind the last non-zero result
+  bool restore_failed;  // and the caller's context could not be restored after it
 };
 
 // The node's arguments for later launches: no driver call where they hold these already.
@@ -78,6 +80,7 @@ int set_output(StagedLaunch* self, int64_t address) {
 // Makes the graph's context current where it is not; *previous gets what to restore.
 int enter(StagedLaunch* self, void** previous, bool* switched) {
   *switched = false;
+  self->restore_failed = false;
   int result = self->ctx_get(previous);
   if (result != 0) {
     self->failed = "cuCtxGetCurrent";
@@ -93,13 +96,17 @@ int enter(StagedLaunch* self, void** previous, bool* switched) {
   return 0;
 }
 
+// Restores the caller's context after enter(); a failure to restore is the result where
+// nothing failed before it, else named beside the first failure (restore_failed).
 int leave(StagedLaunch* self, void* previous, bool switched, int result) {
   if (!switched) return result;
   int restored = self->ctx_set(previous);
-  if (result == 0 && restored != 0) {
+  if (restored == 0) return result;
+  if (result == 0) {
     self->failed = "cuCtxSetCurrent";
     return restored;
   }
+  self->restore_failed = true;
   return result;
 }
 
@@ -217,12 +224,16 @@ PyObject* staged_name(PyObject* obj, PyObject* const* args, Py_ssize_t nargs) {
   if (!read_ints(args, nargs, values)) return nullptr;
   void* previous = nullptr;
   bool switched = false;
-  int result = enter(self, &previous, &switched);
+  int result;
+  Py_BEGIN_ALLOW_THREADS
+  result = enter(self, &previous, &switched);
   if (result == 0) {
     result = set_node(self, self->stage, values);
     if (result == 0) result = set_output(self, values[kStageArgs]);
   }
-  return PyLong_FromLong(leave(self, previous, switched, result));
+  result = leave(self, previous, switched, result);
+  Py_END_ALLOW_THREADS
+  return PyLong_FromLong(result);
 }
 
 // name_output(out: Tensor) -> CUresult: the output of later launches, inputs as last named.
@@ -236,9 +247,13 @@ PyObject* staged_name_output(PyObject* obj, PyObject* out) {
   int64_t address = reinterpret_cast<intptr_t>(THPVariable_Unpack(out).data_ptr());
   void* previous = nullptr;
   bool switched = false;
-  int result = enter(self, &previous, &switched);
+  int result;
+  Py_BEGIN_ALLOW_THREADS
+  result = enter(self, &previous, &switched);
   if (result == 0) result = set_output(self, address);
-  return PyLong_FromLong(leave(self, previous, switched, result));
+  result = leave(self, previous, switched, result);
+  Py_END_ALLOW_THREADS
+  return PyLong_FromLong(result);
 }
 
 // Whether the tensors can be handed to the graph as bare addresses: graphs.staged_tensors_fit.
@@ -282,20 +297,28 @@ PyObject* staged_launch(PyObject* obj, PyObject* const* args, Py_ssize_t nargs) 
       reinterpret_cast<intptr_t>(pos.data_ptr()), reinterpret_cast<intptr_t>(cu.data_ptr()),
       tokens, seqs};
   int64_t out = reinterpret_cast<intptr_t>(THPVariable_Unpack(args[4]).data_ptr());
+  void* stream = as_pointer(static_cast<uint64_t>(limits[2]));
   void* previous = nullptr;
   bool switched = false;
-  int result = enter(self, &previous, &switched);
+  int result;
+  Py_BEGIN_ALLOW_THREADS
+  result = enter(self, &previous, &switched);
   if (result == 0) result = set_node(self, self->stage, values);
   if (result == 0) result = set_output(self, out);
   if (result == 0) {
-    result = self->graph_launch(self->exec, as_pointer(static_cast<uint64_t>(limits[2])));
+    result = self->graph_launch(self->exec, stream);
     if (result != 0) self->failed = "cuGraphLaunch";
   }
-  return PyLong_FromLong(leave(self, previous, switched, result));
+  result = leave(self, previous, switched, result);
+  Py_END_ALLOW_THREADS
+  return PyLong_FromLong(result);
 }
 
 PyObject* staged_failed(PyObject* obj, void*) {
-  return PyUnicode_FromString(reinterpret_cast<StagedLaunch*>(obj)->failed);
+  auto* self = reinterpret_cast<StagedLaunch*>(obj);
+  return PyUnicode_FromFormat(
+      "%s%s", self->failed != nullptr ? self->failed : "",
+      self->restore_failed ? " (and cuCtxSetCurrent, restoring the caller's context)" : "");
 }
 
 PyMethodDef staged_methods[] = {
