@@ -20,7 +20,8 @@ context check, through ``Launcher`` since v25), ``_run_device`` on one set of in
 tensors and on four sets in turn (as ``bench_gpu``'s per-call rows; and, one median a
 round, through ``bench_gpu.time_calls`` itself, to tell the timer from the calls), on the
 compiled call path (``staged_launch``, the default since v34) and on the Python path
-(``graphs.NATIVE_LAUNCH`` off: an engine of the same weights captured so). Since
+(``graphs.NATIVE_LAUNCH`` off: an engine of the same weights captured so), and the public
+``infer_packed`` on the same tensors, with ``position_ids`` given and computed. Since
 v25 a call sets its inputs before its launch where they changed (none with one set, one
 driver call with four), and names the next call's output after it (one driver call, off
 the timed path to the launch); v24 set both before the launch. And what runs after a
@@ -129,6 +130,9 @@ def main() -> None:
         "GraphCache.replay": lambda: graphs.replay(bucket),
         "_run_device, one input set": lambda: eng._run_device(ids, tt, pos, cu, max_len),
         "_run_device, four sets in turn": rotating,
+        "infer_packed, positions given": lambda: eng.infer_packed(ids, tt, cu, max_len,
+                                                                 position_ids=pos),
+        "infer_packed, positions computed": lambda: eng.infer_packed(ids, tt, cu, max_len),
         "Python path, one input set": lambda: py_eng._run_device(ids, tt, pos, cu, max_len),
         "Python path, four sets in turn": lambda: rotating(py_eng),
     }

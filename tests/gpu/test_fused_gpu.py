@@ -797,6 +797,21 @@ def test_torch_entry_points_on_gpu() -> None:
     assert np.abs(ps.cpu().numpy() - s[keep]).max() < 1e-3
     assert np.abs(pe.cpu().numpy() - e[keep]).max() < 1e-3
     del te
+    # Positions given, all int32 on the device: the tensors go to the graph as they are.
+    dev = [torch.from_numpy(a).cuda().int() for a in (ids[keep], tt[keep])]
+    pos = torch.from_numpy(np.concatenate([np.arange(n) for n in lengths])).int().cuda()
+    seen: list[tuple[Any, ...]] = []
+    run = engine._run_device
+
+    def spy(*args: Any) -> Any:
+        seen.append(args)
+        return run(*args)
+
+    engine._run_device = spy  # type: ignore[method-assign]
+    gs, ge = engine.infer_packed(*dev, cu, int(lengths.max()), position_ids=pos)
+    assert all(a is b for a, b in zip(seen[0][:4], (*dev, pos, cu), strict=True))
+    assert np.abs(gs.cpu().numpy() - s[keep]).max() < 1e-3
+    assert np.abs(ge.cpu().numpy() - e[keep]).max() < 1e-3
 
 
 @pytest.mark.parametrize("native", [True, False], ids=["compiled", "python"])

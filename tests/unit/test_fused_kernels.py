@@ -899,10 +899,23 @@ def _check_packed_entry_points() -> tuple[float, float]:
     cu = torch.tensor([0, *np.cumsum(lengths).tolist()], dtype=torch.int32)
     ps, pe = engine.infer_packed(torch.from_numpy(ids[keep]), torch.from_numpy(tt[keep]), cu,
                                  int(lengths.max()))
+    # Positions given (int64 here: converted), and given as int32 (used as they are).
+    pos = torch.from_numpy(np.concatenate([np.arange(n) for n in lengths]))
+    given = [engine.infer_packed(torch.from_numpy(ids[keep]).int(), torch.from_numpy(tt[keep]),
+                                 cu, int(lengths.max()), position_ids=p)
+             for p in (pos, pos.int())]
+    try:
+        engine.infer_packed(torch.from_numpy(ids[keep]), torch.from_numpy(tt[keep]), cu,
+                            int(lengths.max()), position_ids=pos[:-1])
+        raise AssertionError("position_ids of another length were accepted")
+    except ValueError as exc:
+        assert "position_ids has shape" in str(exc)
     ts, te = engine.infer_torch(torch.from_numpy(ids), torch.from_numpy(mask), torch.from_numpy(tt))
     errs = [
         _rel(ps, torch.from_numpy(start[keep])), _rel(pe, torch.from_numpy(end[keep])),
         _rel(ts, torch.from_numpy(start)), _rel(te, torch.from_numpy(end)),
+        *(_rel(g, torch.from_numpy(w[keep])) for gs in given for g, w in zip(gs, (start, end),
+                                                                              strict=True)),
     ]
     return max(errs), 1e-6
 
