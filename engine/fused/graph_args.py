@@ -135,11 +135,10 @@ class Context:
         device, context = ctypes.c_int(), ctypes.c_void_p()
         check(cuda.cuDeviceGet(ctypes.byref(device), device_index), "cuDeviceGet")
         check(cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), device),
-               "cuDevicePrimaryCtxRetain")
+              "cuDevicePrimaryCtxRetain")
         if not context.value:
             raise RuntimeError(f"device {device_index} has no primary context")
-        self._context: int = context.value
-        self.handle = self._context  # the CUcontext, for code that makes its own driver calls
+        self.handle: int = context.value  # the CUcontext (also for code making its own calls)
         self._get, self._set = cuda.cuCtxGetCurrent, cuda.cuCtxSetCurrent
         self._found = ctypes.c_void_p()  # scratch: one caller at a time
 
@@ -147,10 +146,10 @@ class Context:
         """None if this context was current already, else the one to :meth:`leave` to
         (0: none)."""
         check(self._get(ctypes.byref(self._found)), "cuCtxGetCurrent")
-        if self._found.value == self._context:
+        if self._found.value == self.handle:
             return None
         previous = self._found.value or 0
-        check(self._set(self._context), "cuCtxSetCurrent")
+        check(self._set(self.handle), "cuCtxSetCurrent")
         return previous
 
     def leave(self, previous: int | None) -> None:
@@ -179,7 +178,7 @@ def copy_to_device(device: int, host: int, nbytes: int, stream: int) -> None:
     stream handle, in the current context (``cuMemcpyHtoDAsync``): one driver call, where
     torch's ``copy_`` adds its dispatch."""
     check(_cuda().cuMemcpyHtoDAsync_v2(device, host, nbytes, stream or None),
-           "cuMemcpyHtoDAsync")
+          "cuMemcpyHtoDAsync")
 
 
 def synchronize(stream: int) -> None:
@@ -228,7 +227,7 @@ def _kernel_nodes(raw_graph: int, end: str) -> list[tuple[int, _NodeParams]]:
             check(result, "cuGraphNodeGetDependentNodes")
         params = _NodeParams()
         check(cuda.cuGraphKernelNodeGetParams_v2(handle, ctypes.byref(params)),
-               "cuGraphKernelNodeGetParams")
+              "cuGraphKernelNodeGetParams")
         if params.kernel_params:  # else launched with a packed buffer: not ours
             found.append((int(node or 0), params))
     return found

@@ -340,12 +340,7 @@ class GraphCache:
             raise ValueError(f"batch ({t} tokens, {b} sequences) does not fit {bucket}")
         if not staged_tensors_fit(ids, tt, pos, cu, self._index):
             raise self._misfit()
-        stream = self._current_stream()
-        self._follow(stream)
-        out = entry.spare
-        if out is None or entry.spare_stream != stream:  # the spare belongs to its stream
-            out = torch.empty((2, bucket.tokens), device=self._device, dtype=torch.float32)
-        entry.spare = None
+        stream, out = self._call_output(entry, bucket)
         values = (ids.data_ptr(), tt.data_ptr(), pos.data_ptr(), cu.data_ptr(), t, b)
         previous = self._context.enter()
         try:
@@ -366,13 +361,7 @@ class GraphCache:
         """:meth:`replay_into` through the compiled path (``native``, the entry's): the
         same checks, argument sets and launch in one call (which enters the graph's
         context itself)."""
-        stream = self._current_stream()
-        last = self._last
-        if last is None or last[0] != stream:
-            self._follow(stream)
-        out = entry.spare
-        if out is None or entry.spare_stream != stream:  # the spare belongs to its stream
-            out = torch.empty((2, bucket.tokens), device=self._device, dtype=torch.float32)
+        stream, out = self._call_output(entry, bucket)
         result = native.launch(ids, tt, pos, cu, out, bucket.tokens, bucket.seqs, stream)
         if result:
             entry.spare, entry.spare_stream = out, stream  # unused: the next call's
@@ -391,6 +380,19 @@ class GraphCache:
         entry.spare, entry.spare_stream = spare, stream
         t = ids.shape[0]
         return out if t == bucket.tokens else out[:, :t]
+
+    def _call_output(self, entry: _Captured, bucket: Bucket) -> tuple[int, torch.Tensor]:
+        """A staged call's stream (ordered after the previous call's: ``_follow``) and its
+        output: the spare made for it by the last call on that stream, else a fresh one
+        (the spare belongs to its stream). The entry holds no spare until the call puts
+        one back."""
+        stream = self._current_stream()
+        self._follow(stream)
+        out = entry.spare
+        if out is None or entry.spare_stream != stream:
+            out = torch.empty((2, bucket.tokens), device=self._device, dtype=torch.float32)
+        entry.spare = None
+        return stream, out
 
     def _misfit(self) -> ValueError:
         return ValueError(f"replay_into takes contiguous 1-D int32 tensors on cuda:"

@@ -129,9 +129,9 @@ def load(build_dir: Path = BUILD_DIR) -> ModuleType:
 
 
 def available() -> bool:
-    """Whether the extension builds and loads here (the first call may compile it); the
-    reason it does not is kept for :func:`make`'s warning, and no later call tries again
-    (a failing compile would otherwise cost every graph capture its time)."""
+    """Whether the extension builds and loads here (the first call may compile it). A
+    failure warns once and is kept: no later call tries again (a failing compile would
+    otherwise cost every graph capture its time)."""
     global _failure
     if _failure is not None:
         return False
@@ -139,24 +139,18 @@ def available() -> bool:
         load()
     except (RuntimeError, OSError, ImportError) as exc:
         _failure = str(exc)
+        warnings.warn(f"the compiled staged launch is not available ({_failure}); calls on "
+                      "device tensors take the Python path (a few µs more host time each)",
+                      RuntimeWarning, stacklevel=3)
         return False
     return True
 
 
-_warned = False
-
-
 def make(**fields: Any) -> Any | None:
     """A ``StagedLaunch`` of the given fields (see ``staged_init`` in the source), or None
-    with a warning (once per process for a missing extension) where it cannot be had: the
-    caller then takes the Python path."""
-    global _warned
+    (with :func:`available`'s warning, or one naming what the extension refused) where it
+    cannot be had: the caller then takes the Python path."""
     if not available():
-        if not _warned:
-            _warned = True
-            warnings.warn(f"the compiled staged launch is not available ({_failure}); calls "
-                          "on device tensors take the Python path (a few µs more host time "
-                          "each)", RuntimeWarning, stacklevel=2)
         return None
     try:
         return load().StagedLaunch(**fields)

@@ -314,7 +314,6 @@ def test_make_falls_back_with_one_warning_and_one_attempt(
         raise RuntimeError("cannot run the C++ compiler 'c++'")
 
     monkeypatch.setattr(staged_launch, "load", no_compiler)
-    monkeypatch.setattr(staged_launch, "_warned", False)
     monkeypatch.setattr(staged_launch, "_failure", None)
     with pytest.warns(RuntimeWarning, match=r"C\+\+ compiler.*Python path"):
         assert staged_launch.make() is None
