@@ -30,7 +30,11 @@ spinning (no driver call), a set of the output argument (one driver call, to one
 tensors in turn; through ``_CallArgs.name``, so since v34 in compiled code with a context
 query beside it), the same after a ``cuStreamQuery`` (which would make a driver that
 batches its submissions send the launch first), and ``torch.empty``: if the graph's start
-waits for any of them, its idle time grows by that work. Prints a table, writes JSON.
+waits for any of them, its idle time grows by that work. Then, host time only, the pieces
+``infer_packed`` adds around ``_run_device`` (since v35): its four tensor checks, an
+inference-mode enter and exit (v34's ``infer_packed`` entered one), the two logit rows as
+v34 took them and as one ``unbind``, and the positions from ``cu_seqlens`` in one kernel
+(``packed_positions``, v35) and as v34's torch ops. Prints a table, writes JSON.
 """
 
 from __future__ import annotations
@@ -46,6 +50,34 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 SLEEP_CYCLES = 100_000  # ~50 µs at the H200's clock: enough to hide any launch
+
+
+def host_pieces(eng: Any, ids: Any, tt: Any, pos: Any, cu: Any) -> dict[str, Callable[[], Any]]:
+    """What ``infer_packed`` does around ``_run_device``, piece by piece (host time)."""
+    import torch
+
+    from engine.fused.engine import _int32_on
+
+    dev, t, b = eng._tensor_device, ids.shape[0], cu.shape[0] - 1
+    logits = torch.empty((2, t), device=dev)
+
+    def inference_mode() -> None:
+        with torch.inference_mode():
+            pass
+
+    def v34_positions() -> torch.Tensor:
+        seq_of_token = torch.repeat_interleave(
+            torch.arange(b, device=dev), (cu[1:] - cu[:-1]).long(), output_size=t)
+        return (torch.arange(t, device=dev, dtype=torch.int32) - cu[seq_of_token]).int()
+
+    return {
+        "_int32_on, four tensors": lambda: [_int32_on(x, dev) for x in (ids, tt, pos, cu)],
+        "inference mode, enter and exit": inference_mode,
+        "logits[0], logits[1]": lambda: (logits[0], logits[1]),
+        "logits.unbind(0)": lambda: logits.unbind(0),
+        "positions, one kernel (v35)": lambda: eng.ops.packed_positions(cu, t),
+        "positions, v34's torch ops": v34_positions,
+    }
 
 
 def main() -> None:
@@ -158,6 +190,11 @@ def main() -> None:
                 times[f"bench_gpu.time_calls, four sets{label}"]["idle"].append(
                     timing.median_ms * 1e3)
             print(f"round {r + 1}/{args.rounds} done", flush=True)
+        for _ in range(args.rounds):
+            for name, fn in host_pieces(eng, ids, tt, pos, cu).items():
+                for _ in range(10):
+                    fn()
+                times[name]["host"] += [host_us(fn) for _ in range(args.calls)]
         # the sleep kernel alone, queued: what "queued" would read with no call at all
         times["nothing"]["queued"] = [ms * 1e3 for ms in event_ms(lambda: None, args.calls,
                                                                    sleep)]

@@ -353,6 +353,15 @@ def attention_varlen(
     return out if fp8_scale is None else quantize_static(out, fp8_scale).data
 
 
+def packed_positions(cu: torch.Tensor, tokens: int) -> torch.Tensor:
+    b = cu.shape[0] - 1
+    if b <= 0:
+        return torch.empty(tokens, dtype=torch.int32, device=cu.device)
+    i = torch.arange(tokens, device=cu.device, dtype=torch.int32)
+    seq = (torch.searchsorted(cu[:b].contiguous(), i, right=True) - 1).clamp(min=0)
+    return (i - cu[seq]).clamp(min=0).int()
+
+
 def stage_inputs(buf: torch.Tensor, tokens: int, ids: torch.Tensor, tt: torch.Tensor,
                  pos: torch.Tensor, cu: torch.Tensor) -> None:
     t, b = ids.shape[0], cu.shape[0] - 1

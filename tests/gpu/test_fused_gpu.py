@@ -812,6 +812,15 @@ def test_torch_entry_points_on_gpu() -> None:
     assert all(a is b for a, b in zip(seen[0][:4], (*dev, pos, cu), strict=True))
     assert np.abs(gs.cpu().numpy() - s[keep]).max() < 1e-3
     assert np.abs(ge.cpu().numpy() - e[keep]).max() < 1e-3
+    # Computed positions come from one kernel (``packed_positions``): compiled for the GPU
+    # it gives the torch spec's over 700 sequences (ten search steps), some empty, with
+    # tokens past the last offset.
+    from engine.fused import kernels, torch_ops
+
+    lens = np.random.default_rng(3).integers(0, 50, 700)
+    many = torch.tensor([0, *np.cumsum(lens).tolist()], dtype=torch.int32, device="cuda")
+    t = int(lens.sum()) + 5
+    assert torch.equal(kernels.packed_positions(many, t), torch_ops.packed_positions(many, t))
 
 
 @pytest.mark.parametrize("native", [True, False], ids=["compiled", "python"])

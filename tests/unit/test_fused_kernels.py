@@ -682,6 +682,32 @@ def _check_stage_inputs() -> tuple[float, float]:
     return float((ours != want).sum() + (spec != want).sum()), 0.0
 
 
+def _check_packed_positions() -> tuple[float, float]:
+    """Positions from offsets, the kernel's binary search and the torch spec's
+    ``searchsorted``, against a per-sequence ``arange``: one sequence, empty sequences
+    (first, inside, last), several kernel blocks, over a thousand sequences (eleven search
+    steps), and tokens past the last offset (from its start: still counted, not garbage).
+    Returns the number of wrong entries (tolerance 0)."""
+    import torch
+
+    from engine.fused import kernels as k
+    from engine.fused import torch_ops
+
+    rng = np.random.default_rng(5)
+    cases = [[7], [0, 3, 0, 0, 5, 0], [1] * 9, [1500, 700], rng.integers(0, 9, 1100).tolist()]
+    bad = 0
+    for lengths in cases:
+        cu = torch.tensor([0, *np.cumsum(lengths).tolist()], dtype=torch.int32)
+        for extra in (0, 3):
+            t = int(cu[-1]) + extra
+            want = np.concatenate([np.arange(n) for n in lengths] + [np.arange(extra) + lengths[-1]])
+            for ops in (k, torch_ops):
+                got = ops.packed_positions(cu, t)
+                bad += got.dtype != torch.int32 or got.shape != (t,)
+                bad += int((got.numpy() != want).sum())
+    return float(bad), 0.0
+
+
 def _check_staging_embeddings(kind: str, cu_block: int) -> tuple[float, float]:
     """The embeddings kernels as a graph's first kernel, with the leading arguments a call
     sets (``STAGE_ARGS``): the caller's T < n tokens read where it holds them, rows from T
@@ -1013,6 +1039,7 @@ CASES: dict[str, Callable[[], tuple[float, float]]] = {
         "fp8", calibrate=True, static=("ffn_out",)),
     "packed_entry_points": _check_packed_entry_points,
     "stage_inputs": _check_stage_inputs,
+    "packed_positions": _check_packed_positions,
     "staging_embed_sum": lambda: _check_staging_embeddings("sum", 1024),
     "staging_embed_layernorm": lambda: _check_staging_embeddings("layernorm", 4),
     "persistent_fp16_16_programs": lambda: _check_persistent(16),

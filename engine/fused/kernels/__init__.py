@@ -18,6 +18,7 @@ Every kernel computes in float32 and reads/writes whatever float dtype its tenso
 ``residual_linear``          a GEMM + bias + LayerNorm'd residual, stored or added atomically
 ``layernorm_qa``             LayerNorm + QA head (the deferred path's last step; ``deferred``)
 ``stage_inputs``             a batch into a CUDA graph's input buffer, in one launch
+``packed_positions``         packed sequences' position ids from their offsets, in one launch
 ``encode_persistent``        the whole encoder of a small batch as one persistent kernel
                              whose phases are the tasks above (``persistent``)
 ==========================  ==================================================================
@@ -66,7 +67,7 @@ from engine.fused.kernels.rows import (
     bias_residual_layernorm_qa,
     embed_layernorm,
 )
-from engine.fused.kernels.staging import stage_inputs
+from engine.fused.kernels.staging import packed_positions, stage_inputs
 
 __all__ = [
     "ATTN_LARGE",
@@ -92,6 +93,7 @@ __all__ = [
     "gemm_supported",
     "layernorm_qa",
     "linear",
+    "packed_positions",
     "pdl_available",
     "persistent_supported",
     "residual_linear",
