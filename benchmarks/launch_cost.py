@@ -33,8 +33,9 @@ batches its submissions send the launch first), and ``torch.empty``: if the grap
 waits for any of them, its idle time grows by that work. Then, host time only, the pieces
 ``infer_packed`` adds around ``_run_device`` (since v35): its four tensor checks, an
 inference-mode enter and exit (v34's ``infer_packed`` entered one), the two logit rows as
-v34 took them and as one ``unbind``, and the positions from ``cu_seqlens`` in one kernel
-(``packed_positions``, v35) and as v34's torch ops. Prints a table, writes JSON.
+v34 took them and as one ``unbind``, and the positions from ``cu_seqlens``: for one
+sequence a view of a kept ``arange`` (v35's ``infer_packed``), for several one kernel
+(``packed_positions``, v35), and as v34's torch ops. Prints a table, writes JSON.
 """
 
 from __future__ import annotations
@@ -75,7 +76,8 @@ def host_pieces(eng: Any, ids: Any, tt: Any, pos: Any, cu: Any) -> dict[str, Cal
         "inference mode, enter and exit": inference_mode,
         "logits[0], logits[1]": lambda: (logits[0], logits[1]),
         "logits.unbind(0)": lambda: logits.unbind(0),
-        "positions, one kernel (v35)": lambda: eng.ops.packed_positions(cu, t),
+        "positions, one sequence: a view (v35)": lambda: eng._positions(cu, t),
+        "positions, one kernel (v35, several sequences)": lambda: eng.ops.packed_positions(cu, t),
         "positions, v34's torch ops": v34_positions,
     }
 

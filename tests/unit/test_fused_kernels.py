@@ -937,7 +937,16 @@ def _check_packed_entry_points() -> tuple[float, float]:
     except ValueError as exc:
         assert "position_ids has shape" in str(exc)
     ts, te = engine.infer_torch(torch.from_numpy(ids), torch.from_numpy(mask), torch.from_numpy(tt))
+    # One sequence: its positions are a view of the engine's kept arange (no kernel).
+    row = keep[2]
+    one_cu = torch.tensor([0, int(row.sum())], dtype=torch.int32)
+    one = engine.infer_packed(torch.from_numpy(ids[2][row]), torch.from_numpy(tt[2][row]),
+                              one_cu, int(row.sum()))
+    kept = engine._positions(one_cu, int(row.sum()))
+    assert engine._counting is not None and kept.data_ptr() == engine._counting.data_ptr()
+    assert torch.equal(kept, torch.arange(int(row.sum()), dtype=torch.int32))
     errs = [
+        _rel(one[0], torch.from_numpy(start[2][row])), _rel(one[1], torch.from_numpy(end[2][row])),
         _rel(ps, torch.from_numpy(start[keep])), _rel(pe, torch.from_numpy(end[keep])),
         _rel(ts, torch.from_numpy(start)), _rel(te, torch.from_numpy(end)),
         *(_rel(g, torch.from_numpy(w[keep])) for gs in given for g, w in zip(gs, (start, end),
