@@ -20,7 +20,9 @@ context check, through ``Launcher`` since v25), ``_run_device`` on one set of in
 tensors and on four sets in turn (as ``bench_gpu``'s per-call rows; and, one median a
 round, through ``bench_gpu.time_calls`` itself, to tell the timer from the calls), on the
 compiled call path (``staged_launch``, the default since v34) and on the Python path
-(``graphs.NATIVE_LAUNCH`` off: an engine of the same weights captured so), and the public
+(``graphs.NATIVE_LAUNCH`` off: an engine of the same weights captured so), the compiled
+launch alone (the extension's one call, with no Python around it) and ``replay_into``
+(without ``_run_device``'s lock and route; v35, to split a call's host path), the public
 ``infer_packed`` on the same tensors, with ``position_ids`` given and computed. Since
 v25 a call sets its inputs before its launch where they changed (none with one set, one
 driver call with four), and names the next call's output after it (one driver call, off
@@ -162,6 +164,9 @@ def main() -> None:
         "launch, stream query, output set": lambda: then_set(flush=True),
         "launch, then torch.empty": then_empty,
         "GraphCache.replay": lambda: graphs.replay(bucket),
+        "staged_launch.launch alone": lambda: args_.native.launch(
+            ids, tt, pos, cu, outs[0], bucket.tokens, bucket.seqs, stream),
+        "GraphCache.replay_into": lambda: graphs.replay_into(bucket, ids, tt, pos, cu),
         "_run_device, one input set": lambda: eng._run_device(ids, tt, pos, cu, max_len),
         "_run_device, four sets in turn": rotating,
         "infer_packed, positions given": lambda: eng.infer_packed(ids, tt, cu, max_len,
