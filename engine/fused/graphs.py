@@ -24,6 +24,7 @@ than the previous call's waits for that stream's work first (``GraphCache._follo
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import threading
 import warnings
@@ -249,17 +250,22 @@ class GraphCache:
         self._workspace = cublaslt.Workspace()
         self._stage_args = stage_args
         self._context = Context(self._index)
-        # The stream of the last call, raw and as torch's object (see ``_follow``).
+        # The stream of the last call, raw and as torch's object (see ``_follow``), and
+        # raw alone for ``StagedLaunch.call`` (-1: none yet; no raw stream is negative).
         self._last: tuple[int, torch.cuda.Stream] | None = None
+        self.last_stream = -1
         # (tokens, seqs, max_seqlen) of calls already replayed into a bucket that stages
-        # itself -> that bucket: the engine's shortcut past its bucket lookup (filled by
-        # ``remember_route``, bounded; it lives as long as the graphs it names).
-        self.routes: dict[tuple[int, int, int], Bucket] = {}
+        # itself -> that bucket and its compiled call path (None on the Python path): the
+        # engine's shortcut past its bucket lookup (filled by ``remember_route``, bounded;
+        # it lives as long as the graphs it names, which are never dropped).
+        self.routes: dict[tuple[int, int, int], tuple[Bucket, Any]] = {}
 
     def remember_route(self, key: tuple[int, int, int], bucket: Bucket) -> None:
-        """``routes[key] = bucket`` once the bucket's graph exists, up to ``MAX_ROUTES``."""
-        if bucket in self._graphs and len(self.routes) < MAX_ROUTES:
-            self.routes[key] = bucket
+        """``routes[key] = (bucket, its StagedLaunch or None)`` once the bucket's graph
+        exists, up to ``MAX_ROUTES``."""
+        entry = self._graphs.get(bucket)
+        if entry is not None and len(self.routes) < MAX_ROUTES:
+            self.routes[key] = (bucket, entry.args.native if entry.args is not None else None)
 
     def stages_itself(self, bucket: Bucket) -> bool:
         """Whether a call names its tensors to the bucket's graph (:meth:`replay_into`)."""
@@ -295,10 +301,13 @@ class GraphCache:
             done.record(last[1])
             current.wait_event(done)
         self._last = (stream, current)
+        self.last_stream = stream
 
-    def _native(self, graph: torch.cuda.CUDAGraph, stage: KernelArgs,
+    def _native(self, graph: torch.cuda.CUDAGraph, bucket: Bucket, stage: KernelArgs,
                 output: PointerArg) -> Any | None:
-        """The compiled call path of one graph (``NATIVE_LAUNCH``), or None."""
+        """The compiled call path of one graph (``NATIVE_LAUNCH``), or None. It holds its
+        calls' spare output (``_call_output``) and makes the next one as torch makes an
+        op's output (``make_output``; no reference back to this cache)."""
         if not NATIVE_LAUNCH:
             return None
         stage_node, stage_params, stage_slots = stage.native_view()
@@ -307,7 +316,12 @@ class GraphCache:
             owners=(stage, output), exec=graph.raw_cuda_graph_exec(),
             context=self._context.handle, device=self._index, **driver_functions(),
             stage_node=stage_node, stage_params=stage_params, stage_slots=stage_slots,
-            output_node=output_node, output_params=output_params, output_slots=output_slots)
+            output_node=output_node, output_params=output_params, output_slots=output_slots,
+            max_tokens=bucket.tokens, max_seqs=bucket.seqs,
+            current_stream=torch._C._cuda_getCurrentRawStream,
+            make_output=functools.partial(torch.empty, (2, bucket.tokens), device=self._device,
+                                          dtype=torch.float32),
+            out_of_memory=torch.OutOfMemoryError)
 
     def replay(self, bucket: Bucket) -> torch.Tensor:
         """Run the bucket's graph on what its input buffer holds; returns the static logits."""
@@ -334,7 +348,7 @@ class GraphCache:
             "replay_into needs a GraphCache with stage_args and a bucket that stages itself"
         native = entry.args.native
         if native is not None:
-            return self._replay_native(native, entry, bucket, ids, tt, pos, cu)
+            return self._replay_native(native, bucket, ids, tt, pos, cu)
         t, b = ids.shape[0], cu.shape[0] - 1
         if t > bucket.tokens or b > bucket.seqs:
             raise ValueError(f"batch ({t} tokens, {b} sequences) does not fit {bucket}")
@@ -356,15 +370,17 @@ class GraphCache:
         entry.spare, entry.spare_stream = spare, stream
         return out if t == bucket.tokens else out[:, :t]
 
-    def _replay_native(self, native: Any, entry: _Captured, bucket: Bucket, ids: torch.Tensor,
+    def _replay_native(self, native: Any, bucket: Bucket, ids: torch.Tensor,
                        tt: torch.Tensor, pos: torch.Tensor, cu: torch.Tensor) -> torch.Tensor:
-        """:meth:`replay_into` through the compiled path (``native``, the entry's): the
-        same checks, argument sets and launch in one call (which enters the graph's
-        context itself)."""
-        stream, out = self._call_output(entry, bucket)
+        """:meth:`replay_into` through the compiled path (``native``, the entry's, which
+        holds the spare output): the same checks, argument sets and launch in one call
+        (which enters the graph's context itself). ``native.call`` is the same path
+        without Python before the launch, for the engine's known batch sizes; it hands
+        this one whatever it will not launch."""
+        stream, out = self._call_output(native, bucket)
         result = native.launch(ids, tt, pos, cu, out, bucket.tokens, bucket.seqs, stream)
         if result:
-            entry.spare, entry.spare_stream = out, stream  # unused: the next call's
+            native.spare, native.spare_stream = out, stream  # unused: the next call's
             if result == staged_launch.NOT_IN_BUCKET:
                 raise ValueError(f"batch ({ids.shape[0]} tokens, {cu.shape[0] - 1} "
                                  f"sequences) does not fit {bucket}")
@@ -377,21 +393,22 @@ class GraphCache:
             named = native.name_output(spare)
             if named:
                 check(named, native.failed)
-        entry.spare, entry.spare_stream = spare, stream
+        native.spare, native.spare_stream = spare, stream
         t = ids.shape[0]
         return out if t == bucket.tokens else out[:, :t]
 
-    def _call_output(self, entry: _Captured, bucket: Bucket) -> tuple[int, torch.Tensor]:
+    def _call_output(self, holder: Any, bucket: Bucket) -> tuple[int, torch.Tensor]:
         """A staged call's stream (ordered after the previous call's: ``_follow``) and its
         output: the spare made for it by the last call on that stream, else a fresh one
-        (the spare belongs to its stream). The entry holds no spare until the call puts
-        one back."""
+        (the spare belongs to its stream). ``holder`` keeps the spare (``spare``,
+        ``spare_stream``: the entry on the Python path, its ``StagedLaunch`` on the
+        compiled one) and holds none until the call puts one back."""
         stream = self._current_stream()
         self._follow(stream)
-        out = entry.spare
-        if out is None or entry.spare_stream != stream:
+        out = holder.spare
+        if out is None or holder.spare_stream != stream:
             out = torch.empty((2, bucket.tokens), device=self._device, dtype=torch.float32)
-        entry.spare = None
+        holder.spare = None
         return stream, out
 
     def _misfit(self) -> ValueError:
@@ -498,7 +515,7 @@ class GraphCache:
             stage_args = leading_args(graph, host, self._stage_args)
             output = pointer_arg(graph, logits.data_ptr())
             call_args = _CallArgs(stage_args, output, host, logits,
-                                  self._native(graph, stage_args, output))
+                                  self._native(graph, bucket, stage_args, output))
         entry = _Captured(inputs, logits, graph, Launcher(graph), call_args)
         self._graphs[bucket] = entry
         return entry

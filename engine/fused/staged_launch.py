@@ -9,6 +9,14 @@ does the same in one call: the tensors' metadata read in C++ (torch's headers), 
 driver reached through the addresses of ctypes' libcuda functions, so the extension links
 no CUDA library and builds on any machine with a C++ compiler and torch.
 
+``StagedLaunch.call`` (v35) is the engine's path for a batch size it has served before
+(``GraphCache.routes``): with the current stream read through torch's own function, the
+launch made on the spare output the object keeps (named after the previous call's
+launch), and the next spare made and named after it, no Python runs between the route
+lookup and the launch (~4 µs of a call's path on the H200's host). Anything in its way
+(another stream, a misfit, a driver failure) hands the call back to ``launch``'s checked
+path, which orders, refuses or raises.
+
 The extension is compiled on first use (:func:`load`: ~10-25 s, once per source, Python and
 torch version) into ``build/native``, with the compiler the environment names (``CXX``,
 else ``c++``). Where it cannot be built or loaded, :func:`make` warns once and returns None,

@@ -895,11 +895,24 @@ def test_graph_staging_one_launch_calls(native: bool, monkeypatch: pytest.Monkey
         assert close(g, want[i % len(batches)]), i
     # Repeated batch sizes went straight to their bucket (GraphCache.routes): the staged
     # ones, not the one above STAGE_MAX_TOKENS.
+    # On the compiled path the route holds the graph's StagedLaunch, whose ``call`` launched
+    # the repeats (the spare it keeps is the next call's output: made, on this stream).
     routes = one._graphs.routes
     for x, _, _ in batches:
         key = (x[0].shape[0], x[3].shape[0] - 1, x[4])
         assert (key in routes) == one._graphs.stages_itself(bucket_for(*key)), key
-        assert routes.get(key, bucket_for(*key)) == bucket_for(*key), key
+        if key in routes:
+            bucket, fast = routes[key]
+            assert bucket == bucket_for(*key), key
+            assert (fast is not None) == native, key
+            if native:
+                assert fast.spare is not None and fast.spare.shape == (2, bucket.tokens)
+                assert fast.spare_stream == torch.cuda.current_stream().cuda_stream
+    if native:  # a repeat on the same stream takes StagedLaunch.call alone
+        x = next(x for x, _, _ in batches if (x[0].shape[0], x[3].shape[0] - 1, x[4]) in routes)
+        with monkeypatch.context() as m, torch.inference_mode():
+            m.setattr(one._graphs, "replay_into", lambda *a: pytest.fail("checked path taken"))
+            assert close(one._run_device(*x), three._run_device(*x))
 
 
 def test_host_batches_read_and_answered_in_pinned_memory(

@@ -146,6 +146,8 @@ def test_routes_are_remembered_for_captured_buckets_only_and_bounded(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """``GraphCache.remember_route``: the engine's shortcut from a batch size to its bucket
     is kept only once the bucket's graph exists, and up to ``MAX_ROUTES`` sizes."""
+    from types import SimpleNamespace
+
     from engine.fused import graphs
     from engine.fused.packing import bucket_for
 
@@ -154,8 +156,14 @@ def test_routes_are_remembered_for_captured_buckets_only_and_bounded(
     bucket = bucket_for(100, 1, 100)
     cache.remember_route((100, 1, 100), bucket)
     assert cache.routes == {}  # not captured
-    cache._graphs[bucket] = object()  # type: ignore[assignment]
+    native = object()  # its compiled call path, kept beside it
+    cache._graphs[bucket] = SimpleNamespace(args=SimpleNamespace(native=native))  # type: ignore[assignment]
     monkeypatch.setattr(graphs, "MAX_ROUTES", 2)
     for t in (100, 101, 102):
         cache.remember_route((t, 1, 100), bucket)
-    assert cache.routes == {(100, 1, 100): bucket, (101, 1, 100): bucket}
+    assert cache.routes == {(100, 1, 100): (bucket, native), (101, 1, 100): (bucket, native)}
+    python_path = bucket_for(200, 1, 200)  # no call arguments: no compiled path
+    cache._graphs[python_path] = SimpleNamespace(args=None)  # type: ignore[assignment]
+    cache.routes.clear()
+    cache.remember_route((200, 1, 200), python_path)
+    assert cache.routes == {(200, 1, 200): (python_path, None)}

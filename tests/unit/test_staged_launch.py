@@ -51,6 +51,8 @@ class Driver:
         def set_params(exec_: int, node: int, params: int) -> int:
             buffer = self.stage_buffer if node == STAGE_NODE else self.output_buffer
             self.calls.append(("set", exec_, node, params, buffer.raw))
+            if node == OUTPUT_NODE and "set_output" in self.fail:
+                return self.fail["set_output"]
             return self.fail.get("set", 0)
 
         def launch(exec_: int, stream: int | None) -> int:
@@ -274,6 +276,148 @@ def test_name_and_name_output(module: Any, driver: Driver) -> None:
         staged.name(*values)
     with pytest.raises(TypeError):
         staged.name_output(55)
+
+
+STREAM = 0x77
+
+
+def _with_call(module: Any, driver: Driver, make: Any = None) -> Any:
+    """A StagedLaunch with ``call``'s fields: a 16-token, 4-sequence bucket on STREAM."""
+    return module.StagedLaunch(**driver.fields(
+        max_tokens=16, max_seqs=4, current_stream=lambda device: STREAM,
+        make_output=make or (lambda: torch.zeros(2, 16)), out_of_memory=torch.OutOfMemoryError))
+
+
+def test_call_launches_on_the_spare_and_names_the_next(module: Any, driver: Driver) -> None:
+    """``call`` (the engine's known batch sizes): on the stream the cache's last call
+    used, it launches on the spare output (named already: no set for it), then makes
+    the next output and names it for the next launch; it returns the logits, a view
+    of the first T columns where T is under the bucket's tokens."""
+    staged = _with_call(module, driver)
+    batch = _batch()
+    assert staged.spare is None
+    assert staged.call(*batch, STREAM) is None  # no spare yet: the checked path's turn
+    assert driver.calls == []
+    spare = torch.zeros(2, 16)
+    assert staged.name_output(spare) == 0
+    staged.spare, staged.spare_stream = spare, STREAM
+    driver.calls.clear()
+    driver.current = CONTEXT
+    got = staged.call(*batch, STREAM)
+    assert got.shape == (2, 8) and got.data_ptr() == spare.data_ptr()
+    following = staged.spare
+    assert following is not None and following.data_ptr() != spare.data_ptr()
+    assert staged.spare_stream == STREAM
+    assert driver.kinds() == [("set", STAGE_NODE), ("launch", EXEC, STREAM),
+                              ("set", OUTPUT_NODE)]
+    assert staged.named == ((*(t.data_ptr() for t in batch), 8, 2), following.data_ptr())
+    # A full bucket: the whole output, and the next launch's output named already.
+    full = _batch(16)
+    driver.calls.clear()
+    got = staged.call(*full, STREAM)
+    assert got.shape == (2, 16) and got.data_ptr() == following.data_ptr()
+    assert driver.kinds() == [("set", STAGE_NODE), ("launch", EXEC, STREAM),
+                              ("set", OUTPUT_NODE)]
+
+
+@pytest.mark.parametrize("case", ["other stream", "spare of another stream", "int64 ids",
+                                  "too many tokens", "too many sequences", "no tensor",
+                                  "launch fails", "set fails"])
+def test_call_hands_back_what_it_will_not_launch(module: Any, driver: Driver,
+                                                 case: str) -> None:
+    """Anything in the way gives None, with the spare kept as it was (the same tensor,
+    its stream), so the checked path (``launch``) orders, refuses or raises."""
+    staged = _with_call(module, driver)
+    spare = torch.zeros(2, 16)
+    staged.spare, staged.spare_stream = spare, STREAM
+    batch, follows = _batch(), STREAM
+    if case == "other stream":
+        follows = STREAM + 1
+    elif case == "spare of another stream":
+        staged.spare_stream = STREAM + 1
+    elif case == "int64 ids":
+        batch[0] = batch[0].long()
+    elif case == "too many tokens":
+        batch = _batch(17)
+    elif case == "too many sequences":
+        batch[3] = torch.tensor([0, 1, 2, 3, 4, 8], dtype=torch.int32)
+    elif case == "no tensor":
+        batch[2] = None
+    elif case == "launch fails":
+        driver.fail["launch"] = 719
+    else:
+        driver.fail["set"] = 700
+    assert staged.call(*batch, follows) is None
+    assert staged.spare is spare
+    assert staged.spare_stream == (STREAM + 1 if case == "spare of another stream" else STREAM)
+    launched = [c for c in driver.calls if c[0] == "launch"]
+    assert launched == ([("launch", EXEC, STREAM)] if case == "launch fails" else [])
+    if case in ("launch fails", "set fails"):
+        assert staged.failed in ("cuGraphLaunch", "cuGraphExecKernelNodeSetParams")
+
+
+def test_call_after_its_launch(module: Any, driver: Driver) -> None:
+    """Memory for the next output ran out: this call's logits come back and the next
+    call makes its own (no spare). Another error making it is raised. A failed name of
+    the next output leaves it unnamed, so the next launch sets it."""
+    made: list[Any] = []
+
+    def out_of_memory() -> Any:
+        raise torch.OutOfMemoryError("no room")
+
+    staged = _with_call(module, driver, out_of_memory)
+    spare = torch.zeros(2, 16)
+    staged.spare, staged.spare_stream = spare, STREAM
+    assert staged.call(*_batch(), STREAM).data_ptr() == spare.data_ptr()
+    assert staged.spare is None
+
+    def broken() -> Any:
+        raise KeyError("not memory")
+
+    staged = _with_call(module, driver, broken)
+    staged.spare, staged.spare_stream = torch.zeros(2, 16), STREAM
+    with pytest.raises(KeyError):
+        staged.call(*_batch(), STREAM)
+
+    def fresh() -> Any:
+        made.append(torch.zeros(2, 16))
+        return made[-1]
+
+    staged = _with_call(module, driver, fresh)
+    first = torch.zeros(2, 16)
+    batch = _batch()
+    assert staged.launch(*batch, first, 16, 4, STREAM) == 0  # inputs and output named
+    staged.spare, staged.spare_stream = first, STREAM
+    driver.current = CONTEXT  # no context switches among the calls below
+    driver.fail["set_output"] = 700
+    driver.calls.clear()
+    assert staged.call(*batch, STREAM).data_ptr() == first.data_ptr()
+    assert driver.kinds()[-2:] == [("launch", EXEC, STREAM), ("set", OUTPUT_NODE)]
+    assert staged.spare is made[0] and staged.named is None  # made, not named
+    del driver.fail["set_output"]
+    driver.calls.clear()
+    assert staged.call(*batch, STREAM).data_ptr() == made[0].data_ptr()
+    launch = driver.kinds().index(("launch", EXEC, STREAM))
+    assert ("set", OUTPUT_NODE) in driver.kinds()[:launch]  # named before its launch
+    assert staged.named is not None and staged.named[1] == made[1].data_ptr()
+
+
+def test_call_needs_its_fields(module: Any, driver: Driver) -> None:
+    plain = module.StagedLaunch(**driver.fields())
+    with pytest.raises(RuntimeError, match="call"):
+        plain.call(*_batch(), STREAM)
+    with pytest.raises(ValueError, match="current_stream"):
+        module.StagedLaunch(**driver.fields(max_tokens=16, max_seqs=4,
+                                            current_stream=lambda d: STREAM))
+    with pytest.raises(ValueError, match="max_tokens"):
+        _with_call(module, driver).__init__(**driver.fields(
+            max_tokens=0, max_seqs=4, current_stream=lambda d: STREAM,
+            make_output=lambda: None, out_of_memory=torch.OutOfMemoryError))
+    staged = _with_call(module, driver)
+    with pytest.raises(TypeError):
+        staged.spare = 5
+    with pytest.raises(TypeError):
+        staged.call(*_batch())
 
 
 def test_bad_construction_is_refused(module: Any, driver: Driver) -> None:

@@ -3,6 +3,10 @@
 // instantiated graph (cuGraphExecKernelNodeSetParams, only where they changed), and the
 // launch (cuGraphLaunch), in the graph's context. The Python version of the same path
 // (engine/fused/graphs.py, graph_args.py) stays as the fallback and the reference.
+// call() is the engine's whole path for a batch size it has served before: it also takes
+// the call's output (the spare tensor named after the previous call's launch) and, after
+// the launch, makes and names the next call's, so no Python runs between the engine's
+// route lookup and the launch (v35: ~5 µs of the call's path before its launch).
 //
 // A CPython extension on torch's C++ headers (to read a tensor's metadata without Python
 // attribute lookups); the driver is reached through function addresses the caller passes
@@ -54,6 +58,18 @@ struct StagedLaunch {
   Node output;
   const char* failed;  // the driver call behind the last non-zero result
   bool restore_failed;  // and the caller's context could not be restored after it
+  // call()'s: the bucket's limits, torch's current raw stream of `device` (a callable of
+  // the device index), a maker of fresh [2, max_tokens] float32 outputs and the exception
+  // it raises when memory ran out; the spare output (named to the graph already) and the
+  // stream it was made for. A spare is also what launch()'s caller takes and puts back.
+  int64_t max_tokens;
+  int64_t max_seqs;
+  PyObject* device_index;
+  PyObject* current_stream;
+  PyObject* make_output;
+  PyObject* out_of_memory;
+  PyObject* spare;
+  int64_t spare_stream;
 };
 
 // The node's arguments for later launches: no driver call where they hold these already.
@@ -149,19 +165,36 @@ int staged_init(PyObject* obj, PyObject* args, PyObject* kwargs) {
   static const char* names[] = {"owners", "exec", "context", "device", "set_params",
                                 "graph_launch", "ctx_get", "ctx_set", "stage_node",
                                 "stage_params", "stage_slots", "output_node",
-                                "output_params", "output_slots", nullptr};
+                                "output_params", "output_slots", "max_tokens", "max_seqs",
+                                "current_stream", "make_output", "out_of_memory", nullptr};
   PyObject *owners = nullptr, *stage_slots = nullptr, *output_slots = nullptr;
+  PyObject *current_stream = nullptr, *make_output = nullptr, *out_of_memory = nullptr;
   unsigned long long exec = 0, context = 0, set_params = 0, graph_launch = 0, ctx_get = 0,
                      ctx_set = 0, stage_node = 0, stage_params = 0, output_node = 0,
                      output_params = 0;
+  long long max_tokens = 0, max_seqs = 0;
   int device = 0;
-  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OKKiKKKKKKOKKO", const_cast<char**>(names),
-                                   &owners, &exec, &context, &device, &set_params,
-                                   &graph_launch, &ctx_get, &ctx_set, &stage_node,
-                                   &stage_params, &stage_slots, &output_node, &output_params,
-                                   &output_slots)) {
+  if (!PyArg_ParseTupleAndKeywords(args, kwargs, "OKKiKKKKKKOKKO|LLOOO",
+                                   const_cast<char**>(names), &owners, &exec, &context,
+                                   &device, &set_params, &graph_launch, &ctx_get, &ctx_set,
+                                   &stage_node, &stage_params, &stage_slots, &output_node,
+                                   &output_params, &output_slots, &max_tokens, &max_seqs,
+                                   &current_stream, &make_output, &out_of_memory)) {
     return -1;
   }
+  bool with_call = current_stream != nullptr || make_output != nullptr ||
+                   out_of_memory != nullptr;
+  if (with_call && (current_stream == nullptr || make_output == nullptr ||
+                    out_of_memory == nullptr || !PyCallable_Check(current_stream) ||
+                    !PyCallable_Check(make_output) || !PyExceptionClass_Check(out_of_memory) ||
+                    max_tokens < 1 || max_seqs < 1)) {
+    PyErr_SetString(PyExc_ValueError,
+                    "call() needs max_tokens and max_seqs >= 1, callables current_stream and "
+                    "make_output, and an exception class out_of_memory");
+    return -1;
+  }
+  PyObject* device_index = PyLong_FromLong(device);
+  if (device_index == nullptr) return -1;
   if (!exec || !context || !set_params || !graph_launch || !ctx_get || !ctx_set ||
       !stage_params || !output_params) {
     PyErr_SetString(PyExc_ValueError, "a null graph, context, driver function or parameters");
@@ -187,12 +220,28 @@ int staged_init(PyObject* obj, PyObject* args, PyObject* kwargs) {
   self->stage = stage;
   self->output = output;
   self->failed = "";
+  self->max_tokens = max_tokens;
+  self->max_seqs = max_seqs;
+  Py_XSETREF(self->device_index, device_index);
+  Py_XINCREF(current_stream);
+  Py_XSETREF(self->current_stream, current_stream);
+  Py_XINCREF(make_output);
+  Py_XSETREF(self->make_output, make_output);
+  Py_XINCREF(out_of_memory);
+  Py_XSETREF(self->out_of_memory, out_of_memory);
+  Py_CLEAR(self->spare);
+  self->spare_stream = 0;
   return 0;
 }
 
 void staged_dealloc(PyObject* obj) {
   auto* self = reinterpret_cast<StagedLaunch*>(obj);
   Py_CLEAR(self->owners);
+  Py_CLEAR(self->device_index);
+  Py_CLEAR(self->current_stream);
+  Py_CLEAR(self->make_output);
+  Py_CLEAR(self->out_of_memory);
+  Py_CLEAR(self->spare);
   Py_TYPE(obj)->tp_free(obj);
 }
 
@@ -236,15 +285,8 @@ PyObject* staged_name(PyObject* obj, PyObject* const* args, Py_ssize_t nargs) {
   return PyLong_FromLong(result);
 }
 
-// name_output(out: Tensor) -> CUresult: the output of later launches, inputs as last named.
-PyObject* staged_name_output(PyObject* obj, PyObject* out) {
-  auto* self = reinterpret_cast<StagedLaunch*>(obj);
-  if (!ready(self)) return nullptr;
-  if (!THPVariable_Check(out)) {
-    PyErr_SetString(PyExc_TypeError, "name_output takes a tensor");
-    return nullptr;
-  }
-  int64_t address = reinterpret_cast<intptr_t>(THPVariable_Unpack(out).data_ptr());
+// The output of later launches, inputs as last named, in the graph's context -> CUresult.
+int name_output_at(StagedLaunch* self, int64_t address) {
   void* previous = nullptr;
   bool switched = false;
   int result;
@@ -253,7 +295,22 @@ PyObject* staged_name_output(PyObject* obj, PyObject* out) {
   if (result == 0) result = set_output(self, address);
   result = leave(self, previous, switched, result);
   Py_END_ALLOW_THREADS
-  return PyLong_FromLong(result);
+  return result;
+}
+
+int64_t address_of(PyObject* tensor) {
+  return reinterpret_cast<intptr_t>(THPVariable_Unpack(tensor).data_ptr());
+}
+
+// name_output(out: Tensor) -> CUresult: the output of later launches, inputs as last named.
+PyObject* staged_name_output(PyObject* obj, PyObject* out) {
+  auto* self = reinterpret_cast<StagedLaunch*>(obj);
+  if (!ready(self)) return nullptr;
+  if (!THPVariable_Check(out)) {
+    PyErr_SetString(PyExc_TypeError, "name_output takes a tensor");
+    return nullptr;
+  }
+  return PyLong_FromLong(name_output_at(self, address_of(out)));
 }
 
 // Whether the tensors can be handed to the graph as bare addresses: graphs.staged_tensors_fit.
@@ -267,6 +324,31 @@ bool staged_fit(const at::Tensor& ids, const at::Tensor& tt, const at::Tensor& p
     }
   }
   return tt.size(0) == ids.size(0) && pos.size(0) == ids.size(0) && cu.size(0) >= 1;
+}
+
+// The tensors' addresses and sizes set where they changed, the output named, the graph
+// launched on `stream`, in its context -> CUresult (the failed call in self->failed).
+int launch_staged(StagedLaunch* self, const at::Tensor& ids, const at::Tensor& tt,
+                  const at::Tensor& pos, const at::Tensor& cu, int64_t out, int64_t on) {
+  int64_t values[kStageArgs] = {
+      reinterpret_cast<intptr_t>(ids.data_ptr()), reinterpret_cast<intptr_t>(tt.data_ptr()),
+      reinterpret_cast<intptr_t>(pos.data_ptr()), reinterpret_cast<intptr_t>(cu.data_ptr()),
+      ids.size(0), cu.size(0) - 1};
+  void* stream = as_pointer(static_cast<uint64_t>(on));
+  void* previous = nullptr;
+  bool switched = false;
+  int result;
+  Py_BEGIN_ALLOW_THREADS
+  result = enter(self, &previous, &switched);
+  if (result == 0) result = set_node(self, self->stage, values);
+  if (result == 0) result = set_output(self, out);
+  if (result == 0) {
+    result = self->graph_launch(self->exec, stream);
+    if (result != 0) self->failed = "cuGraphLaunch";
+  }
+  result = leave(self, previous, switched, result);
+  Py_END_ALLOW_THREADS
+  return result;
 }
 
 // launch(ids, tt, pos, cu, out, max_tokens, max_seqs, stream) -> int: 0 launched,
@@ -292,26 +374,75 @@ PyObject* staged_launch(PyObject* obj, PyObject* const* args, Py_ssize_t nargs) 
   if (!staged_fit(ids, tt, pos, cu, self->device)) return PyLong_FromLongLong(kTensorsMisfit);
   int64_t tokens = ids.size(0), seqs = cu.size(0) - 1;
   if (tokens > limits[0] || seqs > limits[1]) return PyLong_FromLongLong(kNotInBucket);
-  int64_t values[kStageArgs] = {
-      reinterpret_cast<intptr_t>(ids.data_ptr()), reinterpret_cast<intptr_t>(tt.data_ptr()),
-      reinterpret_cast<intptr_t>(pos.data_ptr()), reinterpret_cast<intptr_t>(cu.data_ptr()),
-      tokens, seqs};
-  int64_t out = reinterpret_cast<intptr_t>(THPVariable_Unpack(args[4]).data_ptr());
-  void* stream = as_pointer(static_cast<uint64_t>(limits[2]));
-  void* previous = nullptr;
-  bool switched = false;
-  int result;
-  Py_BEGIN_ALLOW_THREADS
-  result = enter(self, &previous, &switched);
-  if (result == 0) result = set_node(self, self->stage, values);
-  if (result == 0) result = set_output(self, out);
-  if (result == 0) {
-    result = self->graph_launch(self->exec, stream);
-    if (result != 0) self->failed = "cuGraphLaunch";
+  return PyLong_FromLong(
+      launch_staged(self, ids, tt, pos, cu, address_of(args[4]), limits[2]));
+}
+
+// call(ids, tt, pos, cu, follows) -> Tensor | None: the launch on the spare output, where
+// the current stream is `follows` (the stream of the cache's last call: no ordering to
+// add) and the spare was made for it; then the next call's output made and named. Returns
+// the logits [2, T] (a view where T < max_tokens), or None where anything stands in the way
+// (another stream, no spare, tensors or a batch that do not fit, a driver failure): the
+// caller then takes the checked path (launch()), which orders, refuses or raises. After a
+// launch, a failure to name the next output leaves it unnamed: the next launch sets it.
+PyObject* staged_call(PyObject* obj, PyObject* const* args, Py_ssize_t nargs) {
+  auto* self = reinterpret_cast<StagedLaunch*>(obj);
+  if (!ready(self)) return nullptr;
+  if (nargs != 5) {
+    PyErr_SetString(PyExc_TypeError, "call(ids, tt, pos, cu, follows)");
+    return nullptr;
   }
-  result = leave(self, previous, switched, result);
-  Py_END_ALLOW_THREADS
-  return PyLong_FromLong(result);
+  if (self->make_output == nullptr) {
+    PyErr_SetString(PyExc_RuntimeError, "StagedLaunch built without call()'s fields");
+    return nullptr;
+  }
+  int64_t follows = 0;
+  if (!read_ints(args + 4, 1, &follows)) return nullptr;
+  PyObject* current = PyObject_CallOneArg(self->current_stream, self->device_index);
+  if (current == nullptr) return nullptr;
+  int64_t stream = static_cast<int64_t>(PyLong_AsLongLong(current));
+  Py_DECREF(current);
+  if (stream == -1 && PyErr_Occurred()) return nullptr;
+  if (stream != follows || self->spare == nullptr || self->spare_stream != stream) {
+    Py_RETURN_NONE;
+  }
+  for (int i = 0; i < 4; ++i) {
+    if (!THPVariable_Check(args[i])) Py_RETURN_NONE;
+  }
+  const at::Tensor& ids = THPVariable_Unpack(args[0]);
+  const at::Tensor& tt = THPVariable_Unpack(args[1]);
+  const at::Tensor& pos = THPVariable_Unpack(args[2]);
+  const at::Tensor& cu = THPVariable_Unpack(args[3]);
+  if (!staged_fit(ids, tt, pos, cu, self->device)) Py_RETURN_NONE;
+  int64_t tokens = ids.size(0);
+  if (tokens > self->max_tokens || cu.size(0) - 1 > self->max_seqs) Py_RETURN_NONE;
+  PyObject* out = self->spare;  // this call's now
+  self->spare = nullptr;
+  if (launch_staged(self, ids, tt, pos, cu, address_of(out), stream) != 0) {
+    self->spare = out;  // unused: the checked path launches on it and reports the failure
+    Py_RETURN_NONE;
+  }
+  PyObject* next = PyObject_CallNoArgs(self->make_output);
+  if (next == nullptr) {
+    if (!PyErr_ExceptionMatches(self->out_of_memory)) {
+      Py_DECREF(out);
+      return nullptr;
+    }
+    PyErr_Clear();  // this call's logits are done; the next call makes its own output
+  } else if (!THPVariable_Check(next)) {
+    Py_DECREF(next);
+    Py_DECREF(out);
+    PyErr_SetString(PyExc_TypeError, "make_output returned no tensor");
+    return nullptr;
+  } else {
+    name_output_at(self, address_of(next));
+    self->spare = next;
+    self->spare_stream = stream;
+  }
+  if (tokens == self->max_tokens) return out;
+  PyObject* view = THPVariable_Wrap(THPVariable_Unpack(out).narrow(1, 0, tokens));
+  Py_DECREF(out);
+  return view;
 }
 
 PyObject* staged_failed(PyObject* obj, void*) {
@@ -327,6 +458,8 @@ PyMethodDef staged_methods[] = {
     {"name", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(staged_name)),
      METH_FASTCALL, "name(ids, tt, pos, cu, tokens, seqs, out) -> CUresult"},
     {"name_output", staged_name_output, METH_O, "name_output(out) -> CUresult"},
+    {"call", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(staged_call)),
+     METH_FASTCALL, "call(ids, tt, pos, cu, follows) -> Tensor | None"},
     {nullptr, nullptr, 0, nullptr}};
 
 // ((ids, tt, pos, cu, tokens, seqs), out) the driver holds for later launches, or None
@@ -341,9 +474,52 @@ PyObject* staged_named(PyObject* obj, void*) {
                        static_cast<long long>(self->output.last[0]));
 }
 
+PyObject* staged_get_spare(PyObject* obj, void*) {
+  auto* self = reinterpret_cast<StagedLaunch*>(obj);
+  PyObject* spare = self->spare != nullptr ? self->spare : Py_None;
+  Py_INCREF(spare);
+  return spare;
+}
+
+int staged_set_spare(PyObject* obj, PyObject* value, void*) {
+  auto* self = reinterpret_cast<StagedLaunch*>(obj);
+  if (value == nullptr || (value != Py_None && !THPVariable_Check(value))) {
+    PyErr_SetString(PyExc_TypeError, "spare is a tensor or None");
+    return -1;
+  }
+  PyObject* old = self->spare;
+  if (value == Py_None) {
+    self->spare = nullptr;
+  } else {
+    Py_INCREF(value);
+    self->spare = value;
+  }
+  Py_XDECREF(old);
+  return 0;
+}
+
+PyObject* staged_get_spare_stream(PyObject* obj, void*) {
+  return PyLong_FromLongLong(reinterpret_cast<StagedLaunch*>(obj)->spare_stream);
+}
+
+int staged_set_spare_stream(PyObject* obj, PyObject* value, void*) {
+  if (value == nullptr) {
+    PyErr_SetString(PyExc_TypeError, "spare_stream cannot be deleted");
+    return -1;
+  }
+  long long stream = PyLong_AsLongLong(value);
+  if (stream == -1 && PyErr_Occurred()) return -1;
+  reinterpret_cast<StagedLaunch*>(obj)->spare_stream = stream;
+  return 0;
+}
+
 PyGetSetDef staged_getset[] = {
     {"failed", staged_failed, nullptr, "the driver call behind the last non-zero result",
      nullptr},
+    {"spare", staged_get_spare, staged_set_spare,
+     "the next call's output, named to the graph already, or None", nullptr},
+    {"spare_stream", staged_get_spare_stream, staged_set_spare_stream,
+     "the stream the spare was made for", nullptr},
     {"named", staged_named, nullptr, "the inputs and output later launches get, or None",
      nullptr},
     {nullptr, nullptr, nullptr, nullptr, nullptr}};
