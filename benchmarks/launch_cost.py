@@ -79,7 +79,8 @@ def host_pieces(eng: Any, ids: Any, tt: Any, pos: Any, cu: Any) -> dict[str, Cal
         "logits[0], logits[1]": lambda: (logits[0], logits[1]),
         "logits.unbind(0)": lambda: logits.unbind(0),
         "positions, one sequence: a view (v35)": lambda: eng._positions(cu, t),
-        "positions, one kernel (v35, several sequences)": lambda: eng.ops.packed_positions(cu, t),
+        "positions, one kernel (v35, several sequences)": lambda: eng.ops.packed_positions(
+            cu, t, eng.config.max_position_embeddings),
         "positions, v34's torch ops": v34_positions,
     }
 

@@ -228,7 +228,12 @@ class FusedEngine:
                                if self.device.type == "cuda" and self.device.index is None
                                else self.device)
         self.ops = select_ops(backend, self.device)
-        self._counting: torch.Tensor | None = None  # 0, 1, 2, ...: one sequence's positions
+        # 0, 1, 2, ...: one sequence's positions (``_positions``), made here, before any
+        # call on any stream can read it, and never written again
+        self._counting = torch.arange(self.config.max_position_embeddings, dtype=torch.int32,
+                                      device=self._tensor_device)
+        if self._tensor_device.type == "cuda":
+            torch.cuda.synchronize(self._tensor_device)
         self.backend = "triton" if self.ops.__name__.endswith("kernels") else "torch"
         self.fp8 = weights.fp8
         if weights.fp8_blocks and self.device.type == "cuda":
@@ -509,7 +514,7 @@ class FusedEngine:
             if graphs is not None and self._recorder is None:
                 # A batch size already replayed into a bucket that stages itself: the
                 # same bucket, without the lookup (~0.7 µs of the call's path), and on
-                # the compiled path no Python before the launch (~4 µs, v35) unless the
+                # the compiled path no Python before the launch (2.5-3 µs, v35) unless the
                 # call needs the checked path (another stream, a misfit: None).
                 route = graphs.routes.get((t, b, max_seqlen))
                 if route is not None:
@@ -587,12 +592,14 @@ class FusedEngine:
         ``input_ids_flat``/``token_type_ids_flat`` [T] hold every sequence's tokens back to
         back; sequence ``b`` is ``cu_seqlens[b]:cu_seqlens[b+1]`` (int, [B + 1], starting at
         0); ``max_seqlen`` >= the longest sequence (over-stating it is safe). Position ids
-        restart at 0 in each sequence: computed on the device from ``cu_seqlens`` (one
-        kernel), or ``position_ids`` [T] as given (not checked against ``cu_seqlens``; it
-        saves that launch, ~10-20 µs of host time a call). Contiguous int32 tensors on the engine's device
-        are used as they are; others are converted (a copy each). Values are not
-        range-checked (that would need a device sync): ids must be < vocab size and
-        sequences <= max positions.
+        restart at 0 in each sequence: computed from ``cu_seqlens`` (for one sequence a
+        view of a kept ``arange``; for several one kernel, ~30 µs of host time), or
+        ``position_ids`` [T] as given (not checked against ``cu_seqlens``). Contiguous
+        int32 tensors on the engine's device are used as they are; others are converted
+        (a copy each). Values are not range-checked (that would need a device sync): ids
+        must be < vocab size, and given positions < max positions (computed ones are kept
+        there). The logits may be inference tensors (made under ``torch.inference_mode``
+        by an earlier call): clone them before changing them in place.
         """
         dev = self._tensor_device
         # Contiguous: the graph's first kernel (or the staging kernel) reads them as flat
@@ -613,18 +620,15 @@ class FusedEngine:
         return start, end
 
     def _positions(self, cu: torch.Tensor, tokens: int) -> torch.Tensor:
-        """Position ids [``tokens``] of the packed sequences that ``cu`` bounds: one
-        sequence's are a view of a kept ``arange`` (no launch: the kernel's launch costs
-        ~20-40 µs of host time), several sequences' come from one kernel."""
+        """Position ids [``tokens``] of the packed sequences that ``cu`` bounds, each in
+        the position table: one sequence's are a view of a kept ``arange`` (no launch:
+        the kernel's launch costs ~27-38 µs of host time, v35), several sequences' come
+        from one kernel."""
         longest = self.config.max_position_embeddings
         if cu.shape[0] != 2 or tokens > longest:
-            positions: torch.Tensor = self.ops.packed_positions(cu, tokens)
+            positions: torch.Tensor = self.ops.packed_positions(cu, tokens, longest)
             return positions
-        counting = self._counting
-        if counting is None:  # made once and never written or freed
-            counting = self._counting = torch.arange(longest, dtype=torch.int32,
-                                                     device=cu.device)
-        return counting[:tokens]
+        return self._counting[:tokens]
 
     def infer_torch(
         self, input_ids: torch.Tensor, attention_mask: torch.Tensor, token_type_ids: torch.Tensor

@@ -225,7 +225,8 @@ class _Captured:
     launch: Launcher
     args: _CallArgs | None = None  # with ``stage_args``, for buckets that stage themselves
     host_io: _HostIO | None = None  # made by the first host call
-    # replay_into's next output, made after the previous call's launch, and its stream
+    # replay_into's next output on the Python path, made after the previous call's launch,
+    # and its stream (on the compiled path its StagedLaunch keeps them)
     spare: torch.Tensor | None = None
     spare_stream: int = 0
 
@@ -313,7 +314,7 @@ class GraphCache:
         stage_node, stage_params, stage_slots = stage.native_view()
         output_node, output_params, output_slots = output.native_view()
         return staged_launch.make(
-            owners=(stage, output), exec=graph.raw_cuda_graph_exec(),
+            owners=(stage, output, graph), exec=graph.raw_cuda_graph_exec(),
             context=self._context.handle, device=self._index, **driver_functions(),
             stage_node=stage_node, stage_params=stage_params, stage_slots=stage_slots,
             output_node=output_node, output_params=output_params, output_slots=output_slots,
@@ -407,9 +408,12 @@ class GraphCache:
         self._follow(stream)
         out = holder.spare
         if out is None or holder.spare_stream != stream:
-            out = torch.empty((2, bucket.tokens), device=self._device, dtype=torch.float32)
+            out = self._new_output(bucket)
         holder.spare = None
         return stream, out
+
+    def _new_output(self, bucket: Bucket) -> torch.Tensor:
+        return torch.empty((2, bucket.tokens), device=self._device, dtype=torch.float32)
 
     def _misfit(self) -> ValueError:
         return ValueError(f"replay_into takes contiguous 1-D int32 tensors on cuda:"
@@ -423,7 +427,7 @@ class GraphCache:
         under this call's inference mode, or not: the next call returns it as it is.)
         None where memory ran out: this call's logits are done, so it returns them."""
         try:
-            return torch.empty((2, bucket.tokens), device=self._device, dtype=torch.float32)
+            return self._new_output(bucket)
         except torch.OutOfMemoryError:
             return None
 

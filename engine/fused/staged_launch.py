@@ -13,9 +13,9 @@ no CUDA library and builds on any machine with a C++ compiler and torch.
 (``GraphCache.routes``): with the current stream read through torch's own function, the
 launch made on the spare output the object keeps (named after the previous call's
 launch), and the next spare made and named after it, no Python runs between the route
-lookup and the launch (~4 µs of a call's path on the H200's host). Anything in its way
-(another stream, a misfit, a driver failure) hands the call back to ``launch``'s checked
-path, which orders, refuses or raises.
+lookup and the launch (2.5-3 µs off a call's path on the H200's host, v35). Anything in
+its way before the launch (another stream, a misfit, a driver failure) hands the call
+back to ``launch``'s checked path, which orders, refuses or raises.
 
 The extension is compiled on first use (:func:`load`: ~10-25 s, once per source, Python and
 torch version) into ``build/native``, with the compiler the environment names (``CXX``,

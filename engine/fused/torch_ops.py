@@ -353,13 +353,13 @@ def attention_varlen(
     return out if fp8_scale is None else quantize_static(out, fp8_scale).data
 
 
-def packed_positions(cu: torch.Tensor, tokens: int) -> torch.Tensor:
+def packed_positions(cu: torch.Tensor, tokens: int, longest: int) -> torch.Tensor:
     b = cu.shape[0] - 1
     if b <= 0:
-        return torch.empty(tokens, dtype=torch.int32, device=cu.device)
+        return torch.zeros(tokens, dtype=torch.int32, device=cu.device)
     i = torch.arange(tokens, device=cu.device, dtype=torch.int32)
     seq = (torch.searchsorted(cu[:b].contiguous(), i, right=True) - 1).clamp(min=0)
-    return (i - cu[seq]).clamp(min=0).int()
+    return (i - cu[seq]).clamp(0, longest - 1).int()
 
 
 def stage_inputs(buf: torch.Tensor, tokens: int, ids: torch.Tensor, tt: torch.Tensor,

@@ -686,8 +686,9 @@ def _check_packed_positions() -> tuple[float, float]:
     """Positions from offsets, the kernel's binary search and the torch spec's
     ``searchsorted``, against a per-sequence ``arange``: one sequence, empty sequences
     (first, inside, last), several kernel blocks, over a thousand sequences (eleven search
-    steps), and tokens past the last offset (from its start: still counted, not garbage).
-    Returns the number of wrong entries (tolerance 0)."""
+    steps), tokens past the last offset (the last sequence's count goes on), positions
+    past the table (kept at its last row) and no sequence at all (zeros, not whatever the
+    memory held). Returns the number of wrong entries (tolerance 0)."""
     import torch
 
     from engine.fused import kernels as k
@@ -698,13 +699,17 @@ def _check_packed_positions() -> tuple[float, float]:
     bad = 0
     for lengths in cases:
         cu = torch.tensor([0, *np.cumsum(lengths).tolist()], dtype=torch.int32)
-        for extra in (0, 3):
+        for extra, longest in ((0, 4096), (3, 4096), (3, 512)):
             t = int(cu[-1]) + extra
             want = np.concatenate([np.arange(n) for n in lengths] + [np.arange(extra) + lengths[-1]])
+            want = np.minimum(want, longest - 1)
             for ops in (k, torch_ops):
-                got = ops.packed_positions(cu, t)
+                got = ops.packed_positions(cu, t, longest)
                 bad += got.dtype != torch.int32 or got.shape != (t,)
                 bad += int((got.numpy() != want).sum())
+    for ops in (k, torch_ops):
+        got = ops.packed_positions(torch.zeros(1, dtype=torch.int32), 5, 512)
+        bad += int((got.numpy() != 0).sum()) + (got.shape != (5,))
     return float(bad), 0.0
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import os
 import shutil
+import sys
 import warnings
 from pathlib import Path
 from typing import Any
@@ -303,8 +304,12 @@ def test_call_launches_on_the_spare_and_names_the_next(module: Any, driver: Driv
     staged.spare, staged.spare_stream = spare, STREAM
     driver.calls.clear()
     driver.current = CONTEXT
+    references = sys.getrefcount(spare)
     got = staged.call(*batch, STREAM)
     assert got.shape == (2, 8) and got.data_ptr() == spare.data_ptr()
+    del got  # the view, and with it the reference the object had on the spare, are gone
+    after = sys.getrefcount(spare)  # (pytest keeps an assertion's values alive)
+    assert after == references - 1
     following = staged.spare
     assert following is not None and following.data_ptr() != spare.data_ptr()
     assert staged.spare_stream == STREAM
@@ -347,13 +352,18 @@ def test_call_hands_back_what_it_will_not_launch(module: Any, driver: Driver,
         driver.fail["launch"] = 719
     else:
         driver.fail["set"] = 700
+    references = sys.getrefcount(spare)
     assert staged.call(*batch, follows) is None
+    after = sys.getrefcount(spare)  # (pytest keeps an assertion's values alive)
+    assert after == references
     assert staged.spare is spare
     assert staged.spare_stream == (STREAM + 1 if case == "spare of another stream" else STREAM)
     launched = [c for c in driver.calls if c[0] == "launch"]
     assert launched == ([("launch", EXEC, STREAM)] if case == "launch fails" else [])
-    if case in ("launch fails", "set fails"):
-        assert staged.failed in ("cuGraphLaunch", "cuGraphExecKernelNodeSetParams")
+    if case == "launch fails":
+        assert staged.failed == "cuGraphLaunch"
+    elif case == "set fails":
+        assert staged.failed == "cuGraphExecKernelNodeSetParams"
 
 
 def test_call_after_its_launch(module: Any, driver: Driver) -> None:
@@ -378,6 +388,20 @@ def test_call_after_its_launch(module: Any, driver: Driver) -> None:
     staged.spare, staged.spare_stream = torch.zeros(2, 16), STREAM
     with pytest.raises(KeyError):
         staged.call(*_batch(), STREAM)
+    staged = _with_call(module, driver, lambda: "no tensor")
+    staged.spare, staged.spare_stream = torch.zeros(2, 16), STREAM
+    with pytest.raises(TypeError, match="no tensor"):
+        staged.call(*_batch(), STREAM)
+    # Launched, then the caller's context not restored: raised here, never launched twice.
+    staged = _with_call(module, driver)
+    staged.spare, staged.spare_stream = torch.zeros(2, 16), STREAM
+    driver.current, driver.fail = 0x9000, {"restore": 202}
+    driver.calls.clear()
+    with pytest.raises(RuntimeError, match="cuCtxSetCurrent failed after the graph's launch"):
+        staged.call(*_batch(), STREAM)
+    assert [c for c in driver.calls if c[0] == "launch"] == [("launch", EXEC, STREAM)]
+    assert staged.spare is None  # the output went with the launch; the next call makes one
+    driver.fail = {}
 
     def fresh() -> Any:
         made.append(torch.zeros(2, 16))
@@ -416,6 +440,10 @@ def test_call_needs_its_fields(module: Any, driver: Driver) -> None:
     staged = _with_call(module, driver)
     with pytest.raises(TypeError):
         staged.spare = 5
+    for wrong in (torch.zeros(2, 8), torch.zeros(2, 16, dtype=torch.float16), torch.zeros(32),
+                  torch.zeros(16, 2).t()):  # what the graph could not write whole
+        with pytest.raises(ValueError, match="float32"):
+            staged.spare = wrong
     with pytest.raises(TypeError):
         staged.call(*_batch())
 

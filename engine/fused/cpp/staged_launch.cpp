@@ -6,7 +6,7 @@
 // call() is the engine's whole path for a batch size it has served before: it also takes
 // the call's output (the spare tensor named after the previous call's launch) and, after
 // the launch, makes and names the next call's, so no Python runs between the engine's
-// route lookup and the launch (v35: ~5 µs of the call's path before its launch).
+// route lookup and the launch (v35: 2.5-3 µs off the call's path before its launch).
 //
 // A CPython extension on torch's C++ headers (to read a tensor's metadata without Python
 // attribute lookups); the driver is reached through function addresses the caller passes
@@ -14,6 +14,7 @@
 // without one. Built and loaded by engine/fused/staged_launch.py. The caller serialises
 // calls on one object (the engine's lock); the GIL is released around the driver calls
 // (a launch may block on a full queue), as ctypes releases it on the Python path.
+#include <torch/csrc/Exceptions.h>
 #include <torch/csrc/autograd/python_variable.h>
 
 #include <cstdint>
@@ -193,8 +194,6 @@ int staged_init(PyObject* obj, PyObject* args, PyObject* kwargs) {
                     "make_output, and an exception class out_of_memory");
     return -1;
   }
-  PyObject* device_index = PyLong_FromLong(device);
-  if (device_index == nullptr) return -1;
   if (!exec || !context || !set_params || !graph_launch || !ctx_get || !ctx_set ||
       !stage_params || !output_params) {
     PyErr_SetString(PyExc_ValueError, "a null graph, context, driver function or parameters");
@@ -204,6 +203,8 @@ int staged_init(PyObject* obj, PyObject* args, PyObject* kwargs) {
   if (!parse_slots(stage_slots, stage, kStageArgs) || !parse_slots(output_slots, output, 0)) {
     return -1;
   }
+  PyObject* device_index = PyLong_FromLong(device);
+  if (device_index == nullptr) return -1;
   stage.node = as_pointer(stage_node);
   stage.params = as_pointer(stage_params);
   output.node = as_pointer(output_node);
@@ -220,6 +221,7 @@ int staged_init(PyObject* obj, PyObject* args, PyObject* kwargs) {
   self->stage = stage;
   self->output = output;
   self->failed = "";
+  self->restore_failed = false;
   self->max_tokens = max_tokens;
   self->max_seqs = max_seqs;
   Py_XSETREF(self->device_index, device_index);
@@ -310,7 +312,9 @@ PyObject* staged_name_output(PyObject* obj, PyObject* out) {
     PyErr_SetString(PyExc_TypeError, "name_output takes a tensor");
     return nullptr;
   }
+  HANDLE_TH_ERRORS
   return PyLong_FromLong(name_output_at(self, address_of(out)));
+  END_HANDLE_TH_ERRORS
 }
 
 // Whether the tensors can be handed to the graph as bare addresses: graphs.staged_tensors_fit.
@@ -329,7 +333,8 @@ bool staged_fit(const at::Tensor& ids, const at::Tensor& tt, const at::Tensor& p
 // The tensors' addresses and sizes set where they changed, the output named, the graph
 // launched on `stream`, in its context -> CUresult (the failed call in self->failed).
 int launch_staged(StagedLaunch* self, const at::Tensor& ids, const at::Tensor& tt,
-                  const at::Tensor& pos, const at::Tensor& cu, int64_t out, int64_t on) {
+                  const at::Tensor& pos, const at::Tensor& cu, int64_t out, int64_t on,
+                  bool* launched) {
   int64_t values[kStageArgs] = {
       reinterpret_cast<intptr_t>(ids.data_ptr()), reinterpret_cast<intptr_t>(tt.data_ptr()),
       reinterpret_cast<intptr_t>(pos.data_ptr()), reinterpret_cast<intptr_t>(cu.data_ptr()),
@@ -346,9 +351,27 @@ int launch_staged(StagedLaunch* self, const at::Tensor& ids, const at::Tensor& t
     result = self->graph_launch(self->exec, stream);
     if (result != 0) self->failed = "cuGraphLaunch";
   }
+  *launched = result == 0;
   result = leave(self, previous, switched, result);
   Py_END_ALLOW_THREADS
   return result;
+}
+
+// Whether the four tensors and their batch fit (0), else kTensorsMisfit or kNotInBucket;
+// args[0..3] are ids, tt, pos, cu.
+long long check_batch(StagedLaunch* self, PyObject* const* args, int64_t max_tokens,
+                      int64_t max_seqs) {
+  for (int i = 0; i < 4; ++i) {
+    if (!THPVariable_Check(args[i])) return kTensorsMisfit;
+  }
+  const at::Tensor& ids = THPVariable_Unpack(args[0]);
+  const at::Tensor& cu = THPVariable_Unpack(args[3]);
+  if (!staged_fit(ids, THPVariable_Unpack(args[1]), THPVariable_Unpack(args[2]), cu,
+                  self->device)) {
+    return kTensorsMisfit;
+  }
+  if (ids.size(0) > max_tokens || cu.size(0) - 1 > max_seqs) return kNotInBucket;
+  return 0;
 }
 
 // launch(ids, tt, pos, cu, out, max_tokens, max_seqs, stream) -> int: 0 launched,
@@ -362,29 +385,29 @@ PyObject* staged_launch(PyObject* obj, PyObject* const* args, Py_ssize_t nargs) 
                     "launch(ids, tt, pos, cu, out, max_tokens, max_seqs, stream)");
     return nullptr;
   }
-  for (int i = 0; i < 5; ++i) {
-    if (!THPVariable_Check(args[i])) return PyLong_FromLongLong(kTensorsMisfit);
-  }
+  HANDLE_TH_ERRORS
+  if (!THPVariable_Check(args[4])) return PyLong_FromLongLong(kTensorsMisfit);
   int64_t limits[3];
   if (!read_ints(args + 5, 3, limits)) return nullptr;
-  const at::Tensor& ids = THPVariable_Unpack(args[0]);
-  const at::Tensor& tt = THPVariable_Unpack(args[1]);
-  const at::Tensor& pos = THPVariable_Unpack(args[2]);
-  const at::Tensor& cu = THPVariable_Unpack(args[3]);
-  if (!staged_fit(ids, tt, pos, cu, self->device)) return PyLong_FromLongLong(kTensorsMisfit);
-  int64_t tokens = ids.size(0), seqs = cu.size(0) - 1;
-  if (tokens > limits[0] || seqs > limits[1]) return PyLong_FromLongLong(kNotInBucket);
-  return PyLong_FromLong(
-      launch_staged(self, ids, tt, pos, cu, address_of(args[4]), limits[2]));
+  long long fit = check_batch(self, args, limits[0], limits[1]);
+  if (fit != 0) return PyLong_FromLongLong(fit);
+  bool launched = false;
+  return PyLong_FromLong(launch_staged(self, THPVariable_Unpack(args[0]),
+                                       THPVariable_Unpack(args[1]), THPVariable_Unpack(args[2]),
+                                       THPVariable_Unpack(args[3]), address_of(args[4]),
+                                       limits[2], &launched));
+  END_HANDLE_TH_ERRORS
 }
 
 // call(ids, tt, pos, cu, follows) -> Tensor | None: the launch on the spare output, where
 // the current stream is `follows` (the stream of the cache's last call: no ordering to
 // add) and the spare was made for it; then the next call's output made and named. Returns
 // the logits [2, T] (a view where T < max_tokens), or None where anything stands in the way
-// (another stream, no spare, tensors or a batch that do not fit, a driver failure): the
-// caller then takes the checked path (launch()), which orders, refuses or raises. After a
-// launch, a failure to name the next output leaves it unnamed: the next launch sets it.
+// (another stream, no spare, tensors or a batch that do not fit, a driver failure before
+// the launch): the caller then takes the checked path (launch()), which orders, refuses or
+// raises. A failure after the launch (the caller's context not restored) raises here, so
+// the graph is never launched twice. A failure to name the next output leaves it unnamed:
+// the next launch sets it (and reports a failure there).
 PyObject* staged_call(PyObject* obj, PyObject* const* args, Py_ssize_t nargs) {
   auto* self = reinterpret_cast<StagedLaunch*>(obj);
   if (!ready(self)) return nullptr;
@@ -396,6 +419,7 @@ PyObject* staged_call(PyObject* obj, PyObject* const* args, Py_ssize_t nargs) {
     PyErr_SetString(PyExc_RuntimeError, "StagedLaunch built without call()'s fields");
     return nullptr;
   }
+  HANDLE_TH_ERRORS
   int64_t follows = 0;
   if (!read_ints(args + 4, 1, &follows)) return nullptr;
   PyObject* current = PyObject_CallOneArg(self->current_stream, self->device_index);
@@ -406,21 +430,24 @@ PyObject* staged_call(PyObject* obj, PyObject* const* args, Py_ssize_t nargs) {
   if (stream != follows || self->spare == nullptr || self->spare_stream != stream) {
     Py_RETURN_NONE;
   }
-  for (int i = 0; i < 4; ++i) {
-    if (!THPVariable_Check(args[i])) Py_RETURN_NONE;
-  }
+  if (check_batch(self, args, self->max_tokens, self->max_seqs) != 0) Py_RETURN_NONE;
   const at::Tensor& ids = THPVariable_Unpack(args[0]);
-  const at::Tensor& tt = THPVariable_Unpack(args[1]);
-  const at::Tensor& pos = THPVariable_Unpack(args[2]);
-  const at::Tensor& cu = THPVariable_Unpack(args[3]);
-  if (!staged_fit(ids, tt, pos, cu, self->device)) Py_RETURN_NONE;
   int64_t tokens = ids.size(0);
-  if (tokens > self->max_tokens || cu.size(0) - 1 > self->max_seqs) Py_RETURN_NONE;
   PyObject* out = self->spare;  // this call's now
   self->spare = nullptr;
-  if (launch_staged(self, ids, tt, pos, cu, address_of(out), stream) != 0) {
-    self->spare = out;  // unused: the checked path launches on it and reports the failure
+  bool launched = false;
+  int result = launch_staged(self, ids, THPVariable_Unpack(args[1]), THPVariable_Unpack(args[2]),
+                             THPVariable_Unpack(args[3]), address_of(out), stream, &launched);
+  if (result != 0 && !launched) {
+    Py_XSETREF(self->spare, out);  // unused: the checked path launches on it or raises
     Py_RETURN_NONE;
+  }
+  if (result != 0) {  // launched, then the caller's context not restored
+    Py_DECREF(out);  // the graph writes it in stream order; the allocator reuses it so
+    PyErr_Format(PyExc_RuntimeError,
+                 "CUDA error: %s failed after the graph's launch (CUresult %d)", self->failed,
+                 result);
+    return nullptr;
   }
   PyObject* next = PyObject_CallNoArgs(self->make_output);
   if (next == nullptr) {
@@ -436,13 +463,14 @@ PyObject* staged_call(PyObject* obj, PyObject* const* args, Py_ssize_t nargs) {
     return nullptr;
   } else {
     name_output_at(self, address_of(next));
-    self->spare = next;
+    Py_XSETREF(self->spare, next);
     self->spare_stream = stream;
   }
   if (tokens == self->max_tokens) return out;
   PyObject* view = THPVariable_Wrap(THPVariable_Unpack(out).narrow(1, 0, tokens));
   Py_DECREF(out);
   return view;
+  END_HANDLE_TH_ERRORS
 }
 
 PyObject* staged_failed(PyObject* obj, void*) {
@@ -486,6 +514,15 @@ int staged_set_spare(PyObject* obj, PyObject* value, void*) {
   if (value == nullptr || (value != Py_None && !THPVariable_Check(value))) {
     PyErr_SetString(PyExc_TypeError, "spare is a tensor or None");
     return -1;
+  }
+  if (value != Py_None) {  // what the graph's last kernel writes: all of it, in place
+    const at::Tensor& t = THPVariable_Unpack(value);
+    if (t.dim() != 2 || t.size(0) != 2 || (self->max_tokens > 0 && t.size(1) != self->max_tokens) ||
+        t.scalar_type() != at::kFloat || t.get_device() != self->device || !t.is_contiguous()) {
+      PyErr_SetString(PyExc_ValueError, "spare is a contiguous float32 [2, max_tokens] tensor "
+                                        "on the graph's device");
+      return -1;
+    }
   }
   PyObject* old = self->spare;
   if (value == Py_None) {

@@ -45,10 +45,10 @@ def stage_inputs(buf: torch.Tensor, tokens: int, ids: torch.Tensor, tt: torch.Te
 
 
 @triton.jit
-def _positions_kernel(cu_ptr, pos_ptr, t, b, steps, BLOCK: tl.constexpr):
+def _positions_kernel(cu_ptr, pos_ptr, t, b, steps, longest, BLOCK: tl.constexpr):
     i = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     # Token i's sequence: the last s in [0, b) with cu[s] <= i, by binary search (``steps``
-    # halvings of [0, b - 1]); every token gets a position, clamped at 0, even where
+    # halvings of [0, b - 1]); every token gets a position in [0, longest), even where
     # ``cu`` does not cover it.
     lo = tl.zeros([BLOCK], tl.int32)
     hi = tl.zeros([BLOCK], tl.int32) + (b - 1)
@@ -57,16 +57,22 @@ def _positions_kernel(cu_ptr, pos_ptr, t, b, steps, BLOCK: tl.constexpr):
         below = tl.load(cu_ptr + mid) <= i
         lo = tl.where(below, mid, lo)
         hi = tl.where(below, hi, mid - 1)
-    tl.store(pos_ptr + i, tl.maximum(i - tl.load(cu_ptr + lo), 0), mask=i < t)
+    pos = tl.minimum(tl.maximum(i - tl.load(cu_ptr + lo), 0), longest - 1)
+    tl.store(pos_ptr + i, pos, mask=i < t)
 
 
-def packed_positions(cu: torch.Tensor, tokens: int) -> torch.Tensor:
+def packed_positions(cu: torch.Tensor, tokens: int, longest: int) -> torch.Tensor:
     """Position ids int32 [``tokens``] of packed sequences: each restarts at 0 at its
-    offset in int32 ``cu`` [B + 1] (B >= 1), in one launch (computed by torch ops it took
-    nine)."""
-    pos = torch.empty(tokens, dtype=torch.int32, device=cu.device)
+    offset in int32 ``cu`` [B + 1], in one launch (computed by torch ops it took nine).
+    Whatever ``cu`` says, every position lies in [0, ``longest``) (the position table's
+    rows): tokens past ``cu[B]`` continue the last sequence's count, and with no sequence
+    at all every position is 0."""
     b = cu.shape[0] - 1
-    if tokens and b > 0:
+    if b <= 0:
+        return torch.zeros(tokens, dtype=torch.int32, device=cu.device)
+    pos = torch.empty(tokens, dtype=torch.int32, device=cu.device)
+    if tokens:
         grid = (triton.cdiv(tokens, _BLOCK),)
-        _positions_kernel[grid](cu, pos, tokens, b, (b - 1).bit_length(), BLOCK=_BLOCK)
+        _positions_kernel[grid](cu, pos, tokens, b, (b - 1).bit_length(), longest,
+                                BLOCK=_BLOCK)
     return pos
