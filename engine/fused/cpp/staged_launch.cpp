@@ -443,7 +443,7 @@ PyObject* staged_call(PyObject* obj, PyObject* const* args, Py_ssize_t nargs) {
     Py_RETURN_NONE;
   }
   if (result != 0) {  // launched, then the caller's context not restored
-    Py_DECREF(out);  // the graph writes it in stream order; the allocator reuses it so
+    Py_DECREF(out);  // freed in stream order: reused only after the graph has written it
     PyErr_Format(PyExc_RuntimeError,
                  "CUDA error: %s failed after the graph's launch (CUresult %d)", self->failed,
                  result);
