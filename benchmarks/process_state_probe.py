@@ -176,8 +176,8 @@ def main() -> None:
         elif action == "upload":
             own = a._graphs._graphs[bucket_a].graph
             check(_cuda().cuGraphUpload(ctypes.c_void_p(own.raw_cuda_graph_exec()),
-                                         ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)),
-                   "cuGraphUpload")
+                                        ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)),
+                  "cuGraphUpload")
         elif action in HF_OPS:
             hf_op(action, batch, seq)
         elif action in ("small_op", "many_ops"):

@@ -388,13 +388,7 @@ class GraphCache:
             if result == staged_launch.TENSORS_MISFIT:
                 raise self._misfit()
             check(result, native.failed)
-        # The next call's output, named while this call runs (as on the Python path).
-        spare = self._spare(bucket)
-        if spare is not None:
-            named = native.name_output(spare)
-            if named:
-                check(named, native.failed)
-        native.spare, native.spare_stream = spare, stream
+        native.rearm(stream)  # the next call's output, made and named as ``call`` does
         t = ids.shape[0]
         return out if t == bucket.tokens else out[:, :t]
 

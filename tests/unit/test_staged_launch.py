@@ -258,27 +258,6 @@ def test_a_failed_set_is_redone_and_the_context_restored(module: Any,
                              "context)")
 
 
-def test_name_and_name_output(module: Any, driver: Driver) -> None:
-    """``name`` (``_CallArgs.name``: the host path's buffers) sets what changed;
-    ``name_output`` (the next call's output) keeps the inputs last named."""
-    staged = module.StagedLaunch(**driver.fields())
-    values = (11, 22, 33, 44, 128, 1)
-    assert staged.name(*values, 55) == 0
-    assert driver.stage_values() == values and driver.output_values() == (55, 55)
-    driver.calls.clear()
-    assert staged.name(*values, 55) == 0
-    assert driver.kinds() == [("ctx", CONTEXT), ("ctx", 0)]  # no set
-    out = torch.zeros(2, 4)
-    driver.calls.clear()
-    assert staged.name_output(out) == 0
-    assert [k for k in driver.kinds() if k[0] == "set"] == [("set", OUTPUT_NODE)]
-    assert staged.named == (values, out.data_ptr())
-    with pytest.raises(TypeError):
-        staged.name(*values)
-    with pytest.raises(TypeError):
-        staged.name_output(55)
-
-
 STREAM = 0x77
 
 
@@ -287,6 +266,31 @@ def _with_call(module: Any, driver: Driver, make: Any = None) -> Any:
     return module.StagedLaunch(**driver.fields(
         max_tokens=16, max_seqs=4, current_stream=lambda device: STREAM,
         make_output=make or (lambda: torch.zeros(2, 16)), out_of_memory=torch.OutOfMemoryError))
+
+
+def test_name_and_rearm(module: Any, driver: Driver) -> None:
+    """``name`` (``_CallArgs.name``: the host path's buffers) sets what changed;
+    ``rearm`` (after a checked launch: the next call's output) makes that output, keeps it
+    as the spare of the stream and names it, keeping the inputs last named."""
+    staged = _with_call(module, driver)
+    values = (11, 22, 33, 44, 128, 1)
+    assert staged.name(*values, 55) == 0
+    assert driver.stage_values() == values and driver.output_values() == (55, 55)
+    driver.calls.clear()
+    assert staged.name(*values, 55) == 0
+    assert driver.kinds() == [("ctx", CONTEXT), ("ctx", 0)]  # no set
+    driver.calls.clear()
+    assert staged.rearm(STREAM) is None
+    out = staged.spare
+    assert out is not None and staged.spare_stream == STREAM
+    assert [k for k in driver.kinds() if k[0] == "set"] == [("set", OUTPUT_NODE)]
+    assert staged.named == (values, out.data_ptr())
+    with pytest.raises(TypeError):
+        staged.name(*values)
+    with pytest.raises(TypeError):
+        staged.rearm("55")
+    with pytest.raises(RuntimeError, match="call"):
+        module.StagedLaunch(**driver.fields()).rearm(STREAM)
 
 
 def test_call_launches_on_the_spare_and_names_the_next(module: Any, driver: Driver) -> None:
@@ -299,9 +303,8 @@ def test_call_launches_on_the_spare_and_names_the_next(module: Any, driver: Driv
     assert staged.spare is None
     assert staged.call(*batch, STREAM) is None  # no spare yet: the checked path's turn
     assert driver.calls == []
-    spare = torch.zeros(2, 16)
-    assert staged.name_output(spare) == 0
-    staged.spare, staged.spare_stream = spare, STREAM
+    staged.rearm(STREAM)  # as the checked path leaves it after its launch
+    spare = staged.spare
     driver.calls.clear()
     driver.current = CONTEXT
     references = sys.getrefcount(spare)

@@ -304,16 +304,44 @@ int64_t address_of(PyObject* tensor) {
   return reinterpret_cast<intptr_t>(THPVariable_Unpack(tensor).data_ptr());
 }
 
-// name_output(out: Tensor) -> CUresult: the output of later launches, inputs as last named.
-PyObject* staged_name_output(PyObject* obj, PyObject* out) {
+// After a launch on `stream`: the next call's output made (make_output) and named to the
+// graph, kept as the spare for that stream. Out of memory: no spare (the next call makes
+// its own output). A failed name leaves the output unnamed, so the next launch sets it
+// (and reports a failure there). -1 with a Python error set where making it failed
+// otherwise.
+int rearm_spare(StagedLaunch* self, int64_t stream) {
+  PyObject* next = PyObject_CallNoArgs(self->make_output);
+  if (next == nullptr) {
+    if (!PyErr_ExceptionMatches(self->out_of_memory)) return -1;
+    PyErr_Clear();
+    Py_CLEAR(self->spare);
+    return 0;
+  }
+  if (!THPVariable_Check(next)) {
+    Py_DECREF(next);
+    PyErr_SetString(PyExc_TypeError, "make_output returned no tensor");
+    return -1;
+  }
+  name_output_at(self, address_of(next));
+  Py_XSETREF(self->spare, next);
+  self->spare_stream = stream;
+  return 0;
+}
+
+// rearm(stream) -> None: rearm_spare, for the checked path (GraphCache._replay_native)
+// after its launch.
+PyObject* staged_rearm(PyObject* obj, PyObject* arg) {
   auto* self = reinterpret_cast<StagedLaunch*>(obj);
   if (!ready(self)) return nullptr;
-  if (!THPVariable_Check(out)) {
-    PyErr_SetString(PyExc_TypeError, "name_output takes a tensor");
+  if (self->make_output == nullptr) {
+    PyErr_SetString(PyExc_RuntimeError, "StagedLaunch built without call()'s fields");
     return nullptr;
   }
+  int64_t stream = 0;
+  if (!read_ints(&arg, 1, &stream)) return nullptr;
   HANDLE_TH_ERRORS
-  return PyLong_FromLong(name_output_at(self, address_of(out)));
+  if (rearm_spare(self, stream) != 0) return nullptr;
+  Py_RETURN_NONE;
   END_HANDLE_TH_ERRORS
 }
 
@@ -401,13 +429,12 @@ PyObject* staged_launch(PyObject* obj, PyObject* const* args, Py_ssize_t nargs) 
 
 // call(ids, tt, pos, cu, follows) -> Tensor | None: the launch on the spare output, where
 // the current stream is `follows` (the stream of the cache's last call: no ordering to
-// add) and the spare was made for it; then the next call's output made and named. Returns
+// add) and the spare was made for it; then the next call's output (rearm_spare). Returns
 // the logits [2, T] (a view where T < max_tokens), or None where anything stands in the way
 // (another stream, no spare, tensors or a batch that do not fit, a driver failure before
 // the launch): the caller then takes the checked path (launch()), which orders, refuses or
 // raises. A failure after the launch (the caller's context not restored) raises here, so
-// the graph is never launched twice. A failure to name the next output leaves it unnamed:
-// the next launch sets it (and reports a failure there).
+// the graph is never launched twice.
 PyObject* staged_call(PyObject* obj, PyObject* const* args, Py_ssize_t nargs) {
   auto* self = reinterpret_cast<StagedLaunch*>(obj);
   if (!ready(self)) return nullptr;
@@ -449,22 +476,9 @@ PyObject* staged_call(PyObject* obj, PyObject* const* args, Py_ssize_t nargs) {
                  result);
     return nullptr;
   }
-  PyObject* next = PyObject_CallNoArgs(self->make_output);
-  if (next == nullptr) {
-    if (!PyErr_ExceptionMatches(self->out_of_memory)) {
-      Py_DECREF(out);
-      return nullptr;
-    }
-    PyErr_Clear();  // this call's logits are done; the next call makes its own output
-  } else if (!THPVariable_Check(next)) {
-    Py_DECREF(next);
+  if (rearm_spare(self, stream) != 0) {
     Py_DECREF(out);
-    PyErr_SetString(PyExc_TypeError, "make_output returned no tensor");
     return nullptr;
-  } else {
-    name_output_at(self, address_of(next));
-    Py_XSETREF(self->spare, next);
-    self->spare_stream = stream;
   }
   if (tokens == self->max_tokens) return out;
   PyObject* view = THPVariable_Wrap(THPVariable_Unpack(out).narrow(1, 0, tokens));
@@ -485,7 +499,7 @@ PyMethodDef staged_methods[] = {
      METH_FASTCALL, "launch(ids, tt, pos, cu, out, max_tokens, max_seqs, stream) -> int"},
     {"name", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(staged_name)),
      METH_FASTCALL, "name(ids, tt, pos, cu, tokens, seqs, out) -> CUresult"},
-    {"name_output", staged_name_output, METH_O, "name_output(out) -> CUresult"},
+    {"rearm", staged_rearm, METH_O, "rearm(stream): the next call's output made and named"},
     {"call", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(staged_call)),
      METH_FASTCALL, "call(ids, tt, pos, cu, follows) -> Tensor | None"},
     {nullptr, nullptr, 0, nullptr}};
