@@ -565,7 +565,7 @@ def section_mix(res: dict[str, Any], name: str, windows: int) -> None:
                 with torch.inference_mode():
                     run_for(fn, inputs, MIX_LOADED_S)  # the power limit settles first
                     start = sampler.now()
-                    t = time_calls(fn, inputs, target_s=MIX_TIMED_S, min_iters=8)
+                    t = time_calls(fn, inputs, target_s=MIX_TIMED_S, warmup=0, min_iters=8)
                     timed[key] = (start, sampler.now())
                 row[key] = {**t.as_dict(), "windows_per_s": windows / t.median_ms * 1e3}
             except Exception as exc:

@@ -1,4 +1,4 @@
-"""The GPU's SM clock and power during timed work, sampled by ``nvidia-smi`` beside it.
+"""The GPU's SM clock and power during timed work, from ``nvidia-smi`` samples.
 
 A whole-pass result at the H200's power cap is an energy result: the same mix path read
 7,735-7,757 windows/s on one part and 7,453-7,523 on another whose SM clock at the cap was
@@ -15,23 +15,115 @@ power over each timed window and the share of samples the software power cap hel
 
 ``nvidia-smi`` samples the GPU that ``CUDA_VISIBLE_DEVICES`` names first, else the first
 it lists (the lent machines have one). Where it is missing or fails, the work runs
-unsampled and :attr:`ClockSampler.missing` says why.
+unsampled and :attr:`ClockSampler.missing` says why. :func:`read_samples` and
+:func:`summary` also read logs written by hand (``plot_power_samples.py`` plots them).
 """
 
 from __future__ import annotations
 
+import csv
 import os
 import shutil
+import statistics
 import subprocess
 import tempfile
+from collections import Counter
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from types import TracebackType
 
-from benchmarks.plot_power_samples import Sample, Summary, read_samples, summary
-
 QUERY = "timestamp,clocks.sm,power.draw,clocks_throttle_reasons.active"
 STOP_TIMEOUT_S = 5.0
+POWER_CAP = 0x4  # the clock-event reasons' "software power cap" bit
+REASONS = {0x1: "idle", POWER_CAP: "software power cap", 0x20: "software thermal",
+           0x40: "hardware thermal", 0x80: "hardware power brake"}
+
+
+@dataclass(frozen=True)
+class Sample:
+    at: datetime  # the sample's local time, as nvidia-smi prints it
+    sm_mhz: float
+    power_w: float
+    reasons: int  # the clock-event reasons' bit mask
+
+
+@dataclass(frozen=True)
+class Summary:
+    samples: int
+    busy: int  # samples drawing more than the threshold
+    sm_mhz: tuple[float, float, float]  # min, median, max over the busy samples
+    power_w: tuple[float, float, float]
+    reasons: dict[str, float]  # each clock-event mask's share of the busy samples, in words
+    cap_share: float  # the busy samples' share that the software power cap held down
+
+
+def _number(cell: str) -> float:
+    """``'1620 MHz'`` / ``'691.8 W'`` / ``'59'`` -> the number."""
+    return float(cell.strip().split()[0])
+
+
+def _column(header: list[str], *names: str) -> int:
+    """The index of the first header cell that starts with one of ``names``."""
+    cells = [h.strip() for h in header]
+    for name in names:
+        for i, cell in enumerate(cells):
+            if cell.startswith(name):
+                return i
+    raise ValueError(f"no column {' or '.join(names)} in the header {cells}")
+
+
+def read_samples(path: Path) -> list[Sample]:
+    """The samples of an ``nvidia-smi --format=csv`` log, in order; rows that are not
+    whole (a log cut off mid-line) or not numbers (``[N/A]``) are skipped."""
+    with path.open(newline="") as f:
+        rows = list(csv.reader(f))
+    if not rows:
+        raise ValueError(f"{path} is empty")
+    header = rows[0]
+    at = _column(header, "timestamp")
+    sm = _column(header, "clocks.current.sm", "clocks.sm")
+    power = _column(header, "power.draw")
+    reasons = _column(header, "clocks_event_reasons.active", "clocks_throttle_reasons.active")
+    out: list[Sample] = []
+    for row in rows[1:]:
+        if len(row) != len(header):
+            continue
+        try:
+            out.append(Sample(datetime.strptime(row[at].strip(), "%Y/%m/%d %H:%M:%S.%f"),
+                              _number(row[sm]), _number(row[power]),
+                              int(row[reasons].strip(), 16)))
+        except ValueError:
+            continue
+    if not out:
+        raise ValueError(f"{path} holds no whole sample")
+    return out
+
+
+def _spread(values: list[float]) -> tuple[float, float, float]:
+    return min(values), statistics.median(values), max(values)
+
+
+def summary(samples: list[Sample], busy_w: float) -> Summary:
+    """Over the busy samples (power above ``busy_w``): the SM clock's and the power's
+    min / median / max, and the clock-event reasons' shares."""
+    busy = [s for s in samples if s.power_w > busy_w]
+    if not busy:
+        raise ValueError(f"no sample draws more than {busy_w} W")
+    reasons = Counter(s.reasons for s in busy)
+    return Summary(len(samples), len(busy), _spread([s.sm_mhz for s in busy]),
+                   _spread([s.power_w for s in busy]),
+                   {describe(mask): n / len(busy) for mask, n in reasons.most_common()},
+                   sum(s.reasons & POWER_CAP != 0 for s in busy) / len(busy))
+
+
+def describe(mask: int) -> str:
+    """A clock-event mask in words: ``0x4`` -> ``'software power cap'``, ``0`` -> ``'none'``."""
+    if mask == 0:
+        return "none"
+    names = [name for bit, name in REASONS.items() if mask & bit]
+    rest = mask & ~sum(REASONS)
+    return " + ".join(names + ([f"0x{rest:x}"] if rest else []))
 
 
 class ClockSampler:
@@ -109,7 +201,5 @@ def clock_fields(s: Summary | None) -> dict[str, float]:
     their count; {} without samples."""
     if s is None:
         return {}
-    return {"sm_mhz": s.sm_mhz[1], "power_w": s.power_w[1],
-            "power_cap_share": sum(share for reason, share in s.reasons.items()
-                                   if "software power cap" in reason),
+    return {"sm_mhz": s.sm_mhz[1], "power_w": s.power_w[1], "power_cap_share": s.cap_share,
             "clock_samples": float(s.samples)}
