@@ -556,10 +556,10 @@ def section_mix(res: dict[str, Any], name: str, windows: int) -> None:
                                                     graph=True), hf_in)
         variants["hf_eager_padded_384"] = (HFRunner(model, windows, 384, use_mask=True,
                                                     graph=False), hf_in)
-    from benchmarks.gpu_clocks import ClockSampler, clock_fields
+    from benchmarks.gpu_clocks import ClockSampler, clock_fields, torch_gpu_id
 
     timed: dict[str, tuple[datetime, datetime]] = {}
-    with ClockSampler() as sampler:  # at the power cap windows/s follows the part's clock
+    with ClockSampler(gpu=torch_gpu_id()) as sampler:  # at the power cap windows/s follows the part's clock
         for key, (fn, inputs) in variants.items():
             try:
                 with torch.inference_mode():

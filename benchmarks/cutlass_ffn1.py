@@ -22,6 +22,12 @@ competitor is captured as a graph of ``--calls`` calls and the graphs replay in 
 ``--rounds`` rounds (``rounds.interleaved``): µs per GEMM, median of the rounds, and
 TFLOP/s. A single GEMM's time at this size is also an energy result (the H200 runs at its
 power cap), so the winner still has to win a whole pass (NOTES v12). Random data.
+
+With ``--settle-s`` > 0 each competitor is then also timed at its own settled power limit
+(NOTES v36): its graph replays for ``--settle-s`` seconds, then for ``--timed-s`` seconds
+timed, with the median SM clock and power of that window from ``nvidia-smi``
+(``gpu_clocks``). The kernels whose names say "no GELU", and ``cublaslt bias only``, are
+diagnostics of what the GELU costs: their outputs are not FFN1's.
 """
 
 from __future__ import annotations
@@ -94,7 +100,8 @@ def float_error(out: Any, op: dict[str, Any]) -> float:
 
 
 def run_rows(lib: ctypes.CDLL, m: int, d: int, f: int, calls: int, rounds: int,
-             reps: int, variants: list[int]) -> dict[str, Any]:
+             reps: int, variants: list[int], settle_s: float = 0.0,
+             timed_s: float = 1.0) -> dict[str, Any]:
     import torch
 
     from benchmarks.rounds import capture_graph, interleaved
@@ -113,6 +120,15 @@ def run_rows(lib: ctypes.CDLL, m: int, d: int, f: int, calls: int, rounds: int,
     row: dict[str, Any] = {"m": m, "n": f, "k": d, "gflop": 2.0 * m * f * d / 1e9,
                            "competitors": {"cublaslt": {"float_error": float_error(ref, op)}}}
     fns: dict[str, Any] = {"cublaslt": cublaslt}
+    bias_out = torch.empty_like(ref)
+
+    def cublaslt_bias() -> None:
+        fp8_linear(op["xq"], op["x_scale"], op["w8"], op["w_scale"], FP8_DTYPE, bias=op["b1"],
+                   out_scale=op["h_inv"], out=bias_out, fast_accum=True)
+
+    cublaslt_bias()
+    row["competitors"]["cublaslt bias only"] = {}
+    fns["cublaslt bias only"] = cublaslt_bias
     for v in variants:
         name = lib.qa_ffn1_name(v).decode()
         out = torch.empty((m, f), device="cuda", dtype=FP8_DTYPE)
@@ -142,7 +158,53 @@ def run_rows(lib: ctypes.CDLL, m: int, d: int, f: int, calls: int, rounds: int,
         us = [t * 1e3 / calls for t in ms]
         med = statistics.median(us)
         row["competitors"][name].update(us_rounds=us, us=med, tflops=row["gflop"] / med * 1e3)
+    if settle_s > 0:
+        for name, fields in settled(graphs, calls, settle_s, timed_s).items():
+            fields["settled_tflops"] = row["gflop"] / fields["settled_us"] * 1e3
+            row["competitors"][name].update(fields)
     return row
+
+
+def settled(graphs: dict[str, Any], calls: int, settle_s: float,
+            timed_s: float) -> dict[str, dict[str, float]]:
+    """Each graph in turn: replayed for ``settle_s`` seconds (the power limit settles at
+    this kernel's own draw), then for ``timed_s`` seconds timed by CUDA events; µs per GEMM
+    with the window's clock fields."""
+    import time
+
+    import torch
+
+    from benchmarks.gpu_clocks import ClockSampler, clock_fields, torch_gpu_id
+
+    out: dict[str, dict[str, float]] = {}
+    windows = {}
+    with ClockSampler(gpu=torch_gpu_id()) as sampler:
+        for name, graph in graphs.items():
+            end = time.perf_counter() + settle_s
+            while time.perf_counter() < end:
+                graph.replay()
+                torch.cuda.synchronize()
+            start_ev = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            end_ev = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+            reps, t0 = 0, sampler.now()
+            start_ev.record()
+            end = time.perf_counter() + timed_s
+            while time.perf_counter() < end:
+                graph.replay()
+                reps += 1
+                if reps % 4 == 0:  # a short queue: the GPU's time, not the host's
+                    torch.cuda.synchronize()
+            end_ev.record()
+            end_ev.synchronize()
+            us = start_ev.elapsed_time(end_ev) * 1e3 / (reps * calls)
+            out[name] = {"settled_us": us}
+            windows[name] = (t0, sampler.now())
+            print(f"settled {name}: {us:.1f} µs", flush=True)
+    for name, window in windows.items():  # the samples are read once the sampler stops
+        out[name].update(clock_fields(sampler.between(*window)))
+    if sampler.missing:
+        print(f"clocks not sampled: {sampler.missing}", flush=True)
+    return out
 
 
 def main() -> None:
@@ -156,6 +218,9 @@ def main() -> None:
     p.add_argument("--calls", type=int, default=24, help="GEMMs per captured graph")
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--reps", type=int, default=3, help="graph replays per round")
+    p.add_argument("--settle-s", type=float, default=0.0,
+                   help="also time each competitor after this long at load (0: not)")
+    p.add_argument("--timed-s", type=float, default=1.0)
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
     sys.path.insert(0, str(REPO))
@@ -167,21 +232,24 @@ def main() -> None:
     rows = []
     for m in (int(v) for v in args.m.split(",")):
         rows.append(run_rows(lib, m, args.hidden, args.intermediate, args.calls, args.rounds,
-                             args.reps, variants))
+                             args.reps, variants, args.settle_s, args.timed_s))
         if args.out:
             args.out.write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "rows": rows},
                                            indent=1))
     for row in rows:
         print(f"\nFFN1 {row['m']}x{row['n']}x{row['k']}: µs per GEMM (median of rounds), "
               "TFLOP/s, vs cuBLASLt")
-        print("| kernel | µs | TFLOP/s | elements differing | max diff | float error |")
-        print("|---|---|---|---|---|---|")
+        print("| kernel | µs | TFLOP/s | settled µs | MHz | W | elements differing | max diff "
+              "| float error |")
+        print("|---|---|---|---|---|---|---|---|---|")
         for name, c in row["competitors"].items():
             if "us" not in c:
-                print(f"| {name} | {c.get('error', 'not timed')} | | | | |")
+                print(f"| {name} | {c.get('error', 'not timed')} | | | | | | | |")
                 continue
-            print(f"| {name} | {c['us']:.1f} | {c['tflops']:.0f} | {c.get('differ', 0):.2e} "
-                  f"| {c.get('max_abs', 0):.3g} | {c['float_error']:.2e} |")
+            print(f"| {name} | {c['us']:.1f} | {c['tflops']:.0f} | {c.get('settled_us', 0):.1f} "
+                  f"| {c.get('sm_mhz', 0):.0f} | {c.get('power_w', 0):.0f} "
+                  f"| {c.get('differ', 0):.2e} | {c.get('max_abs', 0):.3g} "
+                  f"| {c.get('float_error', 0):.2e} |")
 
 
 if __name__ == "__main__":

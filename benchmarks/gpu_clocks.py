@@ -13,8 +13,10 @@ power over each timed window and the share of samples the software power cap hel
         windows[key] = (start, sampler.now())
     row.update(clock_fields(sampler.between(*windows[key])))  # {} where unsampled
 
-``nvidia-smi`` samples the GPU that ``CUDA_VISIBLE_DEVICES`` names first, else the first
-it lists (the lent machines have one). Where it is missing or fails, the work runs
+``nvidia-smi`` samples the GPU named by ``gpu`` (:func:`torch_gpu_id` gives the UUID of the
+one torch runs on: nvidia-smi numbers GPUs in PCI bus order, CUDA by default fastest
+first, so an index can name another GPU); without it, the one ``CUDA_VISIBLE_DEVICES``
+names first, else the first it lists (the lent machines have one). Where it is missing or fails, the work runs
 unsampled and :attr:`ClockSampler.missing` says why. :func:`read_samples` and
 :func:`summary` also read logs written by hand (``plot_power_samples.py`` plots them).
 """
@@ -130,11 +132,13 @@ class ClockSampler:
     """A context manager: ``nvidia-smi`` runs while the block does; its samples are read
     on exit into :attr:`samples`, for :meth:`between` to summarise by time."""
 
-    def __init__(self, interval_ms: int = 100, smi: str | None = None) -> None:
+    def __init__(self, interval_ms: int = 100, smi: str | None = None,
+                 gpu: str | None = None) -> None:
         if interval_ms < 1:
             raise ValueError(f"interval_ms must be >= 1, not {interval_ms}")
         self.interval_ms = interval_ms
         self.smi = smi
+        self.gpu = gpu
         self.samples: list[Sample] = []
         self.missing: str | None = None  # why there are no samples
         self._proc: subprocess.Popen[bytes] | None = None
@@ -145,8 +149,8 @@ class ClockSampler:
         if exe is None:
             return None
         cmd = [exe, f"--query-gpu={QUERY}", "--format=csv", "-lms", str(self.interval_ms)]
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
-        return [*cmd, "-i", visible] if visible else cmd
+        gpu = self.gpu or os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip()
+        return [*cmd, "-i", gpu] if gpu else cmd
 
     @staticmethod
     def now() -> datetime:
@@ -194,6 +198,18 @@ class ClockSampler:
         window is the work); None where none fell in it."""
         inside = [s for s in self.samples if start <= s.at <= end]
         return summary(inside, busy_w=float("-inf")) if inside else None
+
+
+def torch_gpu_id(device: int | None = None) -> str | None:
+    """nvidia-smi's id (``GPU-<uuid>``) of the CUDA device torch runs on (its current one
+    by default); None where torch has no CUDA device."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    props = torch.cuda.get_device_properties(
+        torch.cuda.current_device() if device is None else device)
+    return f"GPU-{props.uuid}"
 
 
 def clock_fields(s: Summary | None) -> dict[str, float]:

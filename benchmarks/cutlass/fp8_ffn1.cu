@@ -9,8 +9,11 @@
 // row-major ([N, K], per-tensor scale), bias bf16, scale_a/scale_b/scale_d float32 [1] on the
 // device (the calibrated scales; scale_d is 1 / FFN2's input scale): what the engine's
 // cuBLASLt call (`fp8.calibrated_ffn1`) computes, with fast accumulation as there.
-// Variants (compile-time) differ in kernel schedule, tile and cluster; `qa_ffn1_name` names
-// them. Timed against cuBLASLt by benchmarks/cutlass_ffn1.py. Built by
+// Variants (compile-time) differ in kernel schedule, tile, cluster and activation math;
+// `qa_ffn1_name` names them. Activations: CUTLASS's GELU_taylor in float32 (one
+// tanh.approx.f32 per element, as cuBLASLt's), `GeluHalf2` (the same tanh form in packed
+// half2 math: one tanh.approx.f16x2 per two elements) and, as a diagnostic of what the GELU
+// costs, none (Identity: a different output). Timed against cuBLASLt by benchmarks/cutlass_ffn1.py. Built by
 // engine/fused/cuda/build.sh ffn1 (nvcc, sm_90a). Return codes: 0 ok, 1 bad shape or
 // variant, 2 CUTLASS refused the problem, 3 workspace too small, 4 launch failed.
 
@@ -27,6 +30,8 @@
 #include "cutlass/gemm/kernel/gemm_universal.hpp"
 #include "cutlass/util/packed_stride.hpp"
 
+#include <cuda_fp16.h>
+
 namespace {
 
 using namespace cute;
@@ -34,16 +39,62 @@ using namespace cute;
 using ElementAB = cutlass::float_e4m3_t;
 using ElementD = cutlass::float_e4m3_t;
 using ElementBias = cutlass::bfloat16_t;
-using Fusion = cutlass::epilogue::fusion::ScaledLinCombPerColBiasEltAct<
-    cutlass::epilogue::thread::GELU_taylor, ElementD, float, ElementBias>;
 
-template <class Tile, class Cluster, class MainSchedule, class EpiSchedule>
+// GELU_tanh(z) = 0.5 z (1 + tanh(z (k0 + k1 z^2))) with the epilogue's float32 fragment
+// rounded to half2: per two elements one cvt, three HMUL2/HFMA2 for the argument, one
+// tanh.approx.f16x2 (the multi-function unit does half the work of float32's two
+// tanh.approx.f32), one HMUL2 + HFMA2 for the product, and the widening back. Half's range
+// is safe here: past |z| ~ 150 the argument overflows to +-inf, tanh gives +-1 and the
+// result is z or 0, as GELU's; |z| > 65504 would not be (FFN1's pre-activations are O(10)).
+// The output is e4m3 (3 mantissa bits), so half's 10 bits lose nothing that survives.
+template <class T>
+struct GeluHalf2 {
+  static const bool kIsHeavy = true;
+  CUTLASS_HOST_DEVICE T operator()(T const& z) const {
+    return cutlass::epilogue::thread::GELU_taylor<T>{}(z);
+  }
+};
+
+template <int N>
+struct GeluHalf2<cutlass::Array<float, N>> {
+  static const bool kIsHeavy = true;
+  static_assert(N % 2 == 0, "GeluHalf2 works on pairs");
+  CUTLASS_DEVICE cutlass::Array<float, N> operator()(cutlass::Array<float, N> const& v) const {
+    cutlass::Array<float, N> y;
+    const __half2 k0 = __float2half2_rn(0.7978845608f);
+    const __half2 k1 = __float2half2_rn(0.7978845608f * 0.044715f);
+    const __half2 half = __float2half2_rn(0.5f);
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < N; i += 2) {
+      const __half2 z = __floats2half2_rn(v[i], v[i + 1]);
+      const __half2 u = __hmul2(z, __hfma2(__hmul2(k1, z), z, k0));
+      __half2 t;
+      asm("tanh.approx.f16x2 %0, %1;"
+          : "=r"(*reinterpret_cast<uint32_t*>(&t))
+          : "r"(*reinterpret_cast<const uint32_t*>(&u)));
+      const __half2 hz = __hmul2(half, z);
+      const float2 g = __half22float2(__hfma2(hz, t, hz));
+      y[i] = g.x;
+      y[i + 1] = g.y;
+    }
+    return y;
+  }
+};
+
+template <template <class> class Act>
+using Fusion = cutlass::epilogue::fusion::ScaledLinCombPerColBiasEltAct<Act, ElementD, float,
+                                                                       ElementBias>;
+using cutlass::epilogue::thread::GELU_taylor;
+using cutlass::epilogue::thread::Identity;
+
+template <class Tile, class Cluster, class MainSchedule, class EpiSchedule,
+          template <class> class Act = GELU_taylor>
 struct Ffn1 {
   using Epilogue = typename cutlass::epilogue::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, Tile, Cluster,
       cutlass::epilogue::collective::EpilogueTileAuto, float, float, void,
       cutlass::layout::RowMajor, 16, ElementD, cutlass::layout::RowMajor, 16, EpiSchedule,
-      Fusion>::CollectiveOp;
+      Fusion<Act>>::CollectiveOp;
   using Mainloop = typename cutlass::gemm::collective::CollectiveBuilder<
       cutlass::arch::Sm90, cutlass::arch::OpClassTensorOp, ElementAB, cutlass::layout::RowMajor,
       16, ElementAB, cutlass::layout::ColumnMajor, 16, float, Tile, Cluster,
@@ -102,12 +153,22 @@ using V1 = Ffn1<Shape<_64, _256, _128>, Shape<_1, _1, _1>, Pingpong, EpiPingpong
 using V2 = Ffn1<Shape<_128, _128, _128>, Shape<_1, _2, _1>, Pingpong, EpiPingpong>;
 using V3 = Ffn1<Shape<_128, _256, _128>, Shape<_2, _1, _1>, Cooperative, EpiCooperative>;
 using V4 = Ffn1<Shape<_256, _128, _128>, Shape<_1, _2, _1>, Cooperative, EpiCooperative>;
+using V5 = Ffn1<Shape<_128, _128, _128>, Shape<_1, _2, _1>, Pingpong, EpiPingpong, Identity>;
+using V6 = Ffn1<Shape<_128, _128, _128>, Shape<_1, _2, _1>, Pingpong, EpiPingpong, GeluHalf2>;
+using V7 = Ffn1<Shape<_128, _256, _128>, Shape<_2, _1, _1>, Cooperative, EpiCooperative,
+                GeluHalf2>;
+using V8 = Ffn1<Shape<_128, _256, _128>, Shape<_2, _1, _1>, Cooperative, EpiCooperative,
+                Identity>;
 
 const char* const kNames[] = {
     "pingpong 64x128x128 cluster 1x2", "pingpong 64x256x128 cluster 1x1",
     "pingpong 128x128x128 cluster 1x2", "cooperative 128x256x128 cluster 2x1",
-    "cooperative 256x128x128 cluster 1x2"};
-constexpr int kVariants = 5;
+    "cooperative 256x128x128 cluster 1x2",
+    "pingpong 128x128x128 cluster 1x2, no GELU (diagnostic)",
+    "pingpong 128x128x128 cluster 1x2, half2 GELU",
+    "cooperative 128x256x128 cluster 2x1, half2 GELU",
+    "cooperative 128x256x128 cluster 2x1, no GELU (diagnostic)"};
+constexpr int kVariants = 9;
 
 bool shape_ok(int m, int n, int k) { return m > 0 && n > 0 && k > 0 && n % 16 == 0 && k % 16 == 0; }
 
@@ -130,6 +191,10 @@ size_t qa_ffn1_workspace(int variant, int m, int n, int k) {
     case 2: return V2::workspace(m, n, k);
     case 3: return V3::workspace(m, n, k);
     case 4: return V4::workspace(m, n, k);
+    case 5: return V5::workspace(m, n, k);
+    case 6: return V6::workspace(m, n, k);
+    case 7: return V7::workspace(m, n, k);
+    case 8: return V8::workspace(m, n, k);
     default: return 0;
   }
 }
@@ -146,6 +211,10 @@ int qa_ffn1_gemm(int variant, const void* a, const void* b, const void* bias, co
     case 2: return V2::run(a, b, bias, sa, sb, sd, d, m, n, k, ws, ws_bytes, s);
     case 3: return V3::run(a, b, bias, sa, sb, sd, d, m, n, k, ws, ws_bytes, s);
     case 4: return V4::run(a, b, bias, sa, sb, sd, d, m, n, k, ws, ws_bytes, s);
+    case 5: return V5::run(a, b, bias, sa, sb, sd, d, m, n, k, ws, ws_bytes, s);
+    case 6: return V6::run(a, b, bias, sa, sb, sd, d, m, n, k, ws, ws_bytes, s);
+    case 7: return V7::run(a, b, bias, sa, sb, sd, d, m, n, k, ws, ws_bytes, s);
+    case 8: return V8::run(a, b, bias, sa, sb, sd, d, m, n, k, ws, ws_bytes, s);
     default: return 1;
   }
 }

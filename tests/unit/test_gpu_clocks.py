@@ -132,6 +132,8 @@ def test_command_names_the_visible_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
     cmd = ClockSampler(interval_ms=50, smi="/bin/nvidia-smi").command()
     assert cmd == ["/bin/nvidia-smi", f"--query-gpu={gpu_clocks.QUERY}", "--format=csv",
                    "-lms", "50", "-i", "GPU-abc"]
+    named = ClockSampler(smi="/bin/nvidia-smi", gpu="GPU-0d1e").command() or []
+    assert named[-2:] == ["-i", "GPU-0d1e"]  # a given id wins over the variable's index
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES")
     assert "-i" not in (ClockSampler(smi="/bin/nvidia-smi").command() or [])
     with pytest.raises(ValueError, match="interval_ms must be >= 1"):
