@@ -140,6 +140,29 @@ def test_command_names_the_visible_gpu(monkeypatch: pytest.MonkeyPatch) -> None:
         ClockSampler(interval_ms=0)
 
 
+def test_torch_gpu_id_names_the_device_by_uuid(monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert gpu_clocks.torch_gpu_id() is None  # no CUDA device: nvidia-smi's default GPU
+
+    class Props:
+        uuid = "8a4e0c9f-1b2d-4e5f-a6b7-c8d9e0f1a2b3"
+
+    asked: list[int] = []
+
+    def properties(device: int) -> Props:
+        asked.append(device)
+        return Props()
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 2)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", properties)
+    assert gpu_clocks.torch_gpu_id() == "GPU-8a4e0c9f-1b2d-4e5f-a6b7-c8d9e0f1a2b3"
+    assert gpu_clocks.torch_gpu_id(0) == "GPU-8a4e0c9f-1b2d-4e5f-a6b7-c8d9e0f1a2b3"
+    assert asked == [2, 0]  # the current device unless one is named
+
+
 def test_missing_smi_runs_the_block_unsampled(monkeypatch: pytest.MonkeyPatch,
                                               tmp_path: Path) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))  # an empty directory: no nvidia-smi
