@@ -127,7 +127,7 @@ def run_rows(lib: ctypes.CDLL, m: int, d: int, f: int, calls: int, rounds: int,
                    out_scale=op["h_inv"], out=bias_out, fast_accum=True)
 
     cublaslt_bias()
-    row["competitors"]["cublaslt bias only"] = {}
+    row["competitors"]["cublaslt bias only"] = {}  # a diagnostic: not FFN1's output
     fns["cublaslt bias only"] = cublaslt_bias
     for v in variants:
         name = lib.qa_ffn1_name(v).decode()
@@ -246,10 +246,10 @@ def main() -> None:
             if "us" not in c:
                 print(f"| {name} | {c.get('error', 'not timed')} | | | | | | | |")
                 continue
-            print(f"| {name} | {c['us']:.1f} | {c['tflops']:.0f} | {c.get('settled_us', 0):.1f} "
-                  f"| {c.get('sm_mhz', 0):.0f} | {c.get('power_w', 0):.0f} "
-                  f"| {c.get('differ', 0):.2e} | {c.get('max_abs', 0):.3g} "
-                  f"| {c.get('float_error', 0):.2e} |")
+            cells = [f"{c[k]:{f}}" if k in c else "-" for k, f in (
+                ("settled_us", ".1f"), ("sm_mhz", ".0f"), ("power_w", ".0f"), ("differ", ".2e"),
+                ("max_abs", ".3g"), ("float_error", ".2e"))]  # "-": not measured or compared
+            print(f"| {name} | {c['us']:.1f} | {c['tflops']:.0f} | " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

@@ -16,8 +16,8 @@ power over each timed window and the share of samples the software power cap hel
 ``nvidia-smi`` samples the GPU named by ``gpu`` (:func:`torch_gpu_id` gives the UUID of the
 one torch runs on: nvidia-smi numbers GPUs in PCI bus order, CUDA by default fastest
 first, so an index can name another GPU); without it, the one ``CUDA_VISIBLE_DEVICES``
-names first, else the first it lists (the lent machines have one). Where it is missing or fails, the work runs
-unsampled and :attr:`ClockSampler.missing` says why. :func:`read_samples` and
+names first, else the first it lists (the lent machines have one). Where it is missing
+or fails, the work runs unsampled and :attr:`ClockSampler.missing` says why. :func:`read_samples` and
 :func:`summary` also read logs written by hand (``plot_power_samples.py`` plots them).
 """
 

@@ -12,10 +12,11 @@
 // Variants (compile-time) differ in kernel schedule, tile, cluster and activation math;
 // `qa_ffn1_name` names them. Activations: CUTLASS's GELU_taylor in float32 (one
 // tanh.approx.f32 per element, as cuBLASLt's), `GeluHalf2` (the same tanh form in packed
-// half2 math: one tanh.approx.f16x2 per two elements) and, as a diagnostic of what the GELU
-// costs, none (Identity: a different output). Timed against cuBLASLt by benchmarks/cutlass_ffn1.py. Built by
-// engine/fused/cuda/build.sh ffn1 (nvcc, sm_90a). Return codes: 0 ok, 1 bad shape or
-// variant, 2 CUTLASS refused the problem, 3 workspace too small, 4 launch failed.
+// half2 math) and, as a diagnostic of what the GELU
+// costs, none (Identity: a different output). Timed against cuBLASLt by
+// benchmarks/cutlass_ffn1.py (NOTES v15, v37). Built by engine/fused/cuda/build.sh ffn1
+// (nvcc, sm_90a). Return codes: 0 ok, 1 bad shape or variant, 2 CUTLASS refused the
+// problem, 3 workspace too small, 4 launch failed.
 
 #include <cstddef>
 #include <cstdint>
@@ -42,8 +43,9 @@ using ElementBias = cutlass::bfloat16_t;
 
 // GELU_tanh(z) = 0.5 z (1 + tanh(z (k0 + k1 z^2))) with the epilogue's float32 fragment
 // rounded to half2: per two elements one cvt, three HMUL2/HFMA2 for the argument, one
-// tanh.approx.f16x2 (the multi-function unit does half the work of float32's two
-// tanh.approx.f32), one HMUL2 + HFMA2 for the product, and the widening back. Half's range
+// tanh.approx.f16x2, one HMUL2 + HFMA2 for the product, and the widening back. Written to
+// halve the multi-function unit's work; it does not: sm_90a runs tanh.approx.f16x2 as two
+// MUFU.TANH.F16, as many as float32's two tanh.approx.f32 (NOTES v37). Half's range
 // is safe here: past |z| ~ 150 the argument overflows to +-inf, tanh gives +-1 and the
 // result is z or 0, as GELU's; |z| > 65504 would not be (FFN1's pre-activations are O(10)).
 // The output is e4m3 (3 mantissa bits), so half's 10 bits lose nothing that survives.
