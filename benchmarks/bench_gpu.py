@@ -143,21 +143,6 @@ def time_calls(fn: Callable[[Any], Any], inputs: list[Any], target_s: float = 0.
     return Timing(statistics.median(times), p99, iters)
 
 
-def run_for(fn: Callable[[Any], Any], inputs: list[Any], seconds: float) -> int:
-    """Call ``fn(inputs[i % k])`` back to back for ``seconds`` of wall time (the GPU kept
-    busy, e.g. until its power limit has settled); returns the number of calls."""
-    import torch
-
-    calls, end = 0, time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        fn(inputs[calls % len(inputs)])
-        calls += 1
-        if calls % 4 == 0:  # keep the queue short: the time is the GPU's, not the host's
-            torch.cuda.synchronize()
-    torch.cuda.synchronize()
-    return calls
-
-
 def graph_time_ms(fn: Callable[[], Any], reps: int = 10) -> float:
     """Median ms of one ``fn()`` when ``reps`` calls are replayed from one CUDA graph."""
     import torch
@@ -557,13 +542,16 @@ def section_mix(res: dict[str, Any], name: str, windows: int) -> None:
         variants["hf_eager_padded_384"] = (HFRunner(model, windows, 384, use_mask=True,
                                                     graph=False), hf_in)
     from benchmarks.gpu_clocks import ClockSampler, clock_fields, torch_gpu_id
+    from benchmarks.rounds import run_for
 
     timed: dict[str, tuple[datetime, datetime]] = {}
-    with ClockSampler(gpu=torch_gpu_id()) as sampler:  # at the power cap windows/s follows the part's clock
+    # At the power cap windows/s follows the part's clock: sample it beside each timing.
+    with ClockSampler(gpu=torch_gpu_id()) as sampler:
         for key, (fn, inputs) in variants.items():
             try:
                 with torch.inference_mode():
-                    run_for(fn, inputs, MIX_LOADED_S)  # the power limit settles first
+                    # The power limit settles first (the lambda runs within this turn).
+                    run_for(lambda i: fn(inputs[i % len(inputs)]), MIX_LOADED_S)  # noqa: B023
                     start = sampler.now()
                     t = time_calls(fn, inputs, target_s=MIX_TIMED_S, warmup=0, min_iters=8)
                     timed[key] = (start, sampler.now())

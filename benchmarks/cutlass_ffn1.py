@@ -170,30 +170,24 @@ def settled(graphs: dict[str, Any], calls: int, settle_s: float,
     """Each graph in turn: replayed for ``settle_s`` seconds (the power limit settles at
     this kernel's own draw), then for ``timed_s`` seconds timed by CUDA events; µs per GEMM
     with the window's clock fields."""
-    import time
-
     import torch
 
     from benchmarks.gpu_clocks import ClockSampler, clock_fields, torch_gpu_id
+    from benchmarks.rounds import run_for
 
     out: dict[str, dict[str, float]] = {}
     windows = {}
     with ClockSampler(gpu=torch_gpu_id()) as sampler:
         for name, graph in graphs.items():
-            end = time.perf_counter() + settle_s
-            while time.perf_counter() < end:
+            def replay(_: int, graph: Any = graph) -> None:
                 graph.replay()
-                torch.cuda.synchronize()
+
+            run_for(replay, settle_s)
             start_ev = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
             end_ev = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
-            reps, t0 = 0, sampler.now()
+            t0 = sampler.now()
             start_ev.record()
-            end = time.perf_counter() + timed_s
-            while time.perf_counter() < end:
-                graph.replay()
-                reps += 1
-                if reps % 4 == 0:  # a short queue: the GPU's time, not the host's
-                    torch.cuda.synchronize()
+            reps = run_for(replay, timed_s)
             end_ev.record()
             end_ev.synchronize()
             us = start_ev.elapsed_time(end_ev) * 1e3 / (reps * calls)

@@ -195,7 +195,11 @@ class ClockSampler:
 
     def between(self, start: datetime, end: datetime) -> Summary | None:
         """The samples taken from ``start`` to ``end``, summarised (all count as busy: the
-        window is the work); None where none fell in it."""
+        window is the work); None where none fell in it. Only after the block: the samples
+        are read when it ends, so asking inside it raises rather than answer None."""
+        if self._proc is not None:
+            raise RuntimeError("ClockSampler.between: the samples are read when the block "
+                               "ends; keep the windows and summarise them after it")
         inside = [s for s in self.samples if start <= s.at <= end]
         return summary(inside, busy_w=float("-inf")) if inside else None
 

@@ -118,6 +118,25 @@ def capture_graph(fn: Callable[[], object], calls: int, warm: int = 3) -> Any:
     return g
 
 
+def run_for(fn: Callable[[int], object], seconds: float) -> int:
+    """Call ``fn(0)``, ``fn(1)``, ... back to back for ``seconds`` of wall time (the GPU kept
+    busy, e.g. until its power limit has settled, or timed by events around it); returns
+    the number of calls. The queue is kept short, so the time is the GPU's, not the
+    host's; the GPU has finished them all on return."""
+    import time
+
+    import torch
+
+    calls, end = 0, time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        fn(calls)
+        calls += 1
+        if calls % 4 == 0:
+            torch.cuda.synchronize()
+    torch.cuda.synchronize()
+    return calls
+
+
 def cuda_ms(fn: Callable[[], object], reps: int) -> float:
     """CUDA-event time of ``reps`` calls of ``fn`` on the current stream, ms per call."""
     import torch

@@ -110,6 +110,8 @@ def test_samples_over_the_block(tmp_path: Path) -> None:
             assert time.monotonic() < deadline, "the fake nvidia-smi printed nothing"
             time.sleep(0.02)
         path = sampler._path
+        with pytest.raises(RuntimeError, match="read when the block ends"):
+            sampler.between(start, sampler.now())  # no samples yet: refused, not None
     assert proc is not None and proc.poll() is not None  # stopped with the block
     assert path is not None and not path.exists()  # its samples file removed
     assert sampler.missing is None and len(sampler.samples) == 3

@@ -23,6 +23,20 @@ def test_cutlass_ffn1_compares_e4m3_outputs() -> None:
     assert compare(out, ref) == {"differ": 1 / 8, "max_abs": 32.0}
 
 
+def test_run_for_calls_in_order_for_its_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``rounds.run_for``: ``fn(0)``, ``fn(1)``, ... until the time is up, the GPU synchronised
+    every 4 calls and once at the end; the count returned."""
+    torch = pytest.importorskip("torch")
+    from benchmarks import rounds
+
+    events: list[object] = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: events.append("sync"))
+    clock = iter(float(t) for t in range(100))  # each perf_counter read is a second later
+    monkeypatch.setattr("time.perf_counter", lambda: next(clock))
+    assert rounds.run_for(events.append, 9.5) == 9  # reads 1..9 are before the end at 9.5
+    assert events == [0, 1, 2, 3, "sync", 4, 5, 6, 7, "sync", 8, "sync"]
+
+
 def test_gemm_workspace_child_environments(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each configuration's child gets its own settings and none of the others', even when
     the caller's shell has one set (the default must be the default)."""
