@@ -42,6 +42,10 @@ accuracy before one is written; ``_qkv`` / ``_p`` round only Q, K and V / only t
 probabilities; ``_fine`` scales Q and K per token and head and V per head.
 Ends with a table: mean and spread over the grids, against the fp32 reference's F1.
 
+A ``~gptq`` suffix on a calibrated or ``static:`` scheme rounds its calibrated weights by
+GPTQ (``engine.fused.gptq``: error-compensated against the calibration inputs' Gram
+matrices) instead of to nearest, on every grid.
+
 ``--device cpu`` runs the same protocol on the CPU (the engine's torch ops: FP8 GEMMs as
 dequantized float32 math, without the GPU's fast accumulation), for comparisons between
 schemes where no GPU is at hand; ``--f1-questions N`` scores F1 on the first N dev
@@ -116,10 +120,12 @@ def _rounded(w: Any, rows: int, factor: float) -> tuple[Any, Any]:
         -fp8.FP8_MAX, fp8.FP8_MAX).to(fp8.FP8_DTYPE), scale
 
 
-def _regrid(weights: Any, factor: float, rows_per_tensor: bool = False) -> Any:
+def _regrid(weights: Any, factor: float, rows_per_tensor: bool = False,
+            grams: Any = None) -> Any:
     """``weights`` with every FP8 weight re-rounded on a grid ``factor`` times coarser than
     its own scales (row-scaled copies per output channel, or with ``rows_per_tensor`` one
-    scale for the tensor repeated per channel; calibrated copies per tensor)."""
+    scale for the tensor repeated per channel; calibrated copies per tensor, by GPTQ with
+    ``grams``, the calibration's Gram matrices, else to nearest)."""
     if factor == 1.0 and not rows_per_tensor:
         return weights
 
@@ -136,11 +142,15 @@ def _regrid(weights: Any, factor: float, rows_per_tensor: bool = False) -> Any:
             lins[name] = replace(lin, w8=w8, w8_scale=scale.reshape(1, -1).expand(1, n).contiguous())
         layers.append(replace(ly, **lins))
     cal = []
-    for c, ly in zip(weights.calibrated or (), weights.layers, strict=False):
+    for i, (c, ly) in enumerate(zip(weights.calibrated or (), weights.layers, strict=False)):
         lins = {}
         for name in ("qkv", "attn_out", "ffn_in", "ffn_out"):
             w = getattr(ly, name).weight
             w8, scale = rounded(w, w.shape[0])
+            if grams is not None:
+                from engine.fused.gptq import gptq_e4m3
+
+                w8 = gptq_e4m3(w, grams[name][i], scale)
             lins[name] = replace(getattr(c, name), w8=w8, w_scale=scale.reshape(1))
         cal.append(replace(c, **lins))
     return replace(weights, layers=tuple(layers),
@@ -257,7 +267,12 @@ def main() -> None:
     from engine.fused.calibration import GEMMS
 
     schemes = args.schemes.split(",")
-    if unknown := {s for s in schemes if _static_inputs(s) is None} - set(SCHEMES):
+    if bad := [s for s in schemes if s.partition("~")[2] not in ("", "gptq")
+               or (s.partition("~")[2] and _static_inputs(s.partition("~")[0]) is None
+                   and not s.startswith("calibrated"))]:
+        p.error(f"~gptq applies to calibrated and static: schemes only, got {bad}")
+    if unknown := {s for s in (x.partition("~")[0] for x in schemes)
+                   if _static_inputs(s) is None} - set(SCHEMES):
         p.error(f"unknown schemes {sorted(unknown)}; choose from {', '.join(SCHEMES)} "
                 f"or static:G1+G2 (GEMMs {', '.join(GEMMS)})")
     grids = [float(g) for g in args.grids.split(",")]
@@ -298,19 +313,22 @@ def main() -> None:
         "reference": {"f1": ref_f1.f1, "exact": ref_f1.exact}, "runs": []}
     print(f"fp32 reference: F1 {ref_f1.f1:.2f} EM {ref_f1.exact:.2f}", flush=True)
 
-    def engine(scheme: str, grid: float) -> FusedEngine:
+    def engine(full: str, grid: float) -> FusedEngine:
+        scheme, _, rounding = full.partition("~")
         dtype = "float16" if scheme == "fp16" else "fp8"
         base = FusedEngine.from_pretrained(CHECKPOINT, device=device, dtype=dtype)
         static = _static_inputs(scheme)
         if scheme.startswith("calibrated") or static is not None or scheme == "deferred8":
-            calibrate_on(base, load_examples(TRAIN_SET)[:512], tok, spec, args.margin)
+            calibrate_on(base, load_examples(TRAIN_SET)[:512], tok, spec, args.margin,
+                         gptq=rounding == "gptq")
+        grams = base.calibration.grams if base.calibration is not None else None
         if scheme == "deferred8":
             if base.weights.folded8 is None:
                 raise RuntimeError("deferred8: the model has no deferred layer's e4m3 copies")
             return FusedEngine(_regrid(base.weights, grid), device, fp8_deferred=True,
                                fp8_calibrated_min_tokens=1 << 30)
         default = scheme.startswith("calibrated_attn_")  # the engine's static inputs
-        return FusedEngine(_regrid(base.weights, grid, scheme == "rows_wtensor"), device,
+        return FusedEngine(_regrid(base.weights, grid, scheme == "rows_wtensor", grams), device,
                            fp8_fast_accum=not scheme.endswith("_exact"),
                            cuda_graphs=not (scheme == "calibrated_erf"
                                             or scheme.startswith("calibrated_attn_fp8")),
@@ -370,8 +388,9 @@ def main() -> None:
         return {"f1": f1.f1, "exact": f1.exact, "mean_abs": abs_sum / count,
                 "max_abs": worst, "argmax_agree": agree / windows}
 
-    def patch(scheme: str, eng: FusedEngine, grid: float) -> tuple[Any, str, Any]:
+    def patch(full: str, eng: FusedEngine, grid: float) -> tuple[Any, str, Any]:
         """(module, attribute, replacement) that scheme runs with (itself where none)."""
+        scheme = full.partition("~")[0]
         if scheme == "calibrated_erf":
             return encoder, "calibrated_ffn1", ffn1_erf(eng)
         if (flags := attention_flags(scheme)) is not None:

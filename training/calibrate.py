@@ -55,13 +55,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def calibrate_on(engine: Any, examples: Sequence[Example], tok: QATokenizer,
-                 spec: WindowSpec, margin: float | None = None, batch_windows: int = 64) -> None:
+                 spec: WindowSpec, margin: float | None = None, batch_windows: int = 64,
+                 gptq: bool = False) -> None:
     """Calibrate ``engine`` (anything with ``calibrating()``, i.e. the fused engine) on
     the windows of ``examples``, cut and batched as evaluation cuts them."""
     calibrating = getattr(engine, "calibrating", None)
     if calibrating is None:
         raise ValueError(f"the {engine.name} engine has no FP8 calibration")
-    with calibrating(*(() if margin is None else (margin,))):
+    kwargs = {"gptq": True} if gptq else {}
+    with calibrating(*(() if margin is None else (margin,)), **kwargs):
         predict_with_margins(examples, tok, engine.infer, spec, DecodeSpec(), batch_windows)
 
 

@@ -30,6 +30,7 @@ import torch
 
 from engine.fused.folding import DeferredFP8Layer, deferred_fp8_layers
 from engine.fused.fp8 import FP8_MAX, SCALE_MIN, CalibratedLayer, StaticLinear, quantize_tiles
+from engine.fused.gptq import gptq_e4m3
 from engine.fused.torch_ops import sum_splits
 from engine.fused.weights import BertQAWeights
 
@@ -52,7 +53,7 @@ class AmaxRecorder:
     recording does not depend on call order. Passes must cover whole sequences (no rows
     outside them: ``FusedEngine`` trims them while calibrating)."""
 
-    def __init__(self, ops: ModuleType, weights: BertQAWeights) -> None:
+    def __init__(self, ops: ModuleType, weights: BertQAWeights, grams: bool = False) -> None:
         self._ops = ops
         layers = weights.layers
         self._ln2 = {ly.ln2_weight.data_ptr(): i + 1 for i, ly in enumerate(layers[:-1])}
@@ -63,6 +64,10 @@ class AmaxRecorder:
         self.amax = {g: torch.zeros(len(layers), device=dev) for g in GEMMS + RAW_INPUTS}
         self.model = model_shape(weights)
         self.passes = 0
+        # With ``grams``: per GEMM and layer, the float32 Gram matrix X^T X of its inputs
+        # (what error-compensated weight rounding needs: ``engine.fused.gptq``).
+        self.grams: dict[str, list[torch.Tensor | None]] | None = (
+            {g: [None] * len(layers) for g in GEMMS} if grams else None)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._ops, name)
@@ -71,6 +76,10 @@ class AmaxRecorder:
         if i is not None and y is not None:
             store = self.amax[gemm]
             store[i] = torch.maximum(store[i], y.abs().amax().float())
+            if self.grams is not None and gemm in self.grams:
+                x = y.reshape(-1, y.shape[-1]).float()
+                g = self.grams[gemm][i]
+                self.grams[gemm][i] = x.t() @ x if g is None else g.addmm_(x.t(), x)
 
     def embed_layernorm(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor,
                         position_ids: torch.Tensor, word: torch.Tensor, position: torch.Tensor,
@@ -112,8 +121,13 @@ class AmaxRecorder:
         """What was recorded, as a :class:`Calibration` (``margin`` kept with it)."""
         if self.passes == 0 or not bool((self.amax["ffn_out"] > 0).all()):
             raise RuntimeError("no calibration pass was recorded (did FFN1 run unfused?)")
+        grams = None
+        if self.grams is not None:
+            if any(g is None for v in self.grams.values() for g in v):
+                raise RuntimeError("a GEMM's inputs were not recorded in every layer")
+            grams = {k: [g for g in v if g is not None] for k, v in self.grams.items()}
         return Calibration({g: [float(v) for v in t.tolist()] for g, t in self.amax.items()},
-                           margin, self.passes, self.model)
+                           margin, self.passes, self.model, grams=grams)
 
 
 def model_shape(weights: BertQAWeights) -> dict[str, int]:
@@ -135,6 +149,10 @@ class Calibration:
     margin: float = CALIBRATION_MARGIN
     passes: int = 0
     model: dict[str, int] = field(default_factory=dict)
+    # Per GEMM and layer, the Gram matrix of its calibration inputs, where they were
+    # recorded: the weights are then rounded by GPTQ (``engine.fused.gptq``), not to
+    # nearest. Not saved: a calibration read back from JSON rounds to nearest.
+    grams: dict[str, list[torch.Tensor]] | None = field(default=None, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if set(self.amax) not in (set(GEMMS), set(GEMMS + RAW_INPUTS)):
@@ -196,18 +214,20 @@ class Calibration:
                              f"this one is {shape}")
         scale = self._scale_fn(weights)
 
-        def static(x_scale: torch.Tensor, w: torch.Tensor) -> StaticLinear:
+        def static(x_scale: torch.Tensor, w: torch.Tensor, gemm: str, i: int) -> StaticLinear:
             w8, w_scale = quantize_tiles(w, w.shape[0], w.shape[1])
+            if self.grams is not None:
+                w8 = gptq_e4m3(w, self.grams[gemm][i], w_scale)
             return StaticLinear(x_scale, w8.contiguous(), w_scale.reshape(1).contiguous())
 
         out = []
         for i, ly in enumerate(weights.layers):
             h_scale = scale("ffn_out", i)
             out.append(CalibratedLayer(
-                qkv=static(scale("qkv", i), ly.qkv.weight),
-                attn_out=static(scale("attn_out", i), ly.attn_out.weight),
-                ffn_in=static(scale("ffn_in", i), ly.ffn_in.weight),
-                ffn_out=static(h_scale, ly.ffn_out.weight),
+                qkv=static(scale("qkv", i), ly.qkv.weight, "qkv", i),
+                attn_out=static(scale("attn_out", i), ly.attn_out.weight, "attn_out", i),
+                ffn_in=static(scale("ffn_in", i), ly.ffn_in.weight, "ffn_in", i),
+                ffn_out=static(h_scale, ly.ffn_out.weight, "ffn_out", i),
                 b1=ly.ffn_in.bias.to(torch.bfloat16), h_inv=(1.0 / h_scale).contiguous()))
         return tuple(out)
 

@@ -448,7 +448,8 @@ class FusedEngine:
         self.calibration.save(Path(path))
 
     @contextmanager
-    def calibrating(self, margin: float = CALIBRATION_MARGIN) -> Iterator[None]:
+    def calibrating(self, margin: float = CALIBRATION_MARGIN,
+                    gptq: bool = False) -> Iterator[None]:
         """Calibrate static FP8 scales on the batches inferred inside the block (any entry
         point; e.g. a few hundred windows of real text), then use them.
 
@@ -457,13 +458,16 @@ class FusedEngine:
         named in ``fp8_static_inputs`` with per-tensor scales from
         ``fp8_calibrated_min_tokens`` tokens up (with FFN1's and FFN2's both static, FFN1 +
         bias + GELU + e4m3 is one cuBLASLt GEMM; ``engine.fused.fp8``, "Calibrated"), and
-        the graphs are re-captured. Needs FP8 weights with row-wise scales."""
+        the graphs are re-captured. Needs FP8 weights with row-wise scales. With ``gptq``
+        the passes also record each GEMM's input Gram matrix and the calibrated weights
+        are rounded by GPTQ rather than to nearest (``engine.fused.gptq``; same format and
+        scales, so the same speed)."""
         self._check_calibratable()  # before the passes, not after them
         with self._lock:  # every pass holds the lock: none sees half a switch
             if self._recorder is not None:
                 raise RuntimeError("this engine is already calibrating")
             recorder = self._recorder = AmaxRecorder(
-                self.ops, replace(self.weights, calibrated=None, folded8=None))
+                self.ops, replace(self.weights, calibrated=None, folded8=None), grams=gptq)
         try:
             yield
         finally:
