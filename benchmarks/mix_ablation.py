@@ -1,0 +1,215 @@
+"""What each kind of step costs the BERT-large SQuAD mix pass at the power cap.
+
+    python3 benchmarks/mix_ablation.py --commit SHA --out ablation.json [--windows 256]
+        [--settle-s 3] [--timed-s 1]
+
+At the H200's 700 W limit a kernel's share of an unsettled trace is not what removing it
+would save: the clock the limit settles at depends on the energy of the whole pass
+(``engine/fused/NOTES.md`` v36-v37). This tool measures the saving directly. One pass of
+the calibrated FP8 default (random BERT-large weights, 256 windows of SQuAD dev lengths)
+is recorded once; then each variant runs the same pass with one kind of step replaced
+by the outputs the recorded pass produced (no launch, no work; every other kernel reads
+the values it would have read, so its data and power are the real ones):
+
+* ``qkv``, ``ffn2``: the static-scale FP8 GEMMs (cuBLASLt), ``ffn1``: FFN1 with its
+  bias + GELU + e4m3 epilogue (one cuBLASLt GEMM), ``out_proj``: the 16-bit
+  out-projection (cuBLAS);
+* ``attention``: the packed attention kernel; ``layernorm``: the 47 residual + LayerNorm
+  kernels (the last, with the QA head, stays).
+
+Each variant runs ``--settle-s`` at load (the power limit settles), then is timed for
+``--timed-s`` with its SM clock and board power (``benchmarks/gpu_clocks``). The
+step's saving at the cap is the baseline's ms less the variant's: an upper bound on
+what fusing that step away, or making it free, could gain. The all-static FP8 pass (the
+out-projection in FP8 as well) is timed beside them for reference. Ends with a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+KINDS = ("qkv", "attention", "out_proj", "layernorm", "ffn1", "ffn2")
+
+
+class StepMemo:
+    """Records the outputs of one pass's steps by kind (``record``), then returns them in
+    place of the steps named in ``skip`` (a pass with the same inputs, same call order)."""
+
+    def __init__(self) -> None:
+        self.outputs: dict[str, list[Any]] = {k: [] for k in KINDS}
+        self.recording = False
+        self.skip: frozenset[str] = frozenset()
+        self._next = dict.fromkeys(KINDS, 0)
+
+    def start_pass(self) -> None:
+        self._next = dict.fromkeys(KINDS, 0)
+
+    def step(self, kind: str, real: Callable[[], Any]) -> Any:
+        """``real()``, recorded while recording; the recorded output when ``kind`` is
+        skipped."""
+        if self.recording:
+            out = real()
+            self.outputs[kind].append(out)
+            return out
+        if kind in self.skip:
+            i = self._next[kind]
+            self._next[kind] = i + 1
+            return self.outputs[kind][i]
+        return real()
+
+
+class MemoOps:
+    """The engine's op set with attention and the residual LayerNorms through a memo."""
+
+    def __init__(self, ops: Any, memo: StepMemo) -> None:
+        self._ops, self._memo = ops, memo
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ops, name)
+
+    def attention_varlen(self, *args: Any, **kwargs: Any) -> Any:
+        return self._memo.step("attention", lambda: self._ops.attention_varlen(*args, **kwargs))
+
+    def bias_residual_layernorm(self, *args: Any, **kwargs: Any) -> Any:
+        return self._memo.step("layernorm",
+                               lambda: self._ops.bias_residual_layernorm(*args, **kwargs))
+
+
+@contextmanager
+def memo_engine(engine: Any, memo: StepMemo) -> Iterator[None]:
+    """``engine``'s passes with every step kind of ``KINDS`` through ``memo``: the encoder's
+    GEMM functions patched (told apart by the weights they are called with), its op set
+    wrapped."""
+    from engine.fused import encoder
+
+    static_kind: dict[int, str] = {}
+    for c in engine.weights.calibrated or ():
+        static_kind.update({id(c.qkv): "qkv", id(c.ffn_out): "ffn2", id(c.attn_out): "out_proj"})
+    out_proj = {id(ly.attn_out) for ly in engine.weights.layers}
+    real_static, real_linear, real_ffn1 = (encoder.static_linear, encoder._linear,
+                                           encoder.calibrated_ffn1)
+
+    def static_linear(xq: Any, lin: Any, *args: Any, **kwargs: Any) -> Any:
+        kind = static_kind.get(id(lin))
+        if kind is None:
+            return real_static(xq, lin, *args, **kwargs)
+        return memo.step(kind, lambda: real_static(xq, lin, *args, **kwargs))
+
+    def linear(x: Any, xq: Any, lin: Any, *args: Any, **kwargs: Any) -> Any:
+        if id(lin) not in out_proj:
+            return real_linear(x, xq, lin, *args, **kwargs)
+        return memo.step("out_proj", lambda: real_linear(x, xq, lin, *args, **kwargs))
+
+    def ffn1(*args: Any, **kwargs: Any) -> Any:
+        return memo.step("ffn1", lambda: real_ffn1(*args, **kwargs))
+
+    ops = engine.ops
+    encoder.static_linear, encoder._linear, encoder.calibrated_ffn1 = static_linear, linear, ffn1
+    engine.ops = MemoOps(ops, memo)
+    try:
+        yield
+    finally:
+        encoder.static_linear, encoder._linear, encoder.calibrated_ffn1 = (
+            real_static, real_linear, real_ffn1)
+        engine.ops = ops
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--windows", type=int, default=256)
+    p.add_argument("--settle-s", type=float, default=3.0)
+    p.add_argument("--timed-s", type=float, default=1.0)
+    p.add_argument("--variants", default=",".join(KINDS),
+                   help="comma-separated variants, each the step kinds it takes out "
+                        "joined by '+' (e.g. attention+layernorm)")
+    p.add_argument("--commit", default="unknown")
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args()
+    sys.path.insert(0, str(REPO))
+    variants = [v for v in args.variants.split(",") if v]
+    if bad := {k for v in variants for k in v.split("+")} - set(KINDS):
+        p.error(f"unknown step kinds {sorted(bad)}; choose from {', '.join(KINDS)}")
+    import numpy as np
+    import torch
+    from rich.console import Console
+    from rich.table import Table
+
+    from benchmarks.bench_gpu import device_packed, mix_engine, mix_windows, static_everywhere, time_calls
+    from benchmarks.gpu_clocks import ClockSampler, clock_fields, torch_gpu_id
+    from benchmarks.rounds import run_for
+
+    engine = mix_engine("bert-large")  # calibrated FP8, the default static inputs
+    all_static = static_everywhere(engine)
+    batch = mix_windows(np.random.default_rng(3), args.windows)
+    packed = device_packed(*batch)
+    memo = StepMemo()
+
+    def run(eng: Any) -> Callable[[Any], Any]:
+        def one(x: Any) -> Any:
+            memo.start_pass()
+            return eng._run_device(*x)
+        return one
+
+    with torch.inference_mode(), memo_engine(engine, memo):
+        memo.recording = True
+        reference = run(engine)(packed)
+        torch.cuda.synchronize()
+        memo.recording = False
+        counts = {k: len(v) for k, v in memo.outputs.items()}
+        check = run(engine)(packed)  # through the memo, nothing skipped: the same pass
+        same = bool(torch.equal(check, reference))
+    result: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d"), "gpu": torch.cuda.get_device_name(),
+        "commit": args.commit, "torch": torch.__version__, "windows": args.windows,
+        "tokens": int(batch[1].sum()), "settle_s": args.settle_s, "timed_s": args.timed_s,
+        "steps_per_pass": counts, "memo_pass_equals_plain": same, "rows": []}
+    print(f"steps recorded per pass: {counts}; memo pass equals plain: {same}", flush=True)
+    plan: list[tuple[str, Any, frozenset[str]]] = [("baseline", engine, frozenset())]
+    plan += [(f"without_{v}", engine, frozenset(v.split("+"))) for v in variants]
+    plan += [("all_static", all_static, frozenset())]
+    windows = {}
+    with ClockSampler(gpu=torch_gpu_id()) as sampler, torch.inference_mode(), \
+            memo_engine(engine, memo):
+        for name, eng, skip in plan:
+            memo.skip = skip
+            fn = run(eng)
+            run_for(lambda _i: fn(packed), args.settle_s)  # noqa: B023
+            start = sampler.now()
+            t = time_calls(fn, [packed], target_s=args.timed_s, warmup=0, min_iters=8)
+            windows[name] = (start, sampler.now())
+            row = {"variant": name, "ms": t.median_ms, "p99_ms": t.p99_ms, "iters": t.iters,
+                   "windows_per_s": args.windows / t.median_ms * 1e3}
+            result["rows"].append(row)
+            print(json.dumps(row), flush=True)
+        memo.skip = frozenset()
+    for row in result["rows"]:
+        row.update(clock_fields(sampler.between(*windows[row["variant"]])))
+    base = result["rows"][0]
+    for row in result["rows"]:
+        row["saving_ms"] = base["ms"] - row["ms"]
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1))
+    table = Table(title=f"BERT-large mix x{args.windows} ({result['tokens']} tokens), "
+                        f"{result['gpu']}, settled {args.settle_s:g} s, {args.commit}")
+    for col in ("variant", "ms", "saving ms", "share", "windows/s", "SM MHz", "W"):
+        table.add_column(col)
+    for row in result["rows"]:
+        table.add_row(row["variant"], f"{row['ms']:.2f}", f"{row['saving_ms']:+.2f}",
+                      f"{row['saving_ms'] / base['ms']:+.1%}", f"{row['windows_per_s']:.0f}",
+                      f"{row.get('sm_mhz', float('nan')):.0f}",
+                      f"{row.get('power_w', float('nan')):.0f}")
+    Console().print(table)
+
+
+if __name__ == "__main__":
+    main()

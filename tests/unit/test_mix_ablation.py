@@ -1,0 +1,52 @@
+"""``benchmarks/mix_ablation.py``'s step memo on the CPU: a pass that takes a kind of step
+out gets the outputs the recorded pass had, so everything downstream reads real values."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+
+def test_skipped_steps_return_the_recorded_outputs() -> None:
+    from benchmarks.mix_ablation import KINDS, StepMemo, memo_engine
+    from engine.fused.engine import FusedEngine
+    from tests.unit.test_folding import _tiny_bert
+
+    model, cfg = _tiny_bert(11)
+    eng = FusedEngine.from_state_dict(model.state_dict(), cfg, device="cpu", dtype="fp8",  # type: ignore[arg-type]
+                                      backend="torch", fp8_calibrated_min_tokens=1)
+    rng = np.random.default_rng(12)
+    ids = rng.integers(1, 100, (3, 20)).astype(np.int32)
+    mask, tt = np.ones_like(ids), np.zeros_like(ids)
+    eng.calibrate(ids, mask, tt)
+    plain = eng.infer(ids, mask, tt)
+    memo = StepMemo()
+    with memo_engine(eng, memo):
+        memo.recording = True
+        memo.start_pass()
+        recorded = eng.infer(ids, mask, tt)
+        memo.recording = False
+        assert {k: len(v) for k, v in memo.outputs.items()} == {
+            "qkv": 2, "attention": 2, "out_proj": 2, "layernorm": 3, "ffn1": 2, "ffn2": 2}
+        for kind in KINDS:
+            memo.skip = frozenset({kind})
+            memo.start_pass()
+            for a, b in zip(eng.infer(ids, mask, tt), recorded, strict=True):
+                assert np.array_equal(a, b), kind
+        # Taken out for real: other recorded values change the logits.
+        memo.outputs["attention"] = [torch.zeros_like(t) for t in memo.outputs["attention"]]
+        memo.skip = frozenset({"attention"})
+        memo.start_pass()
+        assert not np.array_equal(eng.infer(ids, mask, tt)[0], recorded[0])
+    for a, b in zip(plain, recorded, strict=True):
+        assert np.array_equal(a, b)
+    assert eng.ops.__name__.endswith("torch_ops")  # the op set is given back
+
+
+def test_unknown_step_kinds_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    from benchmarks import mix_ablation
+
+    monkeypatch.setattr("sys.argv", ["mix_ablation.py", "--variants", "qkv,softmax"])
+    with pytest.raises(SystemExit):
+        mix_ablation.main()
