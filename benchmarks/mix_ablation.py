@@ -21,7 +21,8 @@ Each variant runs ``--settle-s`` at load (the power limit settles), then is time
 ``--timed-s`` with its SM clock and board power (``benchmarks/gpu_clocks``). The
 step's saving at the cap is the baseline's ms less the variant's: an upper bound on
 what fusing that step away, or making it free, could gain. The all-static FP8 pass (the
-out-projection in FP8 as well) is timed beside them for reference. Ends with a table.
+out-projection in FP8 as well) is timed beside them for reference, and the baseline
+again last (the drift over the run). Ends with a table.
 """
 
 from __future__ import annotations
@@ -175,7 +176,7 @@ def main() -> None:
     print(f"steps recorded per pass: {counts}; memo pass equals plain: {same}", flush=True)
     plan: list[tuple[str, Any, frozenset[str]]] = [("baseline", engine, frozenset())]
     plan += [(f"without_{v}", engine, frozenset(v.split("+"))) for v in variants]
-    plan += [("all_static", all_static, frozenset())]
+    plan += [("all_static", all_static, frozenset()), ("baseline_again", engine, frozenset())]
     windows = {}
     with ClockSampler(gpu=torch_gpu_id()) as sampler, torch.inference_mode(), \
             memo_engine(engine, memo):
