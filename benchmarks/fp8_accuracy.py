@@ -267,10 +267,11 @@ def main() -> None:
     from engine.fused.calibration import GEMMS
 
     schemes = args.schemes.split(",")
-    if bad := [s for s in schemes if s.partition("~")[2] not in ("", "gptq")
-               or (s.partition("~")[2] and _static_inputs(s.partition("~")[0]) is None
-                   and not s.startswith("calibrated"))]:
-        p.error(f"~gptq applies to calibrated and static: schemes only, got {bad}")
+    for full in schemes:
+        base, _, rounding = full.partition("~")
+        if rounding and (rounding != "gptq" or not (base.startswith("calibrated")
+                                                    or _static_inputs(base) is not None)):
+            p.error(f"{full}: the one suffix is ~gptq, on calibrated and static: schemes")
     if unknown := {s for s in (x.partition("~")[0] for x in schemes)
                    if _static_inputs(s) is None} - set(SCHEMES):
         p.error(f"unknown schemes {sorted(unknown)}; choose from {', '.join(SCHEMES)} "

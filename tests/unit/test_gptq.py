@@ -105,3 +105,31 @@ def test_calibrating_with_gptq_records_grams_and_rounds_by_them() -> None:
     args = (test_ids, np.ones_like(test_ids), np.zeros_like(test_ids))
     for a, b in zip(ours.infer(*args), plain.infer(*args), strict=True):
         assert np.abs(a - b).max() < 0.1 * max(float(np.abs(b).max()), 1.0)
+
+
+def test_fp8_accuracy_regrids_calibrated_weights_by_gptq() -> None:
+    """``fp8_accuracy._regrid`` with the calibration's Gram matrices rounds each calibrated
+    weight by GPTQ on the coarser grid (its scale times the grid), not to nearest."""
+    from benchmarks.fp8_accuracy import _regrid, _rounded
+    from engine.fused.calibration import GEMMS
+    from engine.fused.engine import FusedEngine
+    from tests.unit.test_folding import _tiny_bert
+
+    model, cfg = _tiny_bert(9)
+    eng = FusedEngine.from_state_dict(model.state_dict(), cfg, device="cpu", dtype="fp8",  # type: ignore[arg-type]
+                                      backend="torch", fp8_calibrated_min_tokens=1)
+    ids = np.random.default_rng(10).integers(1, 100, (3, 24)).astype(np.int32)
+    with eng.calibrating(gptq=True):
+        eng.infer(ids, np.ones_like(ids), np.zeros_like(ids))
+    assert eng.calibration is not None and eng.calibration.grams is not None
+    grams = eng.calibration.grams
+    ours, nearest = _regrid(eng.weights, 1.07, grams=grams), _regrid(eng.weights, 1.07)
+    assert ours.calibrated is not None and nearest.calibrated is not None
+    for i, ly in enumerate(eng.weights.layers):
+        for name in GEMMS:
+            w = getattr(ly, name).weight
+            _, scale = _rounded(w, w.shape[0], 1.07)
+            lin = getattr(ours.calibrated[i], name)
+            assert torch.equal(lin.w_scale, scale.reshape(1))
+            assert torch.equal(lin.w8.float(), gptq_e4m3(w, grams[name][i], scale).float())
+            assert not torch.equal(lin.w8.float(), getattr(nearest.calibrated[i], name).w8.float())
