@@ -53,6 +53,10 @@ class StepMemo:
     def start_pass(self) -> None:
         self._next = dict.fromkeys(KINDS, 0)
 
+    def taken(self, kind: str) -> int:
+        """How many recorded outputs of ``kind`` this pass has returned so far."""
+        return self._next[kind]
+
     def step(self, kind: str, real: Callable[[], Any]) -> Any:
         """``real()``, recorded while recording; the recorded output when ``kind`` is
         skipped."""
@@ -184,6 +188,8 @@ def main() -> None:
             memo.skip = skip
             fn = run(eng)
             run_for(lambda _i: fn(packed), args.settle_s)  # noqa: B023
+            if any(memo.taken(k) != counts[k] for k in skip):  # a graph replay skips nothing
+                raise RuntimeError(f"{name}: the pass did not take its steps from the memo")
             start = sampler.now()
             t = time_calls(fn, [packed], target_s=args.timed_s, warmup=0, min_iters=8)
             windows[name] = (start, sampler.now())

@@ -34,6 +34,7 @@ def test_skipped_steps_return_the_recorded_outputs() -> None:
             memo.start_pass()
             for a, b in zip(eng.infer(ids, mask, tt), recorded, strict=True):
                 assert np.array_equal(a, b), kind
+            assert memo.taken(kind) == len(memo.outputs[kind])
         # Taken out for real: other recorded values change the logits.
         memo.outputs["attention"] = [torch.zeros_like(t) for t in memo.outputs["attention"]]
         memo.skip = frozenset({"attention"})
