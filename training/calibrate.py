@@ -62,8 +62,7 @@ def calibrate_on(engine: Any, examples: Sequence[Example], tok: QATokenizer,
     calibrating = getattr(engine, "calibrating", None)
     if calibrating is None:
         raise ValueError(f"the {engine.name} engine has no FP8 calibration")
-    kwargs = {"gptq": True} if gptq else {}
-    with calibrating(*(() if margin is None else (margin,)), **kwargs):
+    with calibrating(*(() if margin is None else (margin,)), gptq=gptq):
         predict_with_margins(examples, tok, engine.infer, spec, DecodeSpec(), batch_windows)
 
 

@@ -55,7 +55,7 @@ def gptq_e4m3(w: torch.Tensor, gram: torch.Tensor, scale: torch.Tensor | float,
         weight, h = weight[:, perm], h[perm][:, perm]
     torch.diagonal(h).add_(damp * float(torch.diagonal(h).mean()))
     hinv = torch.linalg.cholesky(torch.cholesky_inverse(torch.linalg.cholesky(h)), upper=True)
-    out = torch.zeros_like(weight)
+    out = torch.zeros_like(weight)  # e4m3 values, in units of the scale
     for i1 in range(0, k, block):
         i2 = min(i1 + block, k)
         w1 = weight[:, i1:i2].clone()
@@ -63,15 +63,15 @@ def gptq_e4m3(w: torch.Tensor, gram: torch.Tensor, scale: torch.Tensor | float,
         h1 = hinv[i1:i2, i1:i2]
         for j in range(i2 - i1):
             col = w1[:, j]
-            q = _e4m3(col, inv) * s
-            out[:, i1 + j] = q
-            e = (col - q) / h1[j, j]
+            units = _e4m3(col, inv)
+            out[:, i1 + j] = units
+            e = (col - units * s) / h1[j, j]
             w1[:, j:] -= e.unsqueeze(1) * h1[j, j:].unsqueeze(0)
             err[:, j] = e
         weight[:, i2:] -= err @ hinv[i1:i2, i2:]
     if perm is not None:
         out = out[:, torch.argsort(perm)]
-    return (out * inv).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE).to(w.device)
+    return out.to(FP8_DTYPE).to(w.device)  # exact: every value is already e4m3
 
 
 def output_error(w: torch.Tensor, w8: torch.Tensor, scale: torch.Tensor | float,
