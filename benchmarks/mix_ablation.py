@@ -145,12 +145,9 @@ def main() -> None:
         p.error(f"unknown step kinds {sorted(bad)}; choose from {', '.join(KINDS)}")
     import numpy as np
     import torch
-    from rich.console import Console
-    from rich.table import Table
 
-    from benchmarks.bench_gpu import device_packed, mix_engine, mix_windows, static_everywhere, time_calls
-    from benchmarks.gpu_clocks import ClockSampler, clock_fields, torch_gpu_id
-    from benchmarks.rounds import run_for
+    from benchmarks.bench_gpu import device_packed, mix_engine, mix_windows, static_everywhere
+    from benchmarks.settled import print_table, settled_rows
 
     engine = mix_engine("bert-large")  # calibrated FP8, the default static inputs
     all_static = static_everywhere(engine)
@@ -181,42 +178,28 @@ def main() -> None:
     plan: list[tuple[str, Any, frozenset[str]]] = [("baseline", engine, frozenset())]
     plan += [(f"without_{v}", engine, frozenset(v.split("+"))) for v in variants]
     plan += [("all_static", all_static, frozenset()), ("baseline_again", engine, frozenset())]
-    windows = {}
-    with ClockSampler(gpu=torch_gpu_id()) as sampler, torch.inference_mode(), \
-            memo_engine(engine, memo):
-        for name, eng, skip in plan:
+    skips = {name: skip for name, _, skip in plan}
+
+    def ready(eng: Any, skip: frozenset[str]) -> Callable[[], Callable[[Any], Any]]:
+        def go() -> Callable[[Any], Any]:
             memo.skip = skip
-            fn = run(eng)
-            run_for(lambda _i: fn(packed), args.settle_s)  # noqa: B023
-            if any(memo.taken(k) != counts[k] for k in skip):  # a graph replay skips nothing
-                raise RuntimeError(f"{name}: the pass did not take its steps from the memo")
-            start = sampler.now()
-            t = time_calls(fn, [packed], target_s=args.timed_s, warmup=0, min_iters=8)
-            windows[name] = (start, sampler.now())
-            row = {"variant": name, "ms": t.median_ms, "p99_ms": t.p99_ms, "iters": t.iters,
-                   "windows_per_s": args.windows / t.median_ms * 1e3}
-            result["rows"].append(row)
-            print(json.dumps(row), flush=True)
+            return run(eng)
+        return go
+
+    def taken_from_memo(name: str) -> None:  # a graph replay would skip nothing
+        if any(memo.taken(k) != counts[k] for k in skips[name]):
+            raise RuntimeError(f"{name}: the pass did not take its steps from the memo")
+
+    with torch.inference_mode(), memo_engine(engine, memo):
+        result["rows"] = settled_rows([(name, ready(eng, skip)) for name, eng, skip in plan],
+                                      packed, args.windows, args.settle_s, args.timed_s,
+                                      taken_from_memo)
         memo.skip = frozenset()
-    for row in result["rows"]:
-        row.update(clock_fields(sampler.between(*windows[row["variant"]])))
-    base = result["rows"][0]
-    for row in result["rows"]:
-        row["saving_ms"] = base["ms"] - row["ms"]
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1))
-    table = Table(title=f"BERT-large mix x{args.windows} ({result['tokens']} tokens), "
-                        f"{result['gpu']}, settled {args.settle_s:g} s, {args.commit}")
-    for col in ("variant", "ms", "saving ms", "share", "windows/s", "SM MHz", "W"):
-        table.add_column(col)
-    for row in result["rows"]:
-        table.add_row(row["variant"], f"{row['ms']:.2f}", f"{row['saving_ms']:+.2f}",
-                      f"{row['saving_ms'] / base['ms']:+.1%}", f"{row['windows_per_s']:.0f}",
-                      f"{row.get('sm_mhz', float('nan')):.0f}",
-                      f"{row.get('power_w', float('nan')):.0f}")
-    Console().print(table)
-
+    print_table(f"BERT-large mix x{args.windows} ({result['tokens']} tokens), "
+                f"{result['gpu']}, settled {args.settle_s:g} s, {args.commit}", result["rows"])
 
 if __name__ == "__main__":
     main()

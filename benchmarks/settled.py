@@ -1,0 +1,66 @@
+"""Whole passes timed at a settled power limit, one variant after another: each runs
+``settle_s`` at load first (at the H200's 700 W cap the clock a pass runs at depends on the
+energy of the whole pass, and a GPU fresh from idle runs its first second or so at its top
+clock; ``engine/fused/NOTES.md`` v36), then is timed for ``timed_s`` with its SM clock and
+board power sampled (``gpu_clocks``). Used by ``mix_ablation`` and ``row_chunks``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+# (variant name, a function of no arguments that readies the variant and returns the
+# pass to time, a function of the pass's one argument)
+Variant = tuple[str, Callable[[], Callable[[Any], Any]]]
+
+
+def settled_rows(variants: Sequence[Variant], arg: Any, windows: int, settle_s: float,
+                 timed_s: float, after_settle: Callable[[str], None] | None = None,
+                 ) -> list[dict[str, Any]]:
+    """One results row per variant, in order: median and p99 ms per pass, iterations,
+    windows per second, the clock fields and ``saving_ms`` against the first variant.
+    ``after_settle(name)`` runs between the settling and the timing (a check that the
+    variant ran as meant). Prints each row as it is timed."""
+    import json
+
+    from benchmarks.bench_gpu import time_calls
+    from benchmarks.gpu_clocks import ClockSampler, clock_fields, torch_gpu_id
+    from benchmarks.rounds import run_for
+
+    rows: list[dict[str, Any]] = []
+    spans = []
+    with ClockSampler(gpu=torch_gpu_id()) as sampler:
+        for name, ready in variants:
+            fn = ready()
+            run_for(lambda _i: fn(arg), settle_s)  # noqa: B023
+            if after_settle is not None:
+                after_settle(name)
+            start = sampler.now()
+            t = time_calls(fn, [arg], target_s=timed_s, warmup=0, min_iters=8)
+            spans.append((start, sampler.now()))
+            row = {"variant": name, "ms": t.median_ms, "p99_ms": t.p99_ms, "iters": t.iters,
+                   "windows_per_s": windows / t.median_ms * 1e3}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    for row, span in zip(rows, spans, strict=True):
+        row.update(clock_fields(sampler.between(*span)))
+        row["saving_ms"] = rows[0]["ms"] - row["ms"]
+    return rows
+
+
+def print_table(title: str, rows: Sequence[dict[str, Any]]) -> None:
+    """The rows as a table: ms, saving and its share of the first row's ms, windows/s,
+    SM clock and power."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for col in ("variant", "ms", "saving ms", "share", "windows/s", "SM MHz", "W"):
+        table.add_column(col)
+    base = rows[0]["ms"]
+    for row in rows:
+        table.add_row(row["variant"], f"{row['ms']:.2f}", f"{row['saving_ms']:+.2f}",
+                      f"{row['saving_ms'] / base:+.1%}", f"{row['windows_per_s']:.0f}",
+                      f"{row.get('sm_mhz', float('nan')):.0f}",
+                      f"{row.get('power_w', float('nan')):.0f}")
+    Console().print(table)
