@@ -2,7 +2,7 @@
 power cap.
 
     python3 benchmarks/row_chunks.py --commit SHA --out row_chunks.json
-        [--chunks 2048,4096,8192,16384] [--static-chunks 4096] [--windows 256]
+        [--chunks 2048,4096,8192,16384] [--static-chunks 4096] [--windows 256] [--graph]
 
 At 47k tokens each activation the steps after attention hand on is 48-194 MB, more than
 the 50 MB L2, so every one goes out to HBM and back: the 47 residual LayerNorms alone move
@@ -14,7 +14,9 @@ GEMMs of fewer rows (more launches, a wave tail each). Each variant of the calib
 default (and of the all-static pass, for reference) runs ``--settle-s`` at load, then is
 timed for ``--timed-s`` with its SM clock and board power (``benchmarks/settled``); the
 whole-batch pass runs again last. Each chunked variant's logits are compared with the
-whole-batch pass's. Ends with a table.
+whole-batch pass's. Eager passes (the engine's way at this size) launch ~35 µs of host
+work a step, so small chunks starve the GPU; ``--graph`` times each variant as one
+captured CUDA graph instead, the GPU side alone. Ends with a table.
 """
 
 from __future__ import annotations
@@ -56,6 +58,8 @@ def main() -> None:
                    help="chunk sizes for the all-static pass (beside its whole batch)")
     p.add_argument("--settle-s", type=float, default=3.0)
     p.add_argument("--timed-s", type=float, default=1.0)
+    p.add_argument("--graph", action="store_true",
+                   help="time each variant's pass as a captured CUDA graph (no host cost)")
     p.add_argument("--commit", default="unknown")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
@@ -64,6 +68,7 @@ def main() -> None:
     import torch
 
     from benchmarks.bench_gpu import device_packed, mix_engine, mix_windows, static_everywhere
+    from benchmarks.rounds import capture_graph
     from benchmarks.settled import print_table, settled_rows
 
     engine = mix_engine("bert-large")  # calibrated FP8, the default static inputs
@@ -79,7 +84,7 @@ def main() -> None:
         "date": time.strftime("%Y-%m-%d"), "gpu": torch.cuda.get_device_name(),
         "commit": args.commit, "torch": torch.__version__, "windows": args.windows,
         "tokens": int(batch[1].sum()), "settle_s": args.settle_s, "timed_s": args.timed_s,
-        "max_abs_logit_diff": {}, "rows": []}
+        "graph": args.graph, "max_abs_logit_diff": {}, "rows": []}
     with torch.inference_mode():
         reference = {id(engine): engine._run_device(*packed),
                      id(all_static): all_static._run_device(*packed)}
@@ -91,17 +96,22 @@ def main() -> None:
         print(f"max |logit - whole batch's|: {result['max_abs_logit_diff']}", flush=True)
 
         def ready(eng: Any) -> Any:
-            return lambda: (lambda x: eng._run_device(*x))
+            if not args.graph:
+                return lambda: (lambda x: eng._run_device(*x))
+            graph = capture_graph(lambda: eng._run_device(*packed), 1)
+            return lambda: (lambda _x: graph.replay())
 
-        result["rows"] = settled_rows([(name, ready(eng)) for name, eng in plan], packed,
-                                      args.windows, args.settle_s, args.timed_s)
+        variants = [(name, ready(eng)) for name, eng in plan]  # graphs captured up front
+        result["rows"] = settled_rows(variants, packed, args.windows, args.settle_s,
+                                      args.timed_s)
     for row in result["rows"]:
         row["max_abs_logit_diff"] = result["max_abs_logit_diff"][row["variant"]]
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text(json.dumps(result, indent=1))
     print_table(f"BERT-large mix x{args.windows} ({result['tokens']} tokens) in row chunks, "
-                f"{result['gpu']}, settled {args.settle_s:g} s, {args.commit}", result["rows"])
+                f"{'graphs' if args.graph else 'eager'}, {result['gpu']}, settled "
+                f"{args.settle_s:g} s, {args.commit}", result["rows"])
 
 
 if __name__ == "__main__":
