@@ -50,7 +50,7 @@ import torch
 
 from engine.fused import dispatch, small_gemm
 from engine.fused.folding import FoldedFP8, FoldedLinear
-from engine.fused.fp8 import FP8_DTYPE, Quantized, calibrated_ffn1, scaled_linear, static_linear
+from engine.fused.fp8 import Quantized, calibrated_ffn1, scaled_linear, static_linear
 from engine.fused.weights import BertQAWeights, Linear
 
 # Below ~4k tokens the row-scaled e4m3 GEMMs measured no faster than fp16 ones (H200,
@@ -181,10 +181,7 @@ class EncodeOptions:
     sequence the query blocks ``dispatch.QUERY_BLOCKS`` has for the layer and the bucket's
     sequence count (more than its longest sequence needs: their programs do nothing),
     ``"fewest"`` never more, and a number at least that many blocks (an A/B and sweep
-    knob). ``row_chunk_tokens`` runs the calibrated large path's row-wise steps after
-    attention (out-projection, LayerNorm, FFN1, FFN2, LayerNorm) over row chunks of that
-    many tokens, one chunk through all five before the next, so that each chunk's
-    intermediates stay in L2 (:func:`_rows_in_chunks`; None: whole batches).
+    knob).
     """
 
     fp8_out_dtype: torch.dtype | None = None
@@ -208,7 +205,6 @@ class EncodeOptions:
     fp8_deferred: bool = FP8_DEFERRED
     early_weights: tuple[str, ...] = EARLY_WEIGHTS
     attn_grid: int | str = "table"
-    row_chunk_tokens: int | None = None
 
 
 def _linear(x: torch.Tensor | None, xq: Quantized | None, lin: Linear,
@@ -297,9 +293,6 @@ def encode_packed(
     out8 = opts.fp8_out_dtype or w.dtype
 
     static = frozenset(opts.fp8_static_inputs) if cal is not None else frozenset()
-    # Row chunks need a calibrated layer with FFN1 + GELU + e4m3 as one GEMM and the
-    # LayerNorms' e4m3 copies at given scales.
-    chunk = opts.row_chunk_tokens if {"qkv", "ffn_in", "ffn_out"} <= static else None
 
     def wants8(lin: Linear) -> bool:  # does this GEMM take an e4m3 activation?
         return cal is not None or (use8 and lin.w8 is not None)
@@ -336,11 +329,6 @@ def encode_packed(
                                    cfg.num_heads, config=opts.attn_config, pdl=pdl,
                                    prefetch=pf, fp8_scale=ctx_scale, tiles=tiles,
                                    late_release="attention" in late)
-        if (chunk is not None and i < len(layers) - 1 and chunk < tokens
-                and not small and cal is not None):
-            x, xq = _rows_in_chunks(ops, layer, cal[i], x, ctx, ctx_scale, chunk, eps,
-                                    x_scale(i + 1, "qkv"), out8, fast)
-            continue
         if small:
             a = ops.linear(ctx, layer.attn_out.weight, splits=s_out, config=c_out, pdl=pdl,
                            prefetch=pf, late_release="out" in late)
@@ -385,39 +373,6 @@ def encode_packed(
             late_release="ln2" in late,
         )
     raise ValueError("a BERT encoder needs at least one layer")
-
-
-def _rows_in_chunks(ops: ModuleType, layer: Any, cal: Any, x: torch.Tensor,
-                    ctx: torch.Tensor, ctx_scale: torch.Tensor | None, chunk: int,
-                    eps: float, next_scale: torch.Tensor | None, out_dtype: torch.dtype,
-                    fast: bool) -> tuple[torch.Tensor, Quantized]:
-    """The calibrated layer after attention, over row chunks of ``chunk`` tokens:
-    out-projection, residual LayerNorm, FFN1 + GELU + e4m3, FFN2 and the second residual
-    LayerNorm, one chunk through all five before the next. A chunk's GEMM outputs, its
-    first LayerNorm's output and FFN1's output are read back while they are still in L2
-    (at the SQuAD mix's 47k tokens each of them is 48-194 MB, more than L2 holds). The
-    LayerNorms write the layer's output into ``x`` in place (each row is read before it
-    is written, by the same program) and the e4m3 copy of the next layer's QKV input
-    into a whole-batch buffer. Row-wise steps on the same rows: the logits are the
-    whole-batch pass's up to the GEMMs' choice of algorithm per row count."""
-    if next_scale is None:
-        raise ValueError("row chunks need the next QKV input's calibrated scale")
-    tokens = x.shape[0]
-    xq_next = torch.empty(x.shape, device=x.device, dtype=FP8_DTYPE)
-    for r0 in range(0, tokens, chunk):
-        rows = slice(r0, min(tokens, r0 + chunk))
-        xr = x[rows]
-        a = (_linear(ctx[rows], None, layer.attn_out, out_dtype, fast) if ctx_scale is None
-             else static_linear(Quantized(ctx[rows], ctx_scale), cal.attn_out, out_dtype,
-                                fast))
-        _, hq = ops.bias_residual_layernorm(
-            a, layer.attn_out.bias, xr, layer.ln1_weight, layer.ln1_bias, eps, fp8=True,
-            fp8_scale=cal.ffn_in.x_scale, out=xr)
-        a = static_linear(calibrated_ffn1(hq, cal, fast), cal.ffn_out, out_dtype, fast)
-        ops.bias_residual_layernorm(
-            a, layer.ffn_out.bias, xr, layer.ln2_weight, layer.ln2_bias, eps, fp8=True,
-            fp8_scale=next_scale, out=xr, out8=xq_next[rows])
-    return x, Quantized(xq_next, next_scale)
 
 
 def _attention_seqlen(ops: ModuleType, w: BertQAWeights, opts: EncodeOptions, tokens: int,

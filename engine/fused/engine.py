@@ -165,7 +165,6 @@ class FusedEngine:
         fp8_deferred: bool = FP8_DEFERRED,
         early_weights: Sequence[str] | str | None = EARLY_WEIGHTS,
         attention_grid: int | str = "table",
-        row_chunk_tokens: int | None = None,
     ) -> None:
         """FP8 weights (if packed) are used for batches of at least ``fp8_min_tokens``
         tokens, and once calibrated (:meth:`calibrating`) from ``fp8_calibrated_min_tokens``
@@ -217,9 +216,7 @@ class FusedEngine:
         ``graph_buckets_per_octave``: token buckets per power of two of the
         graphs, itself a power of two (``packing.round_tokens``: padding under 1/that of
         the tokens from 64 x that many tokens up; more buckets pad less but capture more
-        graphs). ``row_chunk_tokens`` (None: off): calibrated batches of more tokens
-        run each layer's row-wise steps after attention over chunks of that many rows
-        (``encoder.EncodeOptions``). ``graph_staging``: graphs stage their own
+        graphs). ``graph_staging``: graphs stage their own
         inputs and write the caller's output (``graph_args``), so a call on device
         tensors is one launch."""
         self.weights = with_folded(weights, deferred_ln_max_hidden)
@@ -256,10 +253,6 @@ class FusedEngine:
         late_release = _option_names("late_release", late_release, LATE_RELEASE_KERNELS,
                                      "kernels")
         early_weights = _option_names("early_weights", early_weights, EARLY_WEIGHT_GEMMS)
-        if row_chunk_tokens is not None and (type(row_chunk_tokens) is not int
-                                             or row_chunk_tokens < 1):
-            raise ValueError(f"row_chunk_tokens: {row_chunk_tokens!r} is not a positive "
-                             "number of tokens")
         if not (attention_grid in ("table", "fewest") if isinstance(attention_grid, str)
                 else type(attention_grid) is int and attention_grid >= 1):
             raise ValueError(f"attention_grid: {attention_grid!r} is neither 'table', "
@@ -287,7 +280,6 @@ class FusedEngine:
             fp8_deferred=fp8_deferred,
             early_weights=tuple(g for g in EARLY_WEIGHT_GEMMS if g in early_weights),
             attn_grid=attention_grid,
-            row_chunk_tokens=row_chunk_tokens,
         )
         self.graph_staging = graph_staging
         self._graphs = self._new_graphs()

@@ -85,19 +85,9 @@ def bias_residual_layernorm(
     fp8_blocks: bool = False,
     fp8_scale: torch.Tensor | None = None,
     late_release: bool = False,  # launch order: meaningless here
-    out: torch.Tensor | None = None,
-    out8: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, Quantized | None]:
     y = _residual_ln(a, bias, residual, gamma, beta, eps)
-    q = _quantize(y, fp8, fp8_blocks, fp8_scale)
-    if out8 is not None:
-        if q is None or fp8_scale is None:
-            raise ValueError("out8 takes the e4m3 copy of a given fp8_scale")
-        out8.copy_(q.data)
-        q = Quantized(out8, q.scale)
-    if out is None:
-        return y.to(residual.dtype), q
-    return out.copy_(y), q
+    return y.to(residual.dtype), _quantize(y, fp8, fp8_blocks, fp8_scale)
 
 
 def bias_residual_layernorm_qa(

@@ -168,59 +168,6 @@ def _check_residual_ln(dtype_name: str, fp8: bool) -> tuple[float, float]:
     return _rel(out, ref), tol
 
 
-def _check_residual_ln_into_slices() -> tuple[float, float]:
-    """The residual LayerNorm in place into a row slice of a larger tensor, its e4m3 copy
-    into a slice of another: the whole-tensor kernel's values, the rows around untouched."""
-    import torch
-
-    from engine.fused import kernels as k
-    from engine.fused.fp8 import FP8_DTYPE
-
-    g = torch.Generator().manual_seed(8)
-    t, d = 11, 96
-    a, res = torch.randn(t, d, generator=g).half(), torch.randn(t, d, generator=g).half()
-    bias, gamma, beta = (torch.randn(d, generator=g) for _ in range(3))
-    scale = torch.tensor([0.03])
-    want, wq = k.bias_residual_layernorm(a, bias, res, gamma, beta, 1e-5, fp8=True,
-                                         fp8_scale=scale)
-    big, big8 = torch.full((t + 5, d), 3.0).half(), torch.zeros((t + 5, d), dtype=FP8_DTYPE)
-    rows = slice(3, 3 + t)
-    big[rows] = res
-    _, gq = k.bias_residual_layernorm(a, bias, big[rows], gamma, beta, 1e-5, fp8=True,
-                                      fp8_scale=scale, out=big[rows], out8=big8[rows])
-    assert wq is not None and gq is not None and gq.data.data_ptr() == big8[3].data_ptr()
-    untouched = bool((big[:3] == 3).all() and (big[3 + t:] == 3).all()
-                     and (big8[:3].float() == 0).all() and (big8[3 + t:].float() == 0).all())
-    err = max((big[rows].float() - want.float()).abs().max().item(),
-              (big8[rows].float() - wq.data.float()).abs().max().item())
-    return (err if untouched else math.inf), 0.0
-
-
-def _check_row_chunks(static: tuple[str, ...]) -> tuple[float, float]:
-    """The calibrated large path over row chunks of 7 tokens (``row_chunk_tokens``) gives
-    the whole-batch logits, and really ran chunked (layer 0 of 2)."""
-    from engine.fused import encoder
-    from engine.fused.engine import FusedEngine
-
-    model, cfg = _tiny_bert(hidden=64)
-    opts = {"device": "cpu", "backend": "triton", "fp8_min_tokens": 0,
-            "fp8_calibrated_min_tokens": 0, "fp8_static_inputs": static}
-    whole = FusedEngine.from_state_dict(model.state_dict(), cfg, dtype="fp8",  # type: ignore[attr-defined]
-                                        **opts)
-    whole.calibrate(*_random_batch(3))
-    chunked = FusedEngine(whole.weights, row_chunk_tokens=7, **opts)  # type: ignore[arg-type]
-    ids, mask, tt = _random_batch(7)
-    real = encoder._rows_in_chunks
-    with mock.patch.object(encoder, "_rows_in_chunks", side_effect=real) as spy:
-        got = chunked.infer(ids, mask, tt)
-    if spy.call_count != 1:
-        return math.inf, 0.0
-    want = whole.infer(ids, mask, tt)
-    keep = mask.astype(bool)
-    return max(float(np.abs(g[keep] - w[keep]).max()) for g, w in zip(got, want,
-                                                                       strict=True)), 1e-3
-
-
 def _check_splitk(dtype_name: str, loads: int = 0) -> tuple[float, float]:
     """Split-K partials sum to the product, and both consumers sum them. ``loads`` is the
     GEMM config's sixth entry (1: TMA boxes)."""
@@ -1104,10 +1051,6 @@ CASES: dict[str, Callable[[], tuple[float, float]]] = {
         "fp8", calibrate=True, static=("qkv", "attn_out", "ffn_in")),
     "tiny_bert_fp8_calibrated_ffn_out": lambda: _check_tiny_bert(
         "fp8", calibrate=True, static=("ffn_out",)),
-    "row_chunks_layernorm_into_slices": _check_residual_ln_into_slices,
-    "row_chunks_calibrated": lambda: _check_row_chunks(("qkv", "ffn_in", "ffn_out")),
-    "row_chunks_all_static": lambda: _check_row_chunks(("qkv", "attn_out", "ffn_in",
-                                                        "ffn_out")),
     "packed_entry_points": _check_packed_entry_points,
     "stage_inputs": _check_stage_inputs,
     "packed_positions": _check_packed_positions,

@@ -362,26 +362,16 @@ def _residual_ln(a: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor,
                  gamma: torch.Tensor, beta: torch.Tensor, eps: float, fp8: bool, pdl: bool,
                  qa: tuple[torch.Tensor, torch.Tensor] | None, fp8_blocks: bool = False,
                  fp8_scale: torch.Tensor | None = None, late_release: bool = False,
-                 out: torch.Tensor | None = None, out8: torch.Tensor | None = None,
                  ) -> tuple[torch.Tensor, _Fp8Out]:
     """Launch ``_residual_ln_kernel``: (LayerNorm output, its e4m3 copy), or with ``qa``
     (head weight, bias) the float32 [2, T] logits (nothing else is stored).
     ``fp8_scale`` (float32 [1]): the e4m3 copy takes this one scale, given, not computed.
-    ``late_release`` (with ``pdl``): the next kernel launches after the stores.
-    ``out`` / ``out8`` (contiguous [T, D], e.g. row slices of larger tensors; ``out`` may be
-    ``residual``): where the output and its e4m3 copy (``fp8_scale`` only) go."""
+    ``late_release`` (with ``pdl``): the next kernel launches after the stores."""
     n, d = a.shape[-2:]
     splits, split_stride = _splits(a)
     if qa is None:
-        for buf in (out, out8):
-            if buf is not None and (buf.shape != (n, d) or not buf.is_contiguous()):
-                raise ValueError(f"an output buffer must be contiguous [{n}, {d}]")
-        if out8 is not None and (fp8_scale is None or out8.dtype != FP8_DTYPE):
-            raise ValueError("out8 takes the e4m3 copy of a given fp8_scale")
-        if out is None:
-            out = torch.empty((n, d), device=a.device, dtype=residual.dtype)
-        f8 = (_Fp8Out(out8, fp8_scale, 3) if out8 is not None and fp8 and fp8_scale is not None
-              else _fp8_out(out, fp8, fp8_blocks, fp8_scale))
+        out = torch.empty((n, d), device=a.device, dtype=residual.dtype)
+        f8 = _fp8_out(out, fp8, fp8_blocks, fp8_scale)
         qa_w, qa_b, logits = gamma, gamma, out  # never touched: QA_HEAD is off
     else:
         out = logits = torch.empty((2, n), device=a.device, dtype=torch.float32)
@@ -410,8 +400,6 @@ def bias_residual_layernorm(
     fp8_blocks: bool = False,
     fp8_scale: torch.Tensor | None = None,
     late_release: bool = False,
-    out: torch.Tensor | None = None,
-    out8: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, Quantized | None]:
     """LayerNorm(a + bias + residual), in ``residual``'s dtype (+ e4m3 copy: per-row
     scales, 1x128 block scales with ``fp8_blocks``, or the one calibrated scale
@@ -419,11 +407,10 @@ def bias_residual_layernorm(
 
     ``a`` is a GEMM output [T, D], or [S, T, D] float32 split-K partials to be summed.
     ``late_release`` (with ``pdl``) lets the next kernel launch only after the stores,
-    not right after the wait. ``out`` (may be ``residual``: in place) and ``out8`` (with
-    ``fp8_scale``) are contiguous [T, D] buffers to write into, e.g. row slices.
+    not right after the wait.
     """
     out, f8 = _residual_ln(a, bias, residual, gamma, beta, eps, fp8, pdl, None, fp8_blocks,
-                           fp8_scale, late_release, out, out8)
+                           fp8_scale, late_release)
     return out, f8.result()
 
 
