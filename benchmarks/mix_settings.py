@@ -1,0 +1,110 @@
+"""The BERT-large SQuAD mix pass (eager, the calibrated FP8 default) under module-constant
+settings, each timed at a settled power limit.
+
+    python3 benchmarks/mix_settings.py --commit SHA --out settings.json \\
+        --set tile2k:engine.fused.kernels.rows.ROW_TILE_LARGE='(2048, 2)' \\
+        --set tile1k:engine.fused.kernels.rows.ROW_TILE_LARGE='(1024, 1)'
+
+Each ``--set NAME:module.ATTR=VALUE`` (``ab_replay.parse_setting``; several for one NAME
+combine) makes a variant that runs with those constants set, the others at their
+defaults; ``baseline`` (nothing set) runs first and again last. Launch choices that are
+module constants (the row kernels' tiles, say) are read at each eager launch, so a variant
+takes effect from its first pass. Each variant runs ``--settle-s`` at load, then is timed
+for ``--timed-s`` with SM clock and board power (``benchmarks/settled``): at the 700 W cap
+a step's saving is its whole time in the pass (``engine/fused/NOTES.md`` v39), so
+this is the A/B for a kernel's launch choices inside the pass. Every variant's logits are
+compared with the baseline's. Ends with a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--set", dest="settings", action="append", default=[],
+                   help="NAME:module.ATTR=VALUE (a Python literal); repeat per setting")
+    p.add_argument("--windows", type=int, default=256)
+    p.add_argument("--settle-s", type=float, default=3.0)
+    p.add_argument("--timed-s", type=float, default=1.0)
+    p.add_argument("--commit", default="unknown")
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args()
+    sys.path.insert(0, str(REPO))
+    from benchmarks.ab_replay import parse_setting
+
+    try:
+        settings = [parse_setting(s) for s in args.settings]
+    except argparse.ArgumentTypeError as exc:
+        p.error(str(exc))
+    if not settings:
+        p.error("give at least one --set")
+    variants: dict[str, list[tuple[Any, str, Any]]] = {}
+    for name, module, attr, value in settings:
+        variants.setdefault(name, []).append((importlib.import_module(module), attr, value))
+    if "baseline" in variants:
+        p.error("'baseline' is the variant with nothing set; name yours otherwise")
+    defaults = {(id(m), attr): (m, attr, getattr(m, attr))
+                for sets in variants.values() for m, attr, _ in sets}
+
+    def apply(name: str) -> None:
+        for m, attr, value in defaults.values():
+            setattr(m, attr, value)
+        for m, attr, value in variants.get(name, []):
+            setattr(m, attr, value)
+
+    import numpy as np
+    import torch
+
+    from benchmarks.bench_gpu import device_packed, mix_engine, mix_windows
+    from benchmarks.settled import print_table, settled_rows
+
+    engine = mix_engine("bert-large")  # calibrated FP8, the default static inputs
+    batch = mix_windows(np.random.default_rng(3), args.windows)
+    packed = device_packed(*batch)
+    order = ["baseline", *variants, "baseline_again"]
+    result: dict[str, Any] = {
+        "date": time.strftime("%Y-%m-%d"), "gpu": torch.cuda.get_device_name(),
+        "commit": args.commit, "torch": torch.__version__, "windows": args.windows,
+        "tokens": int(batch[1].sum()), "settle_s": args.settle_s, "timed_s": args.timed_s,
+        "settings": {n: [f"{m.__name__}.{a}={v!r}" for m, a, v in s]
+                     for n, s in variants.items()},
+        "max_abs_logit_diff": {}, "rows": []}
+
+    def ready(name: str) -> Any:
+        def go() -> Any:
+            apply(name)
+            return lambda x: engine._run_device(*x)
+        return go
+
+    try:
+        with torch.inference_mode():
+            reference = engine._run_device(*packed)
+            for name in variants:
+                apply(name)
+                result["max_abs_logit_diff"][name] = (
+                    engine._run_device(*packed) - reference).abs().max().item()
+            print(f"max |logit - baseline's|: {result['max_abs_logit_diff']}", flush=True)
+            result["rows"] = settled_rows([(n, ready(n)) for n in order], packed,
+                                          args.windows, args.settle_s, args.timed_s)
+    finally:
+        apply("baseline")
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1))
+    print_table(f"BERT-large mix x{args.windows} ({result['tokens']} tokens), "
+                f"{result['gpu']}, settled {args.settle_s:g} s, {args.commit}", result["rows"])
+
+
+if __name__ == "__main__":
+    main()
