@@ -28,9 +28,7 @@ again last (the drift over the run). Ends with a table.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
-import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -130,16 +128,14 @@ def memo_engine(engine: Any, memo: StepMemo) -> Iterator[None]:
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--windows", type=int, default=256)
-    p.add_argument("--settle-s", type=float, default=3.0)
-    p.add_argument("--timed-s", type=float, default=1.0)
     p.add_argument("--variants", default=",".join(KINDS),
                    help="comma-separated variants, each the step kinds it takes out "
                         "joined by '+' (e.g. attention+layernorm)")
-    p.add_argument("--commit", default="unknown")
-    p.add_argument("--out", type=Path, default=None)
-    args = p.parse_args()
     sys.path.insert(0, str(REPO))
+    from benchmarks.settled import add_mix_args, finish, mix_result, settled_rows
+
+    add_mix_args(p)
+    args = p.parse_args()
     variants = [v for v in args.variants.split(",") if v]
     if bad := {k for v in variants for k in v.split("+")} - set(KINDS):
         p.error(f"unknown step kinds {sorted(bad)}; choose from {', '.join(KINDS)}")
@@ -147,7 +143,6 @@ def main() -> None:
     import torch
 
     from benchmarks.bench_gpu import device_packed, mix_engine, mix_windows, static_everywhere
-    from benchmarks.settled import print_table, settled_rows
 
     engine = mix_engine("bert-large")  # calibrated FP8, the default static inputs
     all_static = static_everywhere(engine)
@@ -169,11 +164,8 @@ def main() -> None:
         counts = {k: len(v) for k, v in memo.outputs.items()}
         check = run(engine)(packed)  # through the memo, nothing skipped: the same pass
         same = bool(torch.equal(check, reference))
-    result: dict[str, Any] = {
-        "date": time.strftime("%Y-%m-%d"), "gpu": torch.cuda.get_device_name(),
-        "commit": args.commit, "torch": torch.__version__, "windows": args.windows,
-        "tokens": int(batch[1].sum()), "settle_s": args.settle_s, "timed_s": args.timed_s,
-        "steps_per_pass": counts, "memo_pass_equals_plain": same, "rows": []}
+    result = mix_result(args, int(batch[1].sum()), steps_per_pass=counts,
+                        memo_pass_equals_plain=same)
     print(f"steps recorded per pass: {counts}; memo pass equals plain: {same}", flush=True)
     plan: list[tuple[str, Any, frozenset[str]]] = [("baseline", engine, frozenset())]
     plan += [(f"without_{v}", engine, frozenset(v.split("+"))) for v in variants]
@@ -195,11 +187,7 @@ def main() -> None:
                                       packed, args.windows, args.settle_s, args.timed_s,
                                       taken_from_memo)
         memo.skip = frozenset()
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1))
-    print_table(f"BERT-large mix x{args.windows} ({result['tokens']} tokens), "
-                f"{result['gpu']}, settled {args.settle_s:g} s, {args.commit}", result["rows"])
+    finish(args, result)
 
 if __name__ == "__main__":
     main()

@@ -20,9 +20,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -34,14 +32,12 @@ def main() -> None:
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--set", dest="settings", action="append", default=[],
                    help="NAME:module.ATTR=VALUE (a Python literal); repeat per setting")
-    p.add_argument("--windows", type=int, default=256)
-    p.add_argument("--settle-s", type=float, default=3.0)
-    p.add_argument("--timed-s", type=float, default=1.0)
-    p.add_argument("--commit", default="unknown")
-    p.add_argument("--out", type=Path, default=None)
-    args = p.parse_args()
     sys.path.insert(0, str(REPO))
     from benchmarks.ab_replay import parse_setting
+    from benchmarks.settled import add_mix_args, finish, mix_result, settled_rows
+
+    add_mix_args(p)
+    args = p.parse_args()
 
     try:
         settings = [parse_setting(s) for s in args.settings]
@@ -67,19 +63,15 @@ def main() -> None:
     import torch
 
     from benchmarks.bench_gpu import device_packed, mix_engine, mix_windows
-    from benchmarks.settled import print_table, settled_rows
 
     engine = mix_engine("bert-large")  # calibrated FP8, the default static inputs
     batch = mix_windows(np.random.default_rng(3), args.windows)
     packed = device_packed(*batch)
     order = ["baseline", *variants, "baseline_again"]
-    result: dict[str, Any] = {
-        "date": time.strftime("%Y-%m-%d"), "gpu": torch.cuda.get_device_name(),
-        "commit": args.commit, "torch": torch.__version__, "windows": args.windows,
-        "tokens": int(batch[1].sum()), "settle_s": args.settle_s, "timed_s": args.timed_s,
-        "settings": {n: [f"{m.__name__}.{a}={v!r}" for m, a, v in s]
-                     for n, s in variants.items()},
-        "max_abs_logit_diff": {}, "rows": []}
+    result = mix_result(args, int(batch[1].sum()),
+                        settings={n: [f"{m.__name__}.{a}={v!r}" for m, a, v in s]
+                                  for n, s in variants.items()},
+                        max_abs_logit_diff={})
 
     def ready(name: str) -> Any:
         def go() -> Any:
@@ -99,11 +91,7 @@ def main() -> None:
                                           args.windows, args.settle_s, args.timed_s)
     finally:
         apply("baseline")
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1))
-    print_table(f"BERT-large mix x{args.windows} ({result['tokens']} tokens), "
-                f"{result['gpu']}, settled {args.settle_s:g} s, {args.commit}", result["rows"])
+    finish(args, result)
 
 
 if __name__ == "__main__":

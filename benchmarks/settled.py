@@ -7,7 +7,9 @@ board power sampled (``gpu_clocks``). Used by ``mix_ablation`` (and by v39's
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 # (variant name, a function of no arguments that readies the variant and returns the
@@ -65,3 +67,37 @@ def print_table(title: str, rows: Sequence[dict[str, Any]]) -> None:
                       f"{row.get('sm_mhz', float('nan')):.0f}",
                       f"{row.get('power_w', float('nan')):.0f}")
     Console().print(table)
+
+
+def add_mix_args(p: argparse.ArgumentParser) -> None:
+    """The options the settled mix tools share: windows per pass, the settling and timed
+    seconds, the commit to record and the JSON output."""
+    p.add_argument("--windows", type=int, default=256)
+    p.add_argument("--settle-s", type=float, default=3.0)
+    p.add_argument("--timed-s", type=float, default=1.0)
+    p.add_argument("--commit", default="unknown")
+    p.add_argument("--out", type=Path, default=None)
+
+
+def mix_result(args: argparse.Namespace, tokens: int, **fields: Any) -> dict[str, Any]:
+    """A results record's head: date, GPU, commit, torch, the batch and the timing; then
+    ``fields``; ``rows`` empty."""
+    import time
+
+    import torch
+
+    return {"date": time.strftime("%Y-%m-%d"), "gpu": torch.cuda.get_device_name(),
+            "commit": args.commit, "torch": torch.__version__, "windows": args.windows,
+            "tokens": tokens, "settle_s": args.settle_s, "timed_s": args.timed_s,
+            **fields, "rows": []}
+
+
+def finish(args: argparse.Namespace, result: dict[str, Any]) -> None:
+    """Write ``result`` to ``--out`` (if given) and print its rows as a table."""
+    import json
+
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1))
+    print_table(f"BERT-large mix x{args.windows} ({result['tokens']} tokens), "
+                f"{result['gpu']}, settled {args.settle_s:g} s, {args.commit}", result["rows"])
