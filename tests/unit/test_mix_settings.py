@@ -19,3 +19,26 @@ def test_bad_settings_are_refused(monkeypatch: pytest.MonkeyPatch, argv: list[st
     with pytest.raises(SystemExit) as exc:
         mix_settings.main()
     assert exc.value.code == 2
+
+
+def test_finish_writes_the_record_and_prints_the_table(
+        tmp_path: object, capsys: pytest.CaptureFixture[str]) -> None:
+    import argparse
+    import json
+    from pathlib import Path
+
+    from benchmarks.settled import add_mix_args, finish
+
+    assert isinstance(tmp_path, Path)
+    p = argparse.ArgumentParser()
+    add_mix_args(p)
+    out = tmp_path / "sub" / "r.json"
+    args = p.parse_args(["--commit", "abc1234", "--out", str(out), "--windows", "8"])
+    rows = [{"variant": "baseline", "ms": 10.0, "saving_ms": 0.0, "windows_per_s": 800.0,
+             "sm_mhz": 1700.0, "power_w": 690.0},
+            {"variant": "tile2k", "ms": 9.0, "saving_ms": 1.0, "windows_per_s": 888.9}]
+    result = {"tokens": 1234, "gpu": "NVIDIA H200", "rows": rows}
+    finish(args, result)
+    assert json.loads(out.read_text()) == result
+    shown = capsys.readouterr().out
+    assert "abc1234" in shown and "tile2k" in shown and "+10.0%" in shown and "nan" in shown
