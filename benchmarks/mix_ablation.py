@@ -189,5 +189,6 @@ def main() -> None:
         memo.skip = frozenset()
     finish(args, result)
 
+
 if __name__ == "__main__":
     main()

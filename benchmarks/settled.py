@@ -2,8 +2,9 @@
 ``settle_s`` at load first (at the H200's 700 W cap the clock a pass runs at depends on the
 energy of the whole pass, and a GPU fresh from idle runs its first second or so at its top
 clock; ``engine/fused/NOTES.md`` v36), then is timed for ``timed_s`` with its SM clock and
-board power sampled (``gpu_clocks``). Used by ``mix_ablation`` (and by v39's
-``row_chunks.py``, removed with the option it measured; it is in commit e5c508e)."""
+board power sampled (``gpu_clocks``). Used by ``mix_ablation`` and ``mix_settings`` (and
+by v39's ``row_chunks.py``, removed with the option it measured; it is in commit
+e5c508e)."""
 
 from __future__ import annotations
 
