@@ -3,8 +3,9 @@
     python3 benchmarks/gptq_layer_error.py [--questions 128] [--device cpu] [--out err.json]
 
 The shipped checkpoint is calibrated twice with Gram matrices (``calibrating(gptq=True)``):
-on the first ``--questions`` training-subset questions (what GPTQ rounds against) and on
-as many dev questions (held out). For every layer and GEMM it prints the output error
+on the first ``--questions`` training-subset questions (what GPTQ rounds against; the
+engine's calibrated weights are then GPTQ's) and on as many dev questions (held out).
+For every layer and GEMM it prints the output error
 ``||X (W - Wq s)^T||^2`` of GPTQ's rounding as a share of nearest rounding's, on the
 training inputs and on the held-out ones: how much of the weight's rounding error GPTQ
 takes out of the GEMM's output, before any activation is rounded.
@@ -37,7 +38,7 @@ def main() -> None:
     from engine.fused.calibration import GEMMS
     from engine.fused.engine import FusedEngine
     from engine.fused.fp8 import quantize_tiles
-    from engine.fused.gptq import gptq_e4m3, output_error
+    from engine.fused.gptq import output_error
     from service.windowing import QATokenizer, WindowSpec
     from training.calibrate import calibrate_on
     from training.squad import load_examples
@@ -58,11 +59,13 @@ def main() -> None:
                         f"{args.questions} questions each")
     for col in ("layer", "GEMM", "training inputs", "held-out inputs"):
         table.add_column(col)
-    for i, ly in enumerate(fit.weights.layers):
+    for i, (ly, cal) in enumerate(zip(fit.weights.layers, fit.weights.calibrated, strict=True)):
         for gemm in GEMMS:
             w = getattr(ly, gemm).weight.float()
             nearest, scale = quantize_tiles(w, w.shape[0], w.shape[1])
-            ours = gptq_e4m3(w, grams[gemm][i], scale)
+            ours = getattr(cal, gemm).w8  # the engine's own GPTQ rounding
+            if not bool((getattr(cal, gemm).w_scale.reshape(()) == scale.reshape(())).all()):
+                raise RuntimeError(f"layer {i} {gemm}: the engine's scale is not nearest's")
             ratio = {name: output_error(w, ours, scale, h[gemm][i])
                      / output_error(w, nearest, scale, h[gemm][i])
                      for name, h in (("train", grams), ("held_out", held))}

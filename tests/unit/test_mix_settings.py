@@ -3,6 +3,8 @@ before any engine is built."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 
@@ -22,14 +24,12 @@ def test_bad_settings_are_refused(monkeypatch: pytest.MonkeyPatch, argv: list[st
 
 
 def test_finish_writes_the_record_and_prints_the_table(
-        tmp_path: object, capsys: pytest.CaptureFixture[str]) -> None:
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import argparse
     import json
-    from pathlib import Path
 
     from benchmarks.settled import add_mix_args, finish
 
-    assert isinstance(tmp_path, Path)
     p = argparse.ArgumentParser()
     add_mix_args(p)
     out = tmp_path / "sub" / "r.json"
