@@ -45,7 +45,7 @@ _SIGNATURE = {
     "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "USE_PDL": "constexpr",
     "PREFETCH": "constexpr", "FP8_OUT": "constexpr", "TILED": "constexpr",
     "SPLIT": "constexpr", "LATE_RELEASE": "constexpr", "EARLY_TAIL": "constexpr",
-    "trace_ptr": "*i64", "TRACE": "constexpr",
+    "trace_ptr": "*i64", "TRACE": "constexpr", "Q_STAGED": "constexpr",
 }
 _DIVISIBLE = ("qkv_ptr", "bias_ptr", "out_ptr", "cu_ptr", "scale_ptr", "tiles_ptr",
               "stride_qkv", "stride_out", "D")
@@ -67,6 +67,10 @@ class LoopStats:
     # 128-bit global loads to registers after the loop (the split loop's partial last key
     # block, unless ``EARLY_TAIL`` requests it before the loop)
     loads_after: int = 0
+    # waits for outstanding wgmmas in the loop (WARPGROUP.DEPBAR): one or two a loop where
+    # the wgmmas of a product stay in flight together, one per HGMMA where ptxas serializes
+    # them (its C7510-C7515 "Potential Performance Loss" notes, e.g. for want of registers)
+    wgmma_waits: int = 0
 
 
 def parse_tile(text: str) -> tuple[int, int, int]:
@@ -98,9 +102,24 @@ def longest_loop(sass: str) -> tuple[int, Counter[str]]:
         return 0, Counter()
     first, last = span
     body = [text for at, text in code if first <= at <= last]
-    ops = Counter((t.split()[1] if t.startswith("@") else t.split()[0]).split(".")[0]
-                  for t in body)
+    ops = Counter(_opcode(t).split(".")[0] for t in body)
     return len(body), ops
+
+
+def _opcode(text: str) -> str:
+    """An instruction's opcode with its modifiers (``HGMMA.64x64x16.F32``), predicate
+    dropped."""
+    return text.split()[1] if text.startswith("@") else text.split()[0]
+
+
+def loop_wgmma_waits(sass: str) -> int:
+    """``WARPGROUP.DEPBAR`` instructions (waits for outstanding wgmmas) in the longest
+    loop's body."""
+    code = _code(sass)
+    span = _loop_span(code)
+    return 0 if span is None else sum(
+        1 for at, text in code
+        if span[0] <= at <= span[1] and _opcode(text).startswith("WARPGROUP.DEPBAR"))
 
 
 def loads_after_loop(sass: str) -> int:
@@ -165,7 +184,8 @@ def compile_sass(fn: object, signature: Mapping[str, str], constexprs: Mapping[s
 
 def compile_stats(module: ModuleType, bm: int, bn: int, warps: int,
                   keep: Path | None = None, split: bool = False,
-                  maxnreg: int | None = None, early_tail: bool = False) -> LoopStats:
+                  maxnreg: int | None = None, early_tail: bool = False,
+                  q_staged: bool = False) -> LoopStats:
     options: dict[str, object] = {"num_warps": warps, "num_stages": 3}
     if maxnreg:
         options["maxnreg"] = maxnreg
@@ -173,11 +193,13 @@ def compile_stats(module: ModuleType, bm: int, bn: int, warps: int,
         module._attn_varlen_kernel, _SIGNATURE,
         {"HEAD_DIM": 64, "BLOCK_DH": 64, "BLOCK_M": bm, "BLOCK_N": bn, "USE_PDL": False,
          "PREFETCH": False, "FP8_OUT": False, "TILED": True, "SPLIT": split,
-         "LATE_RELEASE": False, "EARLY_TAIL": early_tail, "TRACE": False},
+         "LATE_RELEASE": False, "EARLY_TAIL": early_tail, "TRACE": False,
+         "Q_STAGED": q_staged},
         _DIVISIBLE, options)
     if keep is not None:
         keep.mkdir(parents=True, exist_ok=True)
         form = (("split" + ("-early-tail" if early_tail else "")
+                 + ("-q-staged" if q_staged else "")
                  + (f"-maxnreg{maxnreg}" if maxnreg else "")) if split else "masked")
         (keep / f"attention-{bm}x{bn}x{warps}-{form}.sass").write_text(sass)
     count, ops = longest_loop(sass)
@@ -185,7 +207,7 @@ def compile_stats(module: ModuleType, bm: int, bn: int, warps: int,
     spills = sum(1 for m in map(_LINE.match, sass.splitlines())
                  if m and re.search(r"\bSTL\b", m.group(2)))
     return LoopStats(count, ops, int(regs.group(1)) if regs else -1, shared, spills,
-                     loads_after_loop(sass))
+                     loads_after_loop(sass), loop_wgmma_waits(sass))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -204,19 +226,23 @@ def main(argv: list[str] | None = None) -> None:
     print(f"{args.module}: sm_90a, 64-wide heads, fp16, 3 stages, tile-list launch, "
           f"triton {triton.__version__}")
     print("| tile | loop | registers cap | loop instructions per warp | per 32 keys | HGMMA "
-          "| FSEL (masks) | registers | spills (STL) | shared KB | tile loads after the loop |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "| wgmma waits | FSEL (masks) | registers | spills (STL) | shared KB "
+          "| tile loads after the loop |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     caps = [None] + [int(v) for v in filter(None, args.maxnreg.split(","))]
     for text in filter(None, args.tiles.split(",")):
         bm, bn, warps = parse_tile(text)
-        forms = ([(False, None, False)] + [(True, cap, False) for cap in caps]
-                 + [(True, None, True)])
-        for split, cap, early in forms:
-            s = compile_stats(module, bm, bn, warps, args.keep_sass, split, cap, early)
-            form = ("split, early tail" if early else "split") if split else "masked"
+        forms = ([(False, None, False, False)] + [(True, cap, False, False) for cap in caps]
+                 + [(True, None, True, False)] + [(True, cap, e, True) for cap in caps
+                                                   for e in (False, True)])
+        for split, cap, early, staged in forms:
+            s = compile_stats(module, bm, bn, warps, args.keep_sass, split, cap, early, staged)
+            form = ((("split, early tail" if early else "split")
+                     + (", Q staged" if staged else "")) if split else "masked")
             print(f"| {bm}x{bn}x{warps} | {form} | {cap or '-'} "
                   f"| {s.instructions} | {s.instructions * 32 / bn:.0f} "
-                  f"| {s.opcodes['HGMMA']} | {s.opcodes['FSEL']} | {s.registers} "
+                  f"| {s.opcodes['HGMMA']} | {s.wgmma_waits} | {s.opcodes['FSEL']} "
+                  f"| {s.registers} "
                   f"| {s.spills} | {s.shared_bytes / 1024:.0f} | {s.loads_after} |", flush=True)
 
 

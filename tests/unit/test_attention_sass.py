@@ -63,3 +63,19 @@ def test_engine_attention_loop_on_sm90() -> None:
     assert wide.loads_after > 0
     early = compile_stats(load_module(DEFAULT_MODULE), 64, 64, 4, split=True, early_tail=True)
     assert early.loads_after == 0 and early.opcodes["HGMMA"] == wide.opcodes["HGMMA"]
+
+
+def test_staged_query_block_keeps_the_wgmmas_in_flight_on_sm90() -> None:
+    """Q staged through the output (``Q_STAGED``) makes it a shared-memory operand: the
+    64x64 split loop then fits 128 registers without spills and keeps the wgmmas of a
+    product in flight (one or two waits a loop, not one per HGMMA), and 64x32 fits the 88
+    registers of five programs a multiprocessor."""
+    tools_or_skip()
+    from benchmarks.attention_sass import compile_stats, load_module
+
+    module = load_module(DEFAULT_MODULE)
+    staged = compile_stats(module, 64, 64, 4, split=True, q_staged=True)
+    assert staged.registers <= 128 and staged.spills == 0
+    assert staged.opcodes["HGMMA"] == 8 and staged.wgmma_waits <= 2
+    narrow = compile_stats(module, 64, 32, 4, split=True, maxnreg=88, q_staged=True)
+    assert narrow.registers <= 88 and narrow.spills == 0 and narrow.wgmma_waits <= 2
