@@ -45,7 +45,7 @@ _SIGNATURE = {
     "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "USE_PDL": "constexpr",
     "PREFETCH": "constexpr", "FP8_OUT": "constexpr", "TILED": "constexpr",
     "SPLIT": "constexpr", "LATE_RELEASE": "constexpr", "EARLY_TAIL": "constexpr",
-    "trace_ptr": "*i64", "TRACE": "constexpr", "Q_STAGED": "constexpr",
+    "trace_ptr": "*i64", "TRACE": "constexpr",
 }
 _DIVISIBLE = ("qkv_ptr", "bias_ptr", "out_ptr", "cu_ptr", "scale_ptr", "tiles_ptr",
               "stride_qkv", "stride_out", "D")
@@ -184,8 +184,7 @@ def compile_sass(fn: object, signature: Mapping[str, str], constexprs: Mapping[s
 
 def compile_stats(module: ModuleType, bm: int, bn: int, warps: int,
                   keep: Path | None = None, split: bool = False,
-                  maxnreg: int | None = None, early_tail: bool = False,
-                  q_staged: bool = False) -> LoopStats:
+                  maxnreg: int | None = None, early_tail: bool = False) -> LoopStats:
     options: dict[str, object] = {"num_warps": warps, "num_stages": 3}
     if maxnreg:
         options["maxnreg"] = maxnreg
@@ -193,13 +192,11 @@ def compile_stats(module: ModuleType, bm: int, bn: int, warps: int,
         module._attn_varlen_kernel, _SIGNATURE,
         {"HEAD_DIM": 64, "BLOCK_DH": 64, "BLOCK_M": bm, "BLOCK_N": bn, "USE_PDL": False,
          "PREFETCH": False, "FP8_OUT": False, "TILED": True, "SPLIT": split,
-         "LATE_RELEASE": False, "EARLY_TAIL": early_tail, "TRACE": False,
-         "Q_STAGED": q_staged},
+         "LATE_RELEASE": False, "EARLY_TAIL": early_tail, "TRACE": False},
         _DIVISIBLE, options)
     if keep is not None:
         keep.mkdir(parents=True, exist_ok=True)
         form = (("split" + ("-early-tail" if early_tail else "")
-                 + ("-q-staged" if q_staged else "")
                  + (f"-maxnreg{maxnreg}" if maxnreg else "")) if split else "masked")
         (keep / f"attention-{bm}x{bn}x{warps}-{form}.sass").write_text(sass)
     count, ops = longest_loop(sass)
@@ -232,13 +229,11 @@ def main(argv: list[str] | None = None) -> None:
     caps = [None] + [int(v) for v in filter(None, args.maxnreg.split(","))]
     for text in filter(None, args.tiles.split(",")):
         bm, bn, warps = parse_tile(text)
-        forms = ([(False, None, False, False)] + [(True, cap, False, False) for cap in caps]
-                 + [(True, None, True, False)] + [(True, cap, e, True) for cap in caps
-                                                   for e in (False, True)])
-        for split, cap, early, staged in forms:
-            s = compile_stats(module, bm, bn, warps, args.keep_sass, split, cap, early, staged)
-            form = ((("split, early tail" if early else "split")
-                     + (", Q staged" if staged else "")) if split else "masked")
+        forms = ([(False, None, False)] + [(True, cap, False) for cap in caps]
+                 + [(True, None, True)])
+        for split, cap, early in forms:
+            s = compile_stats(module, bm, bn, warps, args.keep_sass, split, cap, early)
+            form = ("split, early tail" if early else "split") if split else "masked"
             print(f"| {bm}x{bn}x{warps} | {form} | {cap or '-'} "
                   f"| {s.instructions} | {s.instructions * 32 / bn:.0f} "
                   f"| {s.opcodes['HGMMA']} | {s.wgmma_waits} | {s.opcodes['FSEL']} "

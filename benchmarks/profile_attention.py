@@ -33,11 +33,8 @@ REPO = Path(__file__).resolve().parents[1]
 FORMS: dict[str, tuple[bool, dict[str, Any], dict[str, Any]]] = {
     "tiles": (True, {}, {}),
     "grid": (False, {}, {}),
-    "tiles_q_staged": (True, {"q_staged": True}, {}),
-    "tiles_q_staged_early_tail": (True, {"q_staged": True, "early_tail": True}, {}),
     "tiles_64x32": (True, {"config": (64, 32, 4, 3)}, {}),
-    "tiles_64x32_q_staged_88": (True, {"config": (64, 32, 4, 3), "q_staged": True},
-                                {"ATTN_MAXNREG": 88}),
+    "tiles_64x32_88": (True, {"config": (64, 32, 4, 3)}, {"ATTN_MAXNREG": 88}),
 }
 
 

@@ -1148,10 +1148,9 @@ def test_passes_in_flight_on_three_streams_match_one_stream() -> None:
 def test_split_attention_loop_matches_masked_loop(heads: int, lengths: Any) -> None:
     """The split key loop (full blocks unmasked, one masked tail; registers capped where
     programs outnumber the SMs), with the tail's loads after the loop or before it
-    (``early_tail``, and the default's choice), with the query block staged through the
-    output (``q_staged``, both loops), writes the masked loop's output bit for bit, over
-    the grid and over the tile list, in fp16 and in e4m3, at every default tile it
-    launches with."""
+    (``early_tail``, and the default's choice), writes the masked loop's output bit for
+    bit, over the grid and over the tile list, in fp16 and in e4m3, at every default tile
+    it launches with."""
     from engine.fused.kernels import attention as attn
 
     rng = np.random.default_rng(11)
@@ -1172,15 +1171,11 @@ def test_split_attention_loop_matches_masked_loop(heads: int, lengths: Any) -> N
             for fp8 in (None, scale):
                 outs = [attn.attention_varlen(qkv, bias, cu, max_len, n, heads, config=config,
                                               tiles=tl_, fp8_scale=fp8, split=split,
-                                              early_tail=early, q_staged=staged
-                                              ).view(torch.uint8)
-                        for split, early, staged in (
-                            (False, False, False), (True, False, False), (True, True, False),
-                            (True, None, None), (True, False, True), (True, True, True),
-                            (False, False, True))]
-                forms = ("split", "early tail", "default", "staged", "staged early tail",
-                         "masked staged")
-                for form, out in zip(forms, outs[1:], strict=True):
+                                              early_tail=early).view(torch.uint8)
+                        for split, early in ((False, False), (True, False), (True, True),
+                                             (True, None))]
+                for form, out in zip(("split", "early tail", "default"), outs[1:],
+                                     strict=True):
                     assert torch.equal(outs[0], out), (
                         form, config, tl_ is not None, fp8 is not None)
 

@@ -8,7 +8,12 @@ import argparse
 
 import pytest
 
-from benchmarks.attention_sass import DEFAULT_MODULE, longest_loop, parse_tile
+from benchmarks.attention_sass import (
+    DEFAULT_MODULE,
+    longest_loop,
+    loop_wgmma_waits,
+    parse_tile,
+)
 from tests.sass_tools import tools_or_skip
 
 LISTING = """
@@ -29,6 +34,24 @@ def test_longest_loop_reads_the_longest_backward_branch() -> None:
     assert count == 4  # 0x10..0x40: HGMMA, LDG (predicated), FSEL, BRA; not 0x50..0x60
     assert ops == {"HGMMA": 1, "LDG": 1, "FSEL": 1, "BRA": 1}
     assert longest_loop("        /*0000*/    EXIT ;\n") == (0, {})
+
+
+SERIALIZED = """
+        /*0000*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;        /* 0x0 */
+        /*0010*/                   WARPGROUP.ARRIVE ;                     /* 0x1 */
+        /*0020*/                   HGMMA.64x64x16.F32 R24, R96, gdesc[UR16], RZ, gsb0 ; /* 0x2 */
+        /*0030*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;        /* 0x3 */
+        /*0040*/                   HGMMA.64x64x16.F32 R24, R100, gdesc[UR16], R24, gsb0 ; /* 0x4 */
+        /*0050*/              @P1  WARPGROUP.DEPBAR.LE gsb0, 0x0 ;        /* 0x5 */
+        /*0060*/              @!P0 BRA 0x10 ;                             /* 0x6 */
+        /*0070*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;        /* 0x7 */
+"""
+
+
+def test_loop_wgmma_waits_counts_the_loops_depbars() -> None:
+    # 0x10..0x60: two waits (one predicated), not the ones before and after the loop
+    assert loop_wgmma_waits(SERIALIZED) == 2
+    assert loop_wgmma_waits(LISTING) == 0
 
 
 def test_parse_tile() -> None:
@@ -63,19 +86,3 @@ def test_engine_attention_loop_on_sm90() -> None:
     assert wide.loads_after > 0
     early = compile_stats(load_module(DEFAULT_MODULE), 64, 64, 4, split=True, early_tail=True)
     assert early.loads_after == 0 and early.opcodes["HGMMA"] == wide.opcodes["HGMMA"]
-
-
-def test_staged_query_block_keeps_the_wgmmas_in_flight_on_sm90() -> None:
-    """Q staged through the output (``Q_STAGED``) makes it a shared-memory operand: the
-    64x64 split loop then fits 128 registers without spills and keeps the wgmmas of a
-    product in flight (one or two waits a loop, not one per HGMMA), and 64x32 fits the 88
-    registers of five programs a multiprocessor."""
-    tools_or_skip()
-    from benchmarks.attention_sass import compile_stats, load_module
-
-    module = load_module(DEFAULT_MODULE)
-    staged = compile_stats(module, 64, 64, 4, split=True, q_staged=True)
-    assert staged.registers <= 128 and staged.spills == 0
-    assert staged.opcodes["HGMMA"] == 8 and staged.wgmma_waits <= 2
-    narrow = compile_stats(module, 64, 32, 4, split=True, maxnreg=88, q_staged=True)
-    assert narrow.registers <= 88 and narrow.spills == 0 and narrow.wgmma_waits <= 2

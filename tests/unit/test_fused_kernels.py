@@ -475,9 +475,8 @@ def _check_attention(dtype_name: str, heads: int, head_dim: int,
     the batch's tile list (``attention_tiles``), which must also give the grid's output
     bit for bit. ``split``: the key loop split into unmasked full blocks and a masked
     tail (the default), with the tail's loads after the loop or before it
-    (``early_tail``), and with the query block staged through the output (``q_staged``),
-    which must give the masked loop's output bit for bit (grid or tile list, fp16 or
-    e4m3); without it the engine's default loop is checked."""
+    (``early_tail``), which must give the masked loop's output bit for bit (grid or tile
+    list, fp16 or e4m3); without it the engine's default loop is checked."""
     import torch
 
     from engine.fused import kernels as k
@@ -512,14 +511,12 @@ def _check_attention(dtype_name: str, heads: int, head_dim: int,
                 return math.inf, 1.0
             worst = max(worst, float(((q8.double() * float(scale) - clamped).abs()
                                       / allowed).max()))
-        if split:  # every loop form writes the same bytes (the early tail's too; no
-            # staging into an e4m3 output)
+        if split:  # every loop form writes the same bytes (the early tail's too)
             forms = [k.attention_varlen(qkv, bias, cu_pad, 128, len(lengths) + 3, heads,
                                         config=config, fp8_scale=scale, split=f,
-                                        early_tail=e, q_staged=qs).view(torch.uint8)
-                     for f, e, qs in ((False, False, False), (True, False, False),
-                                      (True, True, False), (True, True, True))]
-            if not all(torch.equal(forms[0], f) for f in forms[1:]):
+                                        early_tail=e).view(torch.uint8)
+                     for f, e in ((False, False), (True, False), (True, True))]
+            if not (torch.equal(forms[0], forms[1]) and torch.equal(forms[0], forms[2])):
                 return math.inf, 1.0
         return worst, 1.0
     # The masked loop first (the split one is the default): the reference for ``split``.
@@ -539,15 +536,12 @@ def _check_attention(dtype_name: str, heads: int, head_dim: int,
                                  config=config, tiles=tiles, split=False if split else None)
         if not torch.equal(out, grid_out):
             return math.inf, 1.0
-    if split:  # the partial last key block loaded after the loop, then before it; the
-        # query block in registers, then staged through the output (masked loop too)
+    if split:  # the partial last key block loaded after the loop, then before it
         masked = out
-        for sp, early, staged in ((True, False, False), (True, True, False),
-                                  (True, False, True), (True, True, True),
-                                  (False, False, True)):
+        for early in (False, True):
             out = k.attention_varlen(qkv, bias, cu_pad, 128, len(lengths) + 3, heads,
-                                     config=config, tiles=tiles if tiled else None, split=sp,
-                                     early_tail=early, q_staged=staged)
+                                     config=config, tiles=tiles if tiled else None, split=True,
+                                     early_tail=early)
             if not torch.equal(out, masked):
                 return math.inf, 1.0
     return _rel(out, ref), {"float32": 1e-5, "float16": 5e-3}[dtype_name]
@@ -661,50 +655,6 @@ def _check_attention_early_tail_choice() -> tuple[float, float]:
         finally:
             attn.register_cap = original
         bad += seen != [expected]
-    return float(bad), 0.5
-
-
-def _check_attention_q_staged_choice() -> tuple[float, float]:
-    """By default (``ATTN_Q_STAGED``) the query block is staged through the output only in
-    launches that cap registers and write 16 bits, and then the early tail follows
-    ``ATTN_EARLY_TAIL_STAGED``; an explicit choice wins, except into an e4m3 output. Each
-    launch's (Q_STAGED, EARLY_TAIL) is recorded; returns the number of wrong ones."""
-    import torch
-
-    from engine.fused import kernels as k
-    from engine.fused.kernels import attention as attn
-    from tests.launch_spy import launch_keywords
-
-    heads, lengths = 2, [70, 5]
-    cu = torch.tensor([0, *np.cumsum(lengths).tolist()], dtype=torch.int32)
-    qkv = torch.randn(sum(lengths), 3 * heads * 64).to(torch.float16)
-    bias = torch.zeros(3 * heads * 64)
-    one = torch.ones(1)
-    saved = (attn.register_cap, attn.ATTN_Q_STAGED, attn.ATTN_EARLY_TAIL_STAGED)
-    uncapped, capped = (lambda programs, warps: None), (lambda programs, warps: 128)
-    early = attn.ATTN_EARLY_TAIL
-    cases = [  # (ATTN_Q_STAGED, .._EARLY_TAIL_STAGED, cap, q_staged, fp8 scale, expected)
-        (True, False, capped, None, None, (True, False)),
-        (True, True, capped, None, None, (True, early)),
-        (True, True, uncapped, None, None, (False, early)),
-        (True, True, capped, None, one, (False, False)),
-        (False, True, capped, None, None, (False, False)),
-        (False, False, uncapped, True, None, (True, early)),
-        (True, False, capped, False, None, (False, False)),
-        (True, False, capped, True, one, (False, False)),
-    ]
-    bad = 0
-    try:
-        for default, tail, cap, staged, scale, expected in cases:
-            attn.register_cap, attn.ATTN_Q_STAGED, attn.ATTN_EARLY_TAIL_STAGED = (
-                cap, default, tail)
-            with launch_keywords(attn, "_attn_varlen_kernel", "Q_STAGED") as qs, \
-                    launch_keywords(attn, "_attn_varlen_kernel", "EARLY_TAIL") as et:
-                k.attention_varlen(qkv, bias, cu, 70, 2, heads, config=k.ATTN_SMALL,
-                                   split=True, q_staged=staged, fp8_scale=scale)
-            bad += [(bool(a), bool(b)) for a, b in zip(qs, et, strict=True)] != [expected]
-    finally:
-        attn.register_cap, attn.ATTN_Q_STAGED, attn.ATTN_EARLY_TAIL_STAGED = saved
     return float(bad), 0.5
 
 
@@ -1047,7 +997,6 @@ CASES: dict[str, Callable[[], tuple[float, float]]] = {
     "attention_tile_list_contents": _check_attention_tiles,
     "attention_padded_grid": _check_attention_padded_grid,
     "attention_early_tail_choice": _check_attention_early_tail_choice,
-    "attention_q_staged_choice": _check_attention_q_staged_choice,
     "gemm_gelu_erf_fp16": lambda: _check_gemm_gelu("float16", False),
     "gemm_gelu_tanh_fp16": lambda: _check_gemm_gelu("float16", True),
     "gemm_gelu_erf_fp32": lambda: _check_gemm_gelu("float32", False),

@@ -75,23 +75,6 @@ ATTN_MAXNREG: int | None = 128
 # ran 8-25% slower with it at 2 to 8 sequences (its kernels around attention slowed), so that
 # layer asks for the late load there (``dispatch.early_tail``).
 ATTN_EARLY_TAIL = True
-# Q staged (``Q_STAGED``): the scaled, biased query block is stored to the program's own
-# output rows and loaded back (one barrier between), so that Triton takes it as a load and
-# makes it a shared-memory operand of the QK^T wgmma instead of a register one (Triton
-# 3.6 keeps a computed operand in registers and re-reads it by LDSM every key block).
-# Those 16 registers a thread decide whether ptxas can keep the wgmmas of a key block in
-# flight: at 64x64 with 4 warps capped at 128 registers (the mix) it serializes them, each
-# HGMMA waited for before the next ("C7512: wgmma.mma_async instructions are serialized due
-# to insufficient register resources"; 8 waits a loop iteration); staged, the loop takes
-# 124 registers uncapped, no serialization, and 275 instructions a warp instead of 293
-# (sm_90a SASS, triton 3.6, `benchmarks/attention_sass.py`). Applied to launches whose
-# registers are capped (many programs, :func:`register_cap`), where the stores' round
-# trip is hidden by the other programs on the multiprocessor, and only where the output
-# is 16-bit (an e4m3 output row has no room for Q). Same arithmetic: the output bit for
-# bit. ATTN_EARLY_TAIL_STAGED also requests the partial last key block early there (it
-# fits the same 124 registers).
-ATTN_Q_STAGED = False
-ATTN_EARLY_TAIL_STAGED = False
 _UNCAPPED_PER_SM = {4: 3, 8: 1}  # split-loop programs an SM holds uncapped, by warps
 _SMS = 132  # multiprocessors of an H100/H200
 _ATTN_LARGE_PROGRAMS = 4 * _SMS  # ... when it still launches ~4 waves of an H100/H200
@@ -120,7 +103,7 @@ def attention_tile(
     HEAD_DIM: tl.constexpr, BLOCK_DH: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, scale_ptr=None, FP8_OUT: tl.constexpr = False,
     SPLIT: tl.constexpr = False, EARLY_TAIL: tl.constexpr = False,
-    TRACE: tl.constexpr = False, Q_STAGED: tl.constexpr = False,
+    TRACE: tl.constexpr = False,
 ):
     """One (query block, sequence, head): :func:`attention_rows` for the sequence whose
     tokens are rows ``cu[seq]:cu[seq+1]``. Programs past a sequence's end write nothing,
@@ -130,7 +113,7 @@ def attention_tile(
     length = tl.load(cu_ptr + seq + 1, cache_modifier=".cg") - start
     return attention_rows(qkv_ptr, bias_ptr, out_ptr, start, length, m_block * BLOCK_M, head,
                           qk_scale, stride_qkv, stride_out, D, HEAD_DIM, BLOCK_DH, BLOCK_M,
-                          BLOCK_N, scale_ptr, FP8_OUT, SPLIT, EARLY_TAIL, TRACE, Q_STAGED)
+                          BLOCK_N, scale_ptr, FP8_OUT, SPLIT, EARLY_TAIL, TRACE)
 
 
 @triton.jit
@@ -140,7 +123,7 @@ def attention_rows(
     HEAD_DIM: tl.constexpr, BLOCK_DH: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, scale_ptr=None, FP8_OUT: tl.constexpr = False,
     SPLIT: tl.constexpr = False, EARLY_TAIL: tl.constexpr = False,
-    TRACE: tl.constexpr = False, Q_STAGED: tl.constexpr = False,
+    TRACE: tl.constexpr = False,
 ):
     """Queries ``m0 : m0 + BLOCK_M`` of the sequence at rows ``start : start + length``, one
     head: softmax(Q K^T * scale) V with an online softmax (nothing written where ``m0 >=
@@ -171,14 +154,6 @@ def attention_rows(
     bq = tl.load(bias_ptr + col, mask=dmask, other=0.0)
     # Softmax scale and log2(e) folded into Q once, so the loop uses exp2 directly.
     q = ((q.to(tl.float32) + bq[None, :]) * qk_scale).to(dtype)
-    if Q_STAGED and not FP8_OUT:
-        # Through this program's own output rows (overwritten at the end): read back by a
-        # load, Q is a shared-memory operand of the QK^T product (wgmma), not a register
-        # one, which frees the registers that serialize its wgmmas (see ATTN_Q_STAGED).
-        q_stage = out_ptr + q_rows[:, None] * stride_out + col[None, :]
-        tl.store(q_stage, q, mask=io_mask)
-        tl.debug_barrier()
-        q = tl.load(q_stage, mask=io_mask, other=0.0, cache_modifier=".cg")
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -245,7 +220,7 @@ def _attn_varlen_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_PDL: tl.constexpr,
     PREFETCH: tl.constexpr, FP8_OUT: tl.constexpr, TILED: tl.constexpr,
     SPLIT: tl.constexpr, LATE_RELEASE: tl.constexpr, EARLY_TAIL: tl.constexpr, trace_ptr,
-    TRACE: tl.constexpr, Q_STAGED: tl.constexpr = False,
+    TRACE: tl.constexpr,
 ):
     """Grid (query blocks, sequences, heads), or with ``TILED`` (tile-list slots, heads).
     With ``USE_PDL`` the next kernel may launch right after the wait, or with
@@ -267,13 +242,13 @@ def _attn_varlen_kernel(
         if length > 0:
             attention_rows(qkv_ptr, bias_ptr, out_ptr, start, length, m0, head,
                            qk_scale, stride_qkv, stride_out, D, HEAD_DIM, BLOCK_DH, BLOCK_M,
-                           BLOCK_N, scale_ptr, FP8_OUT, SPLIT, EARLY_TAIL, False, Q_STAGED)
+                           BLOCK_N, scale_ptr, FP8_OUT, SPLIT, EARLY_TAIL)
         looped, computed = waited, waited  # (no marks on the tile list's path)
     else:
         looped, computed = attention_tile(
             qkv_ptr, bias_ptr, out_ptr, cu_ptr, tl.program_id(0), tl.program_id(1), head,
             qk_scale, stride_qkv, stride_out, D, HEAD_DIM, BLOCK_DH, BLOCK_M, BLOCK_N,
-            scale_ptr, FP8_OUT, SPLIT, EARLY_TAIL, TRACE, Q_STAGED)
+            scale_ptr, FP8_OUT, SPLIT, EARLY_TAIL, TRACE)
     pdl_release(LATE_RELEASE)
     record(trace_ptr, started, waited, looped, computed, computed, TRACE)
 
@@ -402,7 +377,6 @@ def attention_varlen(
     split: bool | None = None,
     late_release: bool = False,
     early_tail: bool | None = None,
-    q_staged: bool | None = None,
 ) -> torch.Tensor:
     """Bidirectional multi-head attention over packed sequences; returns [T, hidden], in
     ``qkv``'s dtype or, given ``fp8_scale`` (float32 [1], calibrated), in e4m3 with that
@@ -420,11 +394,8 @@ def attention_varlen(
     (:func:`register_cap`); the output is the same. ``late_release`` (with ``pdl``) lets the
     next kernel launch only after each program's stores, not right after its wait.
     ``early_tail`` (split loop only; None: ``ATTN_EARLY_TAIL`` where the registers are not
-    capped, or capped with Q staged and ``ATTN_EARLY_TAIL_STAGED``) requests the partial
-    last key block before the loop over the full ones; the output is the same.
-    ``q_staged`` (16-bit output only; None: ``ATTN_Q_STAGED`` where the registers are
-    capped) passes the query block through the program's output rows so that the QK^T
-    product reads it from shared memory; the output is the same.
+    capped) requests the partial last key block before the loop over the full ones; the
+    output is the same.
     """
     n, three_d = qkv.shape
     d = three_d // 3
@@ -442,11 +413,7 @@ def attention_varlen(
             else (tiles.slots.shape[0], num_heads))
     cap = register_cap(grid[0] * grid[1] * (grid[2] if len(grid) == 3 else 1), warps)
     maxnreg = {"maxnreg": cap} if split and cap else {}
-    q_staged = fp8_scale is None and (ATTN_Q_STAGED and bool(maxnreg) if q_staged is None
-                                      else q_staged)
-    if early_tail is None:
-        early_tail = ATTN_EARLY_TAIL and (not cap or (q_staged and ATTN_EARLY_TAIL_STAGED))
-    early_tail = split and early_tail
+    early_tail = split and (ATTN_EARLY_TAIL and not cap if early_tail is None else early_tail)
     trace = trace_slot("attention", grid)
     _attn_varlen_kernel[grid](
         qkv, qkv_bias, out, cu_seqlens, out if fp8_scale is None else fp8_scale,
@@ -456,8 +423,8 @@ def attention_varlen(
         BLOCK_M=bm, BLOCK_N=bn, USE_PDL=pdl, PREFETCH=pdl and prefetch,
         FP8_OUT=fp8_scale is not None, TILED=tiles is not None, SPLIT=split,
         LATE_RELEASE=pdl and late_release, EARLY_TAIL=early_tail,
-        trace_ptr=qkv if trace is None else trace, TRACE=trace is not None, Q_STAGED=q_staged,
-        num_warps=warps, num_stages=stages,
+        trace_ptr=qkv if trace is None else trace, TRACE=trace is not None, num_warps=warps,
+        num_stages=stages,
         **launch_options(pdl), **maxnreg,
     )
     return out
