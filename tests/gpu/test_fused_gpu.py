@@ -352,7 +352,10 @@ def test_settled_residuals_match_the_late_addend(fp8: bool,
     order, so the two agree to that rounding (16-bit) or to the e4m3 steps it flips
     (FP8: up to 5.1% of the logits' scale at 1x128 in one run, H200, 2026-12-01, each run
     9-13% from HF fp32; so 10%, where another tensor's bytes would differ by the scale
-    itself), and both stay as close to HF fp32 as each other."""
+    itself), and both stay as close to HF fp32 as each other: on average over six calls,
+    since the same order effects move one engine's error from call to call (H100,
+    2026-12-06, 1x128, three processes: 0.102-0.122 late, 0.105-0.133 settled; one call
+    each once differed by 0.031)."""
     from engine.fused import encoder
     from engine.fused.config import BertQAConfig
     from engine.fused.engine import FusedEngine
@@ -378,8 +381,11 @@ def test_settled_residuals_match_the_late_addend(fp8: bool,
             # qkv, out, ffn1, ffn2 of 4 layers, in each pass the capture runs
             layer = [False, "out" in names, False, "ffn2" in names]
             assert built and built == layer * 4 * (len(built) // 16), (names, built)
-            errs.append(_report(f"bert-base-4L deferred {'fp8' if fp8 else 'fp16'} "
-                                f"{windows}x{seq} settled={names}", runs[-1], ref, keep))
+            calls = [runs[-1]] + [engine.infer(ids, mask, tt) for _ in range(5)]
+            errs.append(float(np.mean([
+                _report(f"bert-base-4L deferred {'fp8' if fp8 else 'fp16'} "
+                        f"{windows}x{seq} settled={names} call {i}", out, ref, keep)
+                for i, out in enumerate(calls)])))
         late, settled = runs
         scale = max(float(np.abs(w).max()) for w in late)
         diff = max(float(np.abs(a - b).max()) for a, b in zip(settled, late, strict=True))
