@@ -1,0 +1,242 @@
+# mypy: disable-error-code="no-untyped-def,untyped-decorator,no-untyped-call"
+"""A prototype of the packed attention kernel in Gluon (Triton's explicit-layout dialect,
+``triton.experimental.gluon``), timed against the engine's kernel on a SQuAD-mix batch.
+
+    python3 benchmarks/gluon_attention.py [--windows 256] [--rounds 3] [--out gluon.json]
+
+Why (``engine/fused/NOTES.md`` v40): the engine's kernel is written in plain Triton, which
+cannot keep a wgmma in flight across the softmax. This one does what FlashAttention 3 does
+inside one warpgroup: the next key block's QK^T is issued (asynchronous wgmma) before this
+block's softmax and waited for after it, and P V runs while the next softmax starts. Q is
+a shared-memory operand (biased and scaled once, stored back to shared memory); K and V
+arrive by TMA into a ring of ``STAGES`` buffers with one mbarrier each, refilled as soon
+as the wgmma that read a buffer is done. One program per (tile-list slot, head), 4 warps,
+16-bit in and out, head size 64; the same inputs and outputs as
+``kernels.attention_varlen`` with a tile list (Q/K/V column slices of the bias-free QKV
+GEMM output, the K bias dropped, the V bias added at the end).
+
+Not in the engine: no TRITON_INTERPRET path (Gluon kernels compile for the GPU only), no
+e4m3 output, no PDL. The TMA boxes read rows past a sequence (the next sequence's, or
+zeros past the tensor): masked scores cover keys; V rows past the sequence meet P = 0, so
+they must be finite (they are here). Prints µs a launch per round (CUDA graph of 24
+launches, idle GPU) and the largest difference from the engine's output.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
+    mbarrier,
+    tma,
+    warpgroup_mma,
+    warpgroup_mma_init,
+    warpgroup_mma_wait,
+)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+REPO = Path(__file__).resolve().parents[1]
+LOG2E = 1.4426950408889634
+
+
+@gluon.jit
+def _load_kv(desc, bars, k_bufs, v_bufs, block, start, k_col, v_col,
+             BLOCK_N: gl.constexpr, STAGES: gl.constexpr, pred):
+    """Key block ``block``'s K and V tiles into ring slot ``block % STAGES`` (TMA), its
+    barrier expecting both."""
+    s = block % STAGES
+    bar = bars.index(s)
+    mbarrier.expect(bar, 2 * desc.block_type.nbytes, pred=pred)
+    tma.async_copy_global_to_shared(desc, [start + block * BLOCK_N, k_col], bar, k_bufs.index(s),
+                                    pred=pred)
+    tma.async_copy_global_to_shared(desc, [start + block * BLOCK_N, v_col], bar, v_bufs.index(s),
+                                    pred=pred)
+
+
+@gluon.jit
+def _softmax(s, m_i, l_i, block, length, BLOCK_N: gl.constexpr, col_layout: gl.constexpr):
+    """Scores ``s`` of key block ``block`` (keys past ``length`` masked) into P, with the
+    running max and sum; returns (P, alpha, m_new, l_new)."""
+    if (block + 1) * BLOCK_N > length:
+        keys = gl.arange(0, BLOCK_N, layout=col_layout) + block * BLOCK_N
+        s = gl.where(gl.expand_dims(keys < length, 0), s, float("-inf"))
+    m_new = gl.maximum(m_i, gl.max(s, axis=1))
+    alpha = gl.exp2(m_i - m_new)
+    p = gl.exp2(s - gl.expand_dims(m_new, 1))
+    l_new = l_i * alpha + gl.sum(p, axis=1)
+    return p, alpha, m_new, l_new
+
+
+@gluon.jit
+def _attn_gluon_kernel(desc, bias_ptr, out_ptr, tiles_ptr, qk_scale, stride_out, D,
+                       HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
+                       STAGES: gl.constexpr, num_warps: gl.constexpr,
+                       PV_PENDING: gl.constexpr = 1):
+    slot = tiles_ptr + gl.program_id(0) * 3
+    start = gl.load(slot)
+    length = gl.load(slot + 1)
+    m0 = gl.load(slot + 2)
+    head = gl.program_id(1)
+    if length > 0:
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK_N, 16])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+        rows: gl.constexpr = gl.SliceLayout(1, mma)
+        cols: gl.constexpr = gl.SliceLayout(0, mma)
+        blocked: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8],
+                                                 warps_per_cta=[4, 1], order=[1, 0])
+        smem: gl.constexpr = desc.layout
+
+        q_col = head * HEAD_DIM
+        k_col = D + q_col
+        v_col = 2 * D + q_col
+        n_blocks = gl.cdiv(length, BLOCK_N)
+
+        q_raw = gl.allocate_shared_memory(gl.float16, [BLOCK_M, HEAD_DIM], smem)
+        q_smem = gl.allocate_shared_memory(gl.float16, [BLOCK_M, HEAD_DIM], smem)
+        k_bufs = gl.allocate_shared_memory(gl.float16, [STAGES, BLOCK_N, HEAD_DIM], smem)
+        v_bufs = gl.allocate_shared_memory(gl.float16, [STAGES, BLOCK_N, HEAD_DIM], smem)
+        bars = gl.allocate_shared_memory(gl.int64, [STAGES + 1, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(STAGES + 1):
+            mbarrier.init(bars.index(i), count=1)
+        q_bar = bars.index(STAGES)
+
+        mbarrier.expect(q_bar, desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(desc, [start + m0, q_col], q_bar, q_raw)
+        for b in gl.static_range(STAGES):
+            _load_kv(desc, bars, k_bufs, v_bufs, b, start, k_col, v_col, BLOCK_N, STAGES,
+                     b < n_blocks)
+
+        # Q + its bias, times the softmax scale (log2 e folded in), back to shared memory.
+        mbarrier.wait(q_bar, 0)
+        q = q_raw.load(blocked).to(gl.float32)
+        bq = gl.load(bias_ptr + q_col + gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, blocked)))
+        q = (q + gl.expand_dims(bq.to(gl.float32), 0)) * qk_scale
+        q_smem.store(q.to(gl.float16))
+        fence_async_shared()
+        gl.thread_barrier()
+
+        zeros_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=mma)
+        # (an accumulator value: the loop carries P V's wgmma in flight)
+        acc = warpgroup_mma_init(gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=mma))
+        m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=rows)
+        l_i = gl.zeros([BLOCK_M], gl.float32, layout=rows)
+
+        mbarrier.wait(bars.index(0), 0)
+        s_cur = warpgroup_mma(q_smem, k_bufs.index(0).permute((1, 0)), zeros_s,
+                              use_acc=False, is_async=True)
+        s_cur = warpgroup_mma_wait(num_outstanding=0, deps=(s_cur,))
+        for j in range(0, n_blocks - 1):
+            # The next block's scores, in flight during this block's softmax.
+            nxt = j + 1
+            mbarrier.wait(bars.index(nxt % STAGES), (nxt // STAGES) & 1)
+            s_next = warpgroup_mma(q_smem, k_bufs.index(nxt % STAGES).permute((1, 0)), zeros_s,
+                                   use_acc=False, is_async=True)
+            p, alpha, m_i, l_i = _softmax(s_cur, m_i, l_i, j, length, BLOCK_N, cols)
+            # P V of the previous block done (the newest group, s_next, may still run):
+            # its ring slot is free for the block STAGES past it.
+            acc = warpgroup_mma_wait(num_outstanding=PV_PENDING, deps=(acc,))
+            prev = j - 1
+            _load_kv(desc, bars, k_bufs, v_bufs, prev + STAGES, start, k_col, v_col, BLOCK_N,
+                     STAGES, (prev >= 0) & (prev + STAGES < n_blocks))
+            acc = acc * gl.expand_dims(alpha, 1)
+            p16 = gl.convert_layout(p.to(gl.float16), p_layout)
+            acc = warpgroup_mma(p16, v_bufs.index(j % STAGES), acc, is_async=True)
+            s_cur = warpgroup_mma_wait(num_outstanding=1, deps=(s_next,))
+        last = n_blocks - 1
+        p, alpha, m_i, l_i = _softmax(s_cur, m_i, l_i, last, length, BLOCK_N, cols)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        acc = acc * gl.expand_dims(alpha, 1)
+        p16 = gl.convert_layout(p.to(gl.float16), p_layout)
+        acc = warpgroup_mma(p16, v_bufs.index(last % STAGES), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        for i in gl.static_range(STAGES + 1):
+            mbarrier.invalidate(bars.index(i))
+
+        offs_m = gl.arange(0, BLOCK_M, layout=rows)
+        offs_d = gl.arange(0, HEAD_DIM, layout=cols)
+        bv = gl.load(bias_ptr + v_col + offs_d).to(gl.float32)
+        out = acc / gl.expand_dims(gl.maximum(l_i, 1.0), 1) + gl.expand_dims(bv, 0)
+        o_rows = (start + m0 + offs_m).to(gl.int64)
+        ptrs = out_ptr + gl.expand_dims(o_rows * stride_out, 1) + gl.expand_dims(q_col + offs_d, 0)
+        gl.store(ptrs, out.to(gl.float16), mask=gl.expand_dims(m0 + offs_m < length, 1))
+
+
+def attention_gluon(qkv: Any, bias: Any, slots: Any, heads: int, stages: int = 3,
+                    pv_pending: int = 0) -> Any:
+    """The prototype over a tile list ``slots`` (``kernels.attention_tiles(..).slots``,
+    64-query blocks): [T, hidden] fp16. ``pv_pending`` 1 leaves P V in flight into the
+    next block's softmax (ptxas then serializes the wgmmas: C7514), 0 waits for it first."""
+    import torch
+
+    t, three_d = qkv.shape
+    d = three_d // 3
+    head_dim = d // heads
+    out = torch.empty((t, d), device=qkv.device, dtype=qkv.dtype)
+    layout = gl.NVMMASharedLayout.get_default_for([64, head_dim], gl.float16)
+    desc = TensorDescriptor.from_tensor(qkv, [64, head_dim], layout)
+    _attn_gluon_kernel[(slots.shape[0], heads)](
+        desc, bias, out, slots, LOG2E / head_dim**0.5, out.stride(0), d,
+        HEAD_DIM=head_dim, BLOCK_M=64, BLOCK_N=64, STAGES=stages, num_warps=4,
+        PV_PENDING=pv_pending)
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--windows", type=int, default=256)
+    p.add_argument("--heads", type=int, default=16)
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--variants", default="3:0,3:1,4:0",
+                   help="STAGES:PV_PENDING pairs (STAGES >= 3: block j + 1 loads while j runs)")
+    p.add_argument("--out", type=Path, default=None)
+    args = p.parse_args()
+    sys.path.insert(0, str(REPO))
+    import numpy as np
+    import torch
+
+    from benchmarks.attn_backends import _time_graph, packed_qkv
+    from benchmarks.bench_gpu import squad_lengths
+    from engine.fused.kernels import attention as attn
+
+    rng = np.random.default_rng(3)
+    lengths = [int(v) for v in rng.choice(squad_lengths(), args.windows)]
+    t, max_len, n = sum(lengths), max(lengths), len(lengths)
+    cu, qkv, bias = packed_qkv(lengths, args.heads * 64)
+    tiles = attn.attention_tiles(cu, t, n, max_len, args.heads, 64, config=attn.ATTN_SMALL,
+                                 force=True)
+    assert tiles is not None
+    calls = {"engine": lambda: attn.attention_varlen(qkv, bias, cu, max_len, n, args.heads,
+                                                     config=attn.ATTN_SMALL, tiles=tiles)}
+    for item in filter(None, args.variants.split(",")):
+        st, pv = (int(v) for v in item.split(":"))
+        calls[f"gluon_{st}_stages_pv{pv}"] = (
+            lambda st=st, pv=pv: attention_gluon(qkv, bias, tiles.slots, args.heads, st, pv))
+    ref = calls["engine"]().float()
+    result: dict[str, Any] = {"tokens": t, "windows": n, "device": torch.cuda.get_device_name(),
+                              "triton": triton.__version__, "max_abs_vs_engine": {},
+                              "us": {k: [] for k in calls}}
+    for name, call in calls.items():
+        result["max_abs_vs_engine"][name] = float((call().float() - ref).abs().max())
+        print(f"{name}: max |out - engine's| {result['max_abs_vs_engine'][name]:.3e}",
+              flush=True)
+    for _ in range(args.rounds):
+        for name, call in calls.items():
+            us, _ = _time_graph(call, 24, 20)
+            result["us"][name].append(us)
+            print(f"{name}: {us:.1f} µs a launch", flush=True)
+    if args.out is not None:
+        args.out.write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
