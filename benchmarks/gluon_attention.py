@@ -76,7 +76,7 @@ def _softmax(s, m_i, l_i, block, length, BLOCK_N: gl.constexpr, col_layout: gl.c
 
 
 @gluon.jit
-def _attn_gluon_kernel(desc, bias_ptr, out_ptr, tiles_ptr, qk_scale, stride_out, D,
+def _attn_gluon_kernel(desc, q_desc, bias_ptr, out_ptr, tiles_ptr, qk_scale, stride_out, D,
                        HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                        STAGES: gl.constexpr, num_warps: gl.constexpr,
                        PV_PENDING: gl.constexpr = 1):
@@ -100,8 +100,7 @@ def _attn_gluon_kernel(desc, bias_ptr, out_ptr, tiles_ptr, qk_scale, stride_out,
         v_col = 2 * D + q_col
         n_blocks = gl.cdiv(length, BLOCK_N)
 
-        q_raw = gl.allocate_shared_memory(gl.float16, [BLOCK_M, HEAD_DIM], smem)
-        q_smem = gl.allocate_shared_memory(gl.float16, [BLOCK_M, HEAD_DIM], smem)
+        q_smem = gl.allocate_shared_memory(gl.float16, [BLOCK_M, HEAD_DIM], q_desc.layout)
         k_bufs = gl.allocate_shared_memory(gl.float16, [STAGES, BLOCK_N, HEAD_DIM], smem)
         v_bufs = gl.allocate_shared_memory(gl.float16, [STAGES, BLOCK_N, HEAD_DIM], smem)
         bars = gl.allocate_shared_memory(gl.int64, [STAGES + 1, 1], mbarrier.MBarrierLayout())
@@ -109,17 +108,18 @@ def _attn_gluon_kernel(desc, bias_ptr, out_ptr, tiles_ptr, qk_scale, stride_out,
             mbarrier.init(bars.index(i), count=1)
         q_bar = bars.index(STAGES)
 
-        mbarrier.expect(q_bar, desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(desc, [start + m0, q_col], q_bar, q_raw)
+        mbarrier.expect(q_bar, q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [start + m0, q_col], q_bar, q_smem)
         for b in gl.static_range(STAGES):
             _load_kv(desc, bars, k_bufs, v_bufs, b, start, k_col, v_col, BLOCK_N, STAGES,
                      b < n_blocks)
 
-        # Q + its bias, times the softmax scale (log2 e folded in), back to shared memory.
+        # Q + its bias, times the softmax scale (log2 e folded in), back in place.
         mbarrier.wait(q_bar, 0)
-        q = q_raw.load(blocked).to(gl.float32)
+        q = q_smem.load(blocked).to(gl.float32)
         bq = gl.load(bias_ptr + q_col + gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, blocked)))
         q = (q + gl.expand_dims(bq.to(gl.float32), 0)) * qk_scale
+        gl.thread_barrier()
         q_smem.store(q.to(gl.float16))
         fence_async_shared()
         gl.thread_barrier()
@@ -171,7 +171,7 @@ def _attn_gluon_kernel(desc, bias_ptr, out_ptr, tiles_ptr, qk_scale, stride_out,
 
 
 def attention_gluon(qkv: Any, bias: Any, slots: Any, heads: int, stages: int = 3,
-                    pv_pending: int = 0) -> Any:
+                    pv_pending: int = 0, block_n: int = 64, maxnreg: int = 0) -> Any:
     """The prototype over a tile list ``slots`` (``kernels.attention_tiles(..).slots``,
     64-query blocks): [T, hidden] fp16. ``pv_pending`` 1 leaves P V in flight into the
     next block's softmax (ptxas then serializes the wgmmas: C7514), 0 waits for it first."""
@@ -181,12 +181,14 @@ def attention_gluon(qkv: Any, bias: Any, slots: Any, heads: int, stages: int = 3
     d = three_d // 3
     head_dim = d // heads
     out = torch.empty((t, d), device=qkv.device, dtype=qkv.dtype)
-    layout = gl.NVMMASharedLayout.get_default_for([64, head_dim], gl.float16)
-    desc = TensorDescriptor.from_tensor(qkv, [64, head_dim], layout)
+    layout = gl.NVMMASharedLayout.get_default_for([block_n, head_dim], gl.float16)
+    desc = TensorDescriptor.from_tensor(qkv, [block_n, head_dim], layout)
+    q_layout = gl.NVMMASharedLayout.get_default_for([64, head_dim], gl.float16)
+    q_desc = TensorDescriptor.from_tensor(qkv, [64, head_dim], q_layout)
     _attn_gluon_kernel[(slots.shape[0], heads)](
-        desc, bias, out, slots, LOG2E / head_dim**0.5, out.stride(0), d,
-        HEAD_DIM=head_dim, BLOCK_M=64, BLOCK_N=64, STAGES=stages, num_warps=4,
-        PV_PENDING=pv_pending)
+        desc, q_desc, bias, out, slots, LOG2E / head_dim**0.5, out.stride(0), d,
+        HEAD_DIM=head_dim, BLOCK_M=64, BLOCK_N=block_n, STAGES=stages, num_warps=4,
+        PV_PENDING=pv_pending, **({"maxnreg": maxnreg} if maxnreg else {}))
     return out
 
 
@@ -196,8 +198,9 @@ def main() -> None:
     p.add_argument("--windows", type=int, default=256)
     p.add_argument("--heads", type=int, default=16)
     p.add_argument("--rounds", type=int, default=3)
-    p.add_argument("--variants", default="3:0,3:1,4:0",
-                   help="STAGES:PV_PENDING pairs (STAGES >= 3: block j + 1 loads while j runs)")
+    p.add_argument("--variants", default="3:0:64:128,3:0:32:0",
+                   help="STAGES:PV_PENDING:BLOCK_N:MAXNREG (STAGES >= 3: block j + 1 loads "
+                        "while block j runs; MAXNREG 0: no cap)")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
     sys.path.insert(0, str(REPO))
@@ -218,9 +221,10 @@ def main() -> None:
     calls = {"engine": lambda: attn.attention_varlen(qkv, bias, cu, max_len, n, args.heads,
                                                      config=attn.ATTN_SMALL, tiles=tiles)}
     for item in filter(None, args.variants.split(",")):
-        st, pv = (int(v) for v in item.split(":"))
-        calls[f"gluon_{st}_stages_pv{pv}"] = (
-            lambda st=st, pv=pv: attention_gluon(qkv, bias, tiles.slots, args.heads, st, pv))
+        st, pv, bn, mr = (int(v) for v in item.split(":"))
+        calls[f"gluon_{st}_stages_pv{pv}_n{bn}_reg{mr}"] = (
+            lambda st=st, pv=pv, bn=bn, mr=mr: attention_gluon(qkv, bias, tiles.slots,
+                                                               args.heads, st, pv, bn, mr))
     ref = calls["engine"]().float()
     result: dict[str, Any] = {"tokens": t, "windows": n, "device": torch.cuda.get_device_name(),
                               "triton": triton.__version__, "max_abs_vs_engine": {},
