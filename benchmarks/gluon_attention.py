@@ -170,6 +170,125 @@ def _attn_gluon_kernel(desc, q_desc, bias_ptr, out_ptr, tiles_ptr, qk_scale, str
         gl.store(ptrs, out.to(gl.float16), mask=gl.expand_dims(m0 + offs_m < length, 1))
 
 
+@gluon.jit
+def _attn_seq_kernel(desc, q_desc, bias_ptr, out_ptr, cu_ptr, qk_scale, stride_out, D,
+                     HEAD_DIM: gl.constexpr, BLOCK: gl.constexpr, MAX_BLOCKS: gl.constexpr,
+                     num_warps: gl.constexpr):
+    """One program per (sequence, head): the sequence's K and V blocks loaded once (TMA,
+    all of them, one mbarrier each) and kept in shared memory while every query block of
+    the sequence runs over them in turn (Q double-buffered), so that K and V cross from L2
+    once per head instead of once per query block."""
+    seq = gl.program_id(0)
+    head = gl.program_id(1)
+    start = gl.load(cu_ptr + seq)
+    length = gl.load(cu_ptr + seq + 1) - start
+    if length > 0:
+        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, BLOCK, 16])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+        rows: gl.constexpr = gl.SliceLayout(1, mma)
+        cols: gl.constexpr = gl.SliceLayout(0, mma)
+        blocked: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8],
+                                                 warps_per_cta=[4, 1], order=[1, 0])
+        q_col = head * HEAD_DIM
+        k_col = D + q_col
+        v_col = 2 * D + q_col
+        n_blocks = gl.cdiv(length, BLOCK)
+
+        k_bufs = gl.allocate_shared_memory(gl.float16, [MAX_BLOCKS, BLOCK, HEAD_DIM], desc.layout)
+        v_bufs = gl.allocate_shared_memory(gl.float16, [MAX_BLOCKS, BLOCK, HEAD_DIM], desc.layout)
+        q_bufs = gl.allocate_shared_memory(gl.float16, [2, BLOCK, HEAD_DIM], q_desc.layout)
+        bars = gl.allocate_shared_memory(gl.int64, [MAX_BLOCKS + 2, 1], mbarrier.MBarrierLayout())
+        for i in gl.static_range(MAX_BLOCKS + 2):
+            mbarrier.init(bars.index(i), count=1)
+        mbarrier.expect(bars.index(MAX_BLOCKS), q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [start, q_col], bars.index(MAX_BLOCKS),
+                                        q_bufs.index(0))
+        for b in gl.static_range(MAX_BLOCKS):
+            pred = b < n_blocks
+            mbarrier.expect(bars.index(b), 2 * desc.block_type.nbytes, pred=pred)
+            tma.async_copy_global_to_shared(desc, [start + b * BLOCK, k_col], bars.index(b),
+                                            k_bufs.index(b), pred=pred)
+            tma.async_copy_global_to_shared(desc, [start + b * BLOCK, v_col], bars.index(b),
+                                            v_bufs.index(b), pred=pred)
+        bq = gl.load(bias_ptr + q_col + gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, blocked)))
+        offs_m = gl.arange(0, BLOCK, layout=rows)
+        offs_d = gl.arange(0, HEAD_DIM, layout=cols)
+        bv = gl.load(bias_ptr + v_col + offs_d).to(gl.float32)
+        zeros_s = gl.zeros([BLOCK, BLOCK], gl.float32, layout=mma)
+
+        for qb in range(0, n_blocks):
+            buf = qb % 2
+            # The next query block into the other buffer (its last reader, the previous
+            # block's QK^T, is done: every wgmma is waited for before a block ends).
+            nq = qb + 1
+            mbarrier.expect(bars.index(MAX_BLOCKS + nq % 2), q_desc.block_type.nbytes,
+                            pred=nq < n_blocks)
+            tma.async_copy_global_to_shared(q_desc, [start + nq * BLOCK, q_col],
+                                            bars.index(MAX_BLOCKS + nq % 2),
+                                            q_bufs.index(nq % 2), pred=nq < n_blocks)
+            mbarrier.wait(bars.index(MAX_BLOCKS + buf), (qb // 2) & 1)
+            q_smem = q_bufs.index(buf)
+            q = q_smem.load(blocked).to(gl.float32)
+            q = (q + gl.expand_dims(bq.to(gl.float32), 0)) * qk_scale
+            gl.thread_barrier()
+            q_smem.store(q.to(gl.float16))
+            fence_async_shared()
+            gl.thread_barrier()
+
+            acc = warpgroup_mma_init(gl.zeros([BLOCK, HEAD_DIM], gl.float32, layout=mma))
+            m_i = gl.full([BLOCK], float("-inf"), gl.float32, layout=rows)
+            l_i = gl.zeros([BLOCK], gl.float32, layout=rows)
+            mbarrier.wait(bars.index(0), 0)
+            s_cur = warpgroup_mma(q_smem, k_bufs.index(0).permute((1, 0)), zeros_s,
+                                  use_acc=False, is_async=True)
+            s_cur = warpgroup_mma_wait(num_outstanding=0, deps=(s_cur,))
+            for j in range(0, n_blocks - 1):
+                mbarrier.wait(bars.index(j + 1), 0)
+                s_next = warpgroup_mma(q_smem, k_bufs.index(j + 1).permute((1, 0)), zeros_s,
+                                       use_acc=False, is_async=True)
+                p, alpha, m_i, l_i = _softmax(s_cur, m_i, l_i, j, length, BLOCK, cols)
+                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+                acc = acc * gl.expand_dims(alpha, 1)
+                p16 = gl.convert_layout(p.to(gl.float16), p_layout)
+                acc = warpgroup_mma(p16, v_bufs.index(j), acc, is_async=True)
+                s_cur = warpgroup_mma_wait(num_outstanding=1, deps=(s_next,))
+            last = n_blocks - 1
+            p, alpha, m_i, l_i = _softmax(s_cur, m_i, l_i, last, length, BLOCK, cols)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            acc = acc * gl.expand_dims(alpha, 1)
+            p16 = gl.convert_layout(p.to(gl.float16), p_layout)
+            acc = warpgroup_mma(p16, v_bufs.index(last), acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+
+            out = acc / gl.expand_dims(gl.maximum(l_i, 1.0), 1) + gl.expand_dims(bv, 0)
+            m0 = qb * BLOCK
+            o_rows = (start + m0 + offs_m).to(gl.int64)
+            ptrs = (out_ptr + gl.expand_dims(o_rows * stride_out, 1)
+                    + gl.expand_dims(q_col + offs_d, 0))
+            gl.store(ptrs, out.to(gl.float16), mask=gl.expand_dims(m0 + offs_m < length, 1))
+        for i in gl.static_range(MAX_BLOCKS + 2):
+            mbarrier.invalidate(bars.index(i))
+
+
+def attention_gluon_seq(qkv: Any, bias: Any, cu: Any, n_seqs: int, max_seqlen: int,
+                        heads: int) -> Any:
+    """:func:`_attn_seq_kernel` over ``cu`` (int32 [n_seqs + 1]): [T, hidden] fp16."""
+    import torch
+
+    t, three_d = qkv.shape
+    d = three_d // 3
+    head_dim = d // heads
+    out = torch.empty((t, d), device=qkv.device, dtype=qkv.dtype)
+    layout = gl.NVMMASharedLayout.get_default_for([64, head_dim], gl.float16)
+    desc = TensorDescriptor.from_tensor(qkv, [64, head_dim], layout)
+    q_desc = TensorDescriptor.from_tensor(qkv, [64, head_dim], layout)
+    _attn_seq_kernel[(n_seqs, heads)](
+        desc, q_desc, bias, out, cu, LOG2E / head_dim**0.5, out.stride(0), d,
+        HEAD_DIM=head_dim, BLOCK=64, MAX_BLOCKS=triton.cdiv(max_seqlen, 64), num_warps=4)
+    return out
+
+
 def attention_gluon(qkv: Any, bias: Any, slots: Any, heads: int, stages: int = 3,
                     pv_pending: int = 0, block_n: int = 64, maxnreg: int = 0) -> Any:
     """The prototype over a tile list ``slots`` (``kernels.attention_tiles(..).slots``,
@@ -200,7 +319,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--variants", default="3:0:64:128,3:0:32:0",
                    help="STAGES:PV_PENDING:BLOCK_N:MAXNREG (STAGES >= 3: block j + 1 loads "
-                        "while block j runs; MAXNREG 0: no cap)")
+                        "while block j runs; MAXNREG 0: no cap), or 'seq' (one program a "
+                        "sequence and head)")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
     sys.path.insert(0, str(REPO))
@@ -221,6 +341,10 @@ def main() -> None:
     calls = {"engine": lambda: attn.attention_varlen(qkv, bias, cu, max_len, n, args.heads,
                                                      config=attn.ATTN_SMALL, tiles=tiles)}
     for item in filter(None, args.variants.split(",")):
+        if item == "seq":
+            calls["gluon_per_sequence"] = lambda: attention_gluon_seq(qkv, bias, cu, n,
+                                                                      max_len, args.heads)
+            continue
         st, pv, bn, mr = (int(v) for v in item.split(":"))
         calls[f"gluon_{st}_stages_pv{pv}_n{bn}_reg{mr}"] = (
             lambda st=st, pv=pv, bn=bn, mr=mr: attention_gluon(qkv, bias, tiles.slots,
