@@ -35,6 +35,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_MODULE = REPO / "engine" / "fused" / "kernels" / "attention.py"
@@ -155,18 +156,22 @@ def code_lines(sass: str) -> list[str]:
 
 
 def compile_sass(fn: object, signature: Mapping[str, str], constexprs: Mapping[str, object],
-                 divisible: tuple[str, ...], options: Mapping[str, object]
-                 ) -> tuple[str, str, int]:
+                 divisible: tuple[str, ...], options: Mapping[str, object],
+                 gluon: bool = False) -> tuple[str, str, int]:
     """(SASS, ``cuobjdump -res-usage``, shared bytes) of JIT function ``fn`` compiled for
     sm_90a on this machine, with the arguments named in ``divisible`` marked divisible by
     16 (as Triton's launcher specializes pointers and strides) and floating-point fusion
-    on (as the launcher has it) unless ``options`` says otherwise."""
+    on (as the launcher has it) unless ``options`` says otherwise. ``gluon``: ``fn`` is a
+    Gluon kernel (``gluon.jit``)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
+    source: Any = ASTSource
+    if gluon:
+        from triton.experimental.gluon._runtime import GluonASTSource as source
     names = list(signature)
-    src = ASTSource(fn, dict(signature),
+    src = source(fn, dict(signature),
                     attrs={(names.index(n),): [["tt.divisibility", 16]] for n in divisible},
                     constexprs=dict(constexprs))
     kernel = triton.compile(src, target=GPUTarget("cuda", 90, 32),

@@ -44,6 +44,11 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 REPO = Path(__file__).resolve().parents[1]
+# Gluon's names moved between releases (triton 3.6, the device's, and 3.9): the CTA
+# barrier (``thread_barrier`` -> ``barrier``) and the TMA load
+# (``async_copy_global_to_shared`` -> ``async_load``).
+_cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 LOG2E = 1.4426950408889634
 
 
@@ -55,9 +60,9 @@ def _load_kv(desc, bars, k_bufs, v_bufs, block, start, k_col, v_col,
     s = block % STAGES
     bar = bars.index(s)
     mbarrier.expect(bar, 2 * desc.block_type.nbytes, pred=pred)
-    tma.async_copy_global_to_shared(desc, [start + block * BLOCK_N, k_col], bar, k_bufs.index(s),
+    _tma_load(desc, [start + block * BLOCK_N, k_col], bar, k_bufs.index(s),
                                     pred=pred)
-    tma.async_copy_global_to_shared(desc, [start + block * BLOCK_N, v_col], bar, v_bufs.index(s),
+    _tma_load(desc, [start + block * BLOCK_N, v_col], bar, v_bufs.index(s),
                                     pred=pred)
 
 
@@ -109,7 +114,7 @@ def _attn_gluon_kernel(desc, q_desc, bias_ptr, out_ptr, tiles_ptr, qk_scale, str
         q_bar = bars.index(STAGES)
 
         mbarrier.expect(q_bar, q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [start + m0, q_col], q_bar, q_smem)
+        _tma_load(q_desc, [start + m0, q_col], q_bar, q_smem)
         for b in gl.static_range(STAGES):
             _load_kv(desc, bars, k_bufs, v_bufs, b, start, k_col, v_col, BLOCK_N, STAGES,
                      b < n_blocks)
@@ -119,10 +124,10 @@ def _attn_gluon_kernel(desc, q_desc, bias_ptr, out_ptr, tiles_ptr, qk_scale, str
         q = q_smem.load(blocked).to(gl.float32)
         bq = gl.load(bias_ptr + q_col + gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, blocked)))
         q = (q + gl.expand_dims(bq.to(gl.float32), 0)) * qk_scale
-        gl.thread_barrier()
+        _cta_barrier()
         q_smem.store(q.to(gl.float16))
         fence_async_shared()
-        gl.thread_barrier()
+        _cta_barrier()
 
         zeros_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=mma)
         # (an accumulator value: the loop carries P V's wgmma in flight)
@@ -202,14 +207,14 @@ def _attn_seq_kernel(desc, q_desc, bias_ptr, out_ptr, cu_ptr, qk_scale, stride_o
         for i in gl.static_range(MAX_BLOCKS + 2):
             mbarrier.init(bars.index(i), count=1)
         mbarrier.expect(bars.index(MAX_BLOCKS), q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [start, q_col], bars.index(MAX_BLOCKS),
+        _tma_load(q_desc, [start, q_col], bars.index(MAX_BLOCKS),
                                         q_bufs.index(0))
         for b in gl.static_range(MAX_BLOCKS):
             pred = b < n_blocks
             mbarrier.expect(bars.index(b), 2 * desc.block_type.nbytes, pred=pred)
-            tma.async_copy_global_to_shared(desc, [start + b * BLOCK, k_col], bars.index(b),
+            _tma_load(desc, [start + b * BLOCK, k_col], bars.index(b),
                                             k_bufs.index(b), pred=pred)
-            tma.async_copy_global_to_shared(desc, [start + b * BLOCK, v_col], bars.index(b),
+            _tma_load(desc, [start + b * BLOCK, v_col], bars.index(b),
                                             v_bufs.index(b), pred=pred)
         bq = gl.load(bias_ptr + q_col + gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, blocked)))
         offs_m = gl.arange(0, BLOCK, layout=rows)
@@ -224,17 +229,17 @@ def _attn_seq_kernel(desc, q_desc, bias_ptr, out_ptr, cu_ptr, qk_scale, stride_o
             nq = qb + 1
             mbarrier.expect(bars.index(MAX_BLOCKS + nq % 2), q_desc.block_type.nbytes,
                             pred=nq < n_blocks)
-            tma.async_copy_global_to_shared(q_desc, [start + nq * BLOCK, q_col],
+            _tma_load(q_desc, [start + nq * BLOCK, q_col],
                                             bars.index(MAX_BLOCKS + nq % 2),
                                             q_bufs.index(nq % 2), pred=nq < n_blocks)
             mbarrier.wait(bars.index(MAX_BLOCKS + buf), (qb // 2) & 1)
             q_smem = q_bufs.index(buf)
             q = q_smem.load(blocked).to(gl.float32)
             q = (q + gl.expand_dims(bq.to(gl.float32), 0)) * qk_scale
-            gl.thread_barrier()
+            _cta_barrier()
             q_smem.store(q.to(gl.float16))
             fence_async_shared()
-            gl.thread_barrier()
+            _cta_barrier()
 
             acc = warpgroup_mma_init(gl.zeros([BLOCK, HEAD_DIM], gl.float32, layout=mma))
             m_i = gl.full([BLOCK], float("-inf"), gl.float32, layout=rows)
@@ -309,6 +314,48 @@ def attention_gluon(qkv: Any, bias: Any, slots: Any, heads: int, stages: int = 3
         HEAD_DIM=head_dim, BLOCK_M=64, BLOCK_N=block_n, STAGES=stages, num_warps=4,
         PV_PENDING=pv_pending, **({"maxnreg": maxnreg} if maxnreg else {}))
     return out
+
+
+def sm90_sass(form: str, stages: int = 3, pv_pending: int = 0, block_n: int = 64,
+              maxnreg: int = 0) -> tuple[str, str, int]:
+    """(SASS, ``cuobjdump -res-usage``, shared bytes) of a form compiled for sm_90a here, no
+    GPU needed (``attention_sass.compile_sass``): ``"tiles"`` (:func:`_attn_gluon_kernel`
+    with these settings) or ``"seq"`` (:func:`_attn_seq_kernel` for 384-token windows).
+    BERT-large's 64-wide heads."""
+    import torch
+    from triton.runtime.jit import mangle_type
+
+    from benchmarks.attention_sass import compile_sass
+
+    qkv = torch.empty((64, 3 * 1024), dtype=torch.float16)
+
+    def desc(rows: int) -> str:
+        layout = gl.NVMMASharedLayout.get_default_for([rows, 64], gl.float16)
+        return str(mangle_type(TensorDescriptor.from_tensor(qkv, [rows, 64], layout)))
+
+    common = {"bias_ptr": "*fp16", "out_ptr": "*fp16"}
+    scalars = {"qk_scale": "fp32", "stride_out": "i32", "D": "i32"}
+    options: dict[str, object] = {"num_warps": 4}
+    if form == "seq":
+        signature = {"desc": desc(64), "q_desc": desc(64), **common, "cu_ptr": "*i32",
+                     **scalars, "HEAD_DIM": "constexpr", "BLOCK": "constexpr",
+                     "MAX_BLOCKS": "constexpr", "num_warps": "constexpr"}
+        constexprs: dict[str, object] = {"HEAD_DIM": 64, "BLOCK": 64, "MAX_BLOCKS": 6,
+                                         "num_warps": 4}
+        return compile_sass(_attn_seq_kernel, signature, constexprs,
+                            ("bias_ptr", "out_ptr", "cu_ptr", "stride_out", "D"), options,
+                            gluon=True)
+    signature = {"desc": desc(block_n), "q_desc": desc(64), **common, "tiles_ptr": "*i32",
+                 **scalars, "HEAD_DIM": "constexpr", "BLOCK_M": "constexpr",
+                 "BLOCK_N": "constexpr", "STAGES": "constexpr", "num_warps": "constexpr",
+                 "PV_PENDING": "constexpr"}
+    constexprs = {"HEAD_DIM": 64, "BLOCK_M": 64, "BLOCK_N": block_n, "STAGES": stages,
+                  "num_warps": 4, "PV_PENDING": pv_pending}
+    if maxnreg:
+        options["maxnreg"] = maxnreg
+    return compile_sass(_attn_gluon_kernel, signature, constexprs,
+                        ("bias_ptr", "out_ptr", "tiles_ptr", "stride_out", "D"), options,
+                        gluon=True)
 
 
 def main() -> None:
