@@ -7,16 +7,16 @@ the SQuAD dev windows, through ``kernels.attention_varlen`` in each of ``--forms
 grid). Each form is launched once to compile, then, in the order printed, once more for
 the profiler to read:
 
-    ncu --clock-control none --launch-skip 2 -k regex:_attn_varlen --csv --page details \\
+    ncu --clock-control none -k regex:_attn_varlen --csv --page raw \\
         --section SpeedOfLight --section WarpStateStats --section Occupancy \\
-        --section LaunchStats --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \\
-        python3 benchmarks/profile_attention.py > ncu_attention.csv
+        --section SchedulerStats python3 benchmarks/profile_attention.py > ncu_attention.csv
 
-(``--launch-skip`` = the number of forms; the tile-list build is a launch of its own
-kernel, which ``-k`` leaves out.) ``--time`` instead times each form by replaying a CUDA
-graph of 24 launches (median µs a launch, idle GPU; ``attn_backends._time_graph``), in
-interleaved rounds, and checks that every form writes the first form's output bit for
-bit. Random inputs.
+(Each form appears twice, compiling launch first; the tile-list build is a launch of its
+own kernel, which ``-k`` leaves out. With ``--launch-skip`` set to the number of forms,
+v40's run profiled nothing; v14's with ``--launch-skip 2`` over two forms had worked.)
+``--time`` instead times each form by replaying a CUDA graph of 24 launches (median µs
+a launch, idle GPU; ``attn_backends._time_graph``), in interleaved rounds, and checks that
+every form writes the first form's output bit for bit. Random inputs.
 """
 
 from __future__ import annotations
