@@ -276,6 +276,182 @@ def _attn_seq_kernel(desc, q_desc, bias_ptr, out_ptr, cu_ptr, qk_scale, stride_o
             mbarrier.invalidate(bars.index(i))
 
 
+# The two-warpgroup per-sequence form's fixed shape (warp-specialized partitions take
+# their constants from here: constexpr arguments do not cross into them in triton 3.6):
+# 64-wide heads, 64-row blocks, windows of up to 384 tokens.
+SEQ2_HEAD_DIM: gl.constexpr = gl.constexpr(64)
+SEQ2_BLOCK: gl.constexpr = gl.constexpr(64)
+SEQ2_MAX_BLOCKS: gl.constexpr = gl.constexpr(6)
+
+
+@gluon.jit
+def _seq_consumer(desc, q_desc, k_bufs, v_bufs, q_bufs, bars, bias_ptr, out_ptr, start, length,
+                  head, qk_scale, stride_out, D, WG):
+    """One warpgroup of :func:`_attn_seq2_kernel`: query blocks WG, WG + 2, ... of the
+    sequence, each over the resident K/V (its own Q buffer and barrier)."""
+    HEAD_DIM: gl.constexpr = SEQ2_HEAD_DIM
+    BLOCK: gl.constexpr = SEQ2_BLOCK
+    MAX_BLOCKS: gl.constexpr = SEQ2_MAX_BLOCKS
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                   instr_shape=[16, BLOCK, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+    rows: gl.constexpr = gl.SliceLayout(1, mma)
+    cols: gl.constexpr = gl.SliceLayout(0, mma)
+    blocked: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8],
+                                             warps_per_cta=[4, 1], order=[1, 0])
+    q_col = head * HEAD_DIM
+    v_col = 2 * D + q_col
+    n_blocks = gl.cdiv(length, BLOCK)
+    q_smem = q_bufs.index(WG)
+    q_bar = bars.index(MAX_BLOCKS + WG)
+    bq = gl.load(bias_ptr + q_col + gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, blocked)))
+    offs_m = gl.arange(0, BLOCK, layout=rows)
+    offs_d = gl.arange(0, HEAD_DIM, layout=cols)
+    bv = gl.load(bias_ptr + v_col + offs_d).to(gl.float32)
+    zeros_s = gl.zeros([BLOCK, BLOCK], gl.float32, layout=mma)
+    for qb in range(WG, n_blocks, 2):
+        mbarrier.expect(q_bar, q_desc.block_type.nbytes)
+        _tma_load(q_desc, [start + qb * BLOCK, q_col], q_bar, q_smem)
+        mbarrier.wait(q_bar, ((qb - WG) // 2) & 1)
+        q = q_smem.load(blocked).to(gl.float32)  # each thread rewrites what it read
+        q = (q + gl.expand_dims(bq.to(gl.float32), 0)) * qk_scale
+        q_smem.store(q.to(gl.float16))
+        fence_async_shared()
+        _cta_barrier()
+
+        acc = warpgroup_mma_init(gl.zeros([BLOCK, HEAD_DIM], gl.float32, layout=mma))
+        m_i = gl.full([BLOCK], float("-inf"), gl.float32, layout=rows)
+        l_i = gl.zeros([BLOCK], gl.float32, layout=rows)
+        mbarrier.wait(bars.index(0), 0)
+        s_cur = warpgroup_mma(q_smem, k_bufs.index(0).permute((1, 0)), zeros_s,
+                              use_acc=False, is_async=True)
+        s_cur = warpgroup_mma_wait(num_outstanding=0, deps=(s_cur,))
+        for j in range(0, n_blocks - 1):
+            mbarrier.wait(bars.index(j + 1), 0)
+            s_next = warpgroup_mma(q_smem, k_bufs.index(j + 1).permute((1, 0)), zeros_s,
+                                   use_acc=False, is_async=True)
+            p, alpha, m_i, l_i = _softmax(s_cur, m_i, l_i, j, length, BLOCK, cols)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            acc = acc * gl.expand_dims(alpha, 1)
+            p16 = gl.convert_layout(p.to(gl.float16), p_layout)
+            acc = warpgroup_mma(p16, v_bufs.index(j), acc, is_async=True)
+            s_cur = warpgroup_mma_wait(num_outstanding=1, deps=(s_next,))
+        last = n_blocks - 1
+        p, alpha, m_i, l_i = _softmax(s_cur, m_i, l_i, last, length, BLOCK, cols)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        acc = acc * gl.expand_dims(alpha, 1)
+        p16 = gl.convert_layout(p.to(gl.float16), p_layout)
+        acc = warpgroup_mma(p16, v_bufs.index(last), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        out = acc / gl.expand_dims(gl.maximum(l_i, 1.0), 1) + gl.expand_dims(bv, 0)
+        m0 = qb * BLOCK
+        o_rows = (start + m0 + offs_m).to(gl.int64)
+        ptrs = (out_ptr + gl.expand_dims(o_rows * stride_out, 1)
+                + gl.expand_dims(q_col + offs_d, 0))
+        gl.store(ptrs, out.to(gl.float16), mask=gl.expand_dims(m0 + offs_m < length, 1))
+        _cta_barrier()  # every warp done with Q (its wgmmas waited) before the next TMA
+
+
+@gluon.jit
+def _seq_consumer_plain(desc, q_desc, k_bufs, v_bufs, q_bufs, bars, bias_ptr, out_ptr, start, length,
+                  head, qk_scale, stride_out, D, WG):
+    """:func:`_seq_consumer` without the next block's QK^T in flight (fewer registers)."""
+    HEAD_DIM: gl.constexpr = SEQ2_HEAD_DIM
+    BLOCK: gl.constexpr = SEQ2_BLOCK
+    MAX_BLOCKS: gl.constexpr = SEQ2_MAX_BLOCKS
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                   instr_shape=[16, BLOCK, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+    rows: gl.constexpr = gl.SliceLayout(1, mma)
+    cols: gl.constexpr = gl.SliceLayout(0, mma)
+    blocked: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8],
+                                             warps_per_cta=[4, 1], order=[1, 0])
+    q_col = head * HEAD_DIM
+    v_col = 2 * D + q_col
+    n_blocks = gl.cdiv(length, BLOCK)
+    q_smem = q_bufs.index(WG)
+    q_bar = bars.index(MAX_BLOCKS + WG)
+    bq = gl.load(bias_ptr + q_col + gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, blocked)))
+    offs_m = gl.arange(0, BLOCK, layout=rows)
+    offs_d = gl.arange(0, HEAD_DIM, layout=cols)
+    bv = gl.load(bias_ptr + v_col + offs_d).to(gl.float32)
+    zeros_s = gl.zeros([BLOCK, BLOCK], gl.float32, layout=mma)
+    for qb in range(WG, n_blocks, 2):
+        mbarrier.expect(q_bar, q_desc.block_type.nbytes)
+        _tma_load(q_desc, [start + qb * BLOCK, q_col], q_bar, q_smem)
+        mbarrier.wait(q_bar, ((qb - WG) // 2) & 1)
+        q = q_smem.load(blocked).to(gl.float32)  # each thread rewrites what it read
+        q = (q + gl.expand_dims(bq.to(gl.float32), 0)) * qk_scale
+        q_smem.store(q.to(gl.float16))
+        fence_async_shared()
+        _cta_barrier()
+
+        acc = warpgroup_mma_init(gl.zeros([BLOCK, HEAD_DIM], gl.float32, layout=mma))
+        m_i = gl.full([BLOCK], float("-inf"), gl.float32, layout=rows)
+        l_i = gl.zeros([BLOCK], gl.float32, layout=rows)
+        for j in range(0, n_blocks):
+            mbarrier.wait(bars.index(j), 0)
+            sc = warpgroup_mma(q_smem, k_bufs.index(j).permute((1, 0)), zeros_s,
+                               use_acc=False, is_async=True)
+            sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc,))
+            p, alpha, m_i, l_i = _softmax(sc, m_i, l_i, j, length, BLOCK, cols)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            acc = acc * gl.expand_dims(alpha, 1)
+            p16 = gl.convert_layout(p.to(gl.float16), p_layout)
+            acc = warpgroup_mma(p16, v_bufs.index(j), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        out = acc / gl.expand_dims(gl.maximum(l_i, 1.0), 1) + gl.expand_dims(bv, 0)
+        m0 = qb * BLOCK
+        o_rows = (start + m0 + offs_m).to(gl.int64)
+        ptrs = (out_ptr + gl.expand_dims(o_rows * stride_out, 1)
+                + gl.expand_dims(q_col + offs_d, 0))
+        gl.store(ptrs, out.to(gl.float16), mask=gl.expand_dims(m0 + offs_m < length, 1))
+        _cta_barrier()  # every warp done with Q (its wgmmas waited) before the next TMA
+
+
+@gluon.jit
+def _attn_seq2_kernel(desc, q_desc, bias_ptr, out_ptr, cu_ptr, qk_scale, stride_out, D,
+                      WORKER_REGS: gl.constexpr, OVERLAP: gl.constexpr,
+                      num_warps: gl.constexpr):
+    """:func:`_attn_seq_kernel` with two warpgroups (warp-specialized partitions of 4 warps)
+    taking alternate query blocks over the one resident K/V: 8 warps a program, each with
+    one Q buffer (112 KB of shared memory at 384 tokens: two programs, 16 warps an SM)."""
+    HEAD_DIM: gl.constexpr = SEQ2_HEAD_DIM
+    BLOCK: gl.constexpr = SEQ2_BLOCK
+    MAX_BLOCKS: gl.constexpr = SEQ2_MAX_BLOCKS
+    seq = gl.program_id(0)
+    head = gl.program_id(1)
+    start = gl.load(cu_ptr + seq)
+    length = gl.load(cu_ptr + seq + 1) - start
+    n_blocks = gl.cdiv(length, BLOCK)
+    k_col = D + head * HEAD_DIM
+    v_col = 2 * D + head * HEAD_DIM
+    k_bufs = gl.allocate_shared_memory(gl.float16, [MAX_BLOCKS, BLOCK, HEAD_DIM], desc.layout)
+    v_bufs = gl.allocate_shared_memory(gl.float16, [MAX_BLOCKS, BLOCK, HEAD_DIM], desc.layout)
+    q_bufs = gl.allocate_shared_memory(gl.float16, [2, BLOCK, HEAD_DIM], q_desc.layout)
+    bars = gl.allocate_shared_memory(gl.int64, [MAX_BLOCKS + 2, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(MAX_BLOCKS + 2):
+        mbarrier.init(bars.index(i), count=1)
+    for b in gl.static_range(MAX_BLOCKS):
+        pred = b < n_blocks
+        mbarrier.expect(bars.index(b), 2 * desc.block_type.nbytes, pred=pred)
+        _tma_load(desc, [start + b * BLOCK, k_col], bars.index(b), k_bufs.index(b), pred=pred)
+        _tma_load(desc, [start + b * BLOCK, v_col], bars.index(b), v_bufs.index(b), pred=pred)
+    args0 = (desc, q_desc, k_bufs, v_bufs, q_bufs, bars, bias_ptr, out_ptr, start, length,
+             head, qk_scale, stride_out, D, seq * 0)
+    args1 = (desc, q_desc, k_bufs, v_bufs, q_bufs, bars, bias_ptr, out_ptr, start, length,
+             head, qk_scale, stride_out, D, seq * 0 + 1)
+    if OVERLAP:
+        gl.warp_specialize([(_seq_consumer, args0), (_seq_consumer, args1)], [4],
+                           [WORKER_REGS])
+    else:
+        gl.warp_specialize([(_seq_consumer_plain, args0), (_seq_consumer_plain, args1)], [4],
+                           [WORKER_REGS])
+    # (a program whose sequence is empty loads nothing and both loops run zero times)
+    for i in gl.static_range(MAX_BLOCKS + 2):
+        mbarrier.invalidate(bars.index(i))
+
+
 def attention_gluon_seq(qkv: Any, bias: Any, cu: Any, n_seqs: int, max_seqlen: int,
                         heads: int) -> Any:
     """:func:`_attn_seq_kernel` over ``cu`` (int32 [n_seqs + 1]): [T, hidden] fp16."""
@@ -291,6 +467,25 @@ def attention_gluon_seq(qkv: Any, bias: Any, cu: Any, n_seqs: int, max_seqlen: i
     _attn_seq_kernel[(n_seqs, heads)](
         desc, q_desc, bias, out, cu, LOG2E / head_dim**0.5, out.stride(0), d,
         HEAD_DIM=head_dim, BLOCK=64, MAX_BLOCKS=triton.cdiv(max_seqlen, 64), num_warps=4)
+    return out
+
+
+def attention_gluon_seq2(qkv: Any, bias: Any, cu: Any, n_seqs: int, max_seqlen: int,
+                         heads: int, overlap: bool = False) -> Any:
+    """:func:`_attn_seq2_kernel` over ``cu``: [T, hidden] fp16 (64-wide heads, windows of
+    up to 384 tokens; registers capped at 128 for two programs of 8 warps an SM)."""
+    import torch
+
+    t, three_d = qkv.shape
+    d = three_d // 3
+    if d // heads != 64 or max_seqlen > 384:
+        raise ValueError("the two-warpgroup form takes 64-wide heads and <= 384 tokens")
+    out = torch.empty((t, d), device=qkv.device, dtype=qkv.dtype)
+    layout = gl.NVMMASharedLayout.get_default_for([64, 64], gl.float16)
+    desc = TensorDescriptor.from_tensor(qkv, [64, 64], layout)
+    _attn_seq2_kernel[(n_seqs, heads)](
+        desc, desc, bias, out, cu, LOG2E / 8.0, out.stride(0), d, WORKER_REGS=128,
+        OVERLAP=overlap, num_warps=4, maxnreg=128)
     return out
 
 
@@ -366,8 +561,9 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--variants", default="3:0:64:128,3:0:32:0",
                    help="STAGES:PV_PENDING:BLOCK_N:MAXNREG (STAGES >= 3: block j + 1 loads "
-                        "while block j runs; MAXNREG 0: no cap), or 'seq' (one program a "
-                        "sequence and head)")
+                        "while block j runs; MAXNREG 0: no cap), 'seq' (one program a "
+                        "sequence and head), 'seq2' / 'seq2o' (the same with two "
+                        "warpgroups, without / with QK^T in flight)")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
     sys.path.insert(0, str(REPO))
@@ -391,6 +587,11 @@ def main() -> None:
         if item == "seq":
             calls["gluon_per_sequence"] = lambda: attention_gluon_seq(qkv, bias, cu, n,
                                                                       max_len, args.heads)
+            continue
+        if item in ("seq2", "seq2o"):
+            calls[f"gluon_per_sequence_2wg{'_overlap' if item == 'seq2o' else ''}"] = (
+                lambda o=item == "seq2o": attention_gluon_seq2(qkv, bias, cu, n, max_len,
+                                                               args.heads, o))
             continue
         st, pv, bn, mr = (int(v) for v in item.split(":"))
         calls[f"gluon_{st}_stages_pv{pv}_n{bn}_reg{mr}"] = (
