@@ -515,8 +515,9 @@ def sm90_sass(form: str, stages: int = 3, pv_pending: int = 0, block_n: int = 64
               maxnreg: int = 0) -> tuple[str, str, int]:
     """(SASS, ``cuobjdump -res-usage``, shared bytes) of a form compiled for sm_90a here, no
     GPU needed (``attention_sass.compile_sass``): ``"tiles"`` (:func:`_attn_gluon_kernel`
-    with these settings) or ``"seq"`` (:func:`_attn_seq_kernel` for 384-token windows).
-    BERT-large's 64-wide heads."""
+    with these settings), ``"seq"`` (:func:`_attn_seq_kernel` for 384-token windows) or
+    ``"seq2"`` (:func:`_attn_seq2_kernel`, ``pv_pending`` 1 for its QK^T in flight, at
+    128 registers as launched). BERT-large's 64-wide heads."""
     import torch
     from triton.runtime.jit import mangle_type
 
@@ -531,6 +532,14 @@ def sm90_sass(form: str, stages: int = 3, pv_pending: int = 0, block_n: int = 64
     common = {"bias_ptr": "*fp16", "out_ptr": "*fp16"}
     scalars = {"qk_scale": "fp32", "stride_out": "i32", "D": "i32"}
     options: dict[str, object] = {"num_warps": 4}
+    if form == "seq2":
+        signature = {"desc": desc(64), "q_desc": desc(64), **common, "cu_ptr": "*i32",
+                     **scalars, "WORKER_REGS": "constexpr", "OVERLAP": "constexpr",
+                     "num_warps": "constexpr"}
+        return compile_sass(_attn_seq2_kernel, signature,
+                            {"WORKER_REGS": 128, "OVERLAP": bool(pv_pending), "num_warps": 4},
+                            ("bias_ptr", "out_ptr", "cu_ptr", "stride_out", "D"),
+                            {**options, "maxnreg": 128}, gluon=True)
     if form == "seq":
         signature = {"desc": desc(64), "q_desc": desc(64), **common, "cu_ptr": "*i32",
                      **scalars, "HEAD_DIM": "constexpr", "BLOCK": "constexpr",

@@ -47,3 +47,17 @@ def test_sequence_form_compiles() -> None:
     assert "HGMMA" in sass and "STL" not in sass
     assert shared >= 2 * 6 * 64 * 64 * 2  # K and V of six 64-key blocks
     assert 0 < _registers(usage) <= 255
+
+
+def test_two_warpgroup_form_compiles_in_128_registers() -> None:
+    """Two warp-specialized partitions (``setmaxnreg``) over one resident K/V, as launched
+    (128 registers: two programs of 8 warps an SM), without spills."""
+    tools_or_skip()
+    pytest.importorskip("triton.experimental.gluon")
+    from benchmarks.gluon_attention import sm90_sass
+
+    sass, usage, shared = sm90_sass("seq2")
+    assert sass.count("HGMMA") >= 16 and "STL" not in sass  # two partitions' QK^T and P V
+    assert _registers(usage) <= 128
+    assert shared <= 114 * 1024  # two programs an SM (228 KB)
+
