@@ -50,6 +50,14 @@ REPO = Path(__file__).resolve().parents[1]
 _cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 LOG2E = 1.4426950408889634
+# Layouts of one warpgroup over 64-row blocks and 64 keys (the per-sequence forms): the
+# wgmma accumulator, P as a register operand of P V, and the query block's load.
+MMA64: gl.constexpr = gl.constexpr(gl.NVMMADistributedLayout(
+    version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 64, 16]))
+P64: gl.constexpr = gl.constexpr(gl.DotOperandLayout(operand_index=0, parent=MMA64.value,
+                                                     k_width=2))
+Q_LOAD: gl.constexpr = gl.constexpr(gl.BlockedLayout(
+    size_per_thread=[1, 8], threads_per_warp=[4, 8], warps_per_cta=[4, 1], order=[1, 0]))
 
 
 @gluon.jit
@@ -60,10 +68,8 @@ def _load_kv(desc, bars, k_bufs, v_bufs, block, start, k_col, v_col,
     s = block % STAGES
     bar = bars.index(s)
     mbarrier.expect(bar, 2 * desc.block_type.nbytes, pred=pred)
-    _tma_load(desc, [start + block * BLOCK_N, k_col], bar, k_bufs.index(s),
-                                    pred=pred)
-    _tma_load(desc, [start + block * BLOCK_N, v_col], bar, v_bufs.index(s),
-                                    pred=pred)
+    _tma_load(desc, [start + block * BLOCK_N, k_col], bar, k_bufs.index(s), pred=pred)
+    _tma_load(desc, [start + block * BLOCK_N, v_col], bar, v_bufs.index(s), pred=pred)
 
 
 @gluon.jit
@@ -78,6 +84,42 @@ def _softmax(s, m_i, l_i, block, length, BLOCK_N: gl.constexpr, col_layout: gl.c
     p = gl.exp2(s - gl.expand_dims(m_new, 1))
     l_new = l_i * alpha + gl.sum(p, axis=1)
     return p, alpha, m_new, l_new
+
+
+@gluon.jit
+def _prepare_q(q_smem, bias_ptr, q_col, qk_scale, HEAD_DIM: gl.constexpr,
+               blocked: gl.constexpr):
+    """The query block in shared memory (landed) plus its bias, times the softmax scale
+    (log2 e folded in), written back in place for the QK^T wgmma."""
+    q = q_smem.load(blocked).to(gl.float32)
+    bq = gl.load(bias_ptr + q_col + gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, blocked)))
+    q = (q + gl.expand_dims(bq.to(gl.float32), 0)) * qk_scale
+    _cta_barrier()
+    q_smem.store(q.to(gl.float16))
+    fence_async_shared()
+    _cta_barrier()
+
+
+@gluon.jit
+def _pv(acc, p, alpha, v_buf, p_layout: gl.constexpr):
+    """``acc`` rescaled by ``alpha`` plus P V (an asynchronous wgmma, P from registers)."""
+    acc = acc * gl.expand_dims(alpha, 1)
+    return warpgroup_mma(gl.convert_layout(p.to(gl.float16), p_layout), v_buf, acc,
+                         is_async=True)
+
+
+@gluon.jit
+def _store_rows(acc, l_i, bias_ptr, out_ptr, start, m0, length, q_col, v_col, stride_out,
+                BLOCK_M: gl.constexpr, HEAD_DIM: gl.constexpr, mma: gl.constexpr):
+    """Rows ``m0 : m0 + BLOCK_M`` of the sequence (those under ``length``): ``acc`` over the
+    row sums plus the V bias, fp16, into this head's output columns."""
+    offs_m = gl.arange(0, BLOCK_M, layout=gl.SliceLayout(1, mma))
+    offs_d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, mma))
+    bv = gl.load(bias_ptr + v_col + offs_d).to(gl.float32)
+    out = acc / gl.expand_dims(gl.maximum(l_i, 1.0), 1) + gl.expand_dims(bv, 0)
+    o_rows = (start + m0 + offs_m).to(gl.int64)
+    ptrs = out_ptr + gl.expand_dims(o_rows * stride_out, 1) + gl.expand_dims(q_col + offs_d, 0)
+    gl.store(ptrs, out.to(gl.float16), mask=gl.expand_dims(m0 + offs_m < length, 1))
 
 
 @gluon.jit
@@ -96,45 +138,31 @@ def _attn_gluon_kernel(desc, q_desc, bias_ptr, out_ptr, tiles_ptr, qk_scale, str
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
         rows: gl.constexpr = gl.SliceLayout(1, mma)
         cols: gl.constexpr = gl.SliceLayout(0, mma)
-        blocked: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8],
-                                                 warps_per_cta=[4, 1], order=[1, 0])
-        smem: gl.constexpr = desc.layout
-
         q_col = head * HEAD_DIM
         k_col = D + q_col
         v_col = 2 * D + q_col
         n_blocks = gl.cdiv(length, BLOCK_N)
 
         q_smem = gl.allocate_shared_memory(gl.float16, [BLOCK_M, HEAD_DIM], q_desc.layout)
-        k_bufs = gl.allocate_shared_memory(gl.float16, [STAGES, BLOCK_N, HEAD_DIM], smem)
-        v_bufs = gl.allocate_shared_memory(gl.float16, [STAGES, BLOCK_N, HEAD_DIM], smem)
+        k_bufs = gl.allocate_shared_memory(gl.float16, [STAGES, BLOCK_N, HEAD_DIM], desc.layout)
+        v_bufs = gl.allocate_shared_memory(gl.float16, [STAGES, BLOCK_N, HEAD_DIM], desc.layout)
         bars = gl.allocate_shared_memory(gl.int64, [STAGES + 1, 1], mbarrier.MBarrierLayout())
         for i in gl.static_range(STAGES + 1):
             mbarrier.init(bars.index(i), count=1)
         q_bar = bars.index(STAGES)
-
         mbarrier.expect(q_bar, q_desc.block_type.nbytes)
         _tma_load(q_desc, [start + m0, q_col], q_bar, q_smem)
         for b in gl.static_range(STAGES):
             _load_kv(desc, bars, k_bufs, v_bufs, b, start, k_col, v_col, BLOCK_N, STAGES,
                      b < n_blocks)
-
-        # Q + its bias, times the softmax scale (log2 e folded in), back in place.
         mbarrier.wait(q_bar, 0)
-        q = q_smem.load(blocked).to(gl.float32)
-        bq = gl.load(bias_ptr + q_col + gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, blocked)))
-        q = (q + gl.expand_dims(bq.to(gl.float32), 0)) * qk_scale
-        _cta_barrier()
-        q_smem.store(q.to(gl.float16))
-        fence_async_shared()
-        _cta_barrier()
+        _prepare_q(q_smem, bias_ptr, q_col, qk_scale, HEAD_DIM, Q_LOAD)
 
         zeros_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=mma)
         # (an accumulator value: the loop carries P V's wgmma in flight)
         acc = warpgroup_mma_init(gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=mma))
         m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=rows)
         l_i = gl.zeros([BLOCK_M], gl.float32, layout=rows)
-
         mbarrier.wait(bars.index(0), 0)
         s_cur = warpgroup_mma(q_smem, k_bufs.index(0).permute((1, 0)), zeros_s,
                               use_acc=False, is_async=True)
@@ -152,27 +180,29 @@ def _attn_gluon_kernel(desc, q_desc, bias_ptr, out_ptr, tiles_ptr, qk_scale, str
             prev = j - 1
             _load_kv(desc, bars, k_bufs, v_bufs, prev + STAGES, start, k_col, v_col, BLOCK_N,
                      STAGES, (prev >= 0) & (prev + STAGES < n_blocks))
-            acc = acc * gl.expand_dims(alpha, 1)
-            p16 = gl.convert_layout(p.to(gl.float16), p_layout)
-            acc = warpgroup_mma(p16, v_bufs.index(j % STAGES), acc, is_async=True)
+            acc = _pv(acc, p, alpha, v_bufs.index(j % STAGES), p_layout)
             s_cur = warpgroup_mma_wait(num_outstanding=1, deps=(s_next,))
         last = n_blocks - 1
         p, alpha, m_i, l_i = _softmax(s_cur, m_i, l_i, last, length, BLOCK_N, cols)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        acc = acc * gl.expand_dims(alpha, 1)
-        p16 = gl.convert_layout(p.to(gl.float16), p_layout)
-        acc = warpgroup_mma(p16, v_bufs.index(last % STAGES), acc, is_async=True)
+        acc = _pv(acc, p, alpha, v_bufs.index(last % STAGES), p_layout)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         for i in gl.static_range(STAGES + 1):
             mbarrier.invalidate(bars.index(i))
+        _store_rows(acc, l_i, bias_ptr, out_ptr, start, m0, length, q_col, v_col, stride_out,
+                    BLOCK_M, HEAD_DIM, mma)
 
-        offs_m = gl.arange(0, BLOCK_M, layout=rows)
-        offs_d = gl.arange(0, HEAD_DIM, layout=cols)
-        bv = gl.load(bias_ptr + v_col + offs_d).to(gl.float32)
-        out = acc / gl.expand_dims(gl.maximum(l_i, 1.0), 1) + gl.expand_dims(bv, 0)
-        o_rows = (start + m0 + offs_m).to(gl.int64)
-        ptrs = out_ptr + gl.expand_dims(o_rows * stride_out, 1) + gl.expand_dims(q_col + offs_d, 0)
-        gl.store(ptrs, out.to(gl.float16), mask=gl.expand_dims(m0 + offs_m < length, 1))
+
+@gluon.jit
+def _load_resident_kv(desc, k_bufs, v_bufs, bars, start, n_blocks, k_col, v_col,
+                      BLOCK: gl.constexpr, MAX_BLOCKS: gl.constexpr):
+    """All of the sequence's key blocks (up to ``n_blocks``) into their own K and V
+    buffers, block b signalling barrier b."""
+    for b in gl.static_range(MAX_BLOCKS):
+        pred = b < n_blocks
+        mbarrier.expect(bars.index(b), 2 * desc.block_type.nbytes, pred=pred)
+        _tma_load(desc, [start + b * BLOCK, k_col], bars.index(b), k_bufs.index(b), pred=pred)
+        _tma_load(desc, [start + b * BLOCK, v_col], bars.index(b), v_bufs.index(b), pred=pred)
 
 
 @gluon.jit
@@ -188,15 +218,12 @@ def _attn_seq_kernel(desc, q_desc, bias_ptr, out_ptr, cu_ptr, qk_scale, stride_o
     start = gl.load(cu_ptr + seq)
     length = gl.load(cu_ptr + seq + 1) - start
     if length > 0:
-        mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, BLOCK, 16])
-        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+        mma: gl.constexpr = MMA64
+        p_layout: gl.constexpr = P64
         rows: gl.constexpr = gl.SliceLayout(1, mma)
         cols: gl.constexpr = gl.SliceLayout(0, mma)
-        blocked: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8],
-                                                 warps_per_cta=[4, 1], order=[1, 0])
+        blocked: gl.constexpr = Q_LOAD
         q_col = head * HEAD_DIM
-        k_col = D + q_col
         v_col = 2 * D + q_col
         n_blocks = gl.cdiv(length, BLOCK)
 
@@ -207,19 +234,9 @@ def _attn_seq_kernel(desc, q_desc, bias_ptr, out_ptr, cu_ptr, qk_scale, stride_o
         for i in gl.static_range(MAX_BLOCKS + 2):
             mbarrier.init(bars.index(i), count=1)
         mbarrier.expect(bars.index(MAX_BLOCKS), q_desc.block_type.nbytes)
-        _tma_load(q_desc, [start, q_col], bars.index(MAX_BLOCKS),
-                                        q_bufs.index(0))
-        for b in gl.static_range(MAX_BLOCKS):
-            pred = b < n_blocks
-            mbarrier.expect(bars.index(b), 2 * desc.block_type.nbytes, pred=pred)
-            _tma_load(desc, [start + b * BLOCK, k_col], bars.index(b),
-                                            k_bufs.index(b), pred=pred)
-            _tma_load(desc, [start + b * BLOCK, v_col], bars.index(b),
-                                            v_bufs.index(b), pred=pred)
-        bq = gl.load(bias_ptr + q_col + gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, blocked)))
-        offs_m = gl.arange(0, BLOCK, layout=rows)
-        offs_d = gl.arange(0, HEAD_DIM, layout=cols)
-        bv = gl.load(bias_ptr + v_col + offs_d).to(gl.float32)
+        _tma_load(q_desc, [start, q_col], bars.index(MAX_BLOCKS), q_bufs.index(0))
+        _load_resident_kv(desc, k_bufs, v_bufs, bars, start, n_blocks, D + q_col, v_col,
+                          BLOCK, MAX_BLOCKS)
         zeros_s = gl.zeros([BLOCK, BLOCK], gl.float32, layout=mma)
 
         for qb in range(0, n_blocks):
@@ -229,17 +246,11 @@ def _attn_seq_kernel(desc, q_desc, bias_ptr, out_ptr, cu_ptr, qk_scale, stride_o
             nq = qb + 1
             mbarrier.expect(bars.index(MAX_BLOCKS + nq % 2), q_desc.block_type.nbytes,
                             pred=nq < n_blocks)
-            _tma_load(q_desc, [start + nq * BLOCK, q_col],
-                                            bars.index(MAX_BLOCKS + nq % 2),
-                                            q_bufs.index(nq % 2), pred=nq < n_blocks)
+            _tma_load(q_desc, [start + nq * BLOCK, q_col], bars.index(MAX_BLOCKS + nq % 2),
+                      q_bufs.index(nq % 2), pred=nq < n_blocks)
             mbarrier.wait(bars.index(MAX_BLOCKS + buf), (qb // 2) & 1)
             q_smem = q_bufs.index(buf)
-            q = q_smem.load(blocked).to(gl.float32)
-            q = (q + gl.expand_dims(bq.to(gl.float32), 0)) * qk_scale
-            _cta_barrier()
-            q_smem.store(q.to(gl.float16))
-            fence_async_shared()
-            _cta_barrier()
+            _prepare_q(q_smem, bias_ptr, q_col, qk_scale, HEAD_DIM, blocked)
 
             acc = warpgroup_mma_init(gl.zeros([BLOCK, HEAD_DIM], gl.float32, layout=mma))
             m_i = gl.full([BLOCK], float("-inf"), gl.float32, layout=rows)
@@ -254,24 +265,15 @@ def _attn_seq_kernel(desc, q_desc, bias_ptr, out_ptr, cu_ptr, qk_scale, stride_o
                                        use_acc=False, is_async=True)
                 p, alpha, m_i, l_i = _softmax(s_cur, m_i, l_i, j, length, BLOCK, cols)
                 acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-                acc = acc * gl.expand_dims(alpha, 1)
-                p16 = gl.convert_layout(p.to(gl.float16), p_layout)
-                acc = warpgroup_mma(p16, v_bufs.index(j), acc, is_async=True)
+                acc = _pv(acc, p, alpha, v_bufs.index(j), p_layout)
                 s_cur = warpgroup_mma_wait(num_outstanding=1, deps=(s_next,))
             last = n_blocks - 1
             p, alpha, m_i, l_i = _softmax(s_cur, m_i, l_i, last, length, BLOCK, cols)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-            acc = acc * gl.expand_dims(alpha, 1)
-            p16 = gl.convert_layout(p.to(gl.float16), p_layout)
-            acc = warpgroup_mma(p16, v_bufs.index(last), acc, is_async=True)
+            acc = _pv(acc, p, alpha, v_bufs.index(last), p_layout)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-
-            out = acc / gl.expand_dims(gl.maximum(l_i, 1.0), 1) + gl.expand_dims(bv, 0)
-            m0 = qb * BLOCK
-            o_rows = (start + m0 + offs_m).to(gl.int64)
-            ptrs = (out_ptr + gl.expand_dims(o_rows * stride_out, 1)
-                    + gl.expand_dims(q_col + offs_d, 0))
-            gl.store(ptrs, out.to(gl.float16), mask=gl.expand_dims(m0 + offs_m < length, 1))
+            _store_rows(acc, l_i, bias_ptr, out_ptr, start, qb * BLOCK, length, q_col, v_col,
+                        stride_out, BLOCK, HEAD_DIM, mma)
         for i in gl.static_range(MAX_BLOCKS + 2):
             mbarrier.invalidate(bars.index(i))
 
@@ -288,105 +290,26 @@ SEQ2_MAX_BLOCKS: gl.constexpr = gl.constexpr(6)
 def _seq_consumer(desc, q_desc, k_bufs, v_bufs, q_bufs, bars, bias_ptr, out_ptr, start, length,
                   head, qk_scale, stride_out, D, WG):
     """One warpgroup of :func:`_attn_seq2_kernel`: query blocks WG, WG + 2, ... of the
-    sequence, each over the resident K/V (its own Q buffer and barrier)."""
+    sequence, each over the resident K/V (its own Q buffer and barrier), one key block
+    at a time (v40: the next block's QK^T in flight as well spilled at 128 registers and
+    took 260-269 µs; its code is in b850e3b)."""
     HEAD_DIM: gl.constexpr = SEQ2_HEAD_DIM
     BLOCK: gl.constexpr = SEQ2_BLOCK
     MAX_BLOCKS: gl.constexpr = SEQ2_MAX_BLOCKS
-    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                   instr_shape=[16, BLOCK, 16])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
-    rows: gl.constexpr = gl.SliceLayout(1, mma)
-    cols: gl.constexpr = gl.SliceLayout(0, mma)
-    blocked: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8],
-                                             warps_per_cta=[4, 1], order=[1, 0])
+    rows: gl.constexpr = gl.SliceLayout(1, MMA64)
+    cols: gl.constexpr = gl.SliceLayout(0, MMA64)
     q_col = head * HEAD_DIM
     v_col = 2 * D + q_col
     n_blocks = gl.cdiv(length, BLOCK)
     q_smem = q_bufs.index(WG)
     q_bar = bars.index(MAX_BLOCKS + WG)
-    bq = gl.load(bias_ptr + q_col + gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, blocked)))
-    offs_m = gl.arange(0, BLOCK, layout=rows)
-    offs_d = gl.arange(0, HEAD_DIM, layout=cols)
-    bv = gl.load(bias_ptr + v_col + offs_d).to(gl.float32)
-    zeros_s = gl.zeros([BLOCK, BLOCK], gl.float32, layout=mma)
+    zeros_s = gl.zeros([BLOCK, BLOCK], gl.float32, layout=MMA64)
     for qb in range(WG, n_blocks, 2):
         mbarrier.expect(q_bar, q_desc.block_type.nbytes)
         _tma_load(q_desc, [start + qb * BLOCK, q_col], q_bar, q_smem)
         mbarrier.wait(q_bar, ((qb - WG) // 2) & 1)
-        q = q_smem.load(blocked).to(gl.float32)  # each thread rewrites what it read
-        q = (q + gl.expand_dims(bq.to(gl.float32), 0)) * qk_scale
-        q_smem.store(q.to(gl.float16))
-        fence_async_shared()
-        _cta_barrier()
-
-        acc = warpgroup_mma_init(gl.zeros([BLOCK, HEAD_DIM], gl.float32, layout=mma))
-        m_i = gl.full([BLOCK], float("-inf"), gl.float32, layout=rows)
-        l_i = gl.zeros([BLOCK], gl.float32, layout=rows)
-        mbarrier.wait(bars.index(0), 0)
-        s_cur = warpgroup_mma(q_smem, k_bufs.index(0).permute((1, 0)), zeros_s,
-                              use_acc=False, is_async=True)
-        s_cur = warpgroup_mma_wait(num_outstanding=0, deps=(s_cur,))
-        for j in range(0, n_blocks - 1):
-            mbarrier.wait(bars.index(j + 1), 0)
-            s_next = warpgroup_mma(q_smem, k_bufs.index(j + 1).permute((1, 0)), zeros_s,
-                                   use_acc=False, is_async=True)
-            p, alpha, m_i, l_i = _softmax(s_cur, m_i, l_i, j, length, BLOCK, cols)
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-            acc = acc * gl.expand_dims(alpha, 1)
-            p16 = gl.convert_layout(p.to(gl.float16), p_layout)
-            acc = warpgroup_mma(p16, v_bufs.index(j), acc, is_async=True)
-            s_cur = warpgroup_mma_wait(num_outstanding=1, deps=(s_next,))
-        last = n_blocks - 1
-        p, alpha, m_i, l_i = _softmax(s_cur, m_i, l_i, last, length, BLOCK, cols)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        acc = acc * gl.expand_dims(alpha, 1)
-        p16 = gl.convert_layout(p.to(gl.float16), p_layout)
-        acc = warpgroup_mma(p16, v_bufs.index(last), acc, is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        out = acc / gl.expand_dims(gl.maximum(l_i, 1.0), 1) + gl.expand_dims(bv, 0)
-        m0 = qb * BLOCK
-        o_rows = (start + m0 + offs_m).to(gl.int64)
-        ptrs = (out_ptr + gl.expand_dims(o_rows * stride_out, 1)
-                + gl.expand_dims(q_col + offs_d, 0))
-        gl.store(ptrs, out.to(gl.float16), mask=gl.expand_dims(m0 + offs_m < length, 1))
-        _cta_barrier()  # every warp done with Q (its wgmmas waited) before the next TMA
-
-
-@gluon.jit
-def _seq_consumer_plain(desc, q_desc, k_bufs, v_bufs, q_bufs, bars, bias_ptr, out_ptr, start, length,
-                  head, qk_scale, stride_out, D, WG):
-    """:func:`_seq_consumer` without the next block's QK^T in flight (fewer registers)."""
-    HEAD_DIM: gl.constexpr = SEQ2_HEAD_DIM
-    BLOCK: gl.constexpr = SEQ2_BLOCK
-    MAX_BLOCKS: gl.constexpr = SEQ2_MAX_BLOCKS
-    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                   instr_shape=[16, BLOCK, 16])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
-    rows: gl.constexpr = gl.SliceLayout(1, mma)
-    cols: gl.constexpr = gl.SliceLayout(0, mma)
-    blocked: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 8], threads_per_warp=[4, 8],
-                                             warps_per_cta=[4, 1], order=[1, 0])
-    q_col = head * HEAD_DIM
-    v_col = 2 * D + q_col
-    n_blocks = gl.cdiv(length, BLOCK)
-    q_smem = q_bufs.index(WG)
-    q_bar = bars.index(MAX_BLOCKS + WG)
-    bq = gl.load(bias_ptr + q_col + gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, blocked)))
-    offs_m = gl.arange(0, BLOCK, layout=rows)
-    offs_d = gl.arange(0, HEAD_DIM, layout=cols)
-    bv = gl.load(bias_ptr + v_col + offs_d).to(gl.float32)
-    zeros_s = gl.zeros([BLOCK, BLOCK], gl.float32, layout=mma)
-    for qb in range(WG, n_blocks, 2):
-        mbarrier.expect(q_bar, q_desc.block_type.nbytes)
-        _tma_load(q_desc, [start + qb * BLOCK, q_col], q_bar, q_smem)
-        mbarrier.wait(q_bar, ((qb - WG) // 2) & 1)
-        q = q_smem.load(blocked).to(gl.float32)  # each thread rewrites what it read
-        q = (q + gl.expand_dims(bq.to(gl.float32), 0)) * qk_scale
-        q_smem.store(q.to(gl.float16))
-        fence_async_shared()
-        _cta_barrier()
-
-        acc = warpgroup_mma_init(gl.zeros([BLOCK, HEAD_DIM], gl.float32, layout=mma))
+        _prepare_q(q_smem, bias_ptr, q_col, qk_scale, HEAD_DIM, Q_LOAD)
+        acc = warpgroup_mma_init(gl.zeros([BLOCK, HEAD_DIM], gl.float32, layout=MMA64))
         m_i = gl.full([BLOCK], float("-inf"), gl.float32, layout=rows)
         l_i = gl.zeros([BLOCK], gl.float32, layout=rows)
         for j in range(0, n_blocks):
@@ -396,59 +319,43 @@ def _seq_consumer_plain(desc, q_desc, k_bufs, v_bufs, q_bufs, bars, bias_ptr, ou
             sc = warpgroup_mma_wait(num_outstanding=0, deps=(sc,))
             p, alpha, m_i, l_i = _softmax(sc, m_i, l_i, j, length, BLOCK, cols)
             acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-            acc = acc * gl.expand_dims(alpha, 1)
-            p16 = gl.convert_layout(p.to(gl.float16), p_layout)
-            acc = warpgroup_mma(p16, v_bufs.index(j), acc, is_async=True)
+            acc = _pv(acc, p, alpha, v_bufs.index(j), P64)
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        out = acc / gl.expand_dims(gl.maximum(l_i, 1.0), 1) + gl.expand_dims(bv, 0)
-        m0 = qb * BLOCK
-        o_rows = (start + m0 + offs_m).to(gl.int64)
-        ptrs = (out_ptr + gl.expand_dims(o_rows * stride_out, 1)
-                + gl.expand_dims(q_col + offs_d, 0))
-        gl.store(ptrs, out.to(gl.float16), mask=gl.expand_dims(m0 + offs_m < length, 1))
+        _store_rows(acc, l_i, bias_ptr, out_ptr, start, qb * BLOCK, length, q_col, v_col,
+                    stride_out, BLOCK, HEAD_DIM, MMA64)
         _cta_barrier()  # every warp done with Q (its wgmmas waited) before the next TMA
 
 
 @gluon.jit
 def _attn_seq2_kernel(desc, q_desc, bias_ptr, out_ptr, cu_ptr, qk_scale, stride_out, D,
-                      WORKER_REGS: gl.constexpr, OVERLAP: gl.constexpr,
-                      num_warps: gl.constexpr):
+                      WORKER_REGS: gl.constexpr, num_warps: gl.constexpr):
     """:func:`_attn_seq_kernel` with two warpgroups (warp-specialized partitions of 4 warps)
     taking alternate query blocks over the one resident K/V: 8 warps a program, each with
     one Q buffer (112 KB of shared memory at 384 tokens: two programs, 16 warps an SM)."""
-    HEAD_DIM: gl.constexpr = SEQ2_HEAD_DIM
-    BLOCK: gl.constexpr = SEQ2_BLOCK
-    MAX_BLOCKS: gl.constexpr = SEQ2_MAX_BLOCKS
     seq = gl.program_id(0)
     head = gl.program_id(1)
     start = gl.load(cu_ptr + seq)
     length = gl.load(cu_ptr + seq + 1) - start
-    n_blocks = gl.cdiv(length, BLOCK)
-    k_col = D + head * HEAD_DIM
-    v_col = 2 * D + head * HEAD_DIM
-    k_bufs = gl.allocate_shared_memory(gl.float16, [MAX_BLOCKS, BLOCK, HEAD_DIM], desc.layout)
-    v_bufs = gl.allocate_shared_memory(gl.float16, [MAX_BLOCKS, BLOCK, HEAD_DIM], desc.layout)
-    q_bufs = gl.allocate_shared_memory(gl.float16, [2, BLOCK, HEAD_DIM], q_desc.layout)
-    bars = gl.allocate_shared_memory(gl.int64, [MAX_BLOCKS + 2, 1], mbarrier.MBarrierLayout())
-    for i in gl.static_range(MAX_BLOCKS + 2):
+    n_blocks = gl.cdiv(length, SEQ2_BLOCK)
+    q_col = head * SEQ2_HEAD_DIM
+    k_bufs = gl.allocate_shared_memory(gl.float16, [SEQ2_MAX_BLOCKS, SEQ2_BLOCK, SEQ2_HEAD_DIM],
+                                       desc.layout)
+    v_bufs = gl.allocate_shared_memory(gl.float16, [SEQ2_MAX_BLOCKS, SEQ2_BLOCK, SEQ2_HEAD_DIM],
+                                       desc.layout)
+    q_bufs = gl.allocate_shared_memory(gl.float16, [2, SEQ2_BLOCK, SEQ2_HEAD_DIM], q_desc.layout)
+    bars = gl.allocate_shared_memory(gl.int64, [SEQ2_MAX_BLOCKS + 2, 1],
+                                     mbarrier.MBarrierLayout())
+    for i in gl.static_range(SEQ2_MAX_BLOCKS + 2):
         mbarrier.init(bars.index(i), count=1)
-    for b in gl.static_range(MAX_BLOCKS):
-        pred = b < n_blocks
-        mbarrier.expect(bars.index(b), 2 * desc.block_type.nbytes, pred=pred)
-        _tma_load(desc, [start + b * BLOCK, k_col], bars.index(b), k_bufs.index(b), pred=pred)
-        _tma_load(desc, [start + b * BLOCK, v_col], bars.index(b), v_bufs.index(b), pred=pred)
-    args0 = (desc, q_desc, k_bufs, v_bufs, q_bufs, bars, bias_ptr, out_ptr, start, length,
-             head, qk_scale, stride_out, D, seq * 0)
-    args1 = (desc, q_desc, k_bufs, v_bufs, q_bufs, bars, bias_ptr, out_ptr, start, length,
-             head, qk_scale, stride_out, D, seq * 0 + 1)
-    if OVERLAP:
-        gl.warp_specialize([(_seq_consumer, args0), (_seq_consumer, args1)], [4],
-                           [WORKER_REGS])
-    else:
-        gl.warp_specialize([(_seq_consumer_plain, args0), (_seq_consumer_plain, args1)], [4],
-                           [WORKER_REGS])
+    _load_resident_kv(desc, k_bufs, v_bufs, bars, start, n_blocks, D + q_col, 2 * D + q_col,
+                      SEQ2_BLOCK, SEQ2_MAX_BLOCKS)
     # (a program whose sequence is empty loads nothing and both loops run zero times)
-    for i in gl.static_range(MAX_BLOCKS + 2):
+    wg0 = (desc, q_desc, k_bufs, v_bufs, q_bufs, bars, bias_ptr, out_ptr, start, length, head,
+           qk_scale, stride_out, D, seq * 0)
+    wg1 = (desc, q_desc, k_bufs, v_bufs, q_bufs, bars, bias_ptr, out_ptr, start, length, head,
+           qk_scale, stride_out, D, seq * 0 + 1)
+    gl.warp_specialize([(_seq_consumer, wg0), (_seq_consumer, wg1)], [4], [WORKER_REGS])
+    for i in gl.static_range(SEQ2_MAX_BLOCKS + 2):
         mbarrier.invalidate(bars.index(i))
 
 
@@ -471,7 +378,7 @@ def attention_gluon_seq(qkv: Any, bias: Any, cu: Any, n_seqs: int, max_seqlen: i
 
 
 def attention_gluon_seq2(qkv: Any, bias: Any, cu: Any, n_seqs: int, max_seqlen: int,
-                         heads: int, overlap: bool = False) -> Any:
+                         heads: int) -> Any:
     """:func:`_attn_seq2_kernel` over ``cu``: [T, hidden] fp16 (64-wide heads, windows of
     up to 384 tokens; registers capped at 128 for two programs of 8 warps an SM)."""
     import torch
@@ -485,7 +392,7 @@ def attention_gluon_seq2(qkv: Any, bias: Any, cu: Any, n_seqs: int, max_seqlen: 
     desc = TensorDescriptor.from_tensor(qkv, [64, 64], layout)
     _attn_seq2_kernel[(n_seqs, heads)](
         desc, desc, bias, out, cu, LOG2E / 8.0, out.stride(0), d, WORKER_REGS=128,
-        OVERLAP=overlap, num_warps=4, maxnreg=128)
+        num_warps=4, maxnreg=128)
     return out
 
 
@@ -516,8 +423,8 @@ def sm90_sass(form: str, stages: int = 3, pv_pending: int = 0, block_n: int = 64
     """(SASS, ``cuobjdump -res-usage``, shared bytes) of a form compiled for sm_90a here, no
     GPU needed (``attention_sass.compile_sass``): ``"tiles"`` (:func:`_attn_gluon_kernel`
     with these settings), ``"seq"`` (:func:`_attn_seq_kernel` for 384-token windows) or
-    ``"seq2"`` (:func:`_attn_seq2_kernel`, ``pv_pending`` 1 for its QK^T in flight, at
-    128 registers as launched). BERT-large's 64-wide heads."""
+    ``"seq2"`` (:func:`_attn_seq2_kernel` at 128 registers, as launched). BERT-large's
+    64-wide heads."""
     import torch
     from triton.runtime.jit import mangle_type
 
@@ -534,10 +441,8 @@ def sm90_sass(form: str, stages: int = 3, pv_pending: int = 0, block_n: int = 64
     options: dict[str, object] = {"num_warps": 4}
     if form == "seq2":
         signature = {"desc": desc(64), "q_desc": desc(64), **common, "cu_ptr": "*i32",
-                     **scalars, "WORKER_REGS": "constexpr", "OVERLAP": "constexpr",
-                     "num_warps": "constexpr"}
-        return compile_sass(_attn_seq2_kernel, signature,
-                            {"WORKER_REGS": 128, "OVERLAP": bool(pv_pending), "num_warps": 4},
+                     **scalars, "WORKER_REGS": "constexpr", "num_warps": "constexpr"}
+        return compile_sass(_attn_seq2_kernel, signature, {"WORKER_REGS": 128, "num_warps": 4},
                             ("bias_ptr", "out_ptr", "cu_ptr", "stride_out", "D"),
                             {**options, "maxnreg": 128}, gluon=True)
     if form == "seq":
@@ -571,8 +476,7 @@ def main() -> None:
     p.add_argument("--variants", default="3:0:64:128,3:0:32:0",
                    help="STAGES:PV_PENDING:BLOCK_N:MAXNREG (STAGES >= 3: block j + 1 loads "
                         "while block j runs; MAXNREG 0: no cap), 'seq' (one program a "
-                        "sequence and head), 'seq2' / 'seq2o' (the same with two "
-                        "warpgroups, without / with QK^T in flight)")
+                        "sequence and head) or 'seq2' (the same with two warpgroups)")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
     sys.path.insert(0, str(REPO))
@@ -597,10 +501,9 @@ def main() -> None:
             calls["gluon_per_sequence"] = lambda: attention_gluon_seq(qkv, bias, cu, n,
                                                                       max_len, args.heads)
             continue
-        if item in ("seq2", "seq2o"):
-            calls[f"gluon_per_sequence_2wg{'_overlap' if item == 'seq2o' else ''}"] = (
-                lambda o=item == "seq2o": attention_gluon_seq2(qkv, bias, cu, n, max_len,
-                                                               args.heads, o))
+        if item == "seq2":
+            calls["gluon_per_sequence_2wg"] = lambda: attention_gluon_seq2(qkv, bias, cu, n,
+                                                                           max_len, args.heads)
             continue
         st, pv, bn, mr = (int(v) for v in item.split(":"))
         calls[f"gluon_{st}_stages_pv{pv}_n{bn}_reg{mr}"] = (
