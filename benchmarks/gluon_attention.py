@@ -49,7 +49,6 @@ REPO = Path(__file__).resolve().parents[1]
 # (``async_copy_global_to_shared`` -> ``async_load``).
 _cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
-LOG2E = 1.4426950408889634
 # Layouts of one warpgroup over 64-row blocks and 64 keys (the per-sequence forms): the
 # wgmma accumulator, P as a register operand of P V, and the query block's load.
 MMA64: gl.constexpr = gl.constexpr(gl.NVMMADistributedLayout(
@@ -123,6 +122,51 @@ def _store_rows(acc, l_i, bias_ptr, out_ptr, start, m0, length, q_col, v_col, st
 
 
 @gluon.jit
+def _attend(q_smem, k_bufs, v_bufs, bars, desc, start, k_col, v_col, length,
+            BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr,
+            STAGES: gl.constexpr, PV_PENDING: gl.constexpr, mma: gl.constexpr):
+    """One query block (prepared in ``q_smem``) over the sequence's key blocks in the ring
+    of ``STAGES`` K/V slots (block b in slot b % STAGES, signalled on its barrier): the
+    next block's QK^T in flight during this block's softmax, each slot refilled with the
+    block STAGES past it once its P V is waited for (never, where STAGES holds every
+    block). Returns (the P V accumulator, the row sums)."""
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
+    rows: gl.constexpr = gl.SliceLayout(1, mma)
+    cols: gl.constexpr = gl.SliceLayout(0, mma)
+    n_blocks = gl.cdiv(length, BLOCK_N)
+    zeros_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=mma)
+    # (an accumulator value: the loop carries P V's wgmma in flight)
+    acc = warpgroup_mma_init(gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=mma))
+    m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=rows)
+    l_i = gl.zeros([BLOCK_M], gl.float32, layout=rows)
+    mbarrier.wait(bars.index(0), 0)
+    s_cur = warpgroup_mma(q_smem, k_bufs.index(0).permute((1, 0)), zeros_s,
+                          use_acc=False, is_async=True)
+    s_cur = warpgroup_mma_wait(num_outstanding=0, deps=(s_cur,))
+    for j in range(0, n_blocks - 1):
+        # The next block's scores, in flight during this block's softmax.
+        nxt = j + 1
+        mbarrier.wait(bars.index(nxt % STAGES), (nxt // STAGES) & 1)
+        s_next = warpgroup_mma(q_smem, k_bufs.index(nxt % STAGES).permute((1, 0)), zeros_s,
+                               use_acc=False, is_async=True)
+        p, alpha, m_i, l_i = _softmax(s_cur, m_i, l_i, j, length, BLOCK_N, cols)
+        # P V of the previous block done (the newest group, s_next, may still run):
+        # its ring slot is free for the block STAGES past it.
+        acc = warpgroup_mma_wait(num_outstanding=PV_PENDING, deps=(acc,))
+        prev = j - 1
+        _load_kv(desc, bars, k_bufs, v_bufs, prev + STAGES, start, k_col, v_col, BLOCK_N,
+                 STAGES, (prev >= 0) & (prev + STAGES < n_blocks))
+        acc = _pv(acc, p, alpha, v_bufs.index(j % STAGES), p_layout)
+        s_cur = warpgroup_mma_wait(num_outstanding=1, deps=(s_next,))
+    last = n_blocks - 1
+    p, alpha, m_i, l_i = _softmax(s_cur, m_i, l_i, last, length, BLOCK_N, cols)
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    acc = _pv(acc, p, alpha, v_bufs.index(last % STAGES), p_layout)
+    acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+    return acc, l_i
+
+
+@gluon.jit
 def _attn_gluon_kernel(desc, q_desc, bias_ptr, out_ptr, tiles_ptr, qk_scale, stride_out, D,
                        HEAD_DIM: gl.constexpr, BLOCK_M: gl.constexpr, BLOCK_N: gl.constexpr,
                        STAGES: gl.constexpr, num_warps: gl.constexpr,
@@ -135,9 +179,6 @@ def _attn_gluon_kernel(desc, q_desc, bias_ptr, out_ptr, tiles_ptr, qk_scale, str
     if length > 0:
         mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
                                                        instr_shape=[16, BLOCK_N, 16])
-        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=mma, k_width=2)
-        rows: gl.constexpr = gl.SliceLayout(1, mma)
-        cols: gl.constexpr = gl.SliceLayout(0, mma)
         q_col = head * HEAD_DIM
         k_col = D + q_col
         v_col = 2 * D + q_col
@@ -157,36 +198,8 @@ def _attn_gluon_kernel(desc, q_desc, bias_ptr, out_ptr, tiles_ptr, qk_scale, str
                      b < n_blocks)
         mbarrier.wait(q_bar, 0)
         _prepare_q(q_smem, bias_ptr, q_col, qk_scale, HEAD_DIM, Q_LOAD)
-
-        zeros_s = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, layout=mma)
-        # (an accumulator value: the loop carries P V's wgmma in flight)
-        acc = warpgroup_mma_init(gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, layout=mma))
-        m_i = gl.full([BLOCK_M], float("-inf"), gl.float32, layout=rows)
-        l_i = gl.zeros([BLOCK_M], gl.float32, layout=rows)
-        mbarrier.wait(bars.index(0), 0)
-        s_cur = warpgroup_mma(q_smem, k_bufs.index(0).permute((1, 0)), zeros_s,
-                              use_acc=False, is_async=True)
-        s_cur = warpgroup_mma_wait(num_outstanding=0, deps=(s_cur,))
-        for j in range(0, n_blocks - 1):
-            # The next block's scores, in flight during this block's softmax.
-            nxt = j + 1
-            mbarrier.wait(bars.index(nxt % STAGES), (nxt // STAGES) & 1)
-            s_next = warpgroup_mma(q_smem, k_bufs.index(nxt % STAGES).permute((1, 0)), zeros_s,
-                                   use_acc=False, is_async=True)
-            p, alpha, m_i, l_i = _softmax(s_cur, m_i, l_i, j, length, BLOCK_N, cols)
-            # P V of the previous block done (the newest group, s_next, may still run):
-            # its ring slot is free for the block STAGES past it.
-            acc = warpgroup_mma_wait(num_outstanding=PV_PENDING, deps=(acc,))
-            prev = j - 1
-            _load_kv(desc, bars, k_bufs, v_bufs, prev + STAGES, start, k_col, v_col, BLOCK_N,
-                     STAGES, (prev >= 0) & (prev + STAGES < n_blocks))
-            acc = _pv(acc, p, alpha, v_bufs.index(j % STAGES), p_layout)
-            s_cur = warpgroup_mma_wait(num_outstanding=1, deps=(s_next,))
-        last = n_blocks - 1
-        p, alpha, m_i, l_i = _softmax(s_cur, m_i, l_i, last, length, BLOCK_N, cols)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-        acc = _pv(acc, p, alpha, v_bufs.index(last % STAGES), p_layout)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        acc, l_i = _attend(q_smem, k_bufs, v_bufs, bars, desc, start, k_col, v_col, length,
+                           BLOCK_M, BLOCK_N, HEAD_DIM, STAGES, PV_PENDING, mma)
         for i in gl.static_range(STAGES + 1):
             mbarrier.invalidate(bars.index(i))
         _store_rows(acc, l_i, bias_ptr, out_ptr, start, m0, length, q_col, v_col, stride_out,
@@ -218,12 +231,8 @@ def _attn_seq_kernel(desc, q_desc, bias_ptr, out_ptr, cu_ptr, qk_scale, stride_o
     start = gl.load(cu_ptr + seq)
     length = gl.load(cu_ptr + seq + 1) - start
     if length > 0:
-        mma: gl.constexpr = MMA64
-        p_layout: gl.constexpr = P64
-        rows: gl.constexpr = gl.SliceLayout(1, mma)
-        cols: gl.constexpr = gl.SliceLayout(0, mma)
-        blocked: gl.constexpr = Q_LOAD
         q_col = head * HEAD_DIM
+        k_col = D + q_col
         v_col = 2 * D + q_col
         n_blocks = gl.cdiv(length, BLOCK)
 
@@ -235,9 +244,8 @@ def _attn_seq_kernel(desc, q_desc, bias_ptr, out_ptr, cu_ptr, qk_scale, stride_o
             mbarrier.init(bars.index(i), count=1)
         mbarrier.expect(bars.index(MAX_BLOCKS), q_desc.block_type.nbytes)
         _tma_load(q_desc, [start, q_col], bars.index(MAX_BLOCKS), q_bufs.index(0))
-        _load_resident_kv(desc, k_bufs, v_bufs, bars, start, n_blocks, D + q_col, v_col,
+        _load_resident_kv(desc, k_bufs, v_bufs, bars, start, n_blocks, k_col, v_col,
                           BLOCK, MAX_BLOCKS)
-        zeros_s = gl.zeros([BLOCK, BLOCK], gl.float32, layout=mma)
 
         for qb in range(0, n_blocks):
             buf = qb % 2
@@ -250,30 +258,12 @@ def _attn_seq_kernel(desc, q_desc, bias_ptr, out_ptr, cu_ptr, qk_scale, stride_o
                       q_bufs.index(nq % 2), pred=nq < n_blocks)
             mbarrier.wait(bars.index(MAX_BLOCKS + buf), (qb // 2) & 1)
             q_smem = q_bufs.index(buf)
-            _prepare_q(q_smem, bias_ptr, q_col, qk_scale, HEAD_DIM, blocked)
-
-            acc = warpgroup_mma_init(gl.zeros([BLOCK, HEAD_DIM], gl.float32, layout=mma))
-            m_i = gl.full([BLOCK], float("-inf"), gl.float32, layout=rows)
-            l_i = gl.zeros([BLOCK], gl.float32, layout=rows)
-            mbarrier.wait(bars.index(0), 0)
-            s_cur = warpgroup_mma(q_smem, k_bufs.index(0).permute((1, 0)), zeros_s,
-                                  use_acc=False, is_async=True)
-            s_cur = warpgroup_mma_wait(num_outstanding=0, deps=(s_cur,))
-            for j in range(0, n_blocks - 1):
-                mbarrier.wait(bars.index(j + 1), 0)
-                s_next = warpgroup_mma(q_smem, k_bufs.index(j + 1).permute((1, 0)), zeros_s,
-                                       use_acc=False, is_async=True)
-                p, alpha, m_i, l_i = _softmax(s_cur, m_i, l_i, j, length, BLOCK, cols)
-                acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-                acc = _pv(acc, p, alpha, v_bufs.index(j), p_layout)
-                s_cur = warpgroup_mma_wait(num_outstanding=1, deps=(s_next,))
-            last = n_blocks - 1
-            p, alpha, m_i, l_i = _softmax(s_cur, m_i, l_i, last, length, BLOCK, cols)
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
-            acc = _pv(acc, p, alpha, v_bufs.index(last), p_layout)
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            _prepare_q(q_smem, bias_ptr, q_col, qk_scale, HEAD_DIM, Q_LOAD)
+            # (every block resident: the ring is all MAX_BLOCKS slots, never refilled)
+            acc, l_i = _attend(q_smem, k_bufs, v_bufs, bars, desc, start, k_col, v_col, length,
+                               BLOCK, BLOCK, HEAD_DIM, MAX_BLOCKS, 0, MMA64)
             _store_rows(acc, l_i, bias_ptr, out_ptr, start, qb * BLOCK, length, q_col, v_col,
-                        stride_out, BLOCK, HEAD_DIM, mma)
+                        stride_out, BLOCK, HEAD_DIM, MMA64)
         for i in gl.static_range(MAX_BLOCKS + 2):
             mbarrier.invalidate(bars.index(i))
 
@@ -359,20 +349,27 @@ def _attn_seq2_kernel(desc, q_desc, bias_ptr, out_ptr, cu_ptr, qk_scale, stride_
         mbarrier.invalidate(bars.index(i))
 
 
-def attention_gluon_seq(qkv: Any, bias: Any, cu: Any, n_seqs: int, max_seqlen: int,
-                        heads: int) -> Any:
-    """:func:`_attn_seq_kernel` over ``cu`` (int32 [n_seqs + 1]): [T, hidden] fp16."""
+def _output_and_desc(qkv: Any, heads: int, rows: int) -> tuple[Any, int, int, Any]:
+    """(the [T, hidden] fp16 output, hidden, head size, a TMA descriptor of ``rows`` x head
+    size boxes over ``qkv``) for a launch."""
     import torch
 
     t, three_d = qkv.shape
     d = three_d // 3
     head_dim = d // heads
     out = torch.empty((t, d), device=qkv.device, dtype=qkv.dtype)
-    layout = gl.NVMMASharedLayout.get_default_for([64, head_dim], gl.float16)
-    desc = TensorDescriptor.from_tensor(qkv, [64, head_dim], layout)
-    q_desc = TensorDescriptor.from_tensor(qkv, [64, head_dim], layout)
+    layout = gl.NVMMASharedLayout.get_default_for([rows, head_dim], gl.float16)
+    return out, d, head_dim, TensorDescriptor.from_tensor(qkv, [rows, head_dim], layout)
+
+
+def attention_gluon_seq(qkv: Any, bias: Any, cu: Any, n_seqs: int, max_seqlen: int,
+                        heads: int) -> Any:
+    """:func:`_attn_seq_kernel` over ``cu`` (int32 [n_seqs + 1]): [T, hidden] fp16."""
+    from engine.fused.kernels.attention import softmax_scale
+
+    out, d, head_dim, desc = _output_and_desc(qkv, heads, 64)
     _attn_seq_kernel[(n_seqs, heads)](
-        desc, q_desc, bias, out, cu, LOG2E / head_dim**0.5, out.stride(0), d,
+        desc, desc, bias, out, cu, softmax_scale(head_dim), out.stride(0), d,
         HEAD_DIM=head_dim, BLOCK=64, MAX_BLOCKS=triton.cdiv(max_seqlen, 64), num_warps=4)
     return out
 
@@ -381,18 +378,14 @@ def attention_gluon_seq2(qkv: Any, bias: Any, cu: Any, n_seqs: int, max_seqlen: 
                          heads: int) -> Any:
     """:func:`_attn_seq2_kernel` over ``cu``: [T, hidden] fp16 (64-wide heads, windows of
     up to 384 tokens; registers capped at 128 for two programs of 8 warps an SM)."""
-    import torch
+    from engine.fused.kernels.attention import softmax_scale
 
-    t, three_d = qkv.shape
-    d = three_d // 3
-    if d // heads != 64 or max_seqlen > 384:
+    out, d, head_dim, desc = _output_and_desc(qkv, heads, 64)
+    if head_dim != 64 or max_seqlen > 384:
         raise ValueError("the two-warpgroup form takes 64-wide heads and <= 384 tokens")
-    out = torch.empty((t, d), device=qkv.device, dtype=qkv.dtype)
-    layout = gl.NVMMASharedLayout.get_default_for([64, 64], gl.float16)
-    desc = TensorDescriptor.from_tensor(qkv, [64, 64], layout)
     _attn_seq2_kernel[(n_seqs, heads)](
-        desc, desc, bias, out, cu, LOG2E / 8.0, out.stride(0), d, WORKER_REGS=128,
-        num_warps=4, maxnreg=128)
+        desc, desc, bias, out, cu, softmax_scale(head_dim), out.stride(0), d,
+        WORKER_REGS=128, num_warps=4, maxnreg=128)
     return out
 
 
@@ -401,18 +394,12 @@ def attention_gluon(qkv: Any, bias: Any, slots: Any, heads: int, stages: int = 3
     """The prototype over a tile list ``slots`` (``kernels.attention_tiles(..).slots``,
     64-query blocks): [T, hidden] fp16. ``pv_pending`` 1 leaves P V in flight into the
     next block's softmax (ptxas then serializes the wgmmas: C7514), 0 waits for it first."""
-    import torch
+    from engine.fused.kernels.attention import softmax_scale
 
-    t, three_d = qkv.shape
-    d = three_d // 3
-    head_dim = d // heads
-    out = torch.empty((t, d), device=qkv.device, dtype=qkv.dtype)
-    layout = gl.NVMMASharedLayout.get_default_for([block_n, head_dim], gl.float16)
-    desc = TensorDescriptor.from_tensor(qkv, [block_n, head_dim], layout)
-    q_layout = gl.NVMMASharedLayout.get_default_for([64, head_dim], gl.float16)
-    q_desc = TensorDescriptor.from_tensor(qkv, [64, head_dim], q_layout)
+    out, d, head_dim, desc = _output_and_desc(qkv, heads, block_n)
+    q_desc = desc if block_n == 64 else _output_and_desc(qkv, heads, 64)[3]
     _attn_gluon_kernel[(slots.shape[0], heads)](
-        desc, q_desc, bias, out, slots, LOG2E / head_dim**0.5, out.stride(0), d,
+        desc, q_desc, bias, out, slots, softmax_scale(head_dim), out.stride(0), d,
         HEAD_DIM=head_dim, BLOCK_M=64, BLOCK_N=block_n, STAGES=stages, num_warps=4,
         PV_PENDING=pv_pending, **({"maxnreg": maxnreg} if maxnreg else {}))
     return out
@@ -480,17 +467,13 @@ def main() -> None:
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
     sys.path.insert(0, str(REPO))
-    import numpy as np
     import torch
 
-    from benchmarks.attn_backends import _time_graph, packed_qkv
-    from benchmarks.bench_gpu import squad_lengths
+    from benchmarks.profile_attention import mix_batch, time_forms
     from engine.fused.kernels import attention as attn
 
-    rng = np.random.default_rng(3)
-    lengths = [int(v) for v in rng.choice(squad_lengths(), args.windows)]
+    lengths, cu, qkv, bias = mix_batch(args.windows, args.heads * 64)
     t, max_len, n = sum(lengths), max(lengths), len(lengths)
-    cu, qkv, bias = packed_qkv(lengths, args.heads * 64)
     tiles = attn.attention_tiles(cu, t, n, max_len, args.heads, 64, config=attn.ATTN_SMALL,
                                  force=True)
     assert tiles is not None
@@ -511,17 +494,12 @@ def main() -> None:
                                                                args.heads, st, pv, bn, mr))
     ref = calls["engine"]().float()
     result: dict[str, Any] = {"tokens": t, "windows": n, "device": torch.cuda.get_device_name(),
-                              "triton": triton.__version__, "max_abs_vs_engine": {},
-                              "us": {k: [] for k in calls}}
+                              "triton": triton.__version__, "max_abs_vs_engine": {}}
     for name, call in calls.items():
         result["max_abs_vs_engine"][name] = float((call().float() - ref).abs().max())
         print(f"{name}: max |out - engine's| {result['max_abs_vs_engine'][name]:.3e}",
               flush=True)
-    for _ in range(args.rounds):
-        for name, call in calls.items():
-            us, _ = _time_graph(call, 24, 20)
-            result["us"][name].append(us)
-            print(f"{name}: {us:.1f} µs a launch", flush=True)
+    result["us"] = time_forms(calls, args.rounds)
     if args.out is not None:
         args.out.write_text(json.dumps(result, indent=1))
 

@@ -61,6 +61,33 @@ def form_call(name: str, qkv: Any, bias: Any, cu: Any, t: int, max_len: int, n: 
     return call
 
 
+def mix_batch(windows: int, hidden: int) -> tuple[list[int], Any, Any, Any]:
+    """``windows`` lengths drawn from the SQuAD dev windows (seed 3) and random packed
+    attention inputs for them (``attn_backends.packed_qkv``): (lengths, cu_seqlens, QKV,
+    bias)."""
+    import numpy as np
+
+    from benchmarks.attn_backends import packed_qkv
+    from benchmarks.bench_gpu import squad_lengths
+
+    rng = np.random.default_rng(3)
+    lengths = [int(v) for v in rng.choice(squad_lengths(), windows)]
+    return (lengths, *packed_qkv(lengths, hidden))
+
+
+def time_forms(calls: dict[str, Callable[[], Any]], rounds: int) -> dict[str, list[float]]:
+    """µs a launch of each call in ``rounds`` interleaved rounds (a CUDA graph of 24
+    launches replayed on an idle GPU, ``attn_backends._time_graph``), printed as they come."""
+    from benchmarks.attn_backends import _time_graph
+
+    us: dict[str, list[float]] = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, call in calls.items():
+            us[name].append(_time_graph(call, 24, 20)[0])
+            print(f"{name}: {us[name][-1]:.1f} µs a launch", flush=True)
+    return us
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -77,16 +104,10 @@ def main() -> None:
     if unknown or not forms:
         p.error(f"unknown forms {unknown}; choose from {', '.join(FORMS)}")
     sys.path.insert(0, str(REPO))
-    import numpy as np
     import torch
 
-    from benchmarks.attn_backends import _time_graph, packed_qkv
-    from benchmarks.bench_gpu import squad_lengths
-
-    rng = np.random.default_rng(3)
-    lengths = [int(v) for v in rng.choice(squad_lengths(), args.windows)]
+    lengths, cu, qkv, bias = mix_batch(args.windows, args.heads * args.head_dim)
     t, max_len, n = sum(lengths), max(lengths), len(lengths)
-    cu, qkv, bias = packed_qkv(lengths, args.heads * args.head_dim)
     calls = {f: form_call(f, qkv, bias, cu, t, max_len, n, args.heads, args.head_dim)
              for f in forms}
     outs = {f: call() for f, call in calls.items()}  # compile (the profiler skips these)
@@ -101,12 +122,7 @@ def main() -> None:
     result: dict[str, Any] = {"tokens": t, "windows": n, "device": torch.cuda.get_device_name(),
                               "equal_to_first": {f: bool(torch.equal(o, first))
                                                  for f, o in outs.items()},
-                              "us": {f: [] for f in forms}}
-    for _ in range(args.rounds):
-        for f, call in calls.items():
-            us, _ = _time_graph(call, 24, 20)
-            result["us"][f].append(us)
-            print(f"{f}: {us:.1f} µs a launch", flush=True)
+                              "us": time_forms(calls, args.rounds)}
     print("| form | µs a launch (median of rounds) | equal to the first |")
     print("|---|---|---|")
     for f in forms:
