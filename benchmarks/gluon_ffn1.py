@@ -46,6 +46,7 @@ import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
+    fence_async_shared,
     mbarrier,
     warpgroup_mma,
     warpgroup_mma_wait,
@@ -92,11 +93,16 @@ def _loader(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K):
 
 
 @gluon.jit
-def _mma(a_bufs, b_bufs, ready, empty, acc_bufs, acc_ready, acc_empty, xs_ptr, ws_ptr, M, N,
-         K, WG: gl.constexpr):
+def _mma(a_bufs, b_bufs, ready, empty, acc_bufs, acc_ready, acc_empty, turn, xs_ptr, ws_ptr,
+         M, N, K, WG: gl.constexpr):
     """One warpgroup: the tiles ``WG``, ``WG + 2``, ... of this program's sequence, each
     K loop's accumulators stored to buffer ``WG`` once the epilogue has freed it (float32
-    as they are, or fp16 after the operands' scales when the buffers are fp16)."""
+    as they are, or fp16 after the operands' scales when the buffers are fp16).
+
+    The two warpgroups take turns at the ring (``turn``: warpgroup 0 starts, each hands the
+    turn over once it has waited for its tile's last K-block): a "ready" barrier's wait is
+    by phase parity, so a warpgroup that waited for a K-block two ring passes ahead of the
+    loader would take an older load for it."""
     STAGES: gl.constexpr = a_bufs.type.shape[0]
     SCALED: gl.constexpr = acc_bufs.dtype == gl.float16
     ab_scale = gl.load(xs_ptr) * gl.load(ws_ptr)
@@ -113,6 +119,7 @@ def _mma(a_bufs, b_bufs, ready, empty, acc_bufs, acc_ready, acc_empty, xs_ptr, w
     for _tile in range(gl.program_id(0) + WG * programs, n_tiles, 2 * programs):
         base = (2 * handed + WG) * k_steps  # this tile's first ring count
         acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma)
+        mbarrier.wait(turn.index(WG), (handed & 1) ^ (1 - WG))
         for k in range(k_steps):
             count = base + k
             s = count % STAGES
@@ -122,6 +129,7 @@ def _mma(a_bufs, b_bufs, ready, empty, acc_bufs, acc_ready, acc_empty, xs_ptr, w
             # the previous block's wgmma is done: its slot goes back to the loader
             acc = warpgroup_mma_wait(1, deps=(acc, ))
             mbarrier.arrive(empty.index((count + STAGES - 1) % STAGES), pred=k > 0)
+        mbarrier.arrive(turn.index(1 - WG))
         acc = warpgroup_mma_wait(0, deps=(acc, ))
         mbarrier.arrive(empty.index((base + k_steps - 1) % STAGES))
         mbarrier.wait(acc_empty.index(WG), (handed & 1) ^ 1)
@@ -135,17 +143,17 @@ def _mma(a_bufs, b_bufs, ready, empty, acc_bufs, acc_ready, acc_empty, xs_ptr, w
 
 
 @gluon.jit
-def _mma0(a_bufs, b_bufs, ready, empty, acc_bufs, acc_ready, acc_empty, xs_ptr, ws_ptr, M, N,
-          K):
-    _mma(a_bufs, b_bufs, ready, empty, acc_bufs, acc_ready, acc_empty, xs_ptr, ws_ptr, M, N, K,
-         0)
+def _mma0(a_bufs, b_bufs, ready, empty, acc_bufs, acc_ready, acc_empty, turn, xs_ptr, ws_ptr,
+          M, N, K):
+    _mma(a_bufs, b_bufs, ready, empty, acc_bufs, acc_ready, acc_empty, turn, xs_ptr, ws_ptr, M,
+         N, K, 0)
 
 
 @gluon.jit
-def _mma1(a_bufs, b_bufs, ready, empty, acc_bufs, acc_ready, acc_empty, xs_ptr, ws_ptr, M, N,
-          K):
-    _mma(a_bufs, b_bufs, ready, empty, acc_bufs, acc_ready, acc_empty, xs_ptr, ws_ptr, M, N, K,
-         1)
+def _mma1(a_bufs, b_bufs, ready, empty, acc_bufs, acc_ready, acc_empty, turn, xs_ptr, ws_ptr,
+          M, N, K):
+    _mma(a_bufs, b_bufs, ready, empty, acc_bufs, acc_ready, acc_empty, turn, xs_ptr, ws_ptr, M,
+         N, K, 1)
 
 
 @gluon.jit
@@ -212,14 +220,20 @@ def _ffn1_kernel(a_desc, b_desc, bias_ptr, xs_ptr, ws_ptr, hinv_ptr, out_ptr, M,
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     acc_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     acc_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(STAGES):
         mbarrier.init(ready.index(s), count=1)
         mbarrier.init(empty.index(s), count=1)
     for j in gl.static_range(2):
         mbarrier.init(acc_ready.index(j), count=1)
         mbarrier.init(acc_empty.index(j), count=1)
-    mma_args = (a_bufs, b_bufs, ready, empty, acc_bufs, acc_ready, acc_empty, xs_ptr, ws_ptr,
-                M, N, K)
+        mbarrier.init(turn.index(j), count=1)
+    # the initialized barriers visible to the TMA unit (the async proxy) and to every
+    # partition before any of them starts
+    fence_async_shared()
+    _cta_barrier()
+    mma_args = (a_bufs, b_bufs, ready, empty, acc_bufs, acc_ready, acc_empty, turn, xs_ptr,
+                ws_ptr, M, N, K)
     gl.warp_specialize([
         (_epilogue, (acc_bufs, acc_ready, acc_empty, bias_ptr, xs_ptr, ws_ptr, hinv_ptr,
                      out_ptr, M, N, SUB_M, GELU, num_warps)),
