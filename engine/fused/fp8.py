@@ -40,6 +40,7 @@ Elsewhere everything is computed by dequantizing (the readable spec, used on the
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -49,6 +50,10 @@ SCALE_MIN = 1e-12  # keeps an all-zero row finite
 
 
 BLOCK = 128  # block-wise scaling: columns per activation scale, rows and columns per weight scale
+# The calibrated FFN1 (:func:`calibrated_ffn1`) with fast accumulation on a Hopper GPU runs
+# as the warp-specialized Gluon kernel (``kernels.gluon_ffn1``) from this many rows up,
+# cuBLASLt below (None: always cuBLASLt). Read at each call, so an A/B can set it.
+FFN1_GLUON_MIN_ROWS: int | None = None
 
 
 @dataclass(frozen=True)
@@ -228,6 +233,18 @@ def static_linear(xq: Quantized, lin: StaticLinear, out_dtype: torch.dtype,
     return _static_math(xq, lin).to(out_dtype)
 
 
+def _gluon_ffn1(xq: torch.Tensor, w8: torch.Tensor) -> Any:
+    """``kernels.gluon_ffn1`` where :data:`FFN1_GLUON_MIN_ROWS` sends these operands to it
+    and it takes them (a Triton with Gluon, a Hopper GPU), else None."""
+    if FFN1_GLUON_MIN_ROWS is None or xq.shape[0] < FFN1_GLUON_MIN_ROWS:
+        return None
+    try:
+        from engine.fused.kernels import gluon_ffn1
+    except ImportError:  # a Triton without Gluon's Hopper warp specialization
+        return None
+    return gluon_ffn1 if gluon_ffn1.supports(xq, w8) else None
+
+
 def calibrated_ffn1(xq: Quantized, cal: CalibratedLayer, fast_accum: bool = False) -> Quantized:
     """FFN2's e4m3 input ``GELU(x @ W1^T + b1)``, scaled by ``cal.ffn_out.x_scale``, from
     ``xq`` quantized with ``cal.ffn_in.x_scale``: one cuBLASLt GEMM (bias + GELU + e4m3 in
@@ -235,6 +252,10 @@ def calibrated_ffn1(xq: Quantized, cal: CalibratedLayer, fast_accum: bool = Fals
     h_scale = cal.ffn_out.x_scale
     lin = cal.ffn_in
     if xq.data.is_cuda:
+        gluon = _gluon_ffn1(xq.data, lin.w8) if fast_accum else None
+        if gluon is not None:
+            return Quantized(gluon.ffn1(xq.data, lin.x_scale, lin.w8, lin.w_scale, cal.b1,
+                                        cal.h_inv), h_scale)
         from engine.fused.cublaslt import fp8_linear
 
         q = fp8_linear(xq.data, lin.x_scale, lin.w8, lin.w_scale, FP8_DTYPE, bias=cal.b1,
