@@ -26,16 +26,20 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 
 
-def parse_variant(text: str) -> dict[str, int]:
-    """``STAGES:BLOCK_K:SUB_M:GELU:ACC16`` (GELU 0: a diagnostic without it, not FFN1's
-    output; ACC16 1: accumulators handed over as scaled fp16, 0: as float32)."""
-    stages, block_k, sub_m, gelu, acc16 = (int(v) for v in text.split(":"))
-    return {"stages": stages, "block_k": block_k, "sub_m": sub_m, "gelu": gelu,
-            "acc16": acc16}
+def parse_variant(text: str) -> dict[str, Any]:
+    """``STAGES:BLOCK_K:SUB_M:GELU:ACC16[:BLOCK_N]`` (GELU 0: a diagnostic without it, not
+    FFN1's output; ACC16 1: accumulators handed over as scaled fp16, 0: as float32;
+    BLOCK_N 128: ping-pong, 256: cooperative)."""
+    values = [int(v) for v in text.split(":")]
+    if len(values) not in (5, 6):
+        raise ValueError(f"bad variant {text!r}: STAGES:BLOCK_K:SUB_M:GELU:ACC16[:BLOCK_N]")
+    stages, block_k, sub_m, gelu, acc16 = values[:5]
+    block_n = values[5] if len(values) == 6 else 128
+    return {"config": (stages, block_k, sub_m, block_n), "gelu": gelu, "acc16": acc16}
 
 
 def sm90_sass(stages: int = 4, block_k: int = 128, sub_m: int = 32, gelu: int = 1,
-              acc16: int = 1) -> tuple[str, str, int]:
+              acc16: int = 1, block_n: int = 128) -> tuple[str, str, int]:
     """(SASS, ``cuobjdump -res-usage``, shared bytes) of the kernel compiled for sm_90a
     here, no GPU needed (``attention_sass.compile_sass``), with BERT-large's FFN1 widths."""
     import torch
@@ -47,15 +51,16 @@ def sm90_sass(stages: int = 4, block_k: int = 128, sub_m: int = 32, gelu: int = 
     w8 = torch.empty((4096, 1024), dtype=torch.float8_e4m3fn)
     from engine.fused.kernels.gluon_ffn1 import _ffn1_kernel, descriptors
 
-    a_desc, b_desc = descriptors(xq, w8, block_k)
+    a_desc, b_desc = descriptors(xq, w8, block_k, block_n)
     signature = {"a_desc": str(mangle_type(a_desc)), "b_desc": str(mangle_type(b_desc)),
                  "bias_ptr": "*bf16", "xs_ptr": "*fp32", "ws_ptr": "*fp32",
                  "hinv_ptr": "*fp32", "out_ptr": "*fp8e4nv", "M": "i32", "N": "i32",
                  "K": "i32", "STAGES": "constexpr", "SUB_M": "constexpr",
-                 "GELU": "constexpr", "ACC16": "constexpr", "LOAD_REGS": "constexpr",
+                 "GELU": "constexpr", "ACC16": "constexpr", "COOP": "constexpr",
+                 "LOAD_REGS": "constexpr",
                  "MMA_REGS": "constexpr", "num_warps": "constexpr"}
     constexprs = {"STAGES": stages, "SUB_M": sub_m, "GELU": gelu, "ACC16": acc16,
-                  "LOAD_REGS": 40, "MMA_REGS": 168, "num_warps": 4}
+                  "COOP": block_n > 128, "LOAD_REGS": 40, "MMA_REGS": 168, "num_warps": 4}
     return compile_sass(_ffn1_kernel, signature, constexprs,
                         ("bias_ptr", "out_ptr", "N", "K"), {"num_warps": 4, "maxnreg": 128},
                         gluon=True)
@@ -89,7 +94,7 @@ def run_rows(m: int, d: int, f: int, variants: list[str], calls: int, rounds: in
         name = "gluon " + text + ("" if settings["gelu"] else " (no GELU)")
         out = torch.empty_like(ref)
 
-        def call(out: Any = out, settings: dict[str, int] = settings) -> None:
+        def call(out: Any = out, settings: dict[str, Any] = settings) -> None:
             ffn1(op["xq"], op["x_scale"], op["w8"], op["w_scale"], op["b1"], op["h_inv"],
                  out, **settings)
 

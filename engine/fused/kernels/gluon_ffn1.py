@@ -51,11 +51,10 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 _cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
 _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 
-BLOCK_M = 128
-BLOCK_N = 128
-BLOCK_K = 128
-STAGES = 4
-SUB_M = 32
+BLOCK_M = 128  # a tile's rows (a ring slot's A block)
+# (ring slots, K-block, epilogue chunk rows, tile columns) of a launch; read at each call
+# (an A/B can set it). 128 tile columns: ping-pong warpgroups; 256: cooperative ones.
+CONFIG: tuple[int, int, int, int] = (4, 128, 32, 128)
 SQRT_2_OVER_PI: gl.constexpr = gl.constexpr(0.7978845608028654)
 GELU_CUBIC: gl.constexpr = gl.constexpr(0.7978845608028654 * 0.044715)
 
@@ -93,41 +92,54 @@ def _loader(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K):
 @gluon.jit
 def _mma(a_bufs, b_bufs, ready, empty, acc_bufs, acc_ready, acc_empty, turn, xs_ptr, ws_ptr,
          M, N, K, WG: gl.constexpr):
-    """One warpgroup: the tiles ``WG``, ``WG + 2``, ... of this program's sequence, each
-    K loop's accumulators stored to buffer ``WG`` once the epilogue has freed it (float32
-    as they are, or fp16 after the operands' scales when the buffers are fp16).
+    """One warpgroup's K loops, each tile's accumulators stored to buffer ``WG`` once the
+    epilogue has freed it (float32 as they are, or fp16 after the operands' scales when the
+    buffers are fp16).
 
-    The two warpgroups take turns at the ring (``turn``: warpgroup 0 starts, each hands the
-    turn over once it has waited for its tile's last K-block): a "ready" barrier's wait is
-    by phase parity, so a warpgroup that waited for a K-block two ring passes ahead of the
-    loader would take an older load for it."""
+    Ping-pong (the buffers as tall as a ring slot's A block): the tiles ``WG``, ``WG + 2``,
+    ... of this program's sequence. The two warpgroups take turns at the ring (``turn``:
+    warpgroup 0 starts, each hands the turn over once it has waited for its tile's last
+    K-block): a "ready" barrier's wait is by phase parity, so a warpgroup that waited for a
+    K-block two ring passes ahead of the loader would take an older load for it.
+    Cooperative (buffers half as tall): every tile, this warpgroup's half of its rows
+    against the whole B block, each slot freed by both warpgroups."""
     STAGES: gl.constexpr = a_bufs.type.shape[0]
-    SCALED: gl.constexpr = acc_bufs.dtype == gl.float16
-    ab_scale = gl.load(xs_ptr) * gl.load(ws_ptr)
-    BLOCK_M: gl.constexpr = a_bufs.type.shape[1]
+    TILE_M: gl.constexpr = a_bufs.type.shape[1]
     BLOCK_K: gl.constexpr = a_bufs.type.shape[2]
     BLOCK_N: gl.constexpr = b_bufs.type.shape[1]
+    ROWS: gl.constexpr = acc_bufs.type.shape[1]
+    COOP: gl.constexpr = ROWS < TILE_M
+    SCALED: gl.constexpr = acc_bufs.dtype == gl.float16
+    ab_scale = gl.load(xs_ptr) * gl.load(ws_ptr)
+    # n128 instructions (two for 256 columns): an n256 one needs 154 registers, and ptxas
+    # holds the whole kernel to the launch's 128 (16 warps), whatever setmaxnreg gives
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                  instr_shape=[16, BLOCK_N, 32])
-    n_tiles = gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N)
+                                                  instr_shape=[16, 128, 32])
+    n_tiles = gl.cdiv(M, TILE_M) * gl.cdiv(N, BLOCK_N)
     k_steps = gl.cdiv(K, BLOCK_K)
     programs = gl.num_programs(0)
+    first = gl.program_id(0) if COOP else gl.program_id(0) + WG * programs
     buf = acc_bufs.index(WG)
     handed = 0
-    for _tile in range(gl.program_id(0) + WG * programs, n_tiles, 2 * programs):
-        base = (2 * handed + WG) * k_steps  # this tile's first ring count
-        acc = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, mma)
-        mbarrier.wait(turn.index(WG), (handed & 1) ^ (1 - WG))
+    for _tile in range(first, n_tiles, programs if COOP else 2 * programs):
+        base = (handed if COOP else 2 * handed + WG) * k_steps  # the tile's first count
+        acc = gl.zeros([ROWS, BLOCK_N], gl.float32, mma)
+        if not COOP:
+            mbarrier.wait(turn.index(WG), (handed & 1) ^ (1 - WG))
         for k in range(k_steps):
             count = base + k
             s = count % STAGES
             mbarrier.wait(ready.index(s), (count // STAGES) & 1)
-            acc = warpgroup_mma(a_bufs.index(s), b_bufs.index(s).permute((1, 0)), acc,
-                                use_acc=k > 0, is_async=True)
+            a = a_bufs.index(s)
+            if COOP:
+                a = a.slice(WG * ROWS, ROWS, dim=0)
+            acc = warpgroup_mma(a, b_bufs.index(s).permute((1, 0)), acc, use_acc=k > 0,
+                                is_async=True)
             # the previous block's wgmma is done: its slot goes back to the loader
             acc = warpgroup_mma_wait(1, deps=(acc, ))
             mbarrier.arrive(empty.index((count + STAGES - 1) % STAGES), pred=k > 0)
-        mbarrier.arrive(turn.index(1 - WG))
+        if not COOP:
+            mbarrier.arrive(turn.index(1 - WG))
         acc = warpgroup_mma_wait(0, deps=(acc, ))
         mbarrier.arrive(empty.index((base + k_steps - 1) % STAGES))
         mbarrier.wait(acc_empty.index(WG), (handed & 1) ^ 1)
@@ -166,54 +178,61 @@ def _gelu_tanh(x):
 
 @gluon.jit
 def _epilogue(acc_bufs, acc_ready, acc_empty, bias_ptr, xs_ptr, ws_ptr, hinv_ptr, out_ptr,
-              M, N, SUB_M: gl.constexpr, GELU: gl.constexpr, num_warps: gl.constexpr):
-    """The default partition: each tile this program owns, in order, from its buffer
-    (alternating) to e4m3 rows of ``out``, in ``SUB_M``-row chunks."""
-    BLOCK_M: gl.constexpr = acc_bufs.type.shape[1]
+              M, N, TILE_M: gl.constexpr, SUB_M: gl.constexpr, GELU: gl.constexpr,
+              num_warps: gl.constexpr):
+    """The default partition: each tile this program owns, in order, to e4m3 rows of
+    ``out`` in ``SUB_M``-row chunks: from one buffer (alternating) in a ping-pong kernel,
+    from both (the top and bottom rows) in a cooperative one."""
+    ROWS: gl.constexpr = acc_bufs.type.shape[1]
     BLOCK_N: gl.constexpr = acc_bufs.type.shape[2]
-    epi: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 16], threads_per_warp=[4, 8],
+    COOP: gl.constexpr = ROWS < TILE_M
+    epi: gl.constexpr = gl.BlockedLayout(size_per_thread=[1, 16],
+                                         threads_per_warp=[32 // (BLOCK_N // 16), BLOCK_N // 16],
                                          warps_per_cta=[num_warps, 1], order=[1, 0])
     # fp16 buffers hold the scaled products already
     ab_scale = 1.0 if acc_bufs.dtype == gl.float16 else gl.load(xs_ptr) * gl.load(ws_ptr)
     h_inv = gl.load(hinv_ptr)
-    n_tiles = gl.cdiv(M, BLOCK_M) * gl.cdiv(N, BLOCK_N)
+    n_tiles = gl.cdiv(M, TILE_M) * gl.cdiv(N, BLOCK_N)
     rows0 = gl.arange(0, SUB_M, layout=gl.SliceLayout(1, epi))
     cols0 = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, epi))
     i = 0
     for tile in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
-        off_m, off_n = _tile_origin(tile, N, BLOCK_M, BLOCK_N)
+        off_m, off_n = _tile_origin(tile, N, TILE_M, BLOCK_N)
         cols = off_n + cols0
         bias = gl.expand_dims(gl.load(bias_ptr + cols).to(gl.float32), 0)
-        j = i % 2
-        mbarrier.wait(acc_ready.index(j), (i // 2) & 1)
-        buf = acc_bufs.index(j)
-        for r in gl.static_range(BLOCK_M // SUB_M):
-            x = buf.slice(r * SUB_M, SUB_M, dim=0).load(epi).to(gl.float32) * ab_scale + bias
-            if GELU:
-                x = _gelu_tanh(x)
-            rows = off_m + r * SUB_M + rows0
-            ptrs = (out_ptr + gl.expand_dims(rows.to(gl.int64) * N, 1)
-                    + gl.expand_dims(cols, 0))
-            gl.store(ptrs, (x * h_inv).to(gl.float8e4nv), mask=gl.expand_dims(rows < M, 1))
-        _cta_barrier()
-        mbarrier.arrive(acc_empty.index(j))
+        for h in gl.static_range(2 if COOP else 1):
+            j = h if COOP else i % 2
+            mbarrier.wait(acc_ready.index(j), (i & 1) if COOP else ((i // 2) & 1))
+            buf = acc_bufs.index(j)
+            for r in gl.static_range(ROWS // SUB_M):
+                x = buf.slice(r * SUB_M, SUB_M, dim=0).load(epi).to(gl.float32)
+                x = x * ab_scale + bias
+                if GELU:
+                    x = _gelu_tanh(x)
+                rows = off_m + h * ROWS + r * SUB_M + rows0
+                ptrs = (out_ptr + gl.expand_dims(rows.to(gl.int64) * N, 1)
+                        + gl.expand_dims(cols, 0))
+                gl.store(ptrs, (x * h_inv).to(gl.float8e4nv), mask=gl.expand_dims(rows < M, 1))
+            _cta_barrier()
+            mbarrier.arrive(acc_empty.index(j))
         i += 1  # noqa: SIM113 (no enumerate in Gluon)
 
 
 @gluon.jit
 def _ffn1_kernel(a_desc, b_desc, bias_ptr, xs_ptr, ws_ptr, hinv_ptr, out_ptr, M, N, K,
                  STAGES: gl.constexpr, SUB_M: gl.constexpr, GELU: gl.constexpr,
-                 ACC16: gl.constexpr, LOAD_REGS: gl.constexpr, MMA_REGS: gl.constexpr,
-                 num_warps: gl.constexpr):
+                 ACC16: gl.constexpr, COOP: gl.constexpr, LOAD_REGS: gl.constexpr,
+                 MMA_REGS: gl.constexpr, num_warps: gl.constexpr):
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
+    ROWS: gl.constexpr = BLOCK_M // 2 if COOP else BLOCK_M  # a warpgroup's accumulator rows
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], b_desc.layout)
     acc_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=4, per_phase=1, max_phase=8,
                                                        order=[1, 0])
     acc_dtype: gl.constexpr = gl.float16 if ACC16 else gl.float32
-    acc_bufs = gl.allocate_shared_memory(acc_dtype, [2, BLOCK_M, BLOCK_N], acc_layout)
+    acc_bufs = gl.allocate_shared_memory(acc_dtype, [2, ROWS, BLOCK_N], acc_layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     acc_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
@@ -221,7 +240,7 @@ def _ffn1_kernel(a_desc, b_desc, bias_ptr, xs_ptr, ws_ptr, hinv_ptr, out_ptr, M,
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(STAGES):
         mbarrier.init(ready.index(s), count=1)
-        mbarrier.init(empty.index(s), count=1)
+        mbarrier.init(empty.index(s), count=2 if COOP else 1)
     for j in gl.static_range(2):
         mbarrier.init(acc_ready.index(j), count=1)
         mbarrier.init(acc_empty.index(j), count=1)
@@ -234,20 +253,21 @@ def _ffn1_kernel(a_desc, b_desc, bias_ptr, xs_ptr, ws_ptr, hinv_ptr, out_ptr, M,
                 ws_ptr, M, N, K)
     gl.warp_specialize([
         (_epilogue, (acc_bufs, acc_ready, acc_empty, bias_ptr, xs_ptr, ws_ptr, hinv_ptr,
-                     out_ptr, M, N, SUB_M, GELU, num_warps)),
+                     out_ptr, M, N, BLOCK_M, SUB_M, GELU, num_warps)),
         (_loader, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K)),
         (_mma0, mma_args),
         (_mma1, mma_args),
     ], [1, 4, 4], [LOAD_REGS, MMA_REGS, MMA_REGS])
 
 
-def descriptors(xq: torch.Tensor, w8: torch.Tensor, block_k: int) -> tuple[Any, Any]:
-    """TMA descriptors of ``BLOCK_M`` x ``block_k`` activation and ``BLOCK_N`` x
+def descriptors(xq: torch.Tensor, w8: torch.Tensor, block_k: int,
+                block_n: int) -> tuple[Any, Any]:
+    """TMA descriptors of ``BLOCK_M`` x ``block_k`` activation and ``block_n`` x
     ``block_k`` weight boxes (e4m3, K contiguous: wgmma's K-major operands)."""
     a_layout = gl.NVMMASharedLayout.get_default_for([BLOCK_M, block_k], gl.float8e4nv)
-    b_layout = gl.NVMMASharedLayout.get_default_for([BLOCK_N, block_k], gl.float8e4nv)
+    b_layout = gl.NVMMASharedLayout.get_default_for([block_n, block_k], gl.float8e4nv)
     return (TensorDescriptor.from_tensor(xq, [BLOCK_M, block_k], a_layout),
-            TensorDescriptor.from_tensor(w8, [BLOCK_N, block_k], b_layout))
+            TensorDescriptor.from_tensor(w8, [block_n, block_k], b_layout))
 
 
 @cache
@@ -260,29 +280,34 @@ def supports(xq: torch.Tensor, w8: torch.Tensor) -> bool:
     e4m3 row-major operands, N and K multiples of the tile."""
     return (xq.is_cuda and torch.cuda.get_device_capability(xq.device) == (9, 0)
             and xq.dtype == w8.dtype and xq.dim() == 2 and xq.is_contiguous()
-            and w8.is_contiguous() and w8.shape[0] % BLOCK_N == 0
-            and xq.shape[1] == w8.shape[1] and xq.shape[1] % BLOCK_K == 0)
+            and w8.is_contiguous() and w8.shape[0] % CONFIG[3] == 0
+            and xq.shape[1] == w8.shape[1] and xq.shape[1] % CONFIG[1] == 0)
 
 
 def ffn1(xq: torch.Tensor, x_scale: torch.Tensor, w8: torch.Tensor, w_scale: torch.Tensor,
          b1: torch.Tensor, h_inv: torch.Tensor, out: torch.Tensor | None = None,
-         stages: int = STAGES, block_k: int = BLOCK_K, sub_m: int = SUB_M, gelu: int = 1,
-         acc16: int = 1, programs: int = 0) -> torch.Tensor:
+         config: tuple[int, int, int, int] | None = None, gelu: int = 1, acc16: int = 1,
+         programs: int = 0) -> torch.Tensor:
     """e4m3 [M, N] = e4m3(h_inv * GELU_tanh(x_scale * w_scale * xq w8^T + b1)): the
     calibrated FFN1 (``xq`` e4m3 [M, K], ``w8`` e4m3 [N, K], ``b1`` [N], the scales
     float32 [1] device tensors), ``programs`` persistent programs (0: one an SM). ``gelu``
     0 is a diagnostic (bias only: not FFN1's output); ``acc16`` 0 hands the accumulators
-    over as float32 (3 ring slots at most)."""
+    over as float32 (3 ring slots at most). ``config``: (ring slots, K-block, epilogue
+    chunk rows, tile columns), :data:`CONFIG` by default; 128 tile columns run ping-pong
+    warpgroups on 128 x 128 tiles, 256 cooperative ones on 128 x 256 tiles (64 x 256
+    each)."""
+    stages, block_k, sub_m, block_n = config or CONFIG
     m, k = xq.shape
     n = w8.shape[0]
-    if n % BLOCK_N or k % block_k:
-        raise ValueError(f"N ({n}) must be a multiple of {BLOCK_N}, K ({k}) of {block_k}")
+    if n % block_n or k % block_k:
+        raise ValueError(f"N ({n}) must be a multiple of {block_n}, K ({k}) of {block_k}")
     if out is None:
         out = torch.empty((m, n), device=xq.device, dtype=xq.dtype)
-    a_desc, b_desc = descriptors(xq, w8, block_k)
-    tiles = triton.cdiv(m, BLOCK_M) * (n // BLOCK_N)
+    a_desc, b_desc = descriptors(xq, w8, block_k, block_n)
+    tiles = triton.cdiv(m, BLOCK_M) * (n // block_n)
     grid = (max(1, min(programs or _sm_count(xq.device.index or 0), tiles)), )
     _ffn1_kernel[grid](a_desc, b_desc, b1, x_scale, w_scale, h_inv, out, m, n, k,
-                       STAGES=stages, SUB_M=sub_m, GELU=gelu, ACC16=acc16, LOAD_REGS=40,
+                       STAGES=stages, SUB_M=sub_m, GELU=gelu, ACC16=acc16,
+                       COOP=block_n > 128, LOAD_REGS=40,
                        MMA_REGS=168, num_warps=4, maxnreg=128)
     return out
