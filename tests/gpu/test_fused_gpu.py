@@ -1343,3 +1343,81 @@ def test_a_call_after_a_gpu_fault_fails_fast() -> None:
     errors = run.stdout.split("ERRORS")[1]
     assert elapsed < 10.0
     assert errors.count("assert") >= 2 or errors.count("CUDA error") >= 2, errors
+
+
+def _ffn1_operands(m: int, d: int, f: int) -> dict[str, Any]:
+    """The calibrated FFN1's operands (e4m3 activations and weights with per-tensor scales,
+    a bf16 bias, the output multiplier from the GELU output's amax) and cuBLASLt's output."""
+    from engine.fused.cublaslt import fp8_linear
+    from engine.fused.fp8 import FP8_DTYPE, gelu_tanh
+
+    g = torch.Generator(device="cuda").manual_seed(m)
+    x = torch.randn((m, d), generator=g, device="cuda")
+    w = torch.randn((f, d), generator=g, device="cuda") * 0.03
+    b1 = (torch.randn((f,), generator=g, device="cuda") * 0.1).to(torch.bfloat16)
+    x_scale = (x.abs().amax() / 448.0).reshape(1).float()
+    w_scale = (w.abs().amax() / 448.0).reshape(1).float()
+    xq = (x / x_scale).to(FP8_DTYPE)
+    w8 = (w / w_scale).to(FP8_DTYPE)
+    y = gelu_tanh((xq.float() * x_scale) @ (w8.float() * w_scale).t() + b1.float())
+    h_inv = (448.0 / y.abs().amax()).reshape(1).float()
+    ref = fp8_linear(xq, x_scale, w8, w_scale, FP8_DTYPE, bias=b1, gelu=True, out_scale=h_inv,
+                     fast_accum=True)
+    return {"xq": xq, "x_scale": x_scale, "w8": w8, "w_scale": w_scale, "b1": b1,
+            "h_inv": h_inv, "ref": ref}
+
+
+@pytest.mark.parametrize("config", [(4, 128, 32, 128), (3, 128, 32, 256), (6, 64, 16, 256)],
+                         ids=["pingpong", "coop", "coop-k64"])
+@pytest.mark.parametrize("m", [77, 1000, 20000])
+def test_gluon_ffn1_matches_cublaslt(config: tuple[int, int, int, int], m: int) -> None:
+    """The warp-specialized Gluon FFN1 against cuBLASLt's GEMM + bias + GELU + e4m3, at row
+    counts that leave a partial tile and more tiles than programs: with float32
+    accumulators handed over, the same e4m3 values but for rare ties; with scaled fp16
+    ones (the default), under 1% of them one e4m3 step away."""
+    gluon_ffn1 = pytest.importorskip("engine.fused.kernels.gluon_ffn1")
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Gluon FFN1 kernel is for Hopper (sm_90)")
+    op = _ffn1_operands(m, 1024, 4096)
+    args = (op["xq"], op["x_scale"], op["w8"], op["w_scale"], op["b1"], op["h_inv"])
+    ref = op["ref"].float()
+    out = gluon_ffn1.ffn1(*args, config=config).float()
+    differ = (out != ref).float().mean().item()
+    step = (out - ref).abs() / torch.maximum(out.abs(), ref.abs()).clamp_min(2.0 ** -6)
+    assert differ < 0.01, differ
+    assert step.max().item() <= 0.125 + 1e-6  # one e4m3 step (3 mantissa bits) at most
+    if config[3] == 128:
+        exact = gluon_ffn1.ffn1(*args, config=(3, 128, 32, 128), acc16=0).float()
+        assert (exact != ref).float().mean().item() < 1e-4
+
+
+def test_calibrated_ffn1_takes_the_gluon_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``fp8.FFN1_GLUON_MIN_ROWS`` routes the calibrated FFN1 to the Gluon kernel from that
+    many rows (its output is not cuBLASLt's bit for bit) and keeps cuBLASLt below it and
+    without fast accumulation."""
+    pytest.importorskip("engine.fused.kernels.gluon_ffn1")
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Gluon FFN1 kernel is for Hopper (sm_90)")
+    from engine.fused import fp8
+    from engine.fused.cublaslt import fp8_linear
+
+    op = _ffn1_operands(4096, 1024, 4096)
+    lin = fp8.StaticLinear(w8=op["w8"], w_scale=op["w_scale"], x_scale=op["x_scale"])
+    cal = fp8.CalibratedLayer(qkv=lin, attn_out=lin, ffn_in=lin,
+                              ffn_out=fp8.StaticLinear(w8=op["w8"], w_scale=op["w_scale"],
+                                                       x_scale=1.0 / op["h_inv"]),
+                              b1=op["b1"], h_inv=op["h_inv"])
+    xq = fp8.Quantized(op["xq"], op["x_scale"])
+
+    def bits(t: torch.Tensor) -> torch.Tensor:
+        return t.view(torch.uint8)
+
+    monkeypatch.setattr(fp8, "FFN1_GLUON_MIN_ROWS", 4096)
+    assert not torch.equal(bits(fp8.calibrated_ffn1(xq, cal, fast_accum=True).data),
+                           bits(op["ref"]))  # the Gluon kernel ran
+    exact = fp8_linear(op["xq"], op["x_scale"], op["w8"], op["w_scale"], fp8.FP8_DTYPE,
+                       bias=op["b1"], gelu=True, out_scale=op["h_inv"], fast_accum=False)
+    assert torch.equal(bits(fp8.calibrated_ffn1(xq, cal, fast_accum=False).data), bits(exact))
+    monkeypatch.setattr(fp8, "FFN1_GLUON_MIN_ROWS", 4097)
+    assert torch.equal(bits(fp8.calibrated_ffn1(xq, cal, fast_accum=True).data),
+                       bits(op["ref"]))

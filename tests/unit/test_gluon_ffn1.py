@@ -1,0 +1,64 @@
+"""``engine/fused/kernels/gluon_ffn1.py``: the warp-specialized Gluon FFN1 compiles for
+sm_90a on this CPU with the installed Triton (skipped where the Triton wheel has no
+cuobjdump or no Gluon), in its ping-pong and cooperative forms; and the calibrated FFN1
+takes it only where ``fp8.FFN1_GLUON_MIN_ROWS`` and the operands allow. Its outputs are
+checked on the GPU (``tests/gpu``: against cuBLASLt)."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from tests.sass_tools import tools_or_skip
+
+SMEM_PER_BLOCK = 227 * 1024  # sm_90's largest dynamic shared memory a block
+
+
+@pytest.mark.parametrize(("stages", "block_k", "sub_m", "block_n", "acc16"), [
+    (4, 128, 32, 128, 1), (3, 128, 32, 128, 0), (3, 128, 16, 256, 1), (6, 64, 16, 256, 1)])
+def test_kernel_compiles_for_hopper(stages: int, block_k: int, sub_m: int, block_n: int,
+                                    acc16: int) -> None:
+    """Each form fits one program an SM without spills: a loader that issues TMA loads,
+    two MMA partitions of FP8 wgmmas (8 n128 instructions each a K-block of 128), tanh on
+    the special-function unit in the epilogue, and ``setmaxnreg`` between partitions."""
+    tools_or_skip()
+    pytest.importorskip("triton.experimental.gluon")
+    from benchmarks.gluon_ffn1 import sm90_sass
+
+    sass, usage, shared = sm90_sass(stages, block_k, sub_m, 1, acc16, block_n)
+    assert "STL" not in sass and "LDL" not in sass
+    assert shared <= SMEM_PER_BLOCK
+    # the ring's A and B blocks, and two accumulator buffers
+    acc_rows = 128 if block_n == 128 else 64
+    assert shared >= stages * (128 + block_n) * block_k + 2 * acc_rows * block_n * (2 if acc16
+                                                                                 else 4)
+    wgmmas = re.findall(r"QGMMA\.64x128x32\.F32\.E4M3\.E4M3", sass)
+    assert len(wgmmas) == 2 * 2 * block_k // 32  # two partitions, two halves, k = 32 each
+    assert "UTMALDG" in sass and "MUFU.TANH" in sass and "SETMAXREG" in sass
+    assert int(re.search(r"REG:(\d+)", usage).group(1)) <= 128  # type: ignore[union-attr]
+
+
+def test_calibrated_ffn1_keeps_cublaslt_unless_asked(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The routing: off by default, off below the row threshold, and never for CPU
+    tensors (``supports``) even when asked."""
+    torch = pytest.importorskip("torch")
+    from engine.fused import fp8
+
+    xq = torch.zeros((4096, 1024), dtype=fp8.FP8_DTYPE)
+    w8 = torch.zeros((4096, 1024), dtype=fp8.FP8_DTYPE)
+    assert fp8.FFN1_GLUON_MIN_ROWS is None
+    assert fp8._gluon_ffn1(xq, w8) is None
+    monkeypatch.setattr(fp8, "FFN1_GLUON_MIN_ROWS", 8192)
+    assert fp8._gluon_ffn1(xq, w8) is None
+    monkeypatch.setattr(fp8, "FFN1_GLUON_MIN_ROWS", 1)
+    assert fp8._gluon_ffn1(xq, w8) is None  # CPU tensors
+
+
+def test_variant_strings() -> None:
+    from benchmarks.gluon_ffn1 import parse_variant
+
+    assert parse_variant("4:128:32:1:1") == {"config": (4, 128, 32, 128), "gelu": 1, "acc16": 1}
+    assert parse_variant("3:128:16:0:1:256")["config"] == (3, 128, 16, 256)
+    with pytest.raises(ValueError, match="STAGES"):
+        parse_variant("4:128")
