@@ -1364,7 +1364,7 @@ def _ffn1_operands(m: int, d: int, f: int) -> dict[str, Any]:
     ref = fp8_linear(xq, x_scale, w8, w_scale, FP8_DTYPE, bias=b1, gelu=True, out_scale=h_inv,
                      fast_accum=True)
     return {"xq": xq, "x_scale": x_scale, "w8": w8, "w_scale": w_scale, "b1": b1,
-            "h_inv": h_inv, "ref": ref}
+            "h_inv": h_inv, "ref": ref, "y": y}
 
 
 @pytest.mark.parametrize("config", [(4, 128, 32, 128), (3, 128, 32, 256), (6, 64, 16, 256)],
@@ -1374,7 +1374,9 @@ def test_gluon_ffn1_matches_cublaslt(config: tuple[int, int, int, int], m: int) 
     """The warp-specialized Gluon FFN1 against cuBLASLt's GEMM + bias + GELU + e4m3, at row
     counts that leave a partial tile and more tiles than programs: with float32
     accumulators handed over, the same e4m3 values but for rare ties; with scaled fp16
-    ones (the default), under 1% of them one e4m3 step away."""
+    ones (the default), under 1% of them apart, by at most one step of the top binade
+    (their rounding before the bias moves outputs near zero by a few of its smallest
+    steps), and as close to float32 math as cuBLASLt's."""
     gluon_ffn1 = pytest.importorskip("engine.fused.kernels.gluon_ffn1")
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the Gluon FFN1 kernel is for Hopper (sm_90)")
@@ -1383,9 +1385,13 @@ def test_gluon_ffn1_matches_cublaslt(config: tuple[int, int, int, int], m: int) 
     ref = op["ref"].float()
     out = gluon_ffn1.ffn1(*args, config=config).float()
     differ = (out != ref).float().mean().item()
-    step = (out - ref).abs() / torch.maximum(out.abs(), ref.abs()).clamp_min(2.0 ** -6)
     assert differ < 0.01, differ
-    assert step.max().item() <= 0.125 + 1e-6  # one e4m3 step (3 mantissa bits) at most
+    assert (out - ref).abs().max().item() <= 32.0  # e4m3's step in [256, 448]
+
+    def float_error(q: torch.Tensor) -> float:
+        return float((q / op["h_inv"] - op["y"]).abs().max() / op["y"].abs().max())
+
+    assert float_error(out) <= 1.1 * float_error(ref) + 1e-3
     if config[3] == 128:
         exact = gluon_ffn1.ffn1(*args, config=(3, 128, 32, 128), acc16=0).float()
         assert (exact != ref).float().mean().item() < 1e-4
