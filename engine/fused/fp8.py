@@ -52,7 +52,8 @@ SCALE_MIN = 1e-12  # keeps an all-zero row finite
 BLOCK = 128  # block-wise scaling: columns per activation scale, rows and columns per weight scale
 # The calibrated FFN1 (:func:`calibrated_ffn1`) with fast accumulation on a Hopper GPU runs
 # as the warp-specialized Gluon kernel (``kernels.gluon_ffn1``) from this many rows up,
-# cuBLASLt below (None: always cuBLASLt). Read at each call, so an A/B can set it.
+# cuBLASLt below (None: always cuBLASLt). Read at each call, so an A/B can set it. Off: it
+# is faster alone but the settled mix pass does not gain (engine/fused/NOTES.md v41).
 FFN1_GLUON_MIN_ROWS: int | None = None
 
 
@@ -248,7 +249,8 @@ def _gluon_ffn1(xq: torch.Tensor, w8: torch.Tensor) -> Any:
 def calibrated_ffn1(xq: Quantized, cal: CalibratedLayer, fast_accum: bool = False) -> Quantized:
     """FFN2's e4m3 input ``GELU(x @ W1^T + b1)``, scaled by ``cal.ffn_out.x_scale``, from
     ``xq`` quantized with ``cal.ffn_in.x_scale``: one cuBLASLt GEMM (bias + GELU + e4m3 in
-    its epilogue) on the GPU, dequantized math elsewhere."""
+    its epilogue) on the GPU, or the Gluon kernel where :data:`FFN1_GLUON_MIN_ROWS` asks
+    for it; dequantized math elsewhere."""
     h_scale = cal.ffn_out.x_scale
     lin = cal.ffn_in
     if xq.data.is_cuda:

@@ -20,11 +20,20 @@ warp that issues wgmmas runs the epilogue:
   and frees the buffer.
 
 The accumulators are handed over as fp16 after the operands' scales (``ACC16``; float32
-buffers leave room for only 3 ring slots, and ran 25% slower, v41): that rounding moves
+buffers leave room for only 3 ring slots, and ran 25% slower): that rounding moves
 ~0.3% of the e4m3 outputs by one step from cuBLASLt's (same error to float32 math).
 Persistent (one program an SM), tiles in row-major order (a wave of programs covers a few
 128-row blocks times all of N, so each activation block is read from DRAM once and the
 4 MB of weights stay in L2). GPU only: Gluon kernels have no TRITON_INTERPRET path.
+ptxas allocates the whole kernel within the launch's register cap (128 for its 16 warps,
+whatever ``setmaxnreg`` gives a partition), so the wgmmas are n128 instructions.
+
+Off by default (``fp8.FFN1_GLUON_MIN_ROWS``), v41 on an H100: alone it takes the mix's FFN1
+(47,391 x 4,096 x 1,024) from cuBLASLt's 431-456 to 340-359 µs at burst clocks and from
+414-416 to 378-390 µs with the 700 W power limit settled (9% less energy a call), but the
+settled mix pass does not gain (+0.3% over three alternations, within its drift): with it
+the whole pass runs ~150 MHz slower clocks at the same power. F1 on the shipped MiniLM is
+unchanged (+0.087 loss over four weight roundings against the default's +0.095).
 """
 
 from __future__ import annotations
