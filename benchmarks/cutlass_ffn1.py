@@ -99,17 +99,15 @@ def float_error(out: Any, op: dict[str, Any]) -> float:
     return float((got - y).abs().max() / y.abs().max())
 
 
-def run_rows(lib: ctypes.CDLL, m: int, d: int, f: int, calls: int, rounds: int,
-             reps: int, variants: list[int], settle_s: float = 0.0,
-             timed_s: float = 1.0) -> dict[str, Any]:
+def cublaslt_reference(op: dict[str, Any]) -> tuple[Any, Any]:
+    """(a call of the engine's cuBLASLt FFN1 on ``op`` writing into a buffer, that buffer)
+    after one call: the reference output every competitor is compared with."""
     import torch
 
-    from benchmarks.rounds import capture_graph, interleaved
     from engine.fused.cublaslt import fp8_linear
     from engine.fused.fp8 import FP8_DTYPE
 
-    op = operands(m, d, f)
-    ref = torch.empty((m, f), device="cuda", dtype=FP8_DTYPE)
+    ref = torch.empty((op["xq"].shape[0], op["w8"].shape[0]), device="cuda", dtype=FP8_DTYPE)
 
     def cublaslt() -> None:
         fp8_linear(op["xq"], op["x_scale"], op["w8"], op["w_scale"], FP8_DTYPE, bias=op["b1"],
@@ -117,8 +115,64 @@ def run_rows(lib: ctypes.CDLL, m: int, d: int, f: int, calls: int, rounds: int,
 
     cublaslt()
     torch.cuda.synchronize()
-    row: dict[str, Any] = {"m": m, "n": f, "k": d, "gflop": 2.0 * m * f * d / 1e9,
-                           "competitors": {"cublaslt": {"float_error": float_error(ref, op)}}}
+    return cublaslt, ref
+
+
+def new_row(op: dict[str, Any], ref: Any) -> dict[str, Any]:
+    """A row's record: its shape, GFLOP and cuBLASLt's float error."""
+    m, k = op["xq"].shape
+    n = op["w8"].shape[0]
+    return {"m": m, "n": n, "k": k, "gflop": 2.0 * m * n * k / 1e9,
+            "competitors": {"cublaslt": {"float_error": float_error(ref, op)}}}
+
+
+def try_competitor(row: dict[str, Any], fns: dict[str, Any], name: str, call: Any, out: Any,
+                   ref: Any, op: dict[str, Any]) -> None:
+    """Run ``call`` once (it writes ``out``); record its comparisons with ``ref`` and keep it
+    for timing, or record why it failed (a variant the library refuses is not fatal)."""
+    import torch
+
+    try:
+        call()
+        torch.cuda.synchronize()
+        row["competitors"][name] = {**compare(out, ref), "float_error": float_error(out, op)}
+        fns[name] = call
+    except Exception as exc:
+        row["competitors"][name] = {"error": repr(exc)[:300]}
+    print(f"m={row['m']} {name}: {row['competitors'][name]}", flush=True)
+
+
+def time_row(row: dict[str, Any], fns: dict[str, Any], calls: int, rounds: int, reps: int,
+             settle_s: float = 0.0, timed_s: float = 1.0) -> dict[str, Any]:
+    """Every competitor captured as a graph of ``calls`` calls, replayed in interleaved
+    rounds (µs per GEMM, median, TFLOP/s), then with ``settle_s`` > 0 each at its own
+    settled power limit; the fields go into ``row``."""
+    from benchmarks.rounds import capture_graph, interleaved
+
+    graphs = {name: capture_graph(fn, calls) for name, fn in fns.items()}
+    times = interleaved({name: g.replay for name, g in graphs.items()}, rounds, reps, warm=1)
+    for name, ms in times.items():
+        us = [t * 1e3 / calls for t in ms]
+        med = statistics.median(us)
+        row["competitors"][name].update(us_rounds=us, us=med, tflops=row["gflop"] / med * 1e3)
+    if settle_s > 0:
+        for name, fields in settled(graphs, calls, settle_s, timed_s).items():
+            fields["settled_tflops"] = row["gflop"] / fields["settled_us"] * 1e3
+            row["competitors"][name].update(fields)
+    return row
+
+
+def run_rows(lib: ctypes.CDLL, m: int, d: int, f: int, calls: int, rounds: int,
+             reps: int, variants: list[int], settle_s: float = 0.0,
+             timed_s: float = 1.0) -> dict[str, Any]:
+    import torch
+
+    from engine.fused.cublaslt import fp8_linear
+    from engine.fused.fp8 import FP8_DTYPE
+
+    op = operands(m, d, f)
+    cublaslt, ref = cublaslt_reference(op)
+    row = new_row(op, ref)
     fns: dict[str, Any] = {"cublaslt": cublaslt}
     bias_out = torch.empty_like(ref)
 
@@ -144,25 +198,8 @@ def run_rows(lib: ctypes.CDLL, m: int, d: int, f: int, calls: int, rounds: int,
             if rc != 0:
                 raise RuntimeError(f"qa_ffn1_gemm({name}) returned {rc}")
 
-        try:
-            call()
-            torch.cuda.synchronize()
-            row["competitors"][name] = {**compare(out, ref), "float_error": float_error(out, op)}
-            fns[name] = call
-        except Exception as exc:  # a variant CUTLASS refuses is reported, not fatal
-            row["competitors"][name] = {"error": repr(exc)[:300]}
-        print(f"m={m} {name}: {row['competitors'][name]}", flush=True)
-    graphs = {name: capture_graph(fn, calls) for name, fn in fns.items()}
-    times = interleaved({name: g.replay for name, g in graphs.items()}, rounds, reps, warm=1)
-    for name, ms in times.items():
-        us = [t * 1e3 / calls for t in ms]
-        med = statistics.median(us)
-        row["competitors"][name].update(us_rounds=us, us=med, tflops=row["gflop"] / med * 1e3)
-    if settle_s > 0:
-        for name, fields in settled(graphs, calls, settle_s, timed_s).items():
-            fields["settled_tflops"] = row["gflop"] / fields["settled_us"] * 1e3
-            row["competitors"][name].update(fields)
-    return row
+        try_competitor(row, fns, name, call, out, ref, op)
+    return time_row(row, fns, calls, rounds, reps, settle_s, timed_s)
 
 
 def settled(graphs: dict[str, Any], calls: int, settle_s: float,
@@ -201,14 +238,11 @@ def settled(graphs: dict[str, Any], calls: int, settle_s: float,
     return out
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--lib", type=Path, default=REPO / "build" / "cuda" / "libqa_fp8_ffn1.so")
+def add_args(p: argparse.ArgumentParser) -> None:
+    """The options both FFN1 tools share: shapes, graph timing, settling, the JSON out."""
     p.add_argument("--m", default="47391,384", help="row counts (tokens)")
     p.add_argument("--hidden", type=int, default=1024)
     p.add_argument("--intermediate", type=int, default=4096)
-    p.add_argument("--variants", default="", help="CUTLASS variant indices (default all)")
     p.add_argument("--calls", type=int, default=24, help="GEMMs per captured graph")
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--reps", type=int, default=3, help="graph replays per round")
@@ -216,17 +250,15 @@ def main() -> None:
                    help="also time each competitor after this long at load (0: not)")
     p.add_argument("--timed-s", type=float, default=1.0)
     p.add_argument("--out", type=Path, default=None)
-    args = p.parse_args()
-    sys.path.insert(0, str(REPO))
+
+
+def run_all(args: argparse.Namespace, one_row: Any) -> None:
+    """``one_row(m)`` for every ``--m``, the JSON rewritten after each, then the tables."""
     import torch
 
-    lib = load(args.lib)
-    variants = ([int(v) for v in args.variants.split(",")] if args.variants
-                else list(range(lib.qa_ffn1_variants())))
     rows = []
     for m in (int(v) for v in args.m.split(",")):
-        rows.append(run_rows(lib, m, args.hidden, args.intermediate, args.calls, args.rounds,
-                             args.reps, variants, args.settle_s, args.timed_s))
+        rows.append(one_row(m))
         if args.out:
             args.out.write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "rows": rows},
                                            indent=1))
@@ -244,6 +276,22 @@ def main() -> None:
                 ("settled_us", ".1f"), ("sm_mhz", ".0f"), ("power_w", ".0f"), ("differ", ".2e"),
                 ("max_abs", ".3g"), ("float_error", ".2e"))]  # "-": not measured or compared
             print(f"| {name} | {c['us']:.1f} | {c['tflops']:.0f} | " + " | ".join(cells) + " |")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--lib", type=Path, default=REPO / "build" / "cuda" / "libqa_fp8_ffn1.so")
+    p.add_argument("--variants", default="", help="CUTLASS variant indices (default all)")
+    add_args(p)
+    args = p.parse_args()
+    sys.path.insert(0, str(REPO))
+    lib = load(args.lib)
+    variants = ([int(v) for v in args.variants.split(",")] if args.variants
+                else list(range(lib.qa_ffn1_variants())))
+    run_all(args, lambda m: run_rows(lib, m, args.hidden, args.intermediate, args.calls,
+                                     args.rounds, args.reps, variants, args.settle_s,
+                                     args.timed_s))
 
 
 if __name__ == "__main__":

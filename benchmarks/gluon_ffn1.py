@@ -17,8 +17,6 @@ limit (µs with MHz and W: at the 700 W cap a GEMM's time is also an energy resu
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
 import sys
 from pathlib import Path
 from typing import Any
@@ -71,93 +69,46 @@ def run_rows(m: int, d: int, f: int, variants: list[str], calls: int, rounds: in
     """cuBLASLt and every variant on the same operands: comparisons, then graph timings."""
     import torch
 
-    from benchmarks.cutlass_ffn1 import compare, float_error, operands, settled
-    from benchmarks.rounds import capture_graph, interleaved
-    from engine.fused.cublaslt import fp8_linear
-    from engine.fused.fp8 import FP8_DTYPE
+    from benchmarks.cutlass_ffn1 import (
+        cublaslt_reference,
+        new_row,
+        operands,
+        time_row,
+        try_competitor,
+    )
     from engine.fused.kernels.gluon_ffn1 import ffn1
 
     op = operands(m, d, f)
-    ref = torch.empty((m, f), device="cuda", dtype=FP8_DTYPE)
-
-    def cublaslt() -> None:
-        fp8_linear(op["xq"], op["x_scale"], op["w8"], op["w_scale"], FP8_DTYPE, bias=op["b1"],
-                   gelu=True, out_scale=op["h_inv"], out=ref, fast_accum=True)
-
-    cublaslt()
-    torch.cuda.synchronize()
-    row: dict[str, Any] = {"m": m, "n": f, "k": d, "gflop": 2.0 * m * f * d / 1e9,
-                           "competitors": {"cublaslt": {"float_error": float_error(ref, op)}}}
+    cublaslt, ref = cublaslt_reference(op)
+    row = new_row(op, ref)
     fns: dict[str, Any] = {"cublaslt": cublaslt}
     for text in variants:
         settings = parse_variant(text)
-        name = "gluon " + text + ("" if settings["gelu"] else " (no GELU)")
         out = torch.empty_like(ref)
 
         def call(out: Any = out, settings: dict[str, Any] = settings) -> None:
             ffn1(op["xq"], op["x_scale"], op["w8"], op["w_scale"], op["b1"], op["h_inv"],
                  out, **settings)
 
-        try:
-            call()
-            torch.cuda.synchronize()
-            row["competitors"][name] = {**compare(out, ref), "float_error": float_error(out, op)}
-            fns[name] = call
-        except Exception as exc:  # a variant that fails to compile is reported, not fatal
-            row["competitors"][name] = {"error": repr(exc)[:300]}
-        print(f"m={m} {name}: {row['competitors'][name]}", flush=True)
-    graphs = {name: capture_graph(fn, calls) for name, fn in fns.items()}
-    times = interleaved({name: g.replay for name, g in graphs.items()}, rounds, reps, warm=1)
-    for name, ms in times.items():
-        us = [t * 1e3 / calls for t in ms]
-        med = statistics.median(us)
-        row["competitors"][name].update(us_rounds=us, us=med, tflops=row["gflop"] / med * 1e3)
-    if settle_s > 0:
-        for name, fields in settled(graphs, calls, settle_s, timed_s).items():
-            fields["settled_tflops"] = row["gflop"] / fields["settled_us"] * 1e3
-            row["competitors"][name].update(fields)
-    return row
+        name = "gluon " + text + ("" if settings["gelu"] else " (no GELU)")
+        try_competitor(row, fns, name, call, out, ref, op)
+    return time_row(row, fns, calls, rounds, reps, settle_s, timed_s)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--m", default="47391", help="row counts (tokens)")
-    p.add_argument("--hidden", type=int, default=1024)
-    p.add_argument("--intermediate", type=int, default=4096)
-    p.add_argument("--variants", default="4:128:32:1:1,3:128:32:1:0",
-                   help="STAGES:BLOCK_K:SUB_M:GELU:ACC16, comma-separated")
-    p.add_argument("--calls", type=int, default=24, help="GEMMs per captured graph")
-    p.add_argument("--rounds", type=int, default=6)
-    p.add_argument("--reps", type=int, default=3, help="graph replays per round")
-    p.add_argument("--settle-s", type=float, default=0.0,
-                   help="also time each competitor after this long at load (0: not)")
-    p.add_argument("--timed-s", type=float, default=1.0)
-    p.add_argument("--out", type=Path, default=None)
-    args = p.parse_args()
+    p.add_argument("--variants", default="4:128:32:1:1,3:128:32:1:1:256",
+                   help="STAGES:BLOCK_K:SUB_M:GELU:ACC16[:BLOCK_N], comma-separated")
     sys.path.insert(0, str(REPO))
-    import torch
+    from benchmarks.cutlass_ffn1 import add_args, run_all
 
-    rows = []
-    for m in (int(v) for v in args.m.split(",")):
-        rows.append(run_rows(m, args.hidden, args.intermediate, args.variants.split(","),
-                             args.calls, args.rounds, args.reps, args.settle_s, args.timed_s))
-        if args.out:
-            args.out.write_text(json.dumps({"gpu": torch.cuda.get_device_name(), "rows": rows},
-                                           indent=1))
-    for row in rows:
-        print(f"\nFFN1 {row['m']}x{row['n']}x{row['k']}: µs per GEMM (median of rounds)")
-        print("| kernel | µs | TFLOP/s | settled µs | MHz | W | elements differing | max diff "
-              "| float error |")
-        print("|---|---|---|---|---|---|---|---|---|")
-        for name, c in row["competitors"].items():
-            if "us" not in c:
-                print(f"| {name} | {c.get('error', 'not timed')} | | | | | | | |")
-                continue
-            cells = [f"{c[k]:{f}}" if k in c else "-" for k, f in (
-                ("settled_us", ".1f"), ("sm_mhz", ".0f"), ("power_w", ".0f"), ("differ", ".2e"),
-                ("max_abs", ".3g"), ("float_error", ".2e"))]
-            print(f"| {name} | {c['us']:.1f} | {c['tflops']:.0f} | " + " | ".join(cells) + " |")
+    add_args(p)
+    p.set_defaults(m="47391")
+    args = p.parse_args()
+    run_all(args, lambda m: run_rows(m, args.hidden, args.intermediate,
+                                     args.variants.split(","), args.calls, args.rounds,
+                                     args.reps, args.settle_s, args.timed_s))
 
 
 if __name__ == "__main__":
