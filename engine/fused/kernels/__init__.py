@@ -26,9 +26,9 @@ Every kernel computes in float32 and reads/writes whatever float dtype its tenso
 Modules: ``common`` (shared jit helpers, PDL), ``rows`` (row-wise kernels), ``attention``,
 ``matmul``, ``deferred``, ``persistent``, ``staging``; and ``gluon_ffn1``, not imported
 here: the calibrated FFN1 as a warp-specialized Gluon kernel (Hopper only, no
-interpreter path; opt-in through ``fp8.FFN1_GLUON_MIN_ROWS``). Launchers never synchronise with the
-device and take every size from the host, so a whole forward pass can be captured in a
-CUDA graph.
+interpreter path; opt-in through ``fp8.FFN1_GLUON_MIN_ROWS``). Launchers never
+synchronise with the device and take every size from the host, so a whole forward pass
+can be captured in a CUDA graph.
 Each takes ``pdl``: launch with programmatic dependent launch (see ``common``). With
 ``TRITON_INTERPRET=1`` set before this package is imported, the same kernels run on CPU
 tensors (for CI). ``engine.fused.torch_ops`` holds the plain-PyTorch spec of each

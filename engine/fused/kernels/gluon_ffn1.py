@@ -11,10 +11,12 @@ warp that issues wgmmas runs the epilogue:
 
 - a loader warp streams A (activations) and B (weights) K-blocks by TMA into a ring of
   ``STAGES`` slots (one "ready" and one "empty" mbarrier a slot), across tile boundaries;
-- two MMA warpgroups take alternate output tiles of the program's tile sequence, and turns
-  at the ring; each runs its tile's K loop (asynchronous wgmmas, a slot released as soon
-  as the wgmma that read it is done), then hands its accumulators to the epilogue through
-  its own shared-memory buffer and goes on to its next tile;
+- two MMA warpgroups run K loops (asynchronous wgmmas, a slot released as soon as the
+  wgmma that read it is done), then each hands its accumulators to the epilogue through
+  its own shared-memory buffer and goes on to its next tile. Ping-pong (:data:`CONFIG`'s
+  default, 128 x 128 tiles): they take alternate tiles of the program's sequence, and
+  turns at the ring. Cooperative (256 tile columns): both take every 128 x 256 tile, 64
+  rows each against the one B block (a quarter less L2 traffic);
 - the epilogue warpgroup (the default partition) reads a handed-over tile in ``SUB_M``-row
   chunks, computes ``e4m3(h_inv * GELU_tanh(x_scale * w_scale * acc + b1))``, stores it,
   and frees the buffer.
@@ -32,7 +34,7 @@ Off by default (``fp8.FFN1_GLUON_MIN_ROWS``), v41 on an H100: alone it takes the
 (47,391 x 4,096 x 1,024) from cuBLASLt's 431-456 to 340-359 µs at burst clocks and from
 414-416 to 378-390 µs with the 700 W power limit settled (9% less energy a call), but the
 settled mix pass does not gain (+0.3% over three alternations, within its drift): with it
-the whole pass runs ~150 MHz slower clocks at the same power. F1 on the shipped MiniLM is
+the whole pass runs ~170 MHz slower clocks at the same power. F1 on the shipped MiniLM is
 unchanged (+0.087 loss over four weight roundings against the default's +0.095).
 """
 
