@@ -33,7 +33,7 @@ whatever ``setmaxnreg`` gives a partition), so the wgmmas are n128 instructions.
 Off by default (``fp8.FFN1_GLUON_MIN_ROWS``), v41 on an H100: alone it takes the mix's FFN1
 (47,391 x 4,096 x 1,024) from cuBLASLt's 431-456 to 340-359 µs at burst clocks and from
 414-416 to 378-390 µs with the 700 W power limit settled (9% less energy a call), but the
-settled mix pass does not gain (+0.3% over three alternations, within its drift): with it
+settled mix pass barely gains (+0.3-0.4% in two alternating runs, within its drift): with it
 the whole pass runs ~170 MHz slower clocks at the same power. F1 on the shipped MiniLM is
 unchanged (+0.087 loss over four weight roundings against the default's +0.095).
 """
