@@ -36,19 +36,16 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (
     fence_async_shared,
     mbarrier,
-    tma,
     warpgroup_mma,
     warpgroup_mma_init,
     warpgroup_mma_wait,
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+# the names Gluon moved between triton 3.6 (the device's) and 3.9
+from engine.fused.kernels.gluon_ffn1 import cta_barrier, tma_load
+
 REPO = Path(__file__).resolve().parents[1]
-# Gluon's names moved between releases (triton 3.6, the device's, and 3.9): the CTA
-# barrier (``thread_barrier`` -> ``barrier``) and the TMA load
-# (``async_copy_global_to_shared`` -> ``async_load``).
-_cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
-_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 # Layouts of one warpgroup over 64-row blocks and 64 keys (the per-sequence forms): the
 # wgmma accumulator, P as a register operand of P V, and the query block's load.
 MMA64: gl.constexpr = gl.constexpr(gl.NVMMADistributedLayout(
@@ -67,8 +64,8 @@ def _load_kv(desc, bars, k_bufs, v_bufs, block, start, k_col, v_col,
     s = block % STAGES
     bar = bars.index(s)
     mbarrier.expect(bar, 2 * desc.block_type.nbytes, pred=pred)
-    _tma_load(desc, [start + block * BLOCK_N, k_col], bar, k_bufs.index(s), pred=pred)
-    _tma_load(desc, [start + block * BLOCK_N, v_col], bar, v_bufs.index(s), pred=pred)
+    tma_load(desc, [start + block * BLOCK_N, k_col], bar, k_bufs.index(s), pred=pred)
+    tma_load(desc, [start + block * BLOCK_N, v_col], bar, v_bufs.index(s), pred=pred)
 
 
 @gluon.jit
@@ -93,10 +90,10 @@ def _prepare_q(q_smem, bias_ptr, q_col, qk_scale, HEAD_DIM: gl.constexpr,
     q = q_smem.load(blocked).to(gl.float32)
     bq = gl.load(bias_ptr + q_col + gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, blocked)))
     q = (q + gl.expand_dims(bq.to(gl.float32), 0)) * qk_scale
-    _cta_barrier()
+    cta_barrier()
     q_smem.store(q.to(gl.float16))
     fence_async_shared()
-    _cta_barrier()
+    cta_barrier()
 
 
 @gluon.jit
@@ -192,7 +189,7 @@ def _attn_gluon_kernel(desc, q_desc, bias_ptr, out_ptr, tiles_ptr, qk_scale, str
             mbarrier.init(bars.index(i), count=1)
         q_bar = bars.index(STAGES)
         mbarrier.expect(q_bar, q_desc.block_type.nbytes)
-        _tma_load(q_desc, [start + m0, q_col], q_bar, q_smem)
+        tma_load(q_desc, [start + m0, q_col], q_bar, q_smem)
         for b in gl.static_range(STAGES):
             _load_kv(desc, bars, k_bufs, v_bufs, b, start, k_col, v_col, BLOCK_N, STAGES,
                      b < n_blocks)
@@ -214,8 +211,8 @@ def _load_resident_kv(desc, k_bufs, v_bufs, bars, start, n_blocks, k_col, v_col,
     for b in gl.static_range(MAX_BLOCKS):
         pred = b < n_blocks
         mbarrier.expect(bars.index(b), 2 * desc.block_type.nbytes, pred=pred)
-        _tma_load(desc, [start + b * BLOCK, k_col], bars.index(b), k_bufs.index(b), pred=pred)
-        _tma_load(desc, [start + b * BLOCK, v_col], bars.index(b), v_bufs.index(b), pred=pred)
+        tma_load(desc, [start + b * BLOCK, k_col], bars.index(b), k_bufs.index(b), pred=pred)
+        tma_load(desc, [start + b * BLOCK, v_col], bars.index(b), v_bufs.index(b), pred=pred)
 
 
 @gluon.jit
@@ -243,7 +240,7 @@ def _attn_seq_kernel(desc, q_desc, bias_ptr, out_ptr, cu_ptr, qk_scale, stride_o
         for i in gl.static_range(MAX_BLOCKS + 2):
             mbarrier.init(bars.index(i), count=1)
         mbarrier.expect(bars.index(MAX_BLOCKS), q_desc.block_type.nbytes)
-        _tma_load(q_desc, [start, q_col], bars.index(MAX_BLOCKS), q_bufs.index(0))
+        tma_load(q_desc, [start, q_col], bars.index(MAX_BLOCKS), q_bufs.index(0))
         _load_resident_kv(desc, k_bufs, v_bufs, bars, start, n_blocks, k_col, v_col,
                           BLOCK, MAX_BLOCKS)
 
@@ -254,7 +251,7 @@ def _attn_seq_kernel(desc, q_desc, bias_ptr, out_ptr, cu_ptr, qk_scale, stride_o
             nq = qb + 1
             mbarrier.expect(bars.index(MAX_BLOCKS + nq % 2), q_desc.block_type.nbytes,
                             pred=nq < n_blocks)
-            _tma_load(q_desc, [start + nq * BLOCK, q_col], bars.index(MAX_BLOCKS + nq % 2),
+            tma_load(q_desc, [start + nq * BLOCK, q_col], bars.index(MAX_BLOCKS + nq % 2),
                       q_bufs.index(nq % 2), pred=nq < n_blocks)
             mbarrier.wait(bars.index(MAX_BLOCKS + buf), (qb // 2) & 1)
             q_smem = q_bufs.index(buf)
@@ -296,7 +293,7 @@ def _seq_consumer(desc, q_desc, k_bufs, v_bufs, q_bufs, bars, bias_ptr, out_ptr,
     zeros_s = gl.zeros([BLOCK, BLOCK], gl.float32, layout=MMA64)
     for qb in range(WG, n_blocks, 2):
         mbarrier.expect(q_bar, q_desc.block_type.nbytes)
-        _tma_load(q_desc, [start + qb * BLOCK, q_col], q_bar, q_smem)
+        tma_load(q_desc, [start + qb * BLOCK, q_col], q_bar, q_smem)
         mbarrier.wait(q_bar, ((qb - WG) // 2) & 1)
         _prepare_q(q_smem, bias_ptr, q_col, qk_scale, HEAD_DIM, Q_LOAD)
         acc = warpgroup_mma_init(gl.zeros([BLOCK, HEAD_DIM], gl.float32, layout=MMA64))
@@ -313,7 +310,7 @@ def _seq_consumer(desc, q_desc, k_bufs, v_bufs, q_bufs, bars, bias_ptr, out_ptr,
         acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
         _store_rows(acc, l_i, bias_ptr, out_ptr, start, qb * BLOCK, length, q_col, v_col,
                     stride_out, BLOCK, HEAD_DIM, MMA64)
-        _cta_barrier()  # every warp done with Q (its wgmmas waited) before the next TMA
+        cta_barrier()  # every warp done with Q (its wgmmas waited) before the next TMA
 
 
 @gluon.jit

@@ -47,7 +47,7 @@ def sm90_sass(stages: int = 4, block_k: int = 128, sub_m: int = 32, gelu: int = 
 
     xq = torch.empty((256, 1024), dtype=torch.float8_e4m3fn)
     w8 = torch.empty((4096, 1024), dtype=torch.float8_e4m3fn)
-    from engine.fused.kernels.gluon_ffn1 import _ffn1_kernel, descriptors
+    from engine.fused.kernels.gluon_ffn1 import LAUNCH, WORKER_REGS, _ffn1_kernel, descriptors
 
     a_desc, b_desc = descriptors(xq, w8, block_k, block_n)
     signature = {"a_desc": str(mangle_type(a_desc)), "b_desc": str(mangle_type(b_desc)),
@@ -55,13 +55,11 @@ def sm90_sass(stages: int = 4, block_k: int = 128, sub_m: int = 32, gelu: int = 
                  "hinv_ptr": "*fp32", "out_ptr": "*fp8e4nv", "M": "i32", "N": "i32",
                  "K": "i32", "STAGES": "constexpr", "SUB_M": "constexpr",
                  "GELU": "constexpr", "ACC16": "constexpr", "COOP": "constexpr",
-                 "LOAD_REGS": "constexpr",
-                 "MMA_REGS": "constexpr", "num_warps": "constexpr"}
+                 "LOAD_REGS": "constexpr", "MMA_REGS": "constexpr", "num_warps": "constexpr"}
     constexprs = {"STAGES": stages, "SUB_M": sub_m, "GELU": gelu, "ACC16": acc16,
-                  "COOP": block_n > 128, "LOAD_REGS": 40, "MMA_REGS": 168, "num_warps": 4}
+                  "COOP": block_n > 128, **WORKER_REGS, "num_warps": LAUNCH["num_warps"]}
     return compile_sass(_ffn1_kernel, signature, constexprs,
-                        ("bias_ptr", "out_ptr", "N", "K"), {"num_warps": 4, "maxnreg": 128},
-                        gluon=True)
+                        ("bias_ptr", "out_ptr", "N", "K"), LAUNCH, gluon=True)
 
 
 def run_rows(m: int, d: int, f: int, variants: list[str], calls: int, rounds: int, reps: int,

@@ -58,14 +58,18 @@ from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 # Gluon's names moved between releases (triton 3.6 and 3.9): the CTA barrier
 # (``thread_barrier`` -> ``barrier``) and the TMA load (``async_copy_global_to_shared`` ->
-# ``async_load``).
-_cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
-_tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+# ``async_load``). Also ``benchmarks/gluon_attention.py``'s.
+cta_barrier = getattr(gl, "thread_barrier", None) or gl.barrier
+tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
 
 BLOCK_M = 128  # a tile's rows (a ring slot's A block)
 # (ring slots, K-block, epilogue chunk rows, tile columns) of a launch; read at each call
 # (an A/B can set it). 128 tile columns: ping-pong warpgroups; 256: cooperative ones.
 CONFIG: tuple[int, int, int, int] = (4, 128, 32, 128)
+# The launch: 4 epilogue warps, a loader warp and two MMA warpgroups (16 warps with the
+# loader's group, so 128 registers a thread at most), and what setmaxnreg gives the workers.
+LAUNCH: dict[str, int] = {"num_warps": 4, "maxnreg": 128}
+WORKER_REGS: dict[str, int] = {"LOAD_REGS": 40, "MMA_REGS": 168}
 SQRT_2_OVER_PI: gl.constexpr = gl.constexpr(0.7978845608028654)
 GELU_CUBIC: gl.constexpr = gl.constexpr(0.7978845608028654 * 0.044715)
 
@@ -95,8 +99,8 @@ def _loader(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K):
             mbarrier.wait(empty.index(s), ((count // STAGES) & 1) ^ 1)
             bar = ready.index(s)
             mbarrier.expect(bar, a_desc.block_type.nbytes + b_desc.block_type.nbytes)
-            _tma_load(a_desc, [off_m, k * BLOCK_K], bar, a_bufs.index(s))
-            _tma_load(b_desc, [off_n, k * BLOCK_K], bar, b_bufs.index(s))
+            tma_load(a_desc, [off_m, k * BLOCK_K], bar, a_bufs.index(s))
+            tma_load(b_desc, [off_n, k * BLOCK_K], bar, b_bufs.index(s))
             count += 1
 
 
@@ -158,7 +162,7 @@ def _mma(a_bufs, b_bufs, ready, empty, acc_bufs, acc_ready, acc_empty, turn, xs_
             buf.store((acc * ab_scale).to(gl.float16))
         else:
             buf.store(acc)
-        _cta_barrier()
+        cta_barrier()
         mbarrier.arrive(acc_ready.index(WG))
         handed += 1  # noqa: SIM113 (no enumerate in Gluon)
 
@@ -224,7 +228,7 @@ def _epilogue(acc_bufs, acc_ready, acc_empty, bias_ptr, xs_ptr, ws_ptr, hinv_ptr
                 ptrs = (out_ptr + gl.expand_dims(rows.to(gl.int64) * N, 1)
                         + gl.expand_dims(cols, 0))
                 gl.store(ptrs, (x * h_inv).to(gl.float8e4nv), mask=gl.expand_dims(rows < M, 1))
-            _cta_barrier()
+            cta_barrier()
             mbarrier.arrive(acc_empty.index(j))
         i += 1  # noqa: SIM113 (no enumerate in Gluon)
 
@@ -259,7 +263,7 @@ def _ffn1_kernel(a_desc, b_desc, bias_ptr, xs_ptr, ws_ptr, hinv_ptr, out_ptr, M,
     # the initialized barriers visible to the TMA unit (the async proxy) and to every
     # partition before any of them starts
     fence_async_shared()
-    _cta_barrier()
+    cta_barrier()
     mma_args = (a_bufs, b_bufs, ready, empty, acc_bufs, acc_ready, acc_empty, turn, xs_ptr,
                 ws_ptr, M, N, K)
     gl.warp_specialize([
@@ -319,6 +323,5 @@ def ffn1(xq: torch.Tensor, x_scale: torch.Tensor, w8: torch.Tensor, w_scale: tor
     grid = (max(1, min(programs or _sm_count(xq.device.index or 0), tiles)), )
     _ffn1_kernel[grid](a_desc, b_desc, b1, x_scale, w_scale, h_inv, out, m, n, k,
                        STAGES=stages, SUB_M=sub_m, GELU=gelu, ACC16=acc16,
-                       COOP=block_n > 128, LOAD_REGS=40,
-                       MMA_REGS=168, num_warps=4, maxnreg=128)
+                       COOP=block_n > 128, **WORKER_REGS, **LAUNCH)
     return out
