@@ -40,12 +40,16 @@ KINDS = ("qkv", "attention", "out_proj", "layernorm", "ffn1", "ffn2")
 
 class StepMemo:
     """Records the outputs of one pass's steps by kind (``record``), then returns them in
-    place of the steps named in ``skip`` (a pass with the same inputs, same call order)."""
+    place of the steps named in ``skip`` (a pass with the same inputs, same call order),
+    or runs a stand-in for the steps in ``replace`` (``benchmarks/ln_fusion_bound.py``)."""
 
     def __init__(self) -> None:
         self.outputs: dict[str, list[Any]] = {k: [] for k in KINDS}
         self.recording = False
         self.skip: frozenset[str] = frozenset()
+        # kind -> stand-in, called as ``stand_in(recorded output, *the step's arguments)``;
+        # what it returns goes downstream
+        self.replace: dict[str, Callable[..., Any]] = {}
         self._next = dict.fromkeys(KINDS, 0)
 
     def start_pass(self) -> None:
@@ -55,18 +59,21 @@ class StepMemo:
         """How many recorded outputs of ``kind`` this pass has returned so far."""
         return self._next[kind]
 
-    def step(self, kind: str, real: Callable[[], Any]) -> Any:
-        """``real()``, recorded while recording; the recorded output when ``kind`` is
-        skipped."""
+    def step(self, kind: str, real: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """``real(*args, **kwargs)``, recorded while recording; the recorded output when
+        ``kind`` is skipped; its stand-in's result when it is replaced."""
         if self.recording:
-            out = real()
+            out = real(*args, **kwargs)
             self.outputs[kind].append(out)
             return out
-        if kind in self.skip:
+        if kind in self.skip or kind in self.replace:
             i = self._next[kind]
             self._next[kind] = i + 1
-            return self.outputs[kind][i]
-        return real()
+            recorded = self.outputs[kind][i]
+            if kind in self.skip:
+                return recorded
+            return self.replace[kind](recorded, *args, **kwargs)
+        return real(*args, **kwargs)
 
 
 class MemoOps:
@@ -79,11 +86,10 @@ class MemoOps:
         return getattr(self._ops, name)
 
     def attention_varlen(self, *args: Any, **kwargs: Any) -> Any:
-        return self._memo.step("attention", lambda: self._ops.attention_varlen(*args, **kwargs))
+        return self._memo.step("attention", self._ops.attention_varlen, *args, **kwargs)
 
     def bias_residual_layernorm(self, *args: Any, **kwargs: Any) -> Any:
-        return self._memo.step("layernorm",
-                               lambda: self._ops.bias_residual_layernorm(*args, **kwargs))
+        return self._memo.step("layernorm", self._ops.bias_residual_layernorm, *args, **kwargs)
 
 
 @contextmanager
@@ -104,15 +110,15 @@ def memo_engine(engine: Any, memo: StepMemo) -> Iterator[None]:
         kind = static_kind.get(id(lin))
         if kind is None:
             return real_static(xq, lin, *args, **kwargs)
-        return memo.step(kind, lambda: real_static(xq, lin, *args, **kwargs))
+        return memo.step(kind, real_static, xq, lin, *args, **kwargs)
 
     def linear(x: Any, xq: Any, lin: Any, *args: Any, **kwargs: Any) -> Any:
         if id(lin) not in out_proj:
             return real_linear(x, xq, lin, *args, **kwargs)
-        return memo.step("out_proj", lambda: real_linear(x, xq, lin, *args, **kwargs))
+        return memo.step("out_proj", real_linear, x, xq, lin, *args, **kwargs)
 
     def ffn1(*args: Any, **kwargs: Any) -> Any:
-        return memo.step("ffn1", lambda: real_ffn1(*args, **kwargs))
+        return memo.step("ffn1", real_ffn1, *args, **kwargs)
 
     ops = engine.ops
     encoder.static_linear, encoder._linear, encoder.calibrated_ffn1 = static_linear, linear, ffn1

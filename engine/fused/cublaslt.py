@@ -478,9 +478,14 @@ def fp8_linear(
     fast_accum: bool = False,
     algo: int | None = None,
     config: AlgoConfig | None = None,
+    addend: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``out_scale * act(x_scale * w_scale * (xq @ w8^T) + bias)`` in ``out_dtype`` (see the
     module docstring). ``out_scale`` is required for, and only for, an e4m3 output.
+
+    ``addend`` (a contiguous [M, N] tensor of a 16-bit ``out_dtype``, not aliasing ``out``)
+    is added to the result in the epilogue, cuBLASLt's C with beta = 1: a residual read by
+    the GEMM rather than by the kernel after it.
 
     ``fast_accum`` accumulates in the tensor cores' own precision throughout (no periodic
     promotion to float32). The algorithm: ``config`` (raises :class:`CublasLtError` if
@@ -498,9 +503,14 @@ def fp8_linear(
         out = torch.empty((m, n), device=xq.device, dtype=out_dtype)
     elif out.shape != (m, n) or out.dtype != out_dtype or not out.is_contiguous():
         raise ValueError(f"out must be a contiguous {out_dtype} tensor of shape ({m}, {n})")
-    alpha, beta = ctypes.c_float(1.0), ctypes.c_float(0.0)
+    if addend is not None and (out_dtype == torch.float8_e4m3fn or addend.shape != (m, n)
+                               or addend.dtype != out_dtype or not addend.is_contiguous()):
+        raise ValueError(f"addend must be a contiguous {out_dtype} tensor of shape ({m}, {n}) "
+                         "and the output 16-bit")
+    alpha, beta = ctypes.c_float(1.0), ctypes.c_float(0.0 if addend is None else 1.0)
     # beta = 0: C is not read. An e4m3 D has a 16-bit C type, so C cannot alias D.
-    c_ptr = None if out_dtype == torch.float8_e4m3fn else out.data_ptr()
+    c_ptr = (addend.data_ptr() if addend is not None
+             else None if out_dtype == torch.float8_e4m3fn else out.data_ptr())
     stream = torch.cuda.current_stream(xq.device).cuda_stream
     with _CALL_LOCK:
         ws = _workspace(xq.device.index or 0, stream)

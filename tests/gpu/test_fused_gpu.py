@@ -211,6 +211,64 @@ def test_cublaslt_fp8_epilogues_match_spec() -> None:
     assert tanh_err < erf_err
 
 
+def test_cublaslt_addend_is_added_in_the_epilogue() -> None:
+    """``fp8_linear(addend=)``: the product plus a 16-bit [M, N] tensor read by the GEMM
+    (cuBLASLt's C, beta = 1), at a tuned-table shape and a heuristic one, with and without
+    a bias; the addend is not written."""
+    import torch
+
+    from engine.fused import cublaslt
+    from engine.fused.fp8 import quantize_static
+
+    g = torch.Generator(device="cuda").manual_seed(5)
+    for m, n, k in ((47391, 1024, 4096), (1000, 768, 256)):
+        scale = torch.tensor([0.02], device="cuda")
+        xq = quantize_static(torch.randn((m, k), generator=g, device="cuda"), scale)
+        w8 = (torch.randn((n, k), generator=g, device="cuda") * 20).to(torch.float8_e4m3fn)
+        ws = torch.tensor([0.002], device="cuda")
+        add = (torch.randn((m, n), generator=g, device="cuda") * 4).half()
+        kept = add.clone()
+        for bias in (None, torch.randn((n,), generator=g, device="cuda").half()):
+            base = cublaslt.fp8_linear(xq.data, scale, w8, ws, torch.float16, bias=bias,
+                                       fast_accum=True)
+            got = cublaslt.fp8_linear(xq.data, scale, w8, ws, torch.float16, bias=bias,
+                                      fast_accum=True, addend=add)
+            want = base.float() + add.float()
+            err = float((got.float() - want).abs().max() / want.abs().max())
+            print(f"addend {m}x{n}x{k} bias={bias is not None}: max rel error {err:.2e}")
+            assert err < 2e-3
+        assert torch.equal(add, kept)
+
+
+def test_layernorm_quant_matches_the_residual_layernorm() -> None:
+    """``kernels.layernorm_quant`` of a sum ``s`` writes the same e4m3 copy, bit for bit,
+    as the residual LayerNorm of ``s`` with a zero residual and bias (calibrated scale
+    and per-row scales), at the mix's row count; its moments are ``s``'s."""
+    import torch
+
+    from engine.fused import kernels as k
+
+    g = torch.Generator(device="cuda").manual_seed(7)
+    t, d, eps = 47391, 1024, 1e-12
+    s = (torch.randn((t, d), generator=g, device="cuda") * 3
+         + torch.randn((t, 1), generator=g, device="cuda")).half()
+    gamma = torch.rand((d,), generator=g, device="cuda").half() + 0.5
+    beta = torch.randn((d,), generator=g, device="cuda").half() * 0.1
+    zero = torch.zeros_like(s)
+    for scale in (torch.tensor([0.01], device="cuda"), None):
+        q, moments = k.layernorm_quant(s, gamma, beta, eps, fp8_scale=scale)
+        _, ref = k.bias_residual_layernorm(s, torch.zeros_like(gamma), zero, gamma, beta, eps,
+                                           fp8=True, fp8_scale=scale)
+        assert ref is not None
+        assert torch.equal(q.data.view(torch.uint8), ref.data.view(torch.uint8))
+        assert torch.equal(q.scale, ref.scale)
+    x = s.double()
+    mean = x.mean(1)
+    rstd = 1 / torch.sqrt(((x - mean[:, None]) ** 2).mean(1) + eps)
+    assert torch.allclose(moments[:, 0].double(), mean, rtol=1e-5, atol=1e-5)
+    assert torch.allclose(moments[:, 1].double(), rstd, rtol=1e-5)
+
+
 def test_cublaslt_plans_evicted_and_remade(monkeypatch: pytest.MonkeyPatch) -> None:
     """With room for two plans, GEMMs of three sizes in turn destroy and remake plans
     (their descriptors freed while earlier calls may still run): outputs stay the same

@@ -818,6 +818,43 @@ def _check_fp8_static() -> tuple[float, float]:
     return float(((dequantize(q).double() - clamped).abs() / allowed).max()), 1.0
 
 
+def _check_layernorm_quant(mode: str) -> tuple[float, float]:
+    """``layernorm_quant``: the e4m3 copy of LayerNorm(s) in each scale mode (per row,
+    1x128 blocks, one calibrated scale that saturates the top 30%), and the rows' moments,
+    whose normalization of ``s`` must give the same LayerNorm (what a GEMM epilogue
+    reading ``s`` as its residual would compute). 45 rows of 384 (a masked 512 tile)."""
+    import torch
+
+    from engine.fused import kernels as k
+    from engine.fused.fp8 import dequantize
+
+    g = torch.Generator().manual_seed(13)
+    t, d, eps = 45, 384, 1e-5
+    s = (torch.randn(t, d, generator=g) * 4 + torch.randn(t, 1, generator=g) * 3).half()
+    gamma, beta = torch.randn(d, generator=g), torch.randn(d, generator=g)
+    gamma[:128] *= 20  # one block of each row much larger: block scales must differ
+    ref = _ln64(s.double(), gamma, beta, eps)
+    assert isinstance(ref, torch.Tensor)
+    x = s.double()
+    mean = x.mean(1)
+    rstd = 1 / torch.sqrt(((x - mean[:, None]) ** 2).mean(1) + eps)
+    scale = torch.tensor([float(ref.abs().max()) * 0.7 / 448.0])
+    q, moments = k.layernorm_quant(s, gamma, beta, eps, fp8_blocks=mode == "blocks",
+                                   fp8_scale=scale if mode == "static" else None)
+    if moments.shape != (t, 2) or moments.dtype != torch.float32:
+        return math.inf, 1.0
+    err = max(_rel(moments[:, 0], mean), _rel(moments[:, 1], rstd)) / 1e-5
+    again = (x - moments[:, :1].double()) * moments[:, 1:].double() * gamma.double() + beta
+    err = max(err, _rel(again, ref) / 1e-5)
+    if mode != "static":
+        return max(err, _fp8_err(q, ref)), 1.0
+    if q.scale is not scale or q.blocks:
+        return math.inf, 1.0
+    clamped = ref.clamp(-448.0 * float(scale), 448.0 * float(scale))
+    allowed = clamped.abs() * 2.0**-4 + float(scale) * 2.0**-9 + 1e-9
+    return max(err, float(((dequantize(q).double() - clamped).abs() / allowed).max())), 1.0
+
+
 def _check_tiny_bert(dtype: str, small_batch: bool = True, splits: int | None = None,
                      deferred_ln: bool = True, fp8_scaling: str = "rows",
                      calibrate: bool = False, static: tuple[str, ...] | None = None,
@@ -975,6 +1012,9 @@ CASES: dict[str, Callable[[], tuple[float, float]]] = {
     "residual_ln_fp8_blocks": lambda: _check_fp8_blocks("residual_ln"),
     "gelu_erf_fp8_blocks": lambda: _check_fp8_blocks("gelu"),
     "residual_ln_fp8_static": _check_fp8_static,
+    "layernorm_quant_rows": lambda: _check_layernorm_quant("rows"),
+    "layernorm_quant_blocks": lambda: _check_layernorm_quant("blocks"),
+    "layernorm_quant_static": lambda: _check_layernorm_quant("static"),
     "gelu_erf_fp16": lambda: _check_gelu("float16", False, False),
     "gelu_tanh_fp32": lambda: _check_gelu("float32", True, False),
     "gelu_erf_fp8": lambda: _check_gelu("float16", False, True),

@@ -68,6 +68,7 @@ from engine.fused.kernels.rows import (
     bias_residual_layernorm,
     bias_residual_layernorm_qa,
     embed_layernorm,
+    layernorm_quant,
 )
 from engine.fused.kernels.staging import packed_positions, stage_inputs
 
@@ -94,6 +95,7 @@ __all__ = [
     "gemm_config",
     "gemm_supported",
     "layernorm_qa",
+    "layernorm_quant",
     "linear",
     "packed_positions",
     "pdl_available",

@@ -146,13 +146,20 @@ def store_rows_fp8(y, mask, rmask, q_ptrs, qs_ptr, rows, n_rows, D, MODE: tl.con
 
 
 @triton.jit
-def layernorm_rows(x, mask, g, b, D, eps):
-    """LayerNorm of each row of a float32 tile whose masked lanes hold 0; ``g``/``b`` are
-    the float32 gamma and beta vectors (0 past D)."""
+def row_moments(x, mask, D, eps):
+    """``(x - mean, mean, 1 / sqrt(var + eps))`` of each row of a float32 tile whose masked
+    lanes hold 0 (the centred tile 0 there too)."""
     mean = tl.sum(x, axis=1) / D
     xc = tl.where(mask, x - mean[:, None], 0.0)
     var = tl.sum(xc * xc, axis=1) / D
-    rstd = 1.0 / tl.sqrt(var + eps)
+    return xc, mean, 1.0 / tl.sqrt(var + eps)
+
+
+@triton.jit
+def layernorm_rows(x, mask, g, b, D, eps):
+    """LayerNorm of each row of a float32 tile whose masked lanes hold 0; ``g``/``b`` are
+    the float32 gamma and beta vectors (0 past D)."""
+    xc, _, rstd = row_moments(x, mask, D, eps)
     return xc * rstd[:, None] * g[None, :] + b[None, :]
 
 

@@ -19,6 +19,7 @@ from engine.fused.kernels.common import (
     load_vector,
     pdl_enter,
     pdl_release,
+    row_moments,
     store_rows_fp8,
 )
 
@@ -222,6 +223,22 @@ def _residual_ln_kernel(
 
 
 @triton.jit
+def _layernorm_quant_kernel(
+    s_ptr, g_ptr, b_ptr, q_ptr, qs_ptr, moments_ptr, n_rows, D, eps,
+    BLOCK_D: tl.constexpr, ROWS: tl.constexpr, FP8_OUT: tl.constexpr,
+):
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    rmask, cols, cmask, mask, offs = row_block(rows, n_rows, D, BLOCK_D)
+    x = tl.load(s_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
+    xc, mean, rstd = row_moments(x, mask, D, eps)
+    y = (xc * rstd[:, None] * load_vector(g_ptr, cols, cmask)[None, :]
+         + load_vector(b_ptr, cols, cmask)[None, :])
+    store_rows_fp8(y, mask, rmask, q_ptr + offs, qs_ptr, rows, n_rows, D, FP8_OUT)
+    tl.store(moments_ptr + 2 * rows, mean, mask=rmask)
+    tl.store(moments_ptr + 2 * rows + 1, rstd, mask=rmask)
+
+
+@triton.jit
 def _bias_gelu_kernel(
     h_ptr, bias_ptr, out_ptr, q_ptr, qs_ptr,
     n_rows, F, split_stride,
@@ -412,6 +429,36 @@ def bias_residual_layernorm(
     out, f8 = _residual_ln(a, bias, residual, gamma, beta, eps, fp8, pdl, None, fp8_blocks,
                            fp8_scale, late_release)
     return out, f8.result()
+
+
+def layernorm_quant(
+    s: torch.Tensor,
+    gamma: torch.Tensor,
+    beta: torch.Tensor,
+    eps: float,
+    fp8_blocks: bool = False,
+    fp8_scale: torch.Tensor | None = None,
+) -> tuple[Quantized, torch.Tensor]:
+    """The e4m3 copy of LayerNorm(s) (per-row scales, 1x128 block scales with
+    ``fp8_blocks``, or the one calibrated scale ``fp8_scale``) and the rows' moments,
+    float32 [T, 2]: mean and ``1 / sqrt(var + eps)``.
+
+    The LayerNorm step of a layer whose GEMM epilogues add the residual: ``s`` [T, D] is
+    the residual sum such an epilogue wrote, read once; no 16-bit LayerNorm output is
+    written, since the next residual consumer would normalize ``s`` with these moments as
+    it reads it. 3 bytes an element against the residual LayerNorm's 7
+    (``benchmarks/ln_fusion_bound.py`` measures what that design could gain;
+    ``engine/fused/NOTES.md`` v42).
+    """
+    n, d = s.shape
+    f8 = _fp8_out(s, True, fp8_blocks, fp8_scale)
+    moments = torch.empty((n, 2), device=s.device, dtype=torch.float32)
+    block, rows, warps = _row_tile(n, d)
+    _layernorm_quant_kernel[(triton.cdiv(n, rows),)](
+        s, gamma, beta, f8.q, f8.qs, moments, n, d, eps,
+        BLOCK_D=block, ROWS=rows, FP8_OUT=f8.mode, num_warps=warps,
+    )
+    return Quantized(f8.q, f8.qs, f8.mode == 2), moments
 
 
 def bias_residual_layernorm_qa(

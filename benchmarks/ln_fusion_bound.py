@@ -1,0 +1,193 @@
+"""What fusing the residual LayerNorms into their GEMMs could gain the BERT-large SQuAD mix
+pass at the power cap, measured on a pass that moves that design's bytes.
+
+    python3 benchmarks/ln_fusion_bound.py --commit SHA --out bound.json [--windows 256]
+        [--settle-s 3] [--timed-s 1]
+
+Today each residual LayerNorm reads the GEMM's output and the residual (4 bytes an
+element) and writes the 16-bit residual stream and its e4m3 copy (3 bytes): with the
+GEMM's 2-byte write, 9 bytes an element, 48 times a pass. The fused design
+(``engine/fused/NOTES.md`` v42) keeps the residual stream as the *un-normalized* sums:
+the out-projection's and FFN2's epilogues read the previous sum and its row moments,
+normalize it as they read it, add it and write the new sum (4 bytes); the LayerNorm step
+(``kernels.layernorm_quant``) reads that sum once and writes only the e4m3 copy and the
+moments (3 bytes): 7 bytes an element. The epilogues need custom GEMMs; before building
+them, this tool times a pass with exactly those bytes, on the real kernels where they
+exist:
+
+* ``gemm_residual``: the out-projection (cuBLAS, 16-bit) and FFN2 (cuBLASLt, FP8) read
+  the residual as their C (beta = 1; the out-projection in place on a buffer per call,
+  the product's sign alternating from one use to the next so its values stay bounded),
+  the LayerNorms as today;
+* ``ln_quant``: each residual LayerNorm replaced by ``layernorm_quant`` of its GEMM
+  output, handing on the outputs the recorded pass had (``mix_ablation.StepMemo``), so
+  every later kernel reads real values;
+* ``fused_bytes``: both, the design's bytes (the epilogues' per-element normalization, a
+  few FMAs, is not emulated);
+* ``without_layernorm``: the LayerNorms taken out (the ceiling, v39's ablation).
+
+Each variant is timed settled (``benchmarks/settled``), the baseline first, between and
+last. One pass of each is profiled first: its kernels by name, checked to be the design's
+(no copies added). Ends with a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+
+# variant -> (step kinds skipped, step kinds replaced by their stand-ins)
+VARIANTS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
+    "baseline": (frozenset(), frozenset()),
+    "gemm_residual": (frozenset(), frozenset({"out_proj", "ffn2"})),
+    "ln_quant": (frozenset(), frozenset({"layernorm"})),
+    "fused_bytes": (frozenset(), frozenset({"out_proj", "ffn2", "layernorm"})),
+    "without_layernorm": (frozenset({"layernorm"}), frozenset()),
+}
+ORDER = ("baseline", "fused_bytes", "gemm_residual", "ln_quant", "baseline",
+         "without_layernorm", "fused_bytes", "baseline")
+
+
+class StandIns:
+    """The stand-ins for ``StepMemo.replace``, and the residual stream they read: the
+    latest hidden states the embeddings or a LayerNorm handed on (recorded or real)."""
+
+    def __init__(self) -> None:
+        self.residual: Any = None
+        self._buffers: dict[int, tuple[Any, float]] = {}  # per call: buffer, next sign
+        self._calls = 0
+
+    def start_pass(self) -> None:
+        self._calls = 0
+
+    def out_proj(self, recorded: Any, x: Any, xq: Any, lin: Any, *_: Any) -> Any:
+        """The 16-bit out-projection reading the residual: ``buf += sign * ctx @ W^T`` in
+        place (cuBLAS's C = D, beta = 1) on a buffer per call that started as the
+        residual, the sign flipping at each use: its values alternate between the
+        residual plus the product and the residual."""
+        i, self._calls = self._calls, self._calls + 1
+        buf, sign = self._buffers.get(i) or (self.residual.clone(), 1.0)
+        self._buffers[i] = (buf, -sign)
+        return buf.addmm_(x, lin.weight.t(), alpha=sign)
+
+    def ffn2(self, recorded: Any, xq: Any, lin: Any, out_dtype: Any, fast_accum: bool = False,
+             ) -> Any:
+        """FFN2 (cuBLASLt, calibrated FP8) with the residual as its addend."""
+        from engine.fused.cublaslt import fp8_linear
+
+        return fp8_linear(xq.data, lin.x_scale, lin.w8, lin.w_scale, out_dtype,
+                          fast_accum=fast_accum, addend=self.residual)
+
+    @staticmethod
+    def layernorm(recorded: Any, a: Any, bias: Any, residual: Any, gamma: Any, beta: Any,
+                  eps: float, **kwargs: Any) -> Any:
+        """``layernorm_quant`` of the GEMM output (its e4m3 copy with the calibrated
+        scale, and the moments), handing on the recorded pass's outputs."""
+        from engine.fused.kernels import layernorm_quant
+
+        layernorm_quant(a, gamma, beta, eps, fp8_scale=kwargs.get("fp8_scale"))
+        return recorded
+
+
+class TrackResidual:
+    """An op set that notes the hidden states its embeddings and residual LayerNorms
+    return in ``stand_ins.residual``."""
+
+    def __init__(self, ops: Any, stand_ins: StandIns) -> None:
+        self._ops, self._stand_ins = ops, stand_ins
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ops, name)
+
+    def embed_layernorm(self, *args: Any, **kwargs: Any) -> Any:
+        out = self._ops.embed_layernorm(*args, **kwargs)
+        self._stand_ins.residual = out[0]
+        return out
+
+    def bias_residual_layernorm(self, *args: Any, **kwargs: Any) -> Any:
+        out = self._ops.bias_residual_layernorm(*args, **kwargs)
+        self._stand_ins.residual = out[0]
+        return out
+
+
+def kernel_names(fn: Callable[[Any], Any], arg: Any) -> Counter[str]:
+    """The CUDA kernels (and copies, memsets) one call of ``fn(arg)`` runs, by name."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn(arg)
+        torch.cuda.synchronize()
+    return Counter(e.name for e in prof.events() if e.device_type.name == "CUDA")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    sys.path.insert(0, str(REPO))
+    from benchmarks.mix_ablation import StepMemo, memo_engine
+    from benchmarks.settled import add_mix_args, finish, mix_result, settled_rows
+
+    add_mix_args(p)
+    args = p.parse_args()
+    import numpy as np
+    import torch
+
+    from benchmarks.bench_gpu import device_packed, mix_engine, mix_windows
+
+    engine = mix_engine("bert-large")  # calibrated FP8, the default static inputs
+    batch = mix_windows(np.random.default_rng(3), args.windows)
+    packed = device_packed(*batch)
+    memo, stand_ins = StepMemo(), StandIns()
+
+    def run(x: Any) -> Any:
+        memo.start_pass()
+        stand_ins.start_pass()
+        return engine._run_device(*x)
+
+    def use(name: str) -> Callable[[Any], Any]:
+        skip, replaced = VARIANTS[name]
+        memo.skip = skip
+        memo.replace = {k: getattr(stand_ins, k) for k in replaced}
+        return run
+
+    with torch.inference_mode(), memo_engine(engine, memo):
+        engine.ops = TrackResidual(engine.ops, stand_ins)
+        memo.recording = True
+        reference = run(packed)
+        torch.cuda.synchronize()
+        memo.recording = False
+        # A pass of each first (the out-projection's buffers are made in the first that
+        # replaces it), then one profiled.
+        logits_diff = {name: float((use(name)(packed) - reference).abs().max())
+                       for name in VARIANTS}
+        kernels = {name: kernel_names(use(name), packed) for name in VARIANTS}
+        base = kernels["baseline"]
+        result = mix_result(
+            args, int(batch[1].sum()),
+            kernels_per_pass={n: sum(c.values()) for n, c in kernels.items()},
+            kernels_changed={n: {k: c[k] - base[k] for k in set(c) | set(base)
+                                 if c[k] != base[k]} for n, c in kernels.items()},
+            max_abs_logit_diff=logits_diff)
+        for name, changed in result["kernels_changed"].items():
+            print(f"{name}: {result['kernels_per_pass'][name]} kernels; changed {changed}",
+                  flush=True)
+        plan, seen = [], Counter[str]()
+        for name in ORDER:
+            seen[name] += 1
+            label = name if seen[name] == 1 else f"{name}_{seen[name]}"
+            plan.append((label, lambda name=name: use(name)))
+        result["rows"] = settled_rows(plan, packed, args.windows, args.settle_s,
+                                      args.timed_s)
+    finish(args, result)
+
+
+if __name__ == "__main__":
+    main()
