@@ -24,7 +24,15 @@ exist:
   every later kernel reads real values;
 * ``fused_bytes``: both, the design's bytes (the epilogues' per-element normalization, a
   few FMAs, is not emulated);
-* ``without_layernorm``: the LayerNorms taken out (the ceiling, v39's ablation).
+* ``without_layernorm``: the LayerNorms taken out (the ceiling, v39's ablation);
+* ``half_ffn2``, ``half_out``: what library GEMMs allow without a custom epilogue. A GEMM
+  that reads its residual through C needs it normalized and written, so only one
+  LayerNorm a layer can drop its 16-bit output: in ``half_ffn2`` FFN2 adds the residual
+  (cuBLASLt's C) and the LayerNorm after it is ``layernorm_quant`` (the one after the
+  out-projection would read that sum and its moments, normalizing it as it reads: the
+  bytes it reads today); in ``half_out`` the out-projection adds it (cuBLAS in place on
+  the residual, which nothing reads after it) and the LayerNorm after it is
+  ``layernorm_quant``.
 
 Each variant is timed settled (``benchmarks/settled``), the baseline first, between and
 last. One pass of each is profiled first: its kernels by name, checked to be the design's
@@ -42,29 +50,33 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 
-# variant -> (step kinds skipped, step kinds replaced by their stand-ins)
-VARIANTS: dict[str, tuple[frozenset[str], frozenset[str]]] = {
-    "baseline": (frozenset(), frozenset()),
-    "gemm_residual": (frozenset(), frozenset({"out_proj", "ffn2"})),
-    "ln_quant": (frozenset(), frozenset({"layernorm"})),
-    "fused_bytes": (frozenset(), frozenset({"out_proj", "ffn2", "layernorm"})),
-    "without_layernorm": (frozenset({"layernorm"}), frozenset()),
+# variant -> (step kinds skipped, {step kind: the StandIns method replacing it})
+VARIANTS: dict[str, tuple[frozenset[str], dict[str, str]]] = {
+    "baseline": (frozenset(), {}),
+    "gemm_residual": (frozenset(), {"out_proj": "out_proj", "ffn2": "ffn2"}),
+    "ln_quant": (frozenset(), {"layernorm": "layernorm"}),
+    "fused_bytes": (frozenset(), {"out_proj": "out_proj", "ffn2": "ffn2",
+                                  "layernorm": "layernorm"}),
+    "without_layernorm": (frozenset({"layernorm"}), {}),
+    "half_ffn2": (frozenset(), {"ffn2": "ffn2", "layernorm": "layernorm_after_ffn2"}),
+    "half_out": (frozenset(), {"out_proj": "out_proj", "layernorm": "layernorm_after_out"}),
 }
-ORDER = ("baseline", "fused_bytes", "gemm_residual", "ln_quant", "baseline",
-         "without_layernorm", "fused_bytes", "baseline")
+ORDER = ("baseline,fused_bytes,gemm_residual,ln_quant,baseline,without_layernorm,"
+         "fused_bytes,baseline")
 
 
 class StandIns:
     """The stand-ins for ``StepMemo.replace``, and the residual stream they read: the
     latest hidden states the embeddings or a LayerNorm handed on (recorded or real)."""
 
-    def __init__(self) -> None:
+    def __init__(self, real_layernorm: Callable[..., Any] | None = None) -> None:
         self.residual: Any = None
+        self.real_layernorm = real_layernorm  # the residual LayerNorm the halves keep
         self._buffers: dict[int, tuple[Any, float]] = {}  # per call: buffer, next sign
-        self._calls = 0
+        self._calls = self._ln_calls = 0
 
     def start_pass(self) -> None:
-        self._calls = 0
+        self._calls = self._ln_calls = 0
 
     def out_proj(self, recorded: Any, x: Any, xq: Any, lin: Any, *_: Any) -> Any:
         """The 16-bit out-projection reading the residual: ``buf += sign * ctx @ W^T`` in
@@ -93,6 +105,21 @@ class StandIns:
 
         layernorm_quant(a, gamma, beta, eps, fp8_scale=kwargs.get("fp8_scale"))
         return recorded
+
+    def _one_of_two(self, second: bool, recorded: Any, *args: Any, **kwargs: Any) -> Any:
+        """:meth:`layernorm` for every other residual LayerNorm of the pass (a layer's
+        first follows its out-projection, its second FFN2), the real one for the rest."""
+        i, self._ln_calls = self._ln_calls, self._ln_calls + 1
+        if i % 2 == int(second):
+            return self.layernorm(recorded, *args, **kwargs)
+        assert self.real_layernorm is not None
+        return self.real_layernorm(*args, **kwargs)
+
+    def layernorm_after_out(self, recorded: Any, *args: Any, **kwargs: Any) -> Any:
+        return self._one_of_two(False, recorded, *args, **kwargs)
+
+    def layernorm_after_ffn2(self, recorded: Any, *args: Any, **kwargs: Any) -> Any:
+        return self._one_of_two(True, recorded, *args, **kwargs)
 
 
 class TrackResidual:
@@ -135,8 +162,13 @@ def main() -> None:
     from benchmarks.mix_ablation import StepMemo, memo_engine
     from benchmarks.settled import add_mix_args, finish, mix_result, settled_rows
 
+    p.add_argument("--order", default=ORDER,
+                   help="comma-separated variants in the order timed (repeats allowed)")
     add_mix_args(p)
     args = p.parse_args()
+    order = [v for v in args.order.split(",") if v]
+    if bad := set(order) - set(VARIANTS):
+        p.error(f"unknown variants {sorted(bad)}; choose from {', '.join(VARIANTS)}")
     import numpy as np
     import torch
 
@@ -145,7 +177,7 @@ def main() -> None:
     engine = mix_engine("bert-large")  # calibrated FP8, the default static inputs
     batch = mix_windows(np.random.default_rng(3), args.windows)
     packed = device_packed(*batch)
-    memo, stand_ins = StepMemo(), StandIns()
+    memo, stand_ins = StepMemo(), StandIns(engine.ops.bias_residual_layernorm)
 
     def run(x: Any) -> Any:
         memo.start_pass()
@@ -155,7 +187,7 @@ def main() -> None:
     def use(name: str) -> Callable[[Any], Any]:
         skip, replaced = VARIANTS[name]
         memo.skip = skip
-        memo.replace = {k: getattr(stand_ins, k) for k in replaced}
+        memo.replace = {k: getattr(stand_ins, m) for k, m in replaced.items()}
         return run
 
     with torch.inference_mode(), memo_engine(engine, memo):
@@ -166,9 +198,10 @@ def main() -> None:
         memo.recording = False
         # A pass of each first (the out-projection's buffers are made in the first that
         # replaces it), then one profiled.
+        timed = list(dict.fromkeys(["baseline", *order]))
         logits_diff = {name: float((use(name)(packed) - reference).abs().max())
-                       for name in VARIANTS}
-        kernels = {name: kernel_names(use(name), packed) for name in VARIANTS}
+                       for name in timed}
+        kernels = {name: kernel_names(use(name), packed) for name in timed}
         base = kernels["baseline"]
         result = mix_result(
             args, int(batch[1].sum()),
@@ -180,7 +213,7 @@ def main() -> None:
             print(f"{name}: {result['kernels_per_pass'][name]} kernels; changed {changed}",
                   flush=True)
         plan, seen = [], Counter[str]()
-        for name in ORDER:
+        for name in order:
             seen[name] += 1
             label = name if seen[name] == 1 else f"{name}_{seen[name]}"
             plan.append((label, lambda name=name: use(name)))

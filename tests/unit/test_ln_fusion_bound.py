@@ -75,3 +75,22 @@ def test_out_projection_stand_in_alternates_around_the_residual() -> None:
         want = r + product if i % 2 == 0 else r
         assert torch.allclose(first, want, atol=1e-5) and torch.allclose(second, want, atol=1e-5)
     assert torch.equal(r, kept)
+
+
+def test_halves_replace_every_other_layernorm() -> None:
+    """``half_out`` replaces each layer's first residual LayerNorm (after the
+    out-projection: calls 0, 2, ...), ``half_ffn2`` its second; the others run the real
+    op with the step's own arguments."""
+    from benchmarks.ln_fusion_bound import VARIANTS, StandIns
+
+    real: list[tuple[Any, ...]] = []
+    s = StandIns(lambda *a, **k: real.append(a) or ("real", a[0]))
+    s.layernorm = lambda recorded, *a, **k: ("quant", a[0])  # type: ignore[method-assign]
+    for method, quant_calls in (("layernorm_after_out", [0, 2, 4]),
+                                ("layernorm_after_ffn2", [1, 3])):
+        assert VARIANTS["half_out" if "out" in method else "half_ffn2"][1]["layernorm"] == method
+        s.start_pass()
+        got = [getattr(s, method)(None, i, "bias", "res") for i in range(5)]
+        assert [i for i, (kind, _) in enumerate(got) if kind == "quant"] == quant_calls
+        assert all(arg == i for i, (_, arg) in enumerate(got))
+    assert [a[1:] for a in real] == [("bias", "res")] * 5
