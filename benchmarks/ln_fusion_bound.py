@@ -25,7 +25,8 @@ exist:
 * ``fused_bytes``: both, the design's bytes (the epilogues' per-element normalization, a
   few FMAs, is not emulated);
 * ``without_layernorm``: the LayerNorms taken out (the ceiling, v39's ablation);
-* ``half_ffn2``, ``half_out``: what library GEMMs allow without a custom epilogue. A GEMM
+* ``half_ffn2``, ``half_out``: what library GEMMs allow without a custom epilogue
+  (``half_out`` is what ``encoder.OUT_PROJ_ADDS_RESIDUAL`` builds). A GEMM
   that reads its residual through C needs it normalized and written, so only one
   LayerNorm a layer can drop its 16-bit output: in ``half_ffn2`` FFN2 adds the residual
   (cuBLASLt's C) and the LayerNorm after it is ``layernorm_quant`` (the one after the
@@ -99,11 +100,11 @@ class StandIns:
     @staticmethod
     def layernorm(recorded: Any, a: Any, bias: Any, residual: Any, gamma: Any, beta: Any,
                   eps: float, **kwargs: Any) -> Any:
-        """``layernorm_quant`` of the GEMM output (its e4m3 copy with the calibrated
-        scale, and the moments), handing on the recorded pass's outputs."""
+        """``layernorm_quant`` of the GEMM output plus bias (its e4m3 copy with the
+        calibrated scale, and the moments), handing on the recorded pass's outputs."""
         from engine.fused.kernels import layernorm_quant
 
-        layernorm_quant(a, gamma, beta, eps, fp8_scale=kwargs.get("fp8_scale"))
+        layernorm_quant(a, bias, gamma, beta, eps, fp8_scale=kwargs.get("fp8_scale"))
         return recorded
 
     def _one_of_two(self, second: bool, recorded: Any, *args: Any, **kwargs: Any) -> Any:

@@ -96,7 +96,9 @@ class MemoOps:
 def memo_engine(engine: Any, memo: StepMemo) -> Iterator[None]:
     """``engine``'s passes with every step kind of ``KINDS`` through ``memo``: the encoder's
     GEMM functions patched (told apart by the weights they are called with), its op set
-    wrapped."""
+    wrapped. The residual LayerNorms run as two kernels a layer, the form these kinds
+    name: ``encoder.OUT_PROJ_ADDS_RESIDUAL`` is off inside (it would also overwrite
+    recorded hidden states in place)."""
     from engine.fused import encoder
 
     static_kind: dict[int, str] = {}
@@ -120,14 +122,16 @@ def memo_engine(engine: Any, memo: StepMemo) -> Iterator[None]:
     def ffn1(*args: Any, **kwargs: Any) -> Any:
         return memo.step("ffn1", real_ffn1, *args, **kwargs)
 
-    ops = engine.ops
+    ops, adds_residual = engine.ops, encoder.OUT_PROJ_ADDS_RESIDUAL
     encoder.static_linear, encoder._linear, encoder.calibrated_ffn1 = static_linear, linear, ffn1
+    encoder.OUT_PROJ_ADDS_RESIDUAL = False
     engine.ops = MemoOps(ops, memo)
     try:
         yield
     finally:
         encoder.static_linear, encoder._linear, encoder.calibrated_ffn1 = (
             real_static, real_linear, real_ffn1)
+        encoder.OUT_PROJ_ADDS_RESIDUAL = adds_residual
         engine.ops = ops
 
 

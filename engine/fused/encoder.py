@@ -37,7 +37,10 @@ rides in the kernel that reads the GEMM's output anyway. Two paths:
   GEMM is a cuBLASLt FP8 GEMM with per-tensor scales (``fp8.static_linear``), the
   LayerNorm and attention kernels write e4m3 with the calibrated scales, and FFN1 + bias +
   GELU + e4m3 is one cuBLASLt GEMM (``fp8.calibrated_ffn1``): the bias_gelu kernel drops
-  out.
+  out. With :data:`OUT_PROJ_ADDS_RESIDUAL` there, the 16-bit out-projection adds the
+  residual (cuBLAS, in place) and the residual stays that sum (``residual.SumResidual``):
+  the LayerNorm after it writes only FFN1's e4m3 input and the rows' moments
+  (``layernorm_quant``), and the one after FFN2 normalizes the sum as it reads it.
 """
 
 from __future__ import annotations
@@ -51,7 +54,14 @@ import torch
 from engine.fused import dispatch, small_gemm
 from engine.fused.folding import FoldedFP8, FoldedLinear
 from engine.fused.fp8 import Quantized, calibrated_ffn1, scaled_linear, static_linear
+from engine.fused.residual import SumResidual
 from engine.fused.weights import BertQAWeights, Linear
+
+# On the large path's calibrated layers (the 16-bit out-projection, FFN1 reading only the
+# e4m3 copy of the LayerNorm before it), the out-projection adds the residual and the
+# residual is kept as that sum: 4 bytes an element fewer per layer (engine/fused/NOTES.md
+# v42). Read at each call, so an A/B can set it.
+OUT_PROJ_ADDS_RESIDUAL = False
 
 # Below ~4k tokens the row-scaled e4m3 GEMMs measured no faster than fp16 ones (H200,
 # 2026-11-29: BERT-base 32x128 1.87 vs 1.81 ms; BERT-large 32x128 4.63 vs 5.44 ms).
@@ -217,6 +227,12 @@ def _linear(x: torch.Tensor | None, xq: Quantized | None, lin: Linear,
     return torch.mm(x, lin.weight.t())
 
 
+def _add_linear(acc: torch.Tensor, x: torch.Tensor, lin: Linear) -> torch.Tensor:
+    """``acc += x @ W^T`` in place, without bias: cuBLAS reads ``acc`` as its C (beta = 1),
+    a GEMM that adds the residual."""
+    return acc.addmm_(x, lin.weight.t())
+
+
 def _small_batch(w: BertQAWeights, ops: ModuleType, tokens: int, use8: bool,
                  opts: EncodeOptions) -> bool:
     cfg = w.config
@@ -293,6 +309,8 @@ def encode_packed(
     out8 = opts.fp8_out_dtype or w.dtype
 
     static = frozenset(opts.fp8_static_inputs) if cal is not None else frozenset()
+    sum_residual = (OUT_PROJ_ADDS_RESIDUAL and not small and cal is not None
+                    and "attn_out" not in static and {"ffn_in", "ffn_out"} <= static)
 
     def wants8(lin: Linear) -> bool:  # does this GEMM take an e4m3 activation?
         return cal is not None or (use8 and lin.w8 is not None)
@@ -329,17 +347,27 @@ def encode_packed(
                                    cfg.num_heads, config=opts.attn_config, pdl=pdl,
                                    prefetch=pf, fp8_scale=ctx_scale, tiles=tiles,
                                    late_release="attention" in late)
-        if small:
-            a = ops.linear(ctx, layer.attn_out.weight, splits=s_out, config=c_out, pdl=pdl,
-                           prefetch=pf, late_release="out" in late)
+        res: torch.Tensor | SumResidual
+        if sum_residual:  # x is read by nothing after this: the sum overwrites it
+            s = _add_linear(x, ctx, layer.attn_out)
+            xq, moments = ops.layernorm_quant(s, layer.attn_out.bias, layer.ln1_weight,
+                                              layer.ln1_bias, eps, fp8_blocks=w.fp8_blocks,
+                                              fp8_scale=x_scale(i, "ffn_in"))
+            res = SumResidual(s, moments, layer.attn_out.bias, layer.ln1_weight,
+                              layer.ln1_bias)
         else:
-            a = large(i, "attn_out", ctx, None if ctx_scale is None
-                      else Quantized(ctx, ctx_scale), layer.attn_out)
-        x, xq = ops.bias_residual_layernorm(
-            a, layer.attn_out.bias, x, layer.ln1_weight, layer.ln1_bias, eps,
-            fp8=wants8(layer.ffn_in), pdl=pdl, fp8_blocks=w.fp8_blocks,
-            fp8_scale=x_scale(i, "ffn_in"), late_release="ln1" in late,
-        )
+            if small:
+                a = ops.linear(ctx, layer.attn_out.weight, splits=s_out, config=c_out,
+                               pdl=pdl, prefetch=pf, late_release="out" in late)
+            else:
+                a = large(i, "attn_out", ctx, None if ctx_scale is None
+                          else Quantized(ctx, ctx_scale), layer.attn_out)
+            x, xq = ops.bias_residual_layernorm(
+                a, layer.attn_out.bias, x, layer.ln1_weight, layer.ln1_bias, eps,
+                fp8=wants8(layer.ffn_in), pdl=pdl, fp8_blocks=w.fp8_blocks,
+                fp8_scale=x_scale(i, "ffn_in"), late_release="ln1" in late,
+            )
+            res = x
         if cal is not None and {"ffn_in", "ffn_out"} <= static:
             # One GEMM: FFN1 + bias + GELU + e4m3, calibrated scales.
             assert xq is not None
@@ -363,11 +391,11 @@ def encode_packed(
             a = large(i, "ffn_out", h, hq, layer.ffn_out)
         if i == len(layers) - 1:
             return ops.bias_residual_layernorm_qa(  # type: ignore[no-any-return]
-                a, layer.ffn_out.bias, x, layer.ln2_weight, layer.ln2_bias, eps,
+                a, layer.ffn_out.bias, res, layer.ln2_weight, layer.ln2_bias, eps,
                 w.qa_weight, w.qa_bias, pdl=pdl,
             )
         x, xq = ops.bias_residual_layernorm(
-            a, layer.ffn_out.bias, x, layer.ln2_weight, layer.ln2_bias, eps,
+            a, layer.ffn_out.bias, res, layer.ln2_weight, layer.ln2_bias, eps,
             fp8=wants8(layers[i + 1].qkv), pdl=pdl,
             fp8_blocks=w.fp8_blocks, fp8_scale=x_scale(i + 1, "qkv"),
             late_release="ln2" in late,

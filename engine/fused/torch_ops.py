@@ -18,6 +18,7 @@ from engine.fused.fp8 import (
     quantize_rows,
     quantize_static,
 )
+from engine.fused.residual import SumResidual
 
 
 def sum_splits(a: torch.Tensor) -> torch.Tensor:
@@ -67,16 +68,17 @@ def embed_layernorm(
     return y.to(word.dtype), _quantize(y, fp8, fp8_blocks, fp8_scale)
 
 
-def _residual_ln(a: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor,
+def _residual_ln(a: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor | SumResidual,
                  gamma: torch.Tensor, beta: torch.Tensor, eps: float) -> torch.Tensor:
     """float32 LayerNorm(a (summing split-K partials) + bias + residual)."""
-    return _layernorm(sum_splits(a) + bias.float() + residual.float(), gamma, beta, eps)
+    res = residual.value() if isinstance(residual, SumResidual) else residual.float()
+    return _layernorm(sum_splits(a) + bias.float() + res, gamma, beta, eps)
 
 
 def bias_residual_layernorm(
     a: torch.Tensor,
     bias: torch.Tensor,
-    residual: torch.Tensor,
+    residual: torch.Tensor | SumResidual,
     gamma: torch.Tensor,
     beta: torch.Tensor,
     eps: float,
@@ -90,10 +92,27 @@ def bias_residual_layernorm(
     return y.to(residual.dtype), _quantize(y, fp8, fp8_blocks, fp8_scale)
 
 
+def layernorm_quant(
+    s: torch.Tensor,
+    bias: torch.Tensor,
+    gamma: torch.Tensor,
+    beta: torch.Tensor,
+    eps: float,
+    fp8_blocks: bool = False,
+    fp8_scale: torch.Tensor | None = None,
+) -> tuple[Quantized, torch.Tensor]:
+    x = s.float() + bias.float()
+    var, mean = torch.var_mean(x, dim=1, correction=0)
+    y = _layernorm(x, gamma, beta, eps)
+    q = _quantize(y, True, fp8_blocks, fp8_scale)
+    assert q is not None
+    return q, torch.stack([mean, torch.rsqrt(var + eps)], dim=1)
+
+
 def bias_residual_layernorm_qa(
     a: torch.Tensor,
     bias: torch.Tensor,
-    residual: torch.Tensor,
+    residual: torch.Tensor | SumResidual,
     gamma: torch.Tensor,
     beta: torch.Tensor,
     eps: float,

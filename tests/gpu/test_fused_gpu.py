@@ -241,9 +241,10 @@ def test_cublaslt_addend_is_added_in_the_epilogue() -> None:
 
 
 def test_layernorm_quant_matches_the_residual_layernorm() -> None:
-    """``kernels.layernorm_quant`` of a sum ``s`` writes the same e4m3 copy, bit for bit,
-    as the residual LayerNorm of ``s`` with a zero residual and bias (calibrated scale
-    and per-row scales), at the mix's row count; its moments are ``s``'s."""
+    """``kernels.layernorm_quant`` of a sum ``s`` plus a bias writes the same e4m3 copy,
+    bit for bit, as the residual LayerNorm of ``s`` with that bias and a zero residual
+    (calibrated scale and per-row scales), at the mix's row count; its moments are
+    ``s + bias``'s."""
     import torch
 
     from engine.fused import kernels as k
@@ -254,15 +255,16 @@ def test_layernorm_quant_matches_the_residual_layernorm() -> None:
          + torch.randn((t, 1), generator=g, device="cuda")).half()
     gamma = torch.rand((d,), generator=g, device="cuda").half() + 0.5
     beta = torch.randn((d,), generator=g, device="cuda").half() * 0.1
+    bias = torch.randn((d,), generator=g, device="cuda").half()
     zero = torch.zeros_like(s)
     for scale in (torch.tensor([0.01], device="cuda"), None):
-        q, moments = k.layernorm_quant(s, gamma, beta, eps, fp8_scale=scale)
-        _, ref = k.bias_residual_layernorm(s, torch.zeros_like(gamma), zero, gamma, beta, eps,
+        q, moments = k.layernorm_quant(s, bias, gamma, beta, eps, fp8_scale=scale)
+        _, ref = k.bias_residual_layernorm(s, bias, zero, gamma, beta, eps,
                                            fp8=True, fp8_scale=scale)
         assert ref is not None
         assert torch.equal(q.data.view(torch.uint8), ref.data.view(torch.uint8))
         assert torch.equal(q.scale, ref.scale)
-    x = s.double()
+    x = s.double() + bias.double()
     mean = x.mean(1)
     rstd = 1 / torch.sqrt(((x - mean[:, None]) ** 2).mean(1) + eps)
     assert torch.allclose(moments[:, 0].double(), mean, rtol=1e-5, atol=1e-5)
@@ -364,6 +366,46 @@ def test_calibrated_fp8_ffn_parity(graphs: bool) -> None:
                              fp8_calibration=cal.calibration)
         for a, b in zip(loaded.infer(ids, mask, tt), cal.infer(ids, mask, tt), strict=True):
             assert np.array_equal(a, b)
+
+
+@pytest.mark.parametrize("graphs", [True, False])
+def test_out_projection_adding_the_residual_parity(monkeypatch: pytest.MonkeyPatch,
+                                                   graphs: bool) -> None:
+    """``encoder.OUT_PROJ_ADDS_RESIDUAL`` on the calibrated large path (BERT-base shapes,
+    4 layers, 40 windows of up to 384, with and without CUDA graphs): it must run (logits
+    differ from the same engine without it, ``layernorm_quant`` once a layer) and keep the
+    calibrated engine's error against HF fp32."""
+    from engine.fused import encoder
+    from engine.fused import kernels as k
+    from engine.fused.config import BertQAConfig
+    from engine.fused.engine import FusedEngine
+
+    model, cfg = _random_hf_bert(layers=4, hidden=768, heads=12)
+    qa = BertQAConfig.from_dict(cfg.to_dict())
+    eng = FusedEngine.from_state_dict(model.state_dict(), qa, device="cuda", dtype="fp8",
+                                      cuda_graphs=graphs, max_graph_tokens=16384)
+    rng = np.random.default_rng(15)
+    eng.calibrate(*_random_batch(rng, 64, 384, cfg.vocab_size))
+    ids, mask, tt = _random_batch(rng, 40, 384, cfg.vocab_size)
+    ref = _hf_logits(model, ids, mask, tt)
+    base = eng.infer(ids, mask, tt)
+    off = _report(f"bert-base-4L calibrated graphs={graphs}", base, ref, mask.astype(bool))
+    calls: list[int] = []
+    real = k.layernorm_quant
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(k, "layernorm_quant", counted)
+    monkeypatch.setattr(encoder, "OUT_PROJ_ADDS_RESIDUAL", True)
+    summed = FusedEngine(eng.weights, "cuda", cuda_graphs=graphs, max_graph_tokens=16384)
+    got = summed.infer(ids, mask, tt)
+    on = _report(f"bert-base-4L calibrated, out-projection adds the residual, graphs={graphs}",
+                 got, ref, mask.astype(bool))
+    assert calls and len(calls) % qa.num_layers == 0
+    assert not np.array_equal(got[0], base[0])
+    assert on < 1.1 * off + 0.01
 
 
 @pytest.mark.parametrize("graphs", [True, False])

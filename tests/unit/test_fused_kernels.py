@@ -819,10 +819,11 @@ def _check_fp8_static() -> tuple[float, float]:
 
 
 def _check_layernorm_quant(mode: str) -> tuple[float, float]:
-    """``layernorm_quant``: the e4m3 copy of LayerNorm(s) in each scale mode (per row,
-    1x128 blocks, one calibrated scale that saturates the top 30%), and the rows' moments,
-    whose normalization of ``s`` must give the same LayerNorm (what a GEMM epilogue
-    reading ``s`` as its residual would compute). 45 rows of 384 (a masked 512 tile)."""
+    """``layernorm_quant``: the e4m3 copy of LayerNorm(s + bias) in each scale mode (per
+    row, 1x128 blocks, one calibrated scale that saturates the top 30%), and the rows'
+    moments, whose normalization of ``s + bias`` must give the same LayerNorm (what the
+    next residual LayerNorm computes as it reads ``s``). 45 rows of 384 (a masked 512
+    tile)."""
     import torch
 
     from engine.fused import kernels as k
@@ -831,15 +832,15 @@ def _check_layernorm_quant(mode: str) -> tuple[float, float]:
     g = torch.Generator().manual_seed(13)
     t, d, eps = 45, 384, 1e-5
     s = (torch.randn(t, d, generator=g) * 4 + torch.randn(t, 1, generator=g) * 3).half()
-    gamma, beta = torch.randn(d, generator=g), torch.randn(d, generator=g)
+    bias, gamma, beta = (torch.randn(d, generator=g) for _ in range(3))
     gamma[:128] *= 20  # one block of each row much larger: block scales must differ
-    ref = _ln64(s.double(), gamma, beta, eps)
+    x = s.double() + bias.double()
+    ref = _ln64(x, gamma, beta, eps)
     assert isinstance(ref, torch.Tensor)
-    x = s.double()
     mean = x.mean(1)
     rstd = 1 / torch.sqrt(((x - mean[:, None]) ** 2).mean(1) + eps)
     scale = torch.tensor([float(ref.abs().max()) * 0.7 / 448.0])
-    q, moments = k.layernorm_quant(s, gamma, beta, eps, fp8_blocks=mode == "blocks",
+    q, moments = k.layernorm_quant(s, bias, gamma, beta, eps, fp8_blocks=mode == "blocks",
                                    fp8_scale=scale if mode == "static" else None)
     if moments.shape != (t, 2) or moments.dtype != torch.float32:
         return math.inf, 1.0
@@ -855,10 +856,41 @@ def _check_layernorm_quant(mode: str) -> tuple[float, float]:
     return max(err, float(((dequantize(q).double() - clamped).abs() / allowed).max())), 1.0
 
 
+def _check_sum_residual(qa: bool) -> tuple[float, float]:
+    """The residual LayerNorm (and its QA-head form) with a ``SumResidual``: the residual
+    is ``LayerNorm1(s + bias1)``, normalized with the moments as ``s`` is read; against
+    the float64 spec on the same rounded inputs. 33 rows of 96 (a masked 128 tile)."""
+    import torch
+
+    from engine.fused import kernels as k
+    from engine.fused.residual import SumResidual
+
+    g = torch.Generator().manual_seed(14)
+    t, d, eps = 33, 96, 1e-5
+    a, s = (torch.randn(t, d, generator=g).half() for _ in "as")
+    s = (s.float() * 5 + 2).half()
+    b1, g1, be1, bias, gamma, beta = (torch.randn(d, generator=g) for _ in range(6))
+    _, moments = k.layernorm_quant(s, b1, g1, be1, eps)
+    res = SumResidual(s, moments, b1, g1, be1)
+    x1 = _ln64(s.double() + b1.double(), g1, be1, eps)
+    assert isinstance(x1, torch.Tensor)
+    ref = _ln64(a.double() + bias.double() + x1, gamma, beta, eps)
+    assert isinstance(ref, torch.Tensor)
+    if qa:
+        qa_w, qa_b = torch.randn(2, d, generator=g), torch.randn(2, generator=g)
+        logits = k.bias_residual_layernorm_qa(a, bias, res, gamma, beta, eps, qa_w, qa_b)
+        return _rel(logits, qa_w.double() @ ref.t() + qa_b.double()[:, None]), 1e-5
+    out, q = k.bias_residual_layernorm(a, bias, res, gamma, beta, eps, fp8=True)
+    if out.dtype != torch.float16:
+        return math.inf, 1.0
+    return max(_rel(out, ref) / _TOL["float16"], _fp8_err(q, ref)), 1.0
+
+
 def _check_tiny_bert(dtype: str, small_batch: bool = True, splits: int | None = None,
                      deferred_ln: bool = True, fp8_scaling: str = "rows",
                      calibrate: bool = False, static: tuple[str, ...] | None = None,
-                     fp8_deferred: bool = False) -> tuple[float, float]:
+                     fp8_deferred: bool = False,
+                     sum_residual: bool = False) -> tuple[float, float]:
     """The whole engine vs HF fp32. fp16 batches this small take the small-batch path
     (all-Triton GEMMs; ``splits`` imposes split-K on the attention-output and FFN2 GEMMs,
     FFN2 alone when ``deferred_ln``, which runs it without LayerNorm kernels) unless
@@ -867,7 +899,9 @@ def _check_tiny_bert(dtype: str, small_batch: bool = True, splits: int | None = 
     ``calibrate``: calibrated per-tensor scales, from another batch, for the engine's
     default GEMMs or those named in ``static`` (all four: attention writing e4m3).
     ``fp8_deferred``: calibrated, the batch on the deferred small-batch layer with e4m3
-    operands (and its logits must differ from the 16-bit deferred layer's: FP8 ran)."""
+    operands (and its logits must differ from the 16-bit deferred layer's: FP8 ran).
+    ``sum_residual``: with ``encoder.OUT_PROJ_ADDS_RESIDUAL`` (calibrated): every layer's
+    first LayerNorm must be ``layernorm_quant``."""
     import torch
 
     from engine.fused.engine import PAD_LOGIT, FusedEngine
@@ -895,7 +929,25 @@ def _check_tiny_bert(dtype: str, small_batch: bool = True, splits: int | None = 
         if engine.weights.calibrated is None:
             return math.inf, 0.0
     ids, mask, tt = _random_batch(7)
-    start, end = engine.infer(ids, mask, tt)
+    if sum_residual:
+        from engine.fused import encoder
+        from engine.fused import kernels as k
+
+        real, calls = k.layernorm_quant, []
+
+        def counted(*args: object, **kwargs: object) -> object:
+            calls.append(1)
+            return real(*args, **kwargs)  # type: ignore[arg-type]
+
+        k.layernorm_quant, encoder.OUT_PROJ_ADDS_RESIDUAL = counted, True  # type: ignore[assignment]
+        try:
+            start, end = engine.infer(ids, mask, tt)
+        finally:
+            k.layernorm_quant, encoder.OUT_PROJ_ADDS_RESIDUAL = real, False  # type: ignore[assignment]
+        if len(calls) != cfg.num_layers:
+            return math.inf, 0.0
+    else:
+        start, end = engine.infer(ids, mask, tt)
     if fp8_deferred:
         plain = FusedEngine(engine.weights, "cpu", backend="triton", fp8_min_tokens=fp8_from,
                             fp8_calibrated_min_tokens=fp8_from, small_batch_max_tokens=512,
@@ -1081,6 +1133,10 @@ CASES: dict[str, Callable[[], tuple[float, float]]] = {
     "tiny_bert_fp8": lambda: _check_tiny_bert("fp8"),
     "tiny_bert_fp8_blocks": lambda: _check_tiny_bert("fp8", fp8_scaling="blocks"),
     "tiny_bert_fp8_calibrated": lambda: _check_tiny_bert("fp8", calibrate=True),  # default
+    "tiny_bert_fp8_calibrated_sum_residual": lambda: _check_tiny_bert(
+        "fp8", calibrate=True, sum_residual=True),
+    "sum_residual_ln": lambda: _check_sum_residual(False),
+    "sum_residual_ln_qa_head": lambda: _check_sum_residual(True),
     "tiny_bert_fp8_deferred": lambda: _check_tiny_bert("fp8", calibrate=True,
                                                        fp8_deferred=True),
     "tiny_bert_fp8_calibrated_all": lambda: _check_tiny_bert(

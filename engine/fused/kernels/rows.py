@@ -22,6 +22,7 @@ from engine.fused.kernels.common import (
     row_moments,
     store_rows_fp8,
 )
+from engine.fused.residual import SumResidual
 
 
 @triton.jit
@@ -147,6 +148,23 @@ def residual_ln_pre(rows, bias_ptr, res_ptr, g_ptr, b_ptr, n_rows, D, BLOCK_D: t
 
 
 @triton.jit
+def residual_ln_pre_sum(rows, bias_ptr, s_ptr, mom_ptr, sb_ptr, sg_ptr, sbeta_ptr, g_ptr,
+                        b_ptr, n_rows, D, BLOCK_D: tl.constexpr):
+    """:func:`residual_ln_pre` for a residual kept as a sum (``SumResidual``): the residual
+    is ``(s + sb - mean) * rstd * sg + sbeta``, normalized here as ``s`` is read, with the
+    moments ``layernorm_quant`` stored."""
+    rmask, cols, cmask, mask, offs = row_block(rows, n_rows, D, BLOCK_D)
+    x = tl.load(s_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
+    x += load_vector(sb_ptr, cols, cmask)[None, :]
+    mean = tl.load(mom_ptr + 2 * rows, mask=rmask, other=0.0)
+    rstd = tl.load(mom_ptr + 2 * rows + 1, mask=rmask, other=0.0)
+    c = ((x - mean[:, None]) * rstd[:, None] * load_vector(sg_ptr, cols, cmask)[None, :]
+         + load_vector(sbeta_ptr, cols, cmask)[None, :])
+    c += load_vector(bias_ptr, cols, cmask)[None, :]
+    return c, load_vector(g_ptr, cols, cmask), load_vector(b_ptr, cols, cmask)
+
+
+@triton.jit
 def qa_head_rows(y, rows, rmask, cols, cmask, qa_w_ptr, qa_b_ptr, logits_ptr, logits_stride,
                  D):
     """Start/end logits of the last layer's LayerNorm rows ``y`` (float32), stored in
@@ -211,25 +229,36 @@ def _residual_ln_kernel(
     a_ptr, bias_ptr, res_ptr, g_ptr, b_ptr,
     out_ptr, q_ptr, qs_ptr,
     qa_w_ptr, qa_b_ptr, logits_ptr,
+    mom_ptr, sb_ptr, sg_ptr, sbeta_ptr,
     n_rows, logits_stride, split_stride, D, eps,
     BLOCK_D: tl.constexpr, ROWS: tl.constexpr, SPLITS: tl.constexpr,
     FP8_OUT: tl.constexpr, QA_HEAD: tl.constexpr, USE_PDL: tl.constexpr,
-    LATE_RELEASE: tl.constexpr,
+    LATE_RELEASE: tl.constexpr, SUM_RESIDUAL: tl.constexpr,
 ):
-    residual_ln_rows(tl.program_id(0) * ROWS + tl.arange(0, ROWS), a_ptr, bias_ptr, res_ptr,
-                     g_ptr, b_ptr, out_ptr, q_ptr, qs_ptr, qa_w_ptr, qa_b_ptr, logits_ptr,
-                     n_rows, logits_stride, split_stride, D, eps,
-                     BLOCK_D, SPLITS, FP8_OUT, QA_HEAD, USE_PDL, LATE_RELEASE)
+    rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
+    if SUM_RESIDUAL:  # the residual is a SumResidual: mom/sb/sg/sbeta normalize it
+        c, g, b = residual_ln_pre_sum(rows, bias_ptr, res_ptr, mom_ptr, sb_ptr, sg_ptr,
+                                      sbeta_ptr, g_ptr, b_ptr, n_rows, D, BLOCK_D)
+        pdl_enter(USE_PDL, not LATE_RELEASE)
+        residual_ln_finish(rows, a_ptr, c, g, b, out_ptr, q_ptr, qs_ptr, qa_w_ptr, qa_b_ptr,
+                           logits_ptr, n_rows, logits_stride, split_stride, D, eps,
+                           BLOCK_D, SPLITS, FP8_OUT, QA_HEAD)
+        pdl_release(LATE_RELEASE)
+    else:
+        residual_ln_rows(rows, a_ptr, bias_ptr, res_ptr, g_ptr, b_ptr, out_ptr, q_ptr, qs_ptr,
+                         qa_w_ptr, qa_b_ptr, logits_ptr, n_rows, logits_stride, split_stride,
+                         D, eps, BLOCK_D, SPLITS, FP8_OUT, QA_HEAD, USE_PDL, LATE_RELEASE)
 
 
 @triton.jit
 def _layernorm_quant_kernel(
-    s_ptr, g_ptr, b_ptr, q_ptr, qs_ptr, moments_ptr, n_rows, D, eps,
+    s_ptr, bias_ptr, g_ptr, b_ptr, q_ptr, qs_ptr, moments_ptr, n_rows, D, eps,
     BLOCK_D: tl.constexpr, ROWS: tl.constexpr, FP8_OUT: tl.constexpr,
 ):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     rmask, cols, cmask, mask, offs = row_block(rows, n_rows, D, BLOCK_D)
     x = tl.load(s_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
+    x += load_vector(bias_ptr, cols, cmask)[None, :]
     xc, mean, rstd = row_moments(x, mask, D, eps)
     y = (xc * rstd[:, None] * load_vector(g_ptr, cols, cmask)[None, :]
          + load_vector(b_ptr, cols, cmask)[None, :])
@@ -375,7 +404,7 @@ def embed_layernorm(
     return out, f8.result()
 
 
-def _residual_ln(a: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor,
+def _residual_ln(a: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor | SumResidual,
                  gamma: torch.Tensor, beta: torch.Tensor, eps: float, fp8: bool, pdl: bool,
                  qa: tuple[torch.Tensor, torch.Tensor] | None, fp8_blocks: bool = False,
                  fp8_scale: torch.Tensor | None = None, late_release: bool = False,
@@ -385,6 +414,11 @@ def _residual_ln(a: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor,
     ``fp8_scale`` (float32 [1]): the e4m3 copy takes this one scale, given, not computed.
     ``late_release`` (with ``pdl``): the next kernel launches after the stores."""
     n, d = a.shape[-2:]
+    if isinstance(residual, SumResidual):  # normalized as it is read
+        res, sum_args = residual.s, (residual.moments, residual.bias, residual.gamma,
+                                     residual.beta)
+    else:
+        res, sum_args = residual, (gamma, gamma, gamma, gamma)  # never touched
     splits, split_stride = _splits(a)
     if qa is None:
         out = torch.empty((n, d), device=a.device, dtype=residual.dtype)
@@ -396,11 +430,11 @@ def _residual_ln(a: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor,
         qa_w, qa_b = qa
     block, rows, warps = _row_tile(n, d)
     _residual_ln_kernel[(triton.cdiv(n, rows),)](
-        a, bias, residual, gamma, beta, out, f8.q, f8.qs, qa_w, qa_b, logits,
+        a, bias, res, gamma, beta, out, f8.q, f8.qs, qa_w, qa_b, logits, *sum_args,
         n, logits.stride(0), split_stride, d, eps,
         BLOCK_D=block, ROWS=rows, SPLITS=splits, FP8_OUT=f8.mode,
         QA_HEAD=qa is not None, USE_PDL=pdl, LATE_RELEASE=pdl and late_release,
-        num_warps=warps, **launch_options(pdl),
+        SUM_RESIDUAL=res is not residual, num_warps=warps, **launch_options(pdl),
     )
     return out, f8
 
@@ -408,7 +442,7 @@ def _residual_ln(a: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor,
 def bias_residual_layernorm(
     a: torch.Tensor,
     bias: torch.Tensor,
-    residual: torch.Tensor,
+    residual: torch.Tensor | SumResidual,
     gamma: torch.Tensor,
     beta: torch.Tensor,
     eps: float,
@@ -423,6 +457,7 @@ def bias_residual_layernorm(
     ``fp8_scale``, float32 [1], values beyond it saturating).
 
     ``a`` is a GEMM output [T, D], or [S, T, D] float32 split-K partials to be summed.
+    ``residual`` may be a :class:`SumResidual`, normalized as it is read.
     ``late_release`` (with ``pdl``) lets the next kernel launch only after the stores,
     not right after the wait.
     """
@@ -433,29 +468,28 @@ def bias_residual_layernorm(
 
 def layernorm_quant(
     s: torch.Tensor,
+    bias: torch.Tensor,
     gamma: torch.Tensor,
     beta: torch.Tensor,
     eps: float,
     fp8_blocks: bool = False,
     fp8_scale: torch.Tensor | None = None,
 ) -> tuple[Quantized, torch.Tensor]:
-    """The e4m3 copy of LayerNorm(s) (per-row scales, 1x128 block scales with
-    ``fp8_blocks``, or the one calibrated scale ``fp8_scale``) and the rows' moments,
-    float32 [T, 2]: mean and ``1 / sqrt(var + eps)``.
+    """The e4m3 copy of LayerNorm(s + bias) (per-row scales, 1x128 block scales with
+    ``fp8_blocks``, or the one calibrated scale ``fp8_scale``) and the rows' moments of
+    ``s + bias``, float32 [T, 2]: mean and ``1 / sqrt(var + eps)``.
 
-    The LayerNorm step of a layer whose GEMM epilogues add the residual: ``s`` [T, D] is
-    the residual sum such an epilogue wrote, read once; no 16-bit LayerNorm output is
-    written, since the next residual consumer would normalize ``s`` with these moments as
-    it reads it. 3 bytes an element against the residual LayerNorm's 7
-    (``benchmarks/ln_fusion_bound.py`` measures what that design could gain;
-    ``engine/fused/NOTES.md`` v42).
+    The LayerNorm step of a residual kept as a sum (:class:`SumResidual`): ``s`` [T, D] is
+    the sum a GEMM that adds its residual wrote, read once; no 16-bit output is written,
+    since the next residual LayerNorm normalizes ``s`` with these moments as it reads it.
+    3 bytes an element against the residual LayerNorm's 7 (``engine/fused/NOTES.md`` v42).
     """
     n, d = s.shape
     f8 = _fp8_out(s, True, fp8_blocks, fp8_scale)
     moments = torch.empty((n, 2), device=s.device, dtype=torch.float32)
     block, rows, warps = _row_tile(n, d)
     _layernorm_quant_kernel[(triton.cdiv(n, rows),)](
-        s, gamma, beta, f8.q, f8.qs, moments, n, d, eps,
+        s, bias, gamma, beta, f8.q, f8.qs, moments, n, d, eps,
         BLOCK_D=block, ROWS=rows, FP8_OUT=f8.mode, num_warps=warps,
     )
     return Quantized(f8.q, f8.qs, f8.mode == 2), moments
@@ -464,7 +498,7 @@ def layernorm_quant(
 def bias_residual_layernorm_qa(
     a: torch.Tensor,
     bias: torch.Tensor,
-    residual: torch.Tensor,
+    residual: torch.Tensor | SumResidual,
     gamma: torch.Tensor,
     beta: torch.Tensor,
     eps: float,
