@@ -13,7 +13,9 @@ takes effect from its first pass. Each variant runs ``--settle-s`` at load, then
 for ``--timed-s`` with SM clock and board power (``benchmarks/settled``): at the 700 W cap
 a step's saving is its whole time in the pass (``engine/fused/NOTES.md`` v39), so
 this is the A/B for a kernel's launch choices inside the pass. Every variant's logits are
-compared with the baseline's. Ends with a table.
+compared with the baseline's. With ``--profile``, each variant's kernels are then timed
+from the profiler over a few passes (µs a pass by kernel name, after the settled rows, so
+at the clock the cap settled at): where a variant's time moved. Ends with a table.
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ def main() -> None:
     from benchmarks.ab_replay import parse_setting
     from benchmarks.settled import add_mix_args, finish, mix_result, settled_rows
 
+    p.add_argument("--profile", action="store_true",
+                   help="also time each variant's kernels by name from the profiler")
     add_mix_args(p)
     args = p.parse_args()
 
@@ -89,9 +93,43 @@ def main() -> None:
             print(f"max |logit - baseline's|: {result['max_abs_logit_diff']}", flush=True)
             result["rows"] = settled_rows([(n, ready(n)) for n in order], packed,
                                           args.windows, args.settle_s, args.timed_s)
+            if args.profile:
+                result["kernel_us"] = {n: kernel_us(ready(n)(), packed) for n in order}
+                print_kernel_moves(result["kernel_us"])
     finally:
         apply("baseline")
     finish(args, result)
+
+
+def kernel_us(fn: Any, arg: Any, passes: int = 3) -> dict[str, float]:
+    """µs a pass of ``fn(arg)`` by kernel name, from the profiler over ``passes`` passes."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    fn(arg)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(passes):
+            fn(arg)
+        torch.cuda.synchronize()
+    out: dict[str, float] = {}
+    for e in prof.key_averages():
+        us = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0.0)
+        if e.device_type.name == "CUDA" and us:
+            out[e.key] = us / passes
+    return out
+
+
+def print_kernel_moves(kernels: dict[str, dict[str, float]], top: int = 8) -> None:
+    """Each variant's profiled total, and the kernels that moved most against the first."""
+    names = list(kernels)
+    base = kernels[names[0]]
+    for name in names:
+        k = kernels[name]
+        moves = sorted(((k.get(n, 0.0) - base.get(n, 0.0), n) for n in set(k) | set(base)),
+                       key=lambda m: -abs(m[0]))[:top]
+        print(f"{name}: {sum(k.values()) / 1e3:.2f} ms of kernels; "
+              + ", ".join(f"{n[:40]} {d:+.0f} us" for d, n in moves if d), flush=True)
 
 
 if __name__ == "__main__":
