@@ -187,11 +187,33 @@ def residual_ln_finish(
 ):
     """LayerNorm(sum of SPLITS partials of ``a`` + c) with ``c, g, b`` from
     :func:`residual_ln_pre`: stores the rows (+ e4m3 copy), or the QA logits."""
-    rmask, cols, cmask, mask, offs = row_block(rows, n_rows, D, BLOCK_D)
+    x = gemm_rows(rows, a_ptr, n_rows, split_stride, D, BLOCK_D, SPLITS)
+    residual_ln_out(rows, x + c, g, b, out_ptr, q_ptr, qs_ptr, qa_w_ptr, qa_b_ptr, logits_ptr,
+                    n_rows, logits_stride, D, eps, BLOCK_D, FP8_OUT, QA_HEAD)
+
+
+@triton.jit
+def gemm_rows(rows, a_ptr, n_rows, split_stride, D, BLOCK_D: tl.constexpr,
+              SPLITS: tl.constexpr):
+    """Rows ``rows`` of a GEMM output in float32: the sum of its SPLITS split-K partials."""
+    _, _, _, mask, offs = row_block(rows, n_rows, D, BLOCK_D)
     x = tl.load(a_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
     for s in tl.static_range(1, SPLITS):  # split-K partial sums of the GEMM, if any
         x += tl.load(a_ptr + s * split_stride + offs, mask=mask, other=0.0, cache_modifier=".cg")
-    y = layernorm_rows(x + c, mask, g, b, D, eps)
+    return x
+
+
+@triton.jit
+def residual_ln_out(
+    rows, x, g, b,
+    out_ptr, q_ptr, qs_ptr, qa_w_ptr, qa_b_ptr, logits_ptr,
+    n_rows, logits_stride, D, eps,
+    BLOCK_D: tl.constexpr, FP8_OUT: tl.constexpr, QA_HEAD: tl.constexpr,
+):
+    """LayerNorm of the float32 rows ``x`` (masked lanes 0): stores them (+ e4m3 copy), or
+    the QA logits."""
+    rmask, cols, cmask, mask, offs = row_block(rows, n_rows, D, BLOCK_D)
+    y = layernorm_rows(x, mask, g, b, D, eps)
     if QA_HEAD:
         qa_head_rows(y, rows, rmask, cols, cmask, qa_w_ptr, qa_b_ptr, logits_ptr,
                      logits_stride, D)
@@ -237,13 +259,12 @@ def _residual_ln_kernel(
 ):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     if SUM_RESIDUAL:  # the residual is a SumResidual: mom/sb/sg/sbeta normalize it
+        # (the large path's form: no PDL; the GEMM output is loaded first)
+        x = gemm_rows(rows, a_ptr, n_rows, split_stride, D, BLOCK_D, SPLITS)
         c, g, b = residual_ln_pre_sum(rows, bias_ptr, res_ptr, mom_ptr, sb_ptr, sg_ptr,
                                       sbeta_ptr, g_ptr, b_ptr, n_rows, D, BLOCK_D)
-        pdl_enter(USE_PDL, not LATE_RELEASE)
-        residual_ln_finish(rows, a_ptr, c, g, b, out_ptr, q_ptr, qs_ptr, qa_w_ptr, qa_b_ptr,
-                           logits_ptr, n_rows, logits_stride, split_stride, D, eps,
-                           BLOCK_D, SPLITS, FP8_OUT, QA_HEAD)
-        pdl_release(LATE_RELEASE)
+        residual_ln_out(rows, x + c, g, b, out_ptr, q_ptr, qs_ptr, qa_w_ptr, qa_b_ptr,
+                        logits_ptr, n_rows, logits_stride, D, eps, BLOCK_D, FP8_OUT, QA_HEAD)
     else:
         residual_ln_rows(rows, a_ptr, bias_ptr, res_ptr, g_ptr, b_ptr, out_ptr, q_ptr, qs_ptr,
                          qa_w_ptr, qa_b_ptr, logits_ptr, n_rows, logits_stride, split_stride,
@@ -307,7 +328,10 @@ def _bias_gelu_kernel(
 ROW_TILE_LARGE = (4096, 2)
 GELU_TILE = (1024, 4)
 # ``layernorm_quant``'s (rows a program, warps) from 8,192 rows up (2 rows, 4 warps below).
-LN_QUANT_TILE = (4, 8)
+# H100, 2026-12-06, the BERT-large mix (47,391 rows of 1,024): 57 us a call at (8, 4),
+# 58-64 at (4, 4), (8, 8), (16, 4), (16, 8), (4, 2), (2, 2); 72 at (4, 8), 84 at (16, 16)
+# (``mix_settings.py --profile``, v42).
+LN_QUANT_TILE = (8, 4)
 
 
 def _row_tile(n_rows: int, width: int) -> tuple[int, int, int]:
@@ -417,6 +441,8 @@ def _residual_ln(a: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor | S
     ``late_release`` (with ``pdl``): the next kernel launches after the stores."""
     n, d = a.shape[-2:]
     if isinstance(residual, SumResidual):  # normalized as it is read
+        if pdl:
+            raise ValueError("a SumResidual is the large path's: no PDL")
         res, sum_args = residual.s, (residual.moments, residual.bias, residual.gamma,
                                      residual.beta)
     else:
