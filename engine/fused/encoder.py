@@ -59,9 +59,10 @@ from engine.fused.weights import BertQAWeights, Linear
 
 # On the large path's calibrated layers (the 16-bit out-projection, FFN1 reading only the
 # e4m3 copy of the LayerNorm before it), the out-projection adds the residual and the
-# residual is kept as that sum: 4 bytes an element fewer per layer (engine/fused/NOTES.md
-# v42). Read at each call, so an A/B can set it.
-OUT_PROJ_ADDS_RESIDUAL = False
+# residual is kept as that sum: 4 bytes an element fewer per layer. H100, BERT-large mix,
+# settled: +0.6 to +1.5% (engine/fused/NOTES.md v42). Read at each call, so an A/B can
+# set it.
+OUT_PROJ_ADDS_RESIDUAL = True
 
 # Below ~4k tokens the row-scaled e4m3 GEMMs measured no faster than fp16 ones (H200,
 # 2026-11-29: BERT-base 32x128 1.87 vs 1.81 ms; BERT-large 32x128 4.63 vs 5.44 ms).

@@ -900,8 +900,8 @@ def _check_tiny_bert(dtype: str, small_batch: bool = True, splits: int | None = 
     default GEMMs or those named in ``static`` (all four: attention writing e4m3).
     ``fp8_deferred``: calibrated, the batch on the deferred small-batch layer with e4m3
     operands (and its logits must differ from the 16-bit deferred layer's: FP8 ran).
-    ``sum_residual``: with ``encoder.OUT_PROJ_ADDS_RESIDUAL`` (calibrated): every layer's
-    first LayerNorm must be ``layernorm_quant``."""
+    ``sum_residual``: ``encoder.OUT_PROJ_ADDS_RESIDUAL`` (the default; off otherwise):
+    calibrated, every layer's first LayerNorm must be ``layernorm_quant``."""
     import torch
 
     from engine.fused.engine import PAD_LOGIT, FusedEngine
@@ -929,25 +929,22 @@ def _check_tiny_bert(dtype: str, small_batch: bool = True, splits: int | None = 
         if engine.weights.calibrated is None:
             return math.inf, 0.0
     ids, mask, tt = _random_batch(7)
-    if sum_residual:
-        from engine.fused import encoder
-        from engine.fused import kernels as k
+    from engine.fused import encoder
+    from engine.fused import kernels as k
 
-        real, calls = k.layernorm_quant, []
+    real, adds, calls = k.layernorm_quant, encoder.OUT_PROJ_ADDS_RESIDUAL, []
 
-        def counted(*args: object, **kwargs: object) -> object:
-            calls.append(1)
-            return real(*args, **kwargs)  # type: ignore[arg-type]
+    def counted(*args: object, **kwargs: object) -> object:
+        calls.append(1)
+        return real(*args, **kwargs)  # type: ignore[arg-type]
 
-        k.layernorm_quant, encoder.OUT_PROJ_ADDS_RESIDUAL = counted, True  # type: ignore[assignment]
-        try:
-            start, end = engine.infer(ids, mask, tt)
-        finally:
-            k.layernorm_quant, encoder.OUT_PROJ_ADDS_RESIDUAL = real, False  # type: ignore[assignment]
-        if len(calls) != cfg.num_layers:
-            return math.inf, 0.0
-    else:
+    k.layernorm_quant, encoder.OUT_PROJ_ADDS_RESIDUAL = counted, sum_residual  # type: ignore[assignment]
+    try:
         start, end = engine.infer(ids, mask, tt)
+    finally:
+        k.layernorm_quant, encoder.OUT_PROJ_ADDS_RESIDUAL = real, adds  # type: ignore[assignment]
+    if len(calls) != (cfg.num_layers if sum_residual and calibrate else 0):
+        return math.inf, 0.0
     if fp8_deferred:
         plain = FusedEngine(engine.weights, "cpu", backend="triton", fp8_min_tokens=fp8_from,
                             fp8_calibrated_min_tokens=fp8_from, small_batch_max_tokens=512,
@@ -1132,9 +1129,9 @@ CASES: dict[str, Callable[[], tuple[float, float]]] = {
     "tiny_bert_fp16_large_path": lambda: _check_tiny_bert("float16", small_batch=False),
     "tiny_bert_fp8": lambda: _check_tiny_bert("fp8"),
     "tiny_bert_fp8_blocks": lambda: _check_tiny_bert("fp8", fp8_scaling="blocks"),
-    "tiny_bert_fp8_calibrated": lambda: _check_tiny_bert("fp8", calibrate=True),  # default
-    "tiny_bert_fp8_calibrated_sum_residual": lambda: _check_tiny_bert(
+    "tiny_bert_fp8_calibrated": lambda: _check_tiny_bert(  # the default
         "fp8", calibrate=True, sum_residual=True),
+    "tiny_bert_fp8_calibrated_two_layernorms": lambda: _check_tiny_bert("fp8", calibrate=True),
     "sum_residual_ln": lambda: _check_sum_residual(False),
     "sum_residual_ln_qa_head": lambda: _check_sum_residual(True),
     "tiny_bert_fp8_deferred": lambda: _check_tiny_bert("fp8", calibrate=True,

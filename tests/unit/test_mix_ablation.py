@@ -8,8 +8,9 @@ import pytest
 import torch
 
 
-def test_skipped_steps_return_the_recorded_outputs() -> None:
+def test_skipped_steps_return_the_recorded_outputs(monkeypatch: pytest.MonkeyPatch) -> None:
     from benchmarks.mix_ablation import KINDS, StepMemo, memo_engine
+    from engine.fused import encoder
     from engine.fused.engine import FusedEngine
     from tests.unit.test_folding import _tiny_bert
 
@@ -20,7 +21,11 @@ def test_skipped_steps_return_the_recorded_outputs() -> None:
     ids = rng.integers(1, 100, (3, 20)).astype(np.int32)
     mask, tt = np.ones_like(ids), np.zeros_like(ids)
     eng.calibrate(ids, mask, tt)
+    # The memo runs the residual LayerNorms as two kernels a layer (and gives the setting
+    # back): the plain pass to compare with is that one.
+    monkeypatch.setattr(encoder, "OUT_PROJ_ADDS_RESIDUAL", False)
     plain = eng.infer(ids, mask, tt)
+    monkeypatch.setattr(encoder, "OUT_PROJ_ADDS_RESIDUAL", True)
     memo = StepMemo()
     with memo_engine(eng, memo):
         memo.recording = True
@@ -43,6 +48,7 @@ def test_skipped_steps_return_the_recorded_outputs() -> None:
     for a, b in zip(plain, recorded, strict=True):
         assert np.array_equal(a, b)
     assert eng.ops.__name__.endswith("torch_ops")  # the op set is given back
+    assert encoder.OUT_PROJ_ADDS_RESIDUAL is True  # and the setting
 
 
 def test_unknown_step_kinds_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
