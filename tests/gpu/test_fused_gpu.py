@@ -371,10 +371,10 @@ def test_calibrated_fp8_ffn_parity(graphs: bool) -> None:
 @pytest.mark.parametrize("graphs", [True, False])
 def test_out_projection_adding_the_residual_parity(monkeypatch: pytest.MonkeyPatch,
                                                    graphs: bool) -> None:
-    """``encoder.OUT_PROJ_ADDS_RESIDUAL`` on the calibrated large path (BERT-base shapes,
-    4 layers, 40 windows of up to 384, with and without CUDA graphs): it must run (logits
-    differ from the same engine without it, ``layernorm_quant`` once a layer) and keep the
-    calibrated engine's error against HF fp32."""
+    """``encoder.OUT_PROJ_ADDS_RESIDUAL`` (the default) on the calibrated large path
+    (BERT-base shapes, 4 layers, 40 windows of up to 384, with and without CUDA graphs):
+    it must run (logits differ from the same engine without it, ``layernorm_quant`` once a
+    layer) and keep the two-LayerNorm form's error against HF fp32."""
     from engine.fused import encoder
     from engine.fused import kernels as k
     from engine.fused.config import BertQAConfig
@@ -382,6 +382,7 @@ def test_out_projection_adding_the_residual_parity(monkeypatch: pytest.MonkeyPat
 
     model, cfg = _random_hf_bert(layers=4, hidden=768, heads=12)
     qa = BertQAConfig.from_dict(cfg.to_dict())
+    monkeypatch.setattr(encoder, "OUT_PROJ_ADDS_RESIDUAL", False)
     eng = FusedEngine.from_state_dict(model.state_dict(), qa, device="cuda", dtype="fp8",
                                       cuda_graphs=graphs, max_graph_tokens=16384)
     rng = np.random.default_rng(15)
