@@ -371,7 +371,7 @@ def test_calibrated_fp8_ffn_parity(graphs: bool) -> None:
 @pytest.mark.parametrize("graphs", [True, False])
 def test_out_projection_adding_the_residual_parity(monkeypatch: pytest.MonkeyPatch,
                                                    graphs: bool) -> None:
-    """``encoder.OUT_PROJ_ADDS_RESIDUAL`` (the default) on the calibrated large path
+    """``encoder.OUT_PROJ_ADDS_RESIDUAL`` on the calibrated large path
     (BERT-base shapes, 4 layers, 40 windows of up to 384, with and without CUDA graphs):
     it must run (logits differ from the same engine without it, ``layernorm_quant`` once a
     layer) and keep the two-LayerNorm form's error against HF fp32."""

@@ -900,8 +900,8 @@ def _check_tiny_bert(dtype: str, small_batch: bool = True, splits: int | None = 
     default GEMMs or those named in ``static`` (all four: attention writing e4m3).
     ``fp8_deferred``: calibrated, the batch on the deferred small-batch layer with e4m3
     operands (and its logits must differ from the 16-bit deferred layer's: FP8 ran).
-    ``sum_residual``: ``encoder.OUT_PROJ_ADDS_RESIDUAL`` (the default; off otherwise):
-    calibrated, every layer's first LayerNorm must be ``layernorm_quant``."""
+    ``sum_residual``: ``encoder.OUT_PROJ_ADDS_RESIDUAL`` on (off otherwise): calibrated,
+    every layer's first LayerNorm must be ``layernorm_quant``."""
     import torch
 
     from engine.fused.engine import PAD_LOGIT, FusedEngine
@@ -1129,9 +1129,9 @@ CASES: dict[str, Callable[[], tuple[float, float]]] = {
     "tiny_bert_fp16_large_path": lambda: _check_tiny_bert("float16", small_batch=False),
     "tiny_bert_fp8": lambda: _check_tiny_bert("fp8"),
     "tiny_bert_fp8_blocks": lambda: _check_tiny_bert("fp8", fp8_scaling="blocks"),
-    "tiny_bert_fp8_calibrated": lambda: _check_tiny_bert(  # the default
+    "tiny_bert_fp8_calibrated": lambda: _check_tiny_bert("fp8", calibrate=True),  # default
+    "tiny_bert_fp8_calibrated_sum_residual": lambda: _check_tiny_bert(
         "fp8", calibrate=True, sum_residual=True),
-    "tiny_bert_fp8_calibrated_two_layernorms": lambda: _check_tiny_bert("fp8", calibrate=True),
     "sum_residual_ln": lambda: _check_sum_residual(False),
     "sum_residual_ln_qa_head": lambda: _check_sum_residual(True),
     "tiny_bert_fp8_deferred": lambda: _check_tiny_bert("fp8", calibrate=True,

@@ -36,8 +36,7 @@ def test_layernorm_quant_is_the_residual_layernorm_of_the_sum() -> None:
 @pytest.mark.parametrize("adds", [False, True])
 def test_engine_with_the_out_projection_adding_the_residual(
         monkeypatch: pytest.MonkeyPatch, adds: bool) -> None:
-    """The calibrated tiny BERT with (the default) and without the out-projection adding
-    the residual:
+    """The calibrated tiny BERT with and without the out-projection adding the residual:
     the same logits within a small fraction of their range (the LayerNorm reads the
     un-rounded sum instead of a rounded hidden state), and ``layernorm_quant`` runs once
     a layer only when asked."""
