@@ -59,6 +59,21 @@ def _tiny_bert(seed: int):  # type: ignore[no-untyped-def]
     return model, BertQAConfig.from_dict(hf.to_dict())
 
 
+def calibrated_tiny_fp8(seed: int = 11):  # type: ignore[no-untyped-def]
+    """(engine, config, (ids, mask, token types)): :func:`_tiny_bert` as a calibrated FP8
+    engine on the PyTorch ops (every batch on the calibrated large path), calibrated on
+    the 3 x 20 batch it returns."""
+    from engine.fused.engine import FusedEngine
+
+    model, cfg = _tiny_bert(seed)
+    eng = FusedEngine.from_state_dict(model.state_dict(), cfg, device="cpu", dtype="fp8",
+                                      backend="torch", fp8_calibrated_min_tokens=1)
+    ids = np.random.default_rng(12).integers(1, 100, (3, 20)).astype(np.int32)
+    batch = (ids, np.ones_like(ids), np.zeros_like(ids))
+    eng.calibrate(*batch)
+    return eng, cfg, batch
+
+
 @pytest.mark.parametrize("splits", [False, True])
 def test_deferred_torch_path_matches_seven_kernel_path(splits: bool) -> None:
     """The whole encoder through the torch spec: the layer without LayerNorm kernels gives

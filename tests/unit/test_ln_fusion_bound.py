@@ -14,16 +14,9 @@ import torch
 def test_stand_ins_get_the_recorded_output_and_the_steps_arguments() -> None:
     from benchmarks.ln_fusion_bound import StandIns, TrackResidual
     from benchmarks.mix_ablation import StepMemo, memo_engine
-    from engine.fused.engine import FusedEngine
-    from tests.unit.test_folding import _tiny_bert
+    from tests.unit.test_folding import calibrated_tiny_fp8
 
-    model, cfg = _tiny_bert(11)
-    eng = FusedEngine.from_state_dict(model.state_dict(), cfg, device="cpu", dtype="fp8",  # type: ignore[arg-type]
-                                      backend="torch", fp8_calibrated_min_tokens=1)
-    rng = np.random.default_rng(12)
-    ids = rng.integers(1, 100, (3, 20)).astype(np.int32)
-    mask, tt = np.ones_like(ids), np.zeros_like(ids)
-    eng.calibrate(ids, mask, tt)
+    eng, _, (ids, mask, tt) = calibrated_tiny_fp8()
     memo, stand_ins = StepMemo(), StandIns()
     seen: list[tuple[Any, Any]] = []
 

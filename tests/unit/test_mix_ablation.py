@@ -11,16 +11,9 @@ import torch
 def test_skipped_steps_return_the_recorded_outputs(monkeypatch: pytest.MonkeyPatch) -> None:
     from benchmarks.mix_ablation import KINDS, StepMemo, memo_engine
     from engine.fused import encoder
-    from engine.fused.engine import FusedEngine
-    from tests.unit.test_folding import _tiny_bert
+    from tests.unit.test_folding import calibrated_tiny_fp8
 
-    model, cfg = _tiny_bert(11)
-    eng = FusedEngine.from_state_dict(model.state_dict(), cfg, device="cpu", dtype="fp8",  # type: ignore[arg-type]
-                                      backend="torch", fp8_calibrated_min_tokens=1)
-    rng = np.random.default_rng(12)
-    ids = rng.integers(1, 100, (3, 20)).astype(np.int32)
-    mask, tt = np.ones_like(ids), np.zeros_like(ids)
-    eng.calibrate(ids, mask, tt)
+    eng, _, (ids, mask, tt) = calibrated_tiny_fp8()
     # The memo runs the residual LayerNorms as two kernels a layer (and gives the setting
     # back): the plain pass to compare with is that one.
     monkeypatch.setattr(encoder, "OUT_PROJ_ADDS_RESIDUAL", False)

@@ -41,16 +41,9 @@ def test_engine_with_the_out_projection_adding_the_residual(
     un-rounded sum instead of a rounded hidden state), and ``layernorm_quant`` runs once
     a layer only when asked."""
     from engine.fused import encoder
-    from engine.fused.engine import FusedEngine
-    from tests.unit.test_folding import _tiny_bert
+    from tests.unit.test_folding import calibrated_tiny_fp8
 
-    model, cfg = _tiny_bert(11)
-    eng = FusedEngine.from_state_dict(model.state_dict(), cfg, device="cpu", dtype="fp8",  # type: ignore[arg-type]
-                                      backend="torch", fp8_calibrated_min_tokens=1)
-    rng = np.random.default_rng(12)
-    ids = rng.integers(1, 100, (3, 20)).astype(np.int32)
-    mask, tt = np.ones_like(ids), np.zeros_like(ids)
-    eng.calibrate(ids, mask, tt)
+    eng, cfg, (ids, mask, tt) = calibrated_tiny_fp8()
     monkeypatch.setattr(encoder, "OUT_PROJ_ADDS_RESIDUAL", False)
     plain = eng.infer(ids, mask, tt)
     calls: list[int] = []
