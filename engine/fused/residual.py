@@ -2,10 +2,10 @@
 
 Post-LN BERT's residual after a sub-layer is ``LayerNorm(s + bias)``, ``s`` the sum of the
 sub-layer's GEMM and the previous residual. Written out, it costs a 16-bit tensor the
-next residual LayerNorm reads back. Kept as ``s`` with its rows' moments instead, the
-LayerNorm step writes only its e4m3 copy (``kernels.layernorm_quant``), and the next
-residual LayerNorm normalizes ``s`` as it reads it: 4 bytes an element fewer
-(``engine/fused/NOTES.md`` v42).
+next residual LayerNorm reads back. Kept as ``s`` with its rows' moments instead (the GEMM
+adding the previous residual as it writes ``s``), the LayerNorm step writes only its e4m3
+copy (``kernels.layernorm_quant``), and the next residual LayerNorm normalizes ``s`` as it
+reads it: 2 bytes an element fewer in all (``engine/fused/NOTES.md`` v42).
 """
 
 from __future__ import annotations

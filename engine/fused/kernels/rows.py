@@ -237,16 +237,14 @@ def _residual_ln_kernel(
 ):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     if SUM_RESIDUAL:  # the residual is a SumResidual: mom/sb/sg/sbeta normalize it
-        # The residual first, as in residual_ln_rows: with the GEMM output loaded first it
-        # ran 177 us a call, 132 this way; the vectors loaded in the tile's layout, 207
-        # (H100, BERT-large mix; NOTES v42).
+        # (the large path's form: no PDL). The residual first, as in residual_ln_rows:
+        # with the GEMM output loaded first it ran 177 us a call, 132 this way; the
+        # vectors loaded in the tile's layout, 207 (H100, BERT-large mix; NOTES v42).
         c, g, b = residual_ln_pre_sum(rows, bias_ptr, res_ptr, mom_ptr, sb_ptr, sg_ptr,
                                       sbeta_ptr, g_ptr, b_ptr, n_rows, D, BLOCK_D)
-        pdl_enter(USE_PDL, not LATE_RELEASE)
         residual_ln_finish(rows, a_ptr, c, g, b, out_ptr, q_ptr, qs_ptr, qa_w_ptr, qa_b_ptr,
                            logits_ptr, n_rows, logits_stride, split_stride, D, eps,
                            BLOCK_D, SPLITS, FP8_OUT, QA_HEAD)
-        pdl_release(LATE_RELEASE)
     else:
         residual_ln_rows(rows, a_ptr, bias_ptr, res_ptr, g_ptr, b_ptr, out_ptr, q_ptr, qs_ptr,
                          qa_w_ptr, qa_b_ptr, logits_ptr, n_rows, logits_stride, split_stride,
@@ -425,10 +423,10 @@ def _residual_ln(a: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor | S
     if isinstance(residual, SumResidual):  # normalized as it is read
         if pdl:
             raise ValueError("a SumResidual is the large path's: no PDL")
-        res, sum_args = residual.s, (residual.moments, residual.bias, residual.gamma,
-                                     residual.beta)
+        summed, res = True, residual.s
+        sum_args = (residual.moments, residual.bias, residual.gamma, residual.beta)
     else:
-        res, sum_args = residual, (gamma, gamma, gamma, gamma)  # never touched
+        summed, res, sum_args = False, residual, (gamma, gamma, gamma, gamma)  # not read
     splits, split_stride = _splits(a)
     if qa is None:
         out = torch.empty((n, d), device=a.device, dtype=residual.dtype)
@@ -444,7 +442,7 @@ def _residual_ln(a: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor | S
         n, logits.stride(0), split_stride, d, eps,
         BLOCK_D=block, ROWS=rows, SPLITS=splits, FP8_OUT=f8.mode,
         QA_HEAD=qa is not None, USE_PDL=pdl, LATE_RELEASE=pdl and late_release,
-        SUM_RESIDUAL=res is not residual, num_warps=warps, **launch_options(pdl),
+        SUM_RESIDUAL=summed, num_warps=warps, **launch_options(pdl),
     )
     return out, f8
 
@@ -492,7 +490,8 @@ def layernorm_quant(
     The LayerNorm step of a residual kept as a sum (:class:`SumResidual`): ``s`` [T, D] is
     the sum a GEMM that adds its residual wrote, read once; no 16-bit output is written,
     since the next residual LayerNorm normalizes ``s`` with these moments as it reads it.
-    3 bytes an element against the residual LayerNorm's 7 (``engine/fused/NOTES.md`` v42).
+    3 bytes an element against the residual LayerNorm's 7, for 2 more the GEMM reads
+    (``engine/fused/NOTES.md`` v42).
     """
     n, d = s.shape
     f8 = _fp8_out(s, True, fp8_blocks, fp8_scale)
