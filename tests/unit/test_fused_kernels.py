@@ -856,6 +856,40 @@ def _check_layernorm_quant(mode: str) -> tuple[float, float]:
     return max(err, float(((dequantize(q).double() - clamped).abs() / allowed).max())), 1.0
 
 
+def _check_row_loop(loop: tuple[int, int, int]) -> tuple[float, float]:
+    """``rows.ROW_LOOP``: the residual LayerNorm (and its QA form) as a few programs each
+    looping over tiles gives the one-program-a-tile kernel's outputs exactly; 8,200 rows
+    (the loop's threshold is 8,192; the last tile partial) over 3 stand-in
+    multiprocessors."""
+    import torch
+
+    from engine.fused import kernels as k
+    from engine.fused.kernels import rows
+
+    g = torch.Generator().manual_seed(16)
+    n, d = 8200, 96
+    a, res = (torch.randn(n, d, generator=g).half() for _ in "ar")
+    bias, gamma, beta = (torch.randn(d, generator=g) for _ in range(3))
+    qa_w, qa_b = torch.randn(2, d, generator=g), torch.randn(2, generator=g)
+    scale = torch.tensor([0.02])
+    real = rows.multiprocessors
+
+    def run() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        out, q = k.bias_residual_layernorm(a, bias, res, gamma, beta, 1e-5, fp8=True,
+                                           fp8_scale=scale)
+        assert q is not None
+        logits = k.bias_residual_layernorm_qa(a, bias, res, gamma, beta, 1e-5, qa_w, qa_b)
+        return out, q.data.view(torch.uint8), logits
+
+    plain = run()
+    rows.ROW_LOOP, rows.multiprocessors = loop, lambda device: 3  # type: ignore[assignment]
+    try:
+        looped = run()
+    finally:
+        rows.ROW_LOOP, rows.multiprocessors = None, real
+    return float(sum(not torch.equal(x, y) for x, y in zip(plain, looped, strict=True))), 0.0
+
+
 def _check_sum_residual(qa: bool) -> tuple[float, float]:
     """The residual LayerNorm (and its QA-head form) with a ``SumResidual``: the residual
     is ``LayerNorm1(s + bias1)``, normalized with the moments as ``s`` is read; against
@@ -1132,6 +1166,8 @@ CASES: dict[str, Callable[[], tuple[float, float]]] = {
     "tiny_bert_fp8_calibrated": lambda: _check_tiny_bert("fp8", calibrate=True),  # default
     "tiny_bert_fp8_calibrated_sum_residual": lambda: _check_tiny_bert(
         "fp8", calibrate=True, sum_residual=True),
+    "residual_ln_row_loop_4x8": lambda: _check_row_loop((4, 4, 8)),
+    "residual_ln_row_loop_1x4": lambda: _check_row_loop((3, 1, 4)),
     "sum_residual_ln": lambda: _check_sum_residual(False),
     "sum_residual_ln_qa_head": lambda: _check_sum_residual(True),
     "tiny_bert_fp8_deferred": lambda: _check_tiny_bert("fp8", calibrate=True,

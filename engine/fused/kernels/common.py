@@ -159,8 +159,14 @@ def row_moments(x, mask, D, eps):
 def layernorm_rows(x, mask, g, b, D, eps):
     """LayerNorm of each row of a float32 tile whose masked lanes hold 0; ``g``/``b`` are
     the float32 gamma and beta vectors (0 past D)."""
+    return layernorm_tile(x, mask, g[None, :], b[None, :], D, eps)
+
+
+@triton.jit
+def layernorm_tile(x, mask, g, b, D, eps):
+    """:func:`layernorm_rows` with ``g``/``b`` already [1, COLS] (laid out for the tile)."""
     xc, _, rstd = row_moments(x, mask, D, eps)
-    return xc * rstd[:, None] * g[None, :] + b[None, :]
+    return xc * rstd[:, None] * g + b
 
 
 @triton.jit

@@ -11,11 +11,13 @@ import torch
 import triton
 import triton.language as tl
 
+from engine.fused.dispatch import multiprocessors
 from engine.fused.fp8 import BLOCK, FP8_DTYPE, Quantized, padded_rows
 from engine.fused.kernels.common import (
     gelu,
     launch_options,
     layernorm_rows,
+    layernorm_tile,
     load_vector,
     pdl_enter,
     pdl_release,
@@ -187,11 +189,24 @@ def residual_ln_finish(
 ):
     """LayerNorm(sum of SPLITS partials of ``a`` + c) with ``c, g, b`` from
     :func:`residual_ln_pre`: stores the rows (+ e4m3 copy), or the QA logits."""
+    residual_ln_tile(rows, a_ptr, c, g[None, :], b[None, :], out_ptr, q_ptr, qs_ptr, qa_w_ptr,
+                     qa_b_ptr, logits_ptr, n_rows, logits_stride, split_stride, D, eps,
+                     BLOCK_D, SPLITS, FP8_OUT, QA_HEAD)
+
+
+@triton.jit
+def residual_ln_tile(
+    rows, a_ptr, c, g, b,
+    out_ptr, q_ptr, qs_ptr, qa_w_ptr, qa_b_ptr, logits_ptr,
+    n_rows, logits_stride, split_stride, D, eps,
+    BLOCK_D: tl.constexpr, SPLITS: tl.constexpr, FP8_OUT: tl.constexpr, QA_HEAD: tl.constexpr,
+):
+    """:func:`residual_ln_finish` with ``g``/``b`` already [1, BLOCK_D]."""
     rmask, cols, cmask, mask, offs = row_block(rows, n_rows, D, BLOCK_D)
     x = tl.load(a_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
     for s in tl.static_range(1, SPLITS):  # split-K partial sums of the GEMM, if any
         x += tl.load(a_ptr + s * split_stride + offs, mask=mask, other=0.0, cache_modifier=".cg")
-    y = layernorm_rows(x + c, mask, g, b, D, eps)
+    y = layernorm_tile(x + c, mask, g, b, D, eps)
     if QA_HEAD:
         qa_head_rows(y, rows, rmask, cols, cmask, qa_w_ptr, qa_b_ptr, logits_ptr,
                      logits_stride, D)
@@ -225,6 +240,32 @@ def residual_ln_rows(
 
 
 @triton.jit
+def residual_ln_loop(
+    a_ptr, bias_ptr, res_ptr, g_ptr, b_ptr,
+    out_ptr, q_ptr, qs_ptr, qa_w_ptr, qa_b_ptr, logits_ptr,
+    n_rows, logits_stride, split_stride, D, eps,
+    BLOCK_D: tl.constexpr, ROWS: tl.constexpr, SPLITS: tl.constexpr, FP8_OUT: tl.constexpr,
+    QA_HEAD: tl.constexpr,
+):
+    """:func:`residual_ln_rows` (no PDL) over every ROWS-row tile from this program's, a
+    grid apart: the bias, gamma and beta vectors are loaded and laid out for the tile once
+    a program rather than once a tile (each is a load's round trip and a shared-memory
+    layout change behind barriers, ahead of the tile's own loads; NOTES v42)."""
+    cols = tl.arange(0, BLOCK_D)
+    cmask = cols < D
+    bias = load_vector(bias_ptr, cols, cmask)[None, :]
+    g = load_vector(g_ptr, cols, cmask)[None, :]
+    b = load_vector(b_ptr, cols, cmask)[None, :]
+    for t in range(tl.program_id(0), tl.cdiv(n_rows, ROWS), tl.num_programs(0)):
+        rows = t * ROWS + tl.arange(0, ROWS)
+        _, _, _, mask, offs = row_block(rows, n_rows, D, BLOCK_D)
+        c = tl.load(res_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
+        residual_ln_tile(rows, a_ptr, c + bias, g, b, out_ptr, q_ptr, qs_ptr, qa_w_ptr,
+                         qa_b_ptr, logits_ptr, n_rows, logits_stride, split_stride, D, eps,
+                         BLOCK_D, SPLITS, FP8_OUT, QA_HEAD)
+
+
+@triton.jit
 def _residual_ln_kernel(
     a_ptr, bias_ptr, res_ptr, g_ptr, b_ptr,
     out_ptr, q_ptr, qs_ptr,
@@ -233,10 +274,14 @@ def _residual_ln_kernel(
     n_rows, logits_stride, split_stride, D, eps,
     BLOCK_D: tl.constexpr, ROWS: tl.constexpr, SPLITS: tl.constexpr,
     FP8_OUT: tl.constexpr, QA_HEAD: tl.constexpr, USE_PDL: tl.constexpr,
-    LATE_RELEASE: tl.constexpr, SUM_RESIDUAL: tl.constexpr,
+    LATE_RELEASE: tl.constexpr, SUM_RESIDUAL: tl.constexpr, LOOP: tl.constexpr,
 ):
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
-    if SUM_RESIDUAL:  # the residual is a SumResidual: mom/sb/sg/sbeta normalize it
+    if LOOP:  # a few programs an SM, each over many tiles (ROW_LOOP)
+        residual_ln_loop(a_ptr, bias_ptr, res_ptr, g_ptr, b_ptr, out_ptr, q_ptr, qs_ptr,
+                         qa_w_ptr, qa_b_ptr, logits_ptr, n_rows, logits_stride, split_stride,
+                         D, eps, BLOCK_D, ROWS, SPLITS, FP8_OUT, QA_HEAD)
+    elif SUM_RESIDUAL:  # the residual is a SumResidual: mom/sb/sg/sbeta normalize it
         # (the large path's form: no PDL). The residual first, as in residual_ln_rows:
         # with the GEMM output loaded first it ran 177 us a call, 132 this way; the
         # vectors loaded in the tile's layout, 207 (H100, BERT-large mix; NOTES v42).
@@ -307,6 +352,10 @@ def _bias_gelu_kernel(
 # FP8 43.43 vs 43.70 ms, fp16 56.82 vs 57.01.
 ROW_TILE_LARGE = (4096, 2)
 GELU_TILE = (1024, 4)
+# The residual LayerNorm (plain residual, no PDL) from 8,192 rows up as (programs an SM,
+# rows a tile, warps), each program looping over tiles (``residual_ln_loop``); None: a
+# program a tile (``ROW_TILE_LARGE``).
+ROW_LOOP: tuple[int, int, int] | None = None
 # ``layernorm_quant``'s (rows a program, warps) from 8,192 rows up (2 rows, 4 warps below).
 # H100, 2026-12-06, the BERT-large mix (47,391 rows of 1,024): 57 us a call at (8, 4),
 # 58-64 at (4, 4), (8, 8), (16, 4), (16, 8), (4, 2), (2, 2); 72 at (4, 8), 84 at (16, 16)
@@ -437,12 +486,17 @@ def _residual_ln(a: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor | S
         f8 = _fp8_out(out, False)
         qa_w, qa_b = qa
     block, rows, warps = _row_tile(n, d)
-    _residual_ln_kernel[(triton.cdiv(n, rows),)](
+    grid = triton.cdiv(n, rows)
+    loop = ROW_LOOP is not None and not (summed or pdl) and n >= 8192
+    if ROW_LOOP is not None and loop:
+        per_sm, rows, warps = ROW_LOOP
+        grid = min(triton.cdiv(n, rows), per_sm * multiprocessors(a.device))
+    _residual_ln_kernel[(grid,)](
         a, bias, res, gamma, beta, out, f8.q, f8.qs, qa_w, qa_b, logits, *sum_args,
         n, logits.stride(0), split_stride, d, eps,
         BLOCK_D=block, ROWS=rows, SPLITS=splits, FP8_OUT=f8.mode,
         QA_HEAD=qa is not None, USE_PDL=pdl, LATE_RELEASE=pdl and late_release,
-        SUM_RESIDUAL=summed, num_warps=warps, **launch_options(pdl),
+        SUM_RESIDUAL=summed, LOOP=loop, num_warps=warps, **launch_options(pdl),
     )
     return out, f8
 
