@@ -857,10 +857,10 @@ def _check_layernorm_quant(mode: str) -> tuple[float, float]:
 
 
 def _check_row_loop(loop: tuple[int, int, int]) -> tuple[float, float]:
-    """``rows.ROW_LOOP``: the residual LayerNorm (and its QA form) as a few programs each
-    looping over tiles gives the one-program-a-tile kernel's outputs exactly; 8,200 rows
-    (the loop's threshold is 8,192; the last tile partial) over 3 stand-in
-    multiprocessors."""
+    """``rows.ROW_LOOP`` (the default's form): the residual LayerNorm (and its QA form) as
+    a few programs each looping over tiles gives the one-program-a-tile kernel's outputs
+    exactly; 8,200 rows (the loop's threshold is 8,192; the last tile partial) over 3
+    stand-in multiprocessors, and off CUDA (no multiprocessors) a program a tile."""
     import torch
 
     from engine.fused import kernels as k
@@ -881,13 +881,18 @@ def _check_row_loop(loop: tuple[int, int, int]) -> tuple[float, float]:
         logits = k.bias_residual_layernorm_qa(a, bias, res, gamma, beta, 1e-5, qa_w, qa_b)
         return out, q.data.view(torch.uint8), logits
 
+    default = rows.ROW_LOOP
+    rows.ROW_LOOP = None
     plain = run()
-    rows.ROW_LOOP, rows.multiprocessors = loop, lambda device: 3  # type: ignore[assignment]
+    rows.ROW_LOOP = loop
+    off_cuda = run()  # no multiprocessors to count: a program a tile
+    rows.multiprocessors = lambda device: 3  # type: ignore[assignment]
     try:
         looped = run()
     finally:
-        rows.ROW_LOOP, rows.multiprocessors = None, real
-    return float(sum(not torch.equal(x, y) for x, y in zip(plain, looped, strict=True))), 0.0
+        rows.ROW_LOOP, rows.multiprocessors = default, real
+    return float(sum(not torch.equal(x, y) for x, y in zip(plain * 2, off_cuda + looped,
+                                                              strict=True))), 0.0
 
 
 def _check_sum_residual(qa: bool) -> tuple[float, float]:

@@ -489,10 +489,11 @@ def _residual_ln(a: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor | S
         qa_w, qa_b = qa
     block, rows, warps = _row_tile(n, d)
     grid = triton.cdiv(n, rows)
-    loop = ROW_LOOP is not None and not (summed or pdl) and n >= 8192
+    sms = multiprocessors(a.device) if ROW_LOOP is not None else 0  # 0 off CUDA
+    loop = ROW_LOOP is not None and sms > 0 and not (summed or pdl) and n >= 8192
     if ROW_LOOP is not None and loop:
         per_sm, rows, warps = ROW_LOOP
-        grid = min(triton.cdiv(n, rows), per_sm * multiprocessors(a.device))
+        grid = min(triton.cdiv(n, rows), per_sm * sms)
     _residual_ln_kernel[(grid,)](
         a, bias, res, gamma, beta, out, f8.q, f8.qs, qa_w, qa_b, logits, *sum_args,
         n, logits.stride(0), split_stride, d, eps,
