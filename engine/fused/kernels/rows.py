@@ -181,27 +181,15 @@ def qa_head_rows(y, rows, rmask, cols, cmask, qa_w_ptr, qa_b_ptr, logits_ptr, lo
 
 
 @triton.jit
-def residual_ln_finish(
-    rows, a_ptr, c, g, b,
-    out_ptr, q_ptr, qs_ptr, qa_w_ptr, qa_b_ptr, logits_ptr,
-    n_rows, logits_stride, split_stride, D, eps,
-    BLOCK_D: tl.constexpr, SPLITS: tl.constexpr, FP8_OUT: tl.constexpr, QA_HEAD: tl.constexpr,
-):
-    """LayerNorm(sum of SPLITS partials of ``a`` + c) with ``c, g, b`` from
-    :func:`residual_ln_pre`: stores the rows (+ e4m3 copy), or the QA logits."""
-    residual_ln_tile(rows, a_ptr, c, g[None, :], b[None, :], out_ptr, q_ptr, qs_ptr, qa_w_ptr,
-                     qa_b_ptr, logits_ptr, n_rows, logits_stride, split_stride, D, eps,
-                     BLOCK_D, SPLITS, FP8_OUT, QA_HEAD)
-
-
-@triton.jit
 def residual_ln_tile(
     rows, a_ptr, c, g, b,
     out_ptr, q_ptr, qs_ptr, qa_w_ptr, qa_b_ptr, logits_ptr,
     n_rows, logits_stride, split_stride, D, eps,
     BLOCK_D: tl.constexpr, SPLITS: tl.constexpr, FP8_OUT: tl.constexpr, QA_HEAD: tl.constexpr,
 ):
-    """:func:`residual_ln_finish` with ``g``/``b`` already [1, BLOCK_D]."""
+    """LayerNorm(sum of SPLITS partials of ``a`` + c) with ``c`` from
+    :func:`residual_ln_pre` and ``g``/``b`` its vectors as [1, BLOCK_D]: stores the rows
+    (+ e4m3 copy), or the QA logits."""
     rmask, cols, cmask, mask, offs = row_block(rows, n_rows, D, BLOCK_D)
     x = tl.load(a_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
     for s in tl.static_range(1, SPLITS):  # split-K partial sums of the GEMM, if any
@@ -233,9 +221,9 @@ def residual_ln_rows(
     """
     c, g, b = residual_ln_pre(rows, bias_ptr, res_ptr, g_ptr, b_ptr, n_rows, D, BLOCK_D)
     pdl_enter(USE_PDL, not LATE_RELEASE)  # only the GEMM's output is read after this
-    residual_ln_finish(rows, a_ptr, c, g, b, out_ptr, q_ptr, qs_ptr, qa_w_ptr, qa_b_ptr,
-                       logits_ptr, n_rows, logits_stride, split_stride, D, eps,
-                       BLOCK_D, SPLITS, FP8_OUT, QA_HEAD)
+    residual_ln_tile(rows, a_ptr, c, g[None, :], b[None, :], out_ptr, q_ptr, qs_ptr, qa_w_ptr,
+                     qa_b_ptr, logits_ptr, n_rows, logits_stride, split_stride, D, eps,
+                     BLOCK_D, SPLITS, FP8_OUT, QA_HEAD)
     pdl_release(LATE_RELEASE)
 
 
@@ -287,9 +275,9 @@ def _residual_ln_kernel(
         # vectors loaded in the tile's layout, 207 (H100, BERT-large mix; NOTES v42).
         c, g, b = residual_ln_pre_sum(rows, bias_ptr, res_ptr, mom_ptr, sb_ptr, sg_ptr,
                                       sbeta_ptr, g_ptr, b_ptr, n_rows, D, BLOCK_D)
-        residual_ln_finish(rows, a_ptr, c, g, b, out_ptr, q_ptr, qs_ptr, qa_w_ptr, qa_b_ptr,
-                           logits_ptr, n_rows, logits_stride, split_stride, D, eps,
-                           BLOCK_D, SPLITS, FP8_OUT, QA_HEAD)
+        residual_ln_tile(rows, a_ptr, c, g[None, :], b[None, :], out_ptr, q_ptr, qs_ptr,
+                         qa_w_ptr, qa_b_ptr, logits_ptr, n_rows, logits_stride, split_stride,
+                         D, eps, BLOCK_D, SPLITS, FP8_OUT, QA_HEAD)
     else:
         residual_ln_rows(rows, a_ptr, bias_ptr, res_ptr, g_ptr, b_ptr, out_ptr, q_ptr, qs_ptr,
                          qa_w_ptr, qa_b_ptr, logits_ptr, n_rows, logits_stride, split_stride,
