@@ -144,24 +144,19 @@ class TrackResidual:
         return out
 
 
-def kernel_names(fn: Callable[[Any], Any], arg: Any) -> Counter[str]:
-    """The CUDA kernels (and copies, memsets) one call of ``fn(arg)`` runs, by name."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn(arg)
-        torch.cuda.synchronize()
-    return Counter(e.name for e in prof.events() if e.device_type.name == "CUDA")
-
-
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sys.path.insert(0, str(REPO))
     from benchmarks.mix_ablation import StepMemo, memo_engine
-    from benchmarks.settled import add_mix_args, finish, mix_result, settled_rows
+    from benchmarks.settled import (
+        add_mix_args,
+        finish,
+        kernel_moves,
+        kernel_table,
+        mix_result,
+        settled_rows,
+    )
 
     p.add_argument("--order", default=ORDER,
                    help="comma-separated variants in the order timed (repeats allowed)")
@@ -198,17 +193,16 @@ def main() -> None:
         torch.cuda.synchronize()
         memo.recording = False
         # A pass of each first (the out-projection's buffers are made in the first that
-        # replaces it), then one profiled.
+        # replaces it), then one more, and one profiled.
         timed = list(dict.fromkeys(["baseline", *order]))
         logits_diff = {name: float((use(name)(packed) - reference).abs().max())
                        for name in timed}
-        kernels = {name: kernel_names(use(name), packed) for name in timed}
-        base = kernels["baseline"]
+        kernels = {name: kernel_table(use(name), packed, passes=1) for name in timed}
         result = mix_result(
             args, int(batch[1].sum()),
-            kernels_per_pass={n: sum(c.values()) for n, c in kernels.items()},
-            kernels_changed={n: {k: c[k] - base[k] for k in set(c) | set(base)
-                                 if c[k] != base[k]} for n, c in kernels.items()},
+            kernels_per_pass={n: sum(k["calls"] for k in t.values())
+                              for n, t in kernels.items()},
+            kernels_changed=kernel_moves(kernels, "calls"),
             max_abs_logit_diff=logits_diff)
         for name, changed in result["kernels_changed"].items():
             print(f"{name}: {result['kernels_per_pass'][name]} kernels; changed {changed}",

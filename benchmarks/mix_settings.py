@@ -36,7 +36,14 @@ def main() -> None:
                    help="NAME:module.ATTR=VALUE (a Python literal); repeat per setting")
     sys.path.insert(0, str(REPO))
     from benchmarks.ab_replay import parse_setting
-    from benchmarks.settled import add_mix_args, finish, mix_result, settled_rows
+    from benchmarks.settled import (
+        add_mix_args,
+        finish,
+        kernel_table,
+        mix_result,
+        print_kernel_moves,
+        settled_rows,
+    )
 
     p.add_argument("--profile", action="store_true",
                    help="also time each variant's kernels by name from the profiler")
@@ -94,42 +101,13 @@ def main() -> None:
             result["rows"] = settled_rows([(n, ready(n)) for n in order], packed,
                                           args.windows, args.settle_s, args.timed_s)
             if args.profile:
-                result["kernel_us"] = {n: kernel_us(ready(n)(), packed) for n in order}
-                print_kernel_moves(result["kernel_us"])
+                tables = {n: kernel_table(ready(n)(), packed) for n in order}
+                result["kernel_us"] = {n: {k: v["us"] for k, v in t.items()}
+                                       for n, t in tables.items()}
+                print_kernel_moves(tables, "us")
     finally:
         apply("baseline")
     finish(args, result)
-
-
-def kernel_us(fn: Any, arg: Any, passes: int = 3) -> dict[str, float]:
-    """µs a pass of ``fn(arg)`` by kernel name, from the profiler over ``passes`` passes."""
-    import torch
-    from torch.profiler import ProfilerActivity, profile
-
-    fn(arg)
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(passes):
-            fn(arg)
-        torch.cuda.synchronize()
-    out: dict[str, float] = {}
-    for e in prof.key_averages():
-        us = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0.0)
-        if e.device_type.name == "CUDA" and us:
-            out[e.key] = us / passes
-    return out
-
-
-def print_kernel_moves(kernels: dict[str, dict[str, float]], top: int = 8) -> None:
-    """Each variant's profiled total, and the kernels that moved most against the first."""
-    names = list(kernels)
-    base = kernels[names[0]]
-    for name in names:
-        k = kernels[name]
-        moves = sorted(((k.get(n, 0.0) - base.get(n, 0.0), n) for n in set(k) | set(base)),
-                       key=lambda m: -abs(m[0]))[:top]
-        print(f"{name}: {sum(k.values()) / 1e3:.2f} ms of kernels; "
-              + ", ".join(f"{n[:40]} {d:+.0f} us" for d, n in moves if d), flush=True)
 
 
 if __name__ == "__main__":

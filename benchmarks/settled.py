@@ -52,6 +52,55 @@ def settled_rows(variants: Sequence[Variant], arg: Any, windows: int, settle_s: 
     return rows
 
 
+def kernel_table(fn: Callable[[Any], Any], arg: Any, passes: int = 3,
+                 ) -> dict[str, dict[str, float]]:
+    """Per CUDA kernel name (copies and memsets too), its calls and µs a pass of
+    ``fn(arg)``: one pass unprofiled, then ``passes`` under the profiler."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    fn(arg)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(passes):
+            fn(arg)
+        torch.cuda.synchronize()
+    table: dict[str, dict[str, float]] = {}
+    for e in prof.key_averages():
+        if e.device_type.name == "CUDA":
+            us = getattr(e, "device_time_total", None) or getattr(e, "cuda_time_total", 0.0)
+            table[e.key] = {"calls": e.count / passes, "us": us / passes}
+    return table
+
+
+def kernel_moves(tables: dict[str, dict[str, dict[str, float]]], field: str,
+                 ) -> dict[str, dict[str, float]]:
+    """Per variant (``kernel_table``s by name), each kernel's ``field`` ("calls" or "us")
+    less the first variant's, where it moved, largest move first."""
+    first = next(iter(tables.values()))
+
+    def value(table: dict[str, dict[str, float]], name: str) -> float:
+        return table.get(name, {}).get(field, 0.0)
+
+    moves = {}
+    for variant, table in tables.items():
+        moved = {n: value(table, n) - value(first, n) for n in set(table) | set(first)}
+        moves[variant] = dict(sorted(((n, d) for n, d in moved.items() if d),
+                                     key=lambda m: -abs(m[1])))
+    return moves
+
+
+def print_kernel_moves(tables: dict[str, dict[str, dict[str, float]]], field: str,
+                       top: int = 8) -> None:
+    """Each variant's kernel total of ``field`` and its ``top`` largest moves against the
+    first variant's (``kernel_moves``)."""
+    for variant, moved in kernel_moves(tables, field).items():
+        total = sum(k.get(field, 0.0) for k in tables[variant].values())
+        print(f"{variant}: {total:.0f} {field} of kernels; "
+              + ", ".join(f"{n[:40]} {d:+.0f}" for n, d in list(moved.items())[:top]),
+              flush=True)
+
+
 def print_table(title: str, rows: Sequence[dict[str, Any]]) -> None:
     """The rows as a table: ms, saving and its share of the first row's ms, windows/s,
     SM clock and power."""

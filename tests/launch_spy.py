@@ -1,4 +1,5 @@
-"""The arguments a Triton kernel is launched with, recorded (tests only)."""
+"""The arguments a Triton kernel is launched with, or a function called with, recorded
+(tests only)."""
 
 from __future__ import annotations
 
@@ -58,3 +59,21 @@ def launches_unrun(module: ModuleType, name: str) -> Iterator[list[tuple[Any, di
     with _recording(module, name, lambda grid, kwargs: seen.append((grid, kwargs)),
                     launch=False):
         yield seen
+
+
+@contextmanager
+def calls(module: ModuleType, name: str) -> Iterator[list[tuple[Any, ...]]]:
+    """The positional arguments of every call of the function ``module.name`` while
+    inside; the calls still run. Patch the module its callers look it up in."""
+    function = getattr(module, name)
+    seen: list[tuple[Any, ...]] = []
+
+    def spy(*args: Any, **kwargs: Any) -> Any:
+        seen.append(args)
+        return function(*args, **kwargs)
+
+    setattr(module, name, spy)
+    try:
+        yield seen
+    finally:
+        setattr(module, name, function)

@@ -376,9 +376,10 @@ def test_out_projection_adding_the_residual_parity(monkeypatch: pytest.MonkeyPat
     it must run (logits differ from the same engine without it, ``layernorm_quant`` once a
     layer) and keep the two-LayerNorm form's error against HF fp32."""
     from engine.fused import encoder
-    from engine.fused import kernels as k
     from engine.fused.config import BertQAConfig
     from engine.fused.engine import FusedEngine
+    from engine.fused.kernels import rows
+    from tests.launch_spy import launch_grids
 
     model, cfg = _random_hf_bert(layers=4, hidden=768, heads=12)
     qa = BertQAConfig.from_dict(cfg.to_dict())
@@ -391,17 +392,10 @@ def test_out_projection_adding_the_residual_parity(monkeypatch: pytest.MonkeyPat
     ref = _hf_logits(model, ids, mask, tt)
     base = eng.infer(ids, mask, tt)
     off = _report(f"bert-base-4L calibrated graphs={graphs}", base, ref, mask.astype(bool))
-    calls: list[int] = []
-    real = k.layernorm_quant
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        calls.append(1)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(k, "layernorm_quant", counted)
     monkeypatch.setattr(encoder, "OUT_PROJ_ADDS_RESIDUAL", True)
     summed = FusedEngine(eng.weights, "cuda", cuda_graphs=graphs, max_graph_tokens=16384)
-    got = summed.infer(ids, mask, tt)
+    with launch_grids(rows, "_layernorm_quant_kernel") as calls:
+        got = summed.infer(ids, mask, tt)
     on = _report(f"bert-base-4L calibrated, out-projection adds the residual, graphs={graphs}",
                  got, ref, mask.astype(bool))
     assert calls and len(calls) % qa.num_layers == 0

@@ -969,20 +969,16 @@ def _check_tiny_bert(dtype: str, small_batch: bool = True, splits: int | None = 
             return math.inf, 0.0
     ids, mask, tt = _random_batch(7)
     from engine.fused import encoder
-    from engine.fused import kernels as k
+    from engine.fused.kernels import rows
+    from tests.launch_spy import launch_grids
 
-    real, adds, calls = k.layernorm_quant, encoder.OUT_PROJ_ADDS_RESIDUAL, []
-
-    def counted(*args: object, **kwargs: object) -> object:
-        calls.append(1)
-        return real(*args, **kwargs)  # type: ignore[arg-type]
-
-    k.layernorm_quant, encoder.OUT_PROJ_ADDS_RESIDUAL = counted, sum_residual  # type: ignore[assignment]
+    adds, encoder.OUT_PROJ_ADDS_RESIDUAL = encoder.OUT_PROJ_ADDS_RESIDUAL, sum_residual
     try:
-        start, end = engine.infer(ids, mask, tt)
+        with launch_grids(rows, "_layernorm_quant_kernel") as quant:
+            start, end = engine.infer(ids, mask, tt)
     finally:
-        k.layernorm_quant, encoder.OUT_PROJ_ADDS_RESIDUAL = real, adds  # type: ignore[assignment]
-    if len(calls) != (cfg.num_layers if sum_residual and calibrate else 0):
+        encoder.OUT_PROJ_ADDS_RESIDUAL = adds
+    if len(quant) != (cfg.num_layers if sum_residual and calibrate else 0):
         return math.inf, 0.0
     if fp8_deferred:
         plain = FusedEngine(engine.weights, "cpu", backend="triton", fp8_min_tokens=fp8_from,

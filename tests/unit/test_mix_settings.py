@@ -42,3 +42,29 @@ def test_finish_writes_the_record_and_prints_the_table(
     assert json.loads(out.read_text()) == result
     shown = capsys.readouterr().out
     assert "abc1234" in shown and "tile2k" in shown and "+10.0%" in shown and "nan" in shown
+
+
+def test_kernel_moves_against_the_first_variant() -> None:
+    """``settled.kernel_moves``: per variant, each kernel's calls or µs less the first
+    variant's (kernels on one side only count from 0), unmoved ones left out, the largest
+    move first; ``print_kernel_moves`` prints each variant's total and its moves."""
+    from benchmarks.settled import kernel_moves
+
+    tables = {
+        "baseline": {"ln": {"calls": 48, "us": 5400.0}, "gemm": {"calls": 24, "us": 3150.0}},
+        "fold": {"ln": {"calls": 24, "us": 3160.0}, "gemm": {"calls": 24, "us": 3550.0},
+                 "quant": {"calls": 24, "us": 1360.0}},
+    }
+    assert kernel_moves(tables, "calls") == {"baseline": {},
+                                             "fold": {"ln": -24, "quant": 24}}
+    us = kernel_moves(tables, "us")
+    assert list(us["fold"]) == ["ln", "quant", "gemm"]
+    assert us["fold"] == {"ln": -2240.0, "quant": 1360.0, "gemm": 400.0}
+
+
+def test_print_kernel_moves(capsys: pytest.CaptureFixture[str]) -> None:
+    from benchmarks.settled import print_kernel_moves
+
+    print_kernel_moves({"a": {"k": {"us": 10.0}}, "b": {"k": {"us": 12.0}}}, "us")
+    out = capsys.readouterr().out.splitlines()
+    assert out == ["a: 10 us of kernels; ", "b: 12 us of kernels; k +2"]

@@ -4,8 +4,6 @@ through the PyTorch op set: the spec the Triton kernels are checked against
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import pytest
 import torch
@@ -41,22 +39,16 @@ def test_engine_with_the_out_projection_adding_the_residual(
     un-rounded sum instead of a rounded hidden state), and ``layernorm_quant`` runs once
     a layer only when asked."""
     from engine.fused import encoder
+    from tests.launch_spy import calls
     from tests.unit.test_folding import calibrated_tiny_fp8
 
     eng, cfg, (ids, mask, tt) = calibrated_tiny_fp8()
     monkeypatch.setattr(encoder, "OUT_PROJ_ADDS_RESIDUAL", False)
     plain = eng.infer(ids, mask, tt)
-    calls: list[int] = []
-    real = torch_ops.layernorm_quant
-
-    def counted(*args: Any, **kwargs: Any) -> Any:
-        calls.append(1)
-        return real(*args, **kwargs)
-
-    monkeypatch.setattr(torch_ops, "layernorm_quant", counted)
     monkeypatch.setattr(encoder, "OUT_PROJ_ADDS_RESIDUAL", adds)
-    got = eng.infer(ids, mask, tt)
-    assert len(calls) == (cfg.num_layers if adds else 0)
+    with calls(torch_ops, "layernorm_quant") as quant:
+        got = eng.infer(ids, mask, tt)
+    assert len(quant) == (cfg.num_layers if adds else 0)
     for a, b in zip(got, plain, strict=True):
         span = float(np.ptp(b))
         assert float(np.abs(a - b).max()) <= 0.01 * span

@@ -477,17 +477,18 @@ def _residual_ln(a: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor | S
         qa_w, qa_b = qa
     block, rows, warps = _row_tile(n, d)
     grid = triton.cdiv(n, rows)
-    sms = multiprocessors(a.device) if ROW_LOOP is not None else 0  # 0 off CUDA
-    loop = ROW_LOOP is not None and sms > 0 and not (summed or pdl) and n >= 8192
-    if ROW_LOOP is not None and loop:
-        per_sm, rows, warps = ROW_LOOP
-        grid = min(triton.cdiv(n, rows), per_sm * sms)
+    # ROW_LOOP: plain residuals without PDL, on a GPU (multiprocessors() is 0 off CUDA)
+    loop = (ROW_LOOP if n >= 8192 and not (summed or pdl) and multiprocessors(a.device)
+            else None)
+    if loop is not None:
+        per_sm, rows, warps = loop
+        grid = min(triton.cdiv(n, rows), per_sm * multiprocessors(a.device))
     _residual_ln_kernel[(grid,)](
         a, bias, res, gamma, beta, out, f8.q, f8.qs, qa_w, qa_b, logits, *sum_args,
         n, logits.stride(0), split_stride, d, eps,
         BLOCK_D=block, ROWS=rows, SPLITS=splits, FP8_OUT=f8.mode,
         QA_HEAD=qa is not None, USE_PDL=pdl, LATE_RELEASE=pdl and late_release,
-        SUM_RESIDUAL=summed, LOOP=loop, num_warps=warps, **launch_options(pdl),
+        SUM_RESIDUAL=summed, LOOP=loop is not None, num_warps=warps, **launch_options(pdl),
     )
     return out, f8
 
