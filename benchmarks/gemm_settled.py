@@ -16,8 +16,9 @@ A/B was unsettled). Two stages, one process:
    after ``--settle-s`` of the heuristic's first choice.
 2. **The whole pass, settled** (``settled.settled_rows``): the engine's choice (the tuned
    table's, else the heuristic's), then per GEMM its ``--top`` fastest settled-alone
-   configurations other than that one, all GEMMs' best together, and the engine's choice
-   again; logits compared with the engine's choice.
+   configurations other than that one, all GEMMs' best together (the sequence run
+   ``--repeat`` times), and the engine's choice again; logits compared with the engine's
+   choice.
 
 Each variant's row says whether its logits are bit for bit the baseline's and carries the
 tuned-table entry (a row range over the mix's sizes) that would make it the default.
@@ -55,6 +56,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="settled-alone fastest per GEMM that run the whole pass")
     p.add_argument("--tolerance", type=float, default=0.02,
                    help="largest relative mean difference from the heuristic's output")
+    p.add_argument("--repeat", type=int, default=1,
+                   help="runs of the pass variants (the engine's choice first in each)")
     p.add_argument("--profile", action="store_true",
                    help="also time each pass variant's kernels by name")
     add_mix_args(p)
@@ -169,7 +172,7 @@ def main(argv: list[str] | None = None) -> None:
             return lambda x: engine._run_device(*x)
         return go
 
-    order = ["baseline", *variants, "baseline_again"]
+    order = ["baseline", *variants] * args.repeat + ["baseline_again"]
     result = mix_result(args, tokens, cublaslt_version=cublaslt.version(), gemms=[
         {"gemm": f["gemm"], "plan": f["plan"], "quick_timed": f["quick_timed"],
          "engine_choice": f["engine_choice"].to_json(),
