@@ -23,6 +23,12 @@ A/B was unsettled). Two stages, one process:
 Each variant's row says whether its logits are bit for bit the baseline's and carries the
 tuned-table entry (a row range over the mix's sizes) that would make it the default.
 Random BERT-large weights, calibrated FP8 (timing only). Ends with both tables.
+
+    python3 benchmarks/gemm_settled.py --entries run1.json run2.json [--table [PATH]]
+
+prints (and with ``--table`` writes) the entries :func:`table_entries` draws from
+recorded runs: one configuration per GEMM that beat the engine's choice in every pass of
+every run it ran in.
 """
 
 from __future__ import annotations
@@ -60,6 +66,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="runs of the pass variants (the engine's choice first in each)")
     p.add_argument("--profile", action="store_true",
                    help="also time each pass variant's kernels by name")
+    p.add_argument("--entries", nargs="+", type=Path, default=None,
+                   help="recorded runs' JSON: print the table entries they support, then stop")
+    p.add_argument("--table", nargs="?", type=Path, default=None, const=Path("DEFAULT"),
+                   help="with --entries: write them to this tuned table (no value: the engine's)")
+    p.add_argument("--min-gain", type=float, default=0.005,
+                   help="with --entries: the median gain a pass variant needs in each run")
+    p.add_argument("--min-runs", type=int, default=2,
+                   help="with --entries: runs a configuration must have won")
     add_mix_args(p)
     args = p.parse_args(argv)
     args.gemms = args.gemms.split(",")
@@ -118,9 +132,68 @@ def gemm_candidates(gemm: str, tokens: int, args: argparse.Namespace, g: Any
             "alone": rows}
 
 
+def table_entries(runs: list[dict[str, Any]], min_gain: float, min_runs: int
+                  ) -> list[dict[str, Any]]:
+    """Tuned-table entries from recorded runs: a single-GEMM variant's configuration
+    qualifies in a run when each of its passes beat every pass of the engine's choice
+    (``baseline`` and ``baseline_again``) and its median pass is ``min_gain`` faster than
+    theirs; it must qualify in every run it ran in, and in at least ``min_runs``. Per GEMM
+    plan the qualifier with the largest mean gain wins; its entry records the gains."""
+    import json
+
+    gains: dict[tuple[str, str], list[float]] = {}
+    entries: dict[tuple[str, str], dict[str, Any]] = {}
+    failed: set[tuple[str, str]] = set()
+    for run in runs:
+        rows: dict[str, list[float]] = {}
+        for row in run["rows"]:
+            name = "baseline" if row["variant"] == "baseline_again" else row["variant"]
+            rows.setdefault(name, []).append(row["ms"])
+        base = rows["baseline"]
+        for name, picks in run["variants"].items():
+            if len(picks) != 1 or name not in rows:
+                continue
+            key = (picks[0]["plan"], json.dumps(picks[0]["config"], sort_keys=True))
+            gain = 1 - statistics.median(rows[name]) / statistics.median(base)
+            if max(rows[name]) < min(base) and gain >= min_gain:
+                gains.setdefault(key, []).append(gain)
+                entries.setdefault(key, picks[0])
+            else:
+                failed.add(key)
+    best: dict[str, tuple[float, tuple[str, str]]] = {}
+    for key, won in gains.items():
+        mean = statistics.mean(won)
+        if key not in failed and len(won) >= min_runs and mean > best.get(key[0], (0.0,))[0]:
+            best[key[0]] = (mean, key)
+    return [{**{k: v for k, v in entries[key].items() if k not in ("date", "commit")},
+             "source": "benchmarks/gemm_settled.py: whole settled mix passes against the "
+                       "engine's choice, logits bit for bit",
+             "pass_gains": [round(g, 4) for g in gains[key]],
+             "date": entries[key]["date"], "commit": entries[key]["commit"]}
+            for _, key in best.values()]
+
+
+def _entries(args: argparse.Namespace) -> None:
+    import json
+
+    from benchmarks.cublaslt_search import _write_table
+    from engine.fused import cublaslt_table
+
+    runs = [json.loads(p.read_text()) for p in args.entries]
+    entries = table_entries(runs, args.min_gain, args.min_runs)
+    print(json.dumps(entries, indent=1))
+    if args.table is not None:
+        path = cublaslt_table.TABLE_PATH if str(args.table) == "DEFAULT" else args.table
+        _write_table(path, entries)
+        print(f"{len(entries)} entries written to {path}")
+
+
 def main(argv: list[str] | None = None) -> None:
     sys.path.insert(0, str(REPO))
     args = parse_args(argv)
+    if args.entries:
+        _entries(args)
+        return
     import numpy as np
     import torch
 

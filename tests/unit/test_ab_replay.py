@@ -133,7 +133,7 @@ def test_large_m_configs_reads_the_recorded_search() -> None:
     made = large_m_configs.table_entries(runs, three, (20480, 65536), 0.01)
     table = json.loads((large_m_configs.REPO / "engine" / "fused"
                         / "cublaslt_tuned.json").read_text())
-    ranged = [e for e in table if "-" in e["plan"].partition(",")[0]]
+    ranged = [e for e in table if "-" in e["plan"].partition(",")[0] and e["gpu"] == "NVIDIA H200"]
     assert ranged == made and [e["plan"][:28] for e in made] == ["m=20480-65536,n=3072,k=1024,"]
     # All static: the out-projection's configuration lost a round to the heuristic.
     static = json.loads((large_m_configs.REPO / "benchmarks"
@@ -331,3 +331,31 @@ def test_sweep_scripts_parse_and_name_what_exists() -> None:
     assert options <= known, sorted(options - known)
     for module, attr in sorted(targets):
         assert hasattr(importlib.import_module(module), attr), f"{module}.{attr}"
+
+
+def test_gemm_settled_table_entries_are_the_recorded_winners() -> None:
+    """The shipped table's H100 row-range entry is what ``gemm_settled.table_entries``
+    makes of v43's three recorded runs: QKV's configuration (tile 409) won every settled
+    pass in both runs it ran in; tile 20 won all three of its runs by less on average;
+    FFN1's tile 29 won the one run it ran in; every other FFN1 and FFN2 configuration lost
+    a pass."""
+    from benchmarks import gemm_settled
+
+    runs = [json.loads((gemm_settled.REPO / "benchmarks" / "gpu-2026-12-06-v43"
+                        / f"gemm-settled-{name}.json").read_text())
+            for name in ("grid150-a73d647", "grid600-1953461", "grid1300-1953461")]
+    made = gemm_settled.table_entries(runs, 0.005, 2)
+    table = json.loads((gemm_settled.REPO / "engine" / "fused" / "cublaslt_tuned.json").read_text())
+    assert [e for e in table if e["gpu"] == "NVIDIA H100 80GB HBM3"] == made
+    assert [(e["plan"][:28], e["config"]["tile"]) for e in made] == [
+        ("m=20480-65536,n=3072,k=1024,", 409)]
+    # One slower pass in one run disqualifies a configuration everywhere (qkv_1 is tile
+    # 409 in the grid600 run).
+    slow = json.loads(json.dumps(runs[1]))
+    next(r for r in slow["rows"] if r["variant"] == "qkv_1")["ms"] = 40.0
+    assert [e["config"]["tile"] for e in gemm_settled.table_entries(
+        [runs[0], slow, runs[2]], 0.005, 2)] == [20]
+    # With one run enough, FFN1's tile 29 (one run, +0.5%) qualifies too.
+    assert sorted((e["plan"][:28], e["config"]["tile"])
+                  for e in gemm_settled.table_entries(runs, 0.005, 1)) == [
+        ("m=20480-65536,n=3072,k=1024,", 409), ("m=20480-65536,n=4096,k=1024,", 29)]
