@@ -14,7 +14,7 @@ A/B was unsettled). Two stages, one process:
    timed as CUDA graphs of 24 calls on 24 weight copies, each ``--alone-settle-s`` at the
    cap and ``--alone-timed-s`` timed, in ``--rounds`` interleaved rounds (median µs a call),
    after ``--settle-s`` of the heuristic's first choice.
-2. **The whole pass, settled** (``settled.settled_rows``): the engine's choice (the tuned
+2. **The whole pass, settled** (``settled.settled_variants``): the engine's choice (the tuned
    table's, else the heuristic's), then per GEMM its ``--top`` fastest settled-alone
    configurations other than that one, all GEMMs' best together (the sequence run
    ``--repeat`` times), and the engine's choice again; logits compared with the engine's
@@ -198,7 +198,7 @@ def main(argv: list[str] | None = None) -> None:
     import torch
 
     from benchmarks.bench_gpu import device_packed, mix_engine, mix_windows
-    from benchmarks.settled import finish, kernel_table, mix_result, print_kernel_moves, settled_rows
+    from benchmarks.settled import finish, mix_result, settled_variants
     from engine.fused import cublaslt
 
     engine = mix_engine("bert-large")
@@ -273,13 +273,7 @@ def main(argv: list[str] | None = None) -> None:
                                      date=time.strftime("%Y-%m-%d"), commit=args.commit)
                     for f in found if shapes[f["gemm"]] in picks]
             print(f"max |logit - baseline's|: {result['max_abs_logit_diff']}", flush=True)
-            result["rows"] = settled_rows([(n, ready(n)) for n in order], packed,
-                                          args.windows, args.settle_s, args.timed_s)
-            if args.profile:
-                tables = {n: kernel_table(ready(n)(), packed) for n in order}
-                result["kernel_us"] = {n: {k: v["us"] for k, v in t.items()}
-                                       for n, t in tables.items()}
-                print_kernel_moves(tables, "us")
+            settled_variants(result, order, ready, packed, args, args.profile)
     finally:
         cublaslt._tuned_config = table_config
         cublaslt.clear_plans()

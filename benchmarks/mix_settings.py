@@ -36,14 +36,7 @@ def main() -> None:
                    help="NAME:module.ATTR=VALUE (a Python literal); repeat per setting")
     sys.path.insert(0, str(REPO))
     from benchmarks.ab_replay import parse_setting
-    from benchmarks.settled import (
-        add_mix_args,
-        finish,
-        kernel_table,
-        mix_result,
-        print_kernel_moves,
-        settled_rows,
-    )
+    from benchmarks.settled import add_mix_args, finish, mix_result, settled_variants
 
     p.add_argument("--profile", action="store_true",
                    help="also time each variant's kernels by name from the profiler")
@@ -98,13 +91,7 @@ def main() -> None:
                 result["max_abs_logit_diff"][name] = (
                     engine._run_device(*packed) - reference).abs().max().item()
             print(f"max |logit - baseline's|: {result['max_abs_logit_diff']}", flush=True)
-            result["rows"] = settled_rows([(n, ready(n)) for n in order], packed,
-                                          args.windows, args.settle_s, args.timed_s)
-            if args.profile:
-                tables = {n: kernel_table(ready(n)(), packed) for n in order}
-                result["kernel_us"] = {n: {k: v["us"] for k, v in t.items()}
-                                       for n, t in tables.items()}
-                print_kernel_moves(tables, "us")
+            settled_variants(result, order, ready, packed, args, args.profile)
     finally:
         apply("baseline")
     finish(args, result)

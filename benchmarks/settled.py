@@ -52,6 +52,21 @@ def settled_rows(variants: Sequence[Variant], arg: Any, windows: int, settle_s: 
     return rows
 
 
+def settled_variants(result: dict[str, Any], order: Sequence[str],
+                     ready: Callable[[str], Callable[[], Callable[[Any], Any]]], arg: Any,
+                     args: argparse.Namespace, profile: bool) -> None:
+    """``result["rows"]``: :func:`settled_rows` of the variants named in ``order``
+    (``ready(name)`` readies one, as a :data:`Variant`'s function); with ``profile`` also
+    ``result["kernel_us"]``, each variant's :func:`kernel_table` µs by kernel name (after
+    the settled rows, so at the clock the cap settled at), and their moves printed."""
+    result["rows"] = settled_rows([(n, ready(n)) for n in order], arg, args.windows,
+                                  args.settle_s, args.timed_s)
+    if profile:
+        tables = {n: kernel_table(ready(n)(), arg) for n in order}
+        result["kernel_us"] = {n: {k: v["us"] for k, v in t.items()} for n, t in tables.items()}
+        print_kernel_moves(tables, "us")
+
+
 def kernel_table(fn: Callable[[Any], Any], arg: Any, passes: int = 3,
                  ) -> dict[str, dict[str, float]]:
     """Per CUDA kernel name (copies and memsets too), its calls and µs a pass of
