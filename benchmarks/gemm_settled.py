@@ -10,18 +10,21 @@ A/B was unsettled). Two stages, one process:
 1. **Alone, settled.** For each GEMM (``--gemms``: QKV, FFN1 with bias + GELU + e4m3 out,
    FFN2) at the mix batch's exact token count, with the engine's plan: the heuristic's
    configurations and a seeded sample of ``--grid`` from ``cublaslt_algos``' grid (no
-   split-K) are timed briefly; the heuristic's and the ``--shortlist`` fastest are then
-   timed as CUDA graphs of 24 calls on 24 weight copies, each ``--alone-settle-s`` at the
-   cap and ``--alone-timed-s`` timed, in ``--rounds`` interleaved rounds (median µs a call),
-   after ``--settle-s`` of the heuristic's first choice.
-2. **The whole pass, settled** (``settled.settled_variants``): the engine's choice (the tuned
-   table's, else the heuristic's), then per GEMM its ``--top`` fastest settled-alone
+   split-K) are timed briefly; the engine's choice (the tuned table's, else the
+   heuristic's first) and the ``--shortlist`` fastest whose output is within
+   ``--tolerance`` of its output are then timed as CUDA graphs of 24 calls on 24 weight
+   copies, each ``--alone-settle-s`` at the cap and ``--alone-timed-s`` timed, in
+   ``--rounds`` interleaved rounds (median µs a call), after ``--settle-s`` of the
+   engine's choice.
+2. **The whole pass, settled** (``settled.settled_variants``): the engine's choice, then
+   per GEMM its ``--top`` fastest settled-alone
    configurations other than that one, all GEMMs' best together (the sequence run
    ``--repeat`` times), and the engine's choice again; logits compared with the engine's
    choice.
 
-Each variant's row says whether its logits are bit for bit the baseline's and carries the
-tuned-table entry (a row range over the mix's sizes) that would make it the default.
+The result records each variant's largest logit difference from the engine's choice, how
+many plans took its configuration, and the tuned-table entries (a row range over the mix's
+sizes) that would make it the default.
 Random BERT-large weights, calibrated FP8 (timing only). Ends with both tables.
 
     python3 benchmarks/gemm_settled.py --entries run1.json run2.json [--table [PATH]]
@@ -61,7 +64,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--top", type=int, default=2,
                    help="settled-alone fastest per GEMM that run the whole pass")
     p.add_argument("--tolerance", type=float, default=0.02,
-                   help="largest relative mean difference from the heuristic's output")
+                   help="largest relative mean difference from the engine's choice's output")
     p.add_argument("--repeat", type=int, default=1,
                    help="runs of the pass variants (the engine's choice first in each)")
     p.add_argument("--profile", action="store_true",

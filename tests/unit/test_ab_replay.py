@@ -359,3 +359,14 @@ def test_gemm_settled_table_entries_are_the_recorded_winners() -> None:
     assert sorted((e["plan"][:28], e["config"]["tile"])
                   for e in gemm_settled.table_entries(runs, 0.005, 1)) == [
         ("m=20480-65536,n=3072,k=1024,", 409), ("m=20480-65536,n=4096,k=1024,", 29)]
+
+
+def test_gemm_settled_arguments() -> None:
+    from benchmarks import gemm_settled
+
+    args = gemm_settled.parse_args(["--gemms", "qkv,ffn2", "--repeat", "2"])
+    assert args.gemms == ["qkv", "ffn2"] and args.repeat == 2 and args.entries is None
+    args = gemm_settled.parse_args(["--entries", "a.json", "b.json", "--table"])
+    assert [p.name for p in args.entries] == ["a.json", "b.json"] and str(args.table) == "DEFAULT"
+    with pytest.raises(SystemExit):
+        gemm_settled.parse_args(["--gemms", "qkv,out"])
