@@ -41,7 +41,7 @@ $(TEST_TOOLS): $(STAMP) tests/requirements.txt tests/apt.txt
 	mkdir -p build && touch $@
 
 test: $(STAMP) $(ONNX) $(TEST_TOOLS)  ## the default suite (no GPU, < 15 min)
-	$(PYTEST) -m "not slow and not gpu" -q
+	$(PYTEST) -m "not slow and not gpu" -q --durations=15
 
 test-all: $(STAMP) $(ONNX) $(TEST_TOOLS)  ## everything that runs without a GPU, slow suites too
 	$(PYTEST) -m "not gpu" -q
