@@ -40,7 +40,6 @@ unchanged (+0.087 loss over four weight roundings against the default's +0.095).
 
 from __future__ import annotations
 
-from functools import cache
 from typing import Any
 
 import torch
@@ -55,6 +54,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from engine.fused.dispatch import multiprocessors
 
 # Gluon's names moved between releases (triton 3.6 and 3.9): the CTA barrier
 # (``thread_barrier`` -> ``barrier``) and the TMA load (``async_copy_global_to_shared`` ->
@@ -285,11 +286,6 @@ def descriptors(xq: torch.Tensor, w8: torch.Tensor, block_k: int,
             TensorDescriptor.from_tensor(w8, [block_n, block_k], b_layout))
 
 
-@cache
-def _sm_count(device: int) -> int:
-    return int(torch.cuda.get_device_properties(device).multi_processor_count)
-
-
 def supports(xq: torch.Tensor, w8: torch.Tensor) -> bool:
     """Whether :func:`ffn1` takes these operands: a Hopper GPU (sm_90: wgmma and TMA),
     e4m3 row-major operands, N and K multiples of the tile."""
@@ -320,7 +316,7 @@ def ffn1(xq: torch.Tensor, x_scale: torch.Tensor, w8: torch.Tensor, w_scale: tor
         out = torch.empty((m, n), device=xq.device, dtype=xq.dtype)
     a_desc, b_desc = descriptors(xq, w8, block_k, block_n)
     tiles = triton.cdiv(m, BLOCK_M) * (n // block_n)
-    grid = (max(1, min(programs or _sm_count(xq.device.index or 0), tiles)), )
+    grid = (max(1, min(programs or multiprocessors(xq.device), tiles)), )
     _ffn1_kernel[grid](a_desc, b_desc, b1, x_scale, w_scale, h_inv, out, m, n, k,
                        STAGES=stages, SUB_M=sub_m, GELU=gelu, ACC16=acc16,
                        COOP=block_n > 128, **WORKER_REGS, **LAUNCH)

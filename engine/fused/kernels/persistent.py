@@ -25,12 +25,11 @@ wait forever: there the launcher runs one launch per phase with the barrier comp
 
 from __future__ import annotations
 
-import functools
-
 import torch
 import triton
 import triton.language as tl
 
+from engine.fused.dispatch import multiprocessors
 from engine.fused.kernels.attention import ATTN_SMALL, attention_tile, head_block, softmax_scale
 from engine.fused.kernels.matmul import EPI_GELU, EPI_PARTIAL, EPI_STORE, gemm_tile, small_batch_plan
 from engine.fused.kernels.rows import embed_ln_rows, residual_ln_rows
@@ -146,11 +145,6 @@ def _encoder_kernel(
                 _grid_barrier(bar_ptr, (p + 1 - phase_lo) * nprog)
 
 
-@functools.cache
-def _sm_count(device_index: int) -> int:
-    return int(torch.cuda.get_device_properties(device_index).multi_processor_count)
-
-
 def persistent_supported(w: BertQAWeights) -> bool:
     """Whether :func:`encode_persistent` can run these weights (flat fp16/bf16 layers,
     dimensions in whole 128-element tiles, a power-of-two head size up to 128)."""
@@ -185,7 +179,7 @@ def encode_persistent(
     strides = (w.flat.mats.stride(0), w.flat.vecs.stride(0))  # elements per layer
     dev = input_ids.device
     on_gpu = dev.type == "cuda"
-    programs = programs or (_sm_count(dev.index or 0) if on_gpu else 4)
+    programs = programs or (multiprocessors(dev) if on_gpu else 4)
     barrier = on_gpu if barrier is None else barrier
     # The separate kernels' tiles and splits (warps and stages are the kernel's own).
     qkv_t, _ = small_batch_plan(t, 3 * d, d, False, programs)
