@@ -74,14 +74,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _operands(gemm: str, tokens: int, copies: int, g: Any) -> tuple[dict[str, Any], list[Any]]:
-    """``fp8_linear`` keyword arguments (weight left out) and the weight copies."""
+def _operands(gemm: str, tokens: int, copies: int, g: Any, half: bool = False
+              ) -> tuple[dict[str, Any], list[Any]]:
+    """``fp8_linear`` keyword arguments (weight left out) and the weight copies; with
+    ``half``, fp16 operands and no scales (a ``half_linear`` GEMM: :func:`_gemm`)."""
     import torch
 
     from benchmarks.gemm_cli import BERT_LARGE_GEMMS
     from engine.fused.fp8 import FP8_DTYPE
 
     n, k = BERT_LARGE_GEMMS[gemm]
+    if half:
+        x16 = torch.randn((tokens, k), generator=g, device="cuda").half()
+        return ({"xq": x16, "x_scale": None, "w_scale": None, "out_dtype": torch.float16},
+                [(torch.randn((n, k), generator=g, device="cuda") * 0.03).half()
+                 for _ in range(copies)])
     x = (torch.randn((tokens, k), generator=g, device="cuda") * 64).clamp(-448, 448)
     kw: dict[str, Any] = {"xq": x.to(FP8_DTYPE), "x_scale": torch.tensor([0.02], device="cuda"),
                           "w_scale": torch.tensor([1e-4], device="cuda"),
@@ -99,15 +106,23 @@ def _caller(kw: dict[str, Any], weights: list[Any], config: Any) -> Callable[[],
     """A call that runs ``config`` on the next weight copy each time, into one buffer."""
     import torch
 
-    from engine.fused import cublaslt
-
     out = torch.empty((kw["xq"].shape[0], weights[0].shape[0]), device="cuda",
                       dtype=kw["out_dtype"])
     turn = itertools.cycle(range(len(weights)))
 
     def call() -> Any:
-        return cublaslt.fp8_linear(w8=weights[next(turn)], out=out, config=config, **kw)
+        return _gemm(kw, weights[next(turn)], out=out, config=config)
     return call
+
+
+def _gemm(kw: dict[str, Any], weight: Any, **more: Any) -> Any:
+    """One call of the GEMM ``kw`` describes (:func:`_operands`) on ``weight``: ``fp8_linear``,
+    or ``half_linear`` where ``kw`` has no scales."""
+    from engine.fused import cublaslt
+
+    if kw["x_scale"] is None:
+        return cublaslt.half_linear(kw["xq"], weight, **more)
+    return cublaslt.fp8_linear(w8=weight, **kw, **more)
 
 
 def sample(candidates: list[Any], heuristic: list[Any], limit: int) -> list[Any]:
@@ -133,9 +148,7 @@ def _time(kw: dict[str, Any], weights: list[Any], config: Any, replays: int) -> 
 
 
 def _difference(kw: dict[str, Any], weight: Any, config: Any, ref: Any) -> float:
-    from engine.fused import cublaslt
-
-    y = cublaslt.fp8_linear(w8=weight, config=config, **kw).float()
+    y = _gemm(kw, weight, config=config).float()
     return float((y - ref).abs().mean() / ref.abs().mean().clamp_min(1e-12))
 
 

@@ -1,4 +1,4 @@
-"""cuBLASLt configurations for the mix's FP8 GEMMs, chosen at a settled power limit.
+"""cuBLASLt configurations for the mix's GEMMs, chosen at a settled power limit.
 
     python3 benchmarks/gemm_settled.py --commit SHA --out gemm-settled.json
 
@@ -7,8 +7,11 @@ so a GEMM configuration is better for the pass when a call costs less energy, no
 wins a burst timing (v12's search at 49,152 rows ranked by clock drift; v13's whole-pass
 A/B was unsettled). Two stages, one process:
 
-1. **Alone, settled.** For each GEMM (``--gemms``: QKV, FFN1 with bias + GELU + e4m3 out,
-   FFN2) at the mix batch's exact token count, with the engine's plan: the heuristic's
+1. **Alone, settled.** For each GEMM (``--gemms``: QKV, FFN1 with bias + GELU + e4m3 out
+   and FFN2, all FP8; the out-projection, 16-bit, which the engine runs with ``torch.mm``
+   unless the tuned table has a configuration for it, so its "engine's choice" here is
+   cuBLASLt's heuristic first) at the mix batch's exact token count, with the engine's
+   plan: the heuristic's
    configurations and a seeded sample of ``--grid`` from ``cublaslt_algos``' grid (no
    split-K) are timed briefly; the engine's choice (the tuned table's, else the
    heuristic's first) and the ``--shortlist`` fastest whose output is within
@@ -44,7 +47,8 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-GEMMS = ("qkv", "ffn1", "ffn2")
+GEMMS = ("qkv", "ffn1", "ffn2", "out")
+HALF = ("out",)  # 16-bit in the calibrated default: cuBLASLt's configuration or torch.mm
 ROWS = (20480, 65536)  # the tuned table's row range for the mix's eager passes (v13)
 
 
@@ -109,13 +113,13 @@ def gemm_candidates(gemm: str, tokens: int, args: argparse.Namespace, g: Any
                     ) -> dict[str, Any]:
     """Stage 1 for one GEMM: its plan, the heuristic's first choice, the shortlist's
     settled-alone µs a call (fastest first) and each one's output difference."""
-    from benchmarks.cublaslt_search import _difference, _operands, _time, sample
+    from benchmarks.cublaslt_search import _difference, _gemm, _operands, _time, sample
     from engine.fused import cublaslt
 
-    kw, weights = _operands(gemm, tokens, 24, g)
+    kw, weights = _operands(gemm, tokens, 24, g, half=gemm in HALF)
     space = cublaslt.search_space(w8=weights[0], swizzle=True, **kw)
     engine_choice = space.tuned or space.heuristic[0]
-    ref = cublaslt.fp8_linear(w8=weights[0], config=engine_choice, **kw).float()
+    ref = _gemm(kw, weights[0], config=engine_choice).float()
     pool = sample([c for c in space.candidates if c.splitk == 1],
                   [c for c in space.heuristic if c.splitk == 1], args.grid)
     quick = sorted((us, i, c) for i, c in enumerate(pool)
@@ -258,12 +262,6 @@ def main(argv: list[str] | None = None) -> None:
         with torch.inference_mode():
             use("baseline")
             reference = engine._run_device(*packed)
-            in_pass = {k.name() for k in cublaslt._PLANS}
-            result["plans_missing_from_pass"] = [f["plan"] for f in found
-                                                 if f["plan"] not in in_pass]
-            if result["plans_missing_from_pass"]:
-                print(f"warning: the pass runs none of {result['plans_missing_from_pass']}",
-                      flush=True)
             for name, picks in variants.items():
                 use(name)
                 diff = (engine._run_device(*packed) - reference).abs().max().item()
@@ -275,6 +273,14 @@ def main(argv: list[str] | None = None) -> None:
                                      plan=f"m={ROWS[0]}-{ROWS[1]},{f['plan_rest']}",
                                      date=time.strftime("%Y-%m-%d"), commit=args.commit)
                     for f in found if shapes[f["gemm"]] in picks]
+            # The last variant (every GEMM's best) made every searched GEMM's plan that the
+            # pass runs (a 16-bit GEMM has none without a configuration for it).
+            in_pass = {k.name() for k in cublaslt._PLANS}
+            result["plans_missing_from_pass"] = [f["plan"] for f in found
+                                                 if f["plan"] not in in_pass]
+            if result["plans_missing_from_pass"]:
+                print(f"warning: the pass runs none of {result['plans_missing_from_pass']}",
+                      flush=True)
             print(f"max |logit - baseline's|: {result['max_abs_logit_diff']}", flush=True)
             settled_variants(result, order, ready, packed, args, args.profile)
     finally:

@@ -13,6 +13,12 @@ GELU (its tanh form), and ``y`` fp16/bf16, or e4m3 with ``out_scale`` a float32 
 With an e4m3 ``y`` a GEMM writes the next GEMM's input directly: FFN1 + bias + GELU +
 quantization in one kernel.
 
+16-bit GEMMs (``y = x @ w^T``, fp16 or bf16, float32 accumulation; :func:`half_linear`)
+run through the same plans, so the tuned table can choose their configuration too: the
+engine's 16-bit large-batch GEMMs (the out-projection of the calibrated mix pass) run
+:func:`tuned_half_linear`, which takes a tuned configuration where the table has one for
+the shape and leaves the GEMM to ``torch.mm`` otherwise.
+
 The library is the one torch already loaded (``libcublasLt.so.13``/``.12``), or
 ``$QA_CUBLASLT_LIB``. Plans (descriptors and the heuristic's algorithms) are cached
 per shape and configuration, the :data:`MAX_PLANS` most recently used (eager passes run
@@ -204,12 +210,20 @@ class _Key:
     out_scaled: bool
     fast_accum: bool
     tuned: bool  # run the tuned table's configuration, where it has one
+    # The operands' type: e4m3 (``fp8_linear``) or 16-bit (``half_linear``: no scales).
+    operands: torch.dtype = torch.float8_e4m3fn
 
     def name(self) -> str:
-        """The GEMM's fields (all but ``tuned``) as a string: the tuned table's key."""
+        """The GEMM's fields as a string, the tuned table's key: all but ``tuned``, and
+        ``operands`` only when 16-bit (so e4m3 keys read as they did before it existed)."""
         return ",".join(f"{f.name}={str(v).replace('torch.', '')}"
                         for f, v in zip(fields(self), astuple(self), strict=True)
-                        if f.name != "tuned")
+                        if f.name != "tuned"
+                        and not (f.name == "operands" and v == torch.float8_e4m3fn))
+
+    @property
+    def fp8(self) -> bool:
+        return self.operands == torch.float8_e4m3fn
 
 
 @dataclass
@@ -265,6 +279,7 @@ def clear_plans() -> None:
     looking the tuned table up again (after ``cublaslt_table.TABLE_PATH`` changed: tables
     are read once per path)."""
     with _CALL_LOCK:
+        _HALF_TUNED.clear()
         while _PLANS:
             _destroy(_PLANS.popitem()[1])
 
@@ -284,29 +299,33 @@ def _new_plan(key: _Key) -> _Plan:
            "cublasLtMatmulDescCreate")
     _set(desc, _DESC_TRANSA, ctypes.c_int32(_OP_T))
     _set(desc, _DESC_TRANSB, ctypes.c_int32(_OP_N))
-    # cuBLAS's A is our weight (scales per its rows = our output channels), B our activation.
-    _set(desc, _DESC_A_SCALE_MODE, ctypes.c_int32(_SCALE_OUTER_VEC if key.w_rows else _SCALE_SCALAR))
-    _set(desc, _DESC_B_SCALE_MODE, ctypes.c_int32(_SCALE_OUTER_VEC if key.x_rows else _SCALE_SCALAR))
+    # Pointers the heuristic looks at for alignment; the real ones are set per call.
+    dummy = ctypes.c_void_p(256)
+    if key.fp8:
+        # cuBLAS's A is our weight (scales per its rows = our output channels), B our
+        # activation.
+        _set(desc, _DESC_A_SCALE_MODE,
+             ctypes.c_int32(_SCALE_OUTER_VEC if key.w_rows else _SCALE_SCALAR))
+        _set(desc, _DESC_B_SCALE_MODE,
+             ctypes.c_int32(_SCALE_OUTER_VEC if key.x_rows else _SCALE_SCALAR))
+        _set(desc, _DESC_FAST_ACCUM, ctypes.c_int8(key.fast_accum))
+        for attr in (_DESC_A_SCALE, _DESC_B_SCALE):
+            _set(desc, attr, dummy)
     epi = ((_EPI_GELU_BIAS if key.gelu else _EPI_BIAS) if key.bias is not None
            else (_EPI_GELU if key.gelu else _EPI_DEFAULT))
     _set(desc, _DESC_EPILOGUE, ctypes.c_int32(epi))
-    _set(desc, _DESC_FAST_ACCUM, ctypes.c_int8(key.fast_accum))
     if key.bias is not None:
         _set(desc, _DESC_BIAS_TYPE, ctypes.c_int32(_TYPES[key.bias]))
-    # Pointers the heuristic looks at for alignment; the real ones are set per call.
-    dummy = ctypes.c_void_p(256)
-    for attr in (_DESC_A_SCALE, _DESC_B_SCALE):
-        _set(desc, attr, dummy)
     if key.out_scaled:
         _set(desc, _DESC_D_SCALE, dummy)
     if key.bias is not None:
         _set(desc, _DESC_BIAS_POINTER, dummy)
-    out = _TYPES[key.out]
+    out, ab = _TYPES[key.out], _TYPES[key.operands]
     c_type = _R_16BF if key.out == torch.float8_e4m3fn else out  # C of an e4m3 D: 16-bit
-    plan = _Plan(desc, _layout(_R_8F_E4M3, key.k, key.n, key.k),
-                 _layout(_R_8F_E4M3, key.k, key.m, key.k), _layout(c_type, key.n, key.m, key.n),
+    plan = _Plan(desc, _layout(ab, key.k, key.n, key.k),
+                 _layout(ab, key.k, key.m, key.k), _layout(c_type, key.n, key.m, key.n),
                  _layout(out, key.n, key.m, key.n),
-                 cublaslt_algos.Types(_COMPUTE_32F, _R_32F, _R_8F_E4M3, _R_8F_E4M3, c_type, out),
+                 cublaslt_algos.Types(_COMPUTE_32F, _R_32F, ab, ab, c_type, out),
                  [])
     try:
         _fill(plan, key)
@@ -339,7 +358,7 @@ def _fill(plan: _Plan, key: _Key) -> None:
         lib.cublasLtMatmulPreferenceDestroy(pref)
     plan.algos = [r.algo for r in results[:found.value] if r.state == 0]
     if not plan.algos:
-        raise CublasLtError(f"cuBLASLt has no FP8 algorithm for {key}")
+        raise CublasLtError(f"cuBLASLt has no algorithm for {key}")
     config = _tuned_config(key) if key.tuned else None
     if config is not None:
         algo = _checked(plan, config)
@@ -403,18 +422,23 @@ def _scale_rows(scale: torch.Tensor, rows: int, what: str) -> bool:
     return scale.numel() == rows and rows != 1
 
 
+def _shape(x: torch.Tensor, w: torch.Tensor, what: str) -> tuple[int, int, int]:
+    """(m, n, k) of ``x @ w^T``, after checking the operands are 2-D, row-major and
+    multiply."""
+    if x.dim() != 2 or w.dim() != 2 or x.shape[1] != w.shape[1]:
+        raise ValueError(f"shapes {tuple(x.shape)} and {tuple(w.shape)} do not multiply")
+    if not (x.is_contiguous() and w.is_contiguous()):
+        raise ValueError(f"{what} takes row-major (contiguous) operands")
+    return x.shape[0], w.shape[0], x.shape[1]
+
+
 def _key(xq: torch.Tensor, x_scale: torch.Tensor, w8: torch.Tensor, w_scale: torch.Tensor,
          out_dtype: torch.dtype, bias: torch.Tensor | None, gelu: bool,
          out_scale: torch.Tensor | None, fast_accum: bool) -> _Key:
     """The plan key of an ``fp8_linear`` call, after checking its arguments."""
     if xq.dtype != torch.float8_e4m3fn or w8.dtype != torch.float8_e4m3fn:
         raise ValueError("fp8_linear takes e4m3 operands")
-    if xq.dim() != 2 or w8.dim() != 2 or xq.shape[1] != w8.shape[1]:
-        raise ValueError(f"shapes {tuple(xq.shape)} and {tuple(w8.shape)} do not multiply")
-    if not (xq.is_contiguous() and w8.is_contiguous()):
-        raise ValueError("fp8_linear takes row-major (contiguous) operands")
-    m, k = xq.shape
-    n = w8.shape[0]
+    m, n, k = _shape(xq, w8, "fp8_linear")
     if out_dtype not in _TYPES:
         raise ValueError(f"unsupported output dtype {out_dtype}")
     if (out_dtype == torch.float8_e4m3fn) != (out_scale is not None):
@@ -424,6 +448,19 @@ def _key(xq: torch.Tensor, x_scale: torch.Tensor, w8: torch.Tensor, w_scale: tor
     return _Key(m, n, k, out_dtype, None if bias is None else bias.dtype, gelu,
                 _scale_rows(x_scale, m, "x_scale"), _scale_rows(w_scale, n, "w_scale"),
                 out_scale is not None, fast_accum, TUNED)
+
+
+_HALF = (torch.float16, torch.bfloat16)
+
+
+def _half_key(x: torch.Tensor, w: torch.Tensor) -> _Key:
+    """The plan key of a ``half_linear`` call, after checking its arguments."""
+    if x.dtype not in _HALF or w.dtype != x.dtype:
+        raise ValueError(f"half_linear takes two fp16 or two bf16 operands, not {x.dtype} "
+                         f"and {w.dtype}")
+    m, n, k = _shape(x, w, "half_linear")
+    return _Key(m, n, k, x.dtype, None, False, False, False, False, False, TUNED,
+                operands=x.dtype)
 
 
 @dataclass(frozen=True)
@@ -444,14 +481,24 @@ class SearchSpace:
                 "config": config.to_json(), **measured}
 
 
-def search_space(xq: torch.Tensor, x_scale: torch.Tensor, w8: torch.Tensor,
-                 w_scale: torch.Tensor, out_dtype: torch.dtype, bias: torch.Tensor | None = None,
-                 gelu: bool = False, out_scale: torch.Tensor | None = None,
-                 fast_accum: bool = False, swizzle: bool = False,
-                 max_checks: int = 1_000_000) -> SearchSpace:
+def search_space(xq: torch.Tensor, x_scale: torch.Tensor | None, w8: torch.Tensor,
+                 w_scale: torch.Tensor | None, out_dtype: torch.dtype,
+                 bias: torch.Tensor | None = None, gelu: bool = False,
+                 out_scale: torch.Tensor | None = None, fast_accum: bool = False,
+                 swizzle: bool = False, max_checks: int = 1_000_000) -> SearchSpace:
     """The configurations an ``fp8_linear`` call with these arguments could run (over
-    ``cublaslt_algos.candidates``' grid)."""
-    key = _key(xq, x_scale, w8, w_scale, out_dtype, bias, gelu, out_scale, fast_accum)
+    ``cublaslt_algos.candidates``' grid); with 16-bit operands and no scales (the other
+    arguments at their defaults, ``out_dtype`` the operands'), a ``half_linear`` call's."""
+    if x_scale is None and w_scale is None:
+        key = _half_key(xq, w8)
+        if (out_dtype, bias, gelu, out_scale, fast_accum) != (xq.dtype, None, False, None,
+                                                               False):
+            raise ValueError("a 16-bit GEMM's search space has no epilogue, scales or "
+                             "fast accumulation, and its output is its operands' type")
+    elif x_scale is None or w_scale is None:
+        raise ValueError("give both scales (e4m3 operands) or neither (16-bit)")
+    else:
+        key = _key(xq, x_scale, w8, w_scale, out_dtype, bias, gelu, out_scale, fast_accum)
     lib, handle = _lib(), _handle()
     report: list[dict[str, Any]] = []
     # The plan stays cached (not destroyed) while its grid is checked; inference on other
@@ -495,38 +542,101 @@ def fp8_linear(
     otherwise."""
     key = _key(xq, x_scale, w8, w_scale, out_dtype, bias, gelu, out_scale, fast_accum)
     m, n = key.m, key.n
-    if algo is not None and algo < 0:
-        raise ValueError(f"algo must be >= 0, got {algo}")
-    if algo is not None and config is not None:
-        raise ValueError("give algo or config, not both")
-    if out is None:
-        out = torch.empty((m, n), device=xq.device, dtype=out_dtype)
-    elif out.shape != (m, n) or out.dtype != out_dtype or not out.is_contiguous():
-        raise ValueError(f"out must be a contiguous {out_dtype} tensor of shape ({m}, {n})")
+    out = _out(key, xq, out)
     if addend is not None and (out_dtype == torch.float8_e4m3fn or addend.shape != (m, n)
                                or addend.dtype != out_dtype or not addend.is_contiguous()):
         raise ValueError(f"addend must be a contiguous {out_dtype} tensor of shape ({m}, {n}) "
                          "and the output 16-bit")
+    pointers = {_DESC_A_SCALE: w_scale, _DESC_B_SCALE: x_scale, _DESC_D_SCALE: out_scale,
+                _DESC_BIAS_POINTER: bias}
+    return _matmul(key, xq, w8, out, addend, algo, config, pointers)
+
+
+def _out(key: _Key, x: torch.Tensor, out: torch.Tensor | None) -> torch.Tensor:
+    """``out``, checked, or a new [M, N] output of the key's type."""
+    if out is None:
+        return torch.empty((key.m, key.n), device=x.device, dtype=key.out)
+    if out.shape != (key.m, key.n) or out.dtype != key.out or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous {key.out} tensor of shape "
+                         f"({key.m}, {key.n})")
+    return out
+
+
+def _matmul(key: _Key, x: torch.Tensor, w: torch.Tensor, out: torch.Tensor,
+            addend: torch.Tensor | None, algo: int | None, config: AlgoConfig | None,
+            pointers: dict[int, torch.Tensor | None]) -> torch.Tensor:
+    """Enqueue ``out = x @ w^T (+ addend)`` on the current stream with the key's plan and
+    the chosen algorithm (:func:`_choose`), the descriptor's ``pointers`` (attribute ->
+    tensor; None: not set) set for this call."""
+    if algo is not None and algo < 0:
+        raise ValueError(f"algo must be >= 0, got {algo}")
+    if algo is not None and config is not None:
+        raise ValueError("give algo or config, not both")
     alpha, beta = ctypes.c_float(1.0), ctypes.c_float(0.0 if addend is None else 1.0)
     # beta = 0: C is not read. An e4m3 D has a 16-bit C type, so C cannot alias D.
     c_ptr = (addend.data_ptr() if addend is not None
-             else None if out_dtype == torch.float8_e4m3fn else out.data_ptr())
-    stream = torch.cuda.current_stream(xq.device).cuda_stream
+             else None if key.out == torch.float8_e4m3fn else out.data_ptr())
+    stream = torch.cuda.current_stream(x.device).cuda_stream
     with _CALL_LOCK:
-        ws = _workspace(xq.device.index or 0, stream)
+        ws = _workspace(x.device.index or 0, stream)
         plan = _plan(key)
         chosen = _choose(plan, key, algo, config)
-        _set(plan.desc, _DESC_A_SCALE, ctypes.c_void_p(w_scale.data_ptr()))
-        _set(plan.desc, _DESC_B_SCALE, ctypes.c_void_p(x_scale.data_ptr()))
-        if out_scale is not None:
-            _set(plan.desc, _DESC_D_SCALE, ctypes.c_void_p(out_scale.data_ptr()))
-        if bias is not None:
-            _set(plan.desc, _DESC_BIAS_POINTER, ctypes.c_void_p(bias.data_ptr()))
+        for attr, tensor in pointers.items():
+            if tensor is not None:
+                _set(plan.desc, attr, ctypes.c_void_p(tensor.data_ptr()))
         _check(_lib().cublasLtMatmul(
-            _handle(), plan.desc, ctypes.byref(alpha), ctypes.c_void_p(w8.data_ptr()), plan.a,
-            ctypes.c_void_p(xq.data_ptr()), plan.b, ctypes.byref(beta),
+            _handle(), plan.desc, ctypes.byref(alpha), ctypes.c_void_p(w.data_ptr()), plan.a,
+            ctypes.c_void_p(x.data_ptr()), plan.b, ctypes.byref(beta),
             ctypes.c_void_p(c_ptr), plan.c, ctypes.c_void_p(out.data_ptr()), plan.d,
             ctypes.byref(chosen), ctypes.c_void_p(ws.data_ptr()),
             ctypes.c_size_t(ws.numel()),
             ctypes.c_void_p(stream)), "cublasLtMatmul")
     return out
+
+
+def half_linear(x: torch.Tensor, w: torch.Tensor, out: torch.Tensor | None = None,
+                algo: int | None = None, config: AlgoConfig | None = None) -> torch.Tensor:
+    """``x @ w^T`` for 16-bit ``x`` [M, K] and ``w`` [N, K] of one type (fp16 or bf16), in
+    that type, with float32 accumulation: ``torch.mm(x, w.t())`` through a plan of this
+    module, so a measured configuration can run it. The algorithm is chosen as in
+    :func:`fp8_linear`."""
+    key = _half_key(x, w)
+    return _matmul(key, x, w, _out(key, x, out), None, algo, config, {})
+
+
+@cache
+def _loads() -> bool:
+    """Whether cuBLASLt loads (the 16-bit path has no compute-capability floor)."""
+    try:
+        _lib()
+    except CublasLtError:
+        return False
+    return True
+
+
+# Whether the tuned table has a configuration for a 16-bit GEMM's key on this process's
+# GPU (:func:`tuned_half_linear`), so shapes without one make no plan; cleared with the
+# plans. Guarded by _CALL_LOCK.
+_HALF_TUNED: dict[_Key, bool] = {}
+
+
+def tuned_half_linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor | None:
+    """``half_linear(x, w)`` with the tuned table's configuration where :data:`TUNED`, the
+    operands are CUDA tensors ``half_linear`` takes and the table has a configuration for
+    the GEMM on this GPU that cuBLASLt accepts; None otherwise (the caller runs its own
+    GEMM, e.g. ``torch.mm``). A shape's first call looks the table up (and, with an entry,
+    makes its plan: the heuristic's query, ~0.1 ms); later calls cost a dict lookup."""
+    if not (TUNED and x.is_cuda and w.device == x.device and _loads()):
+        return None
+    try:
+        key = _half_key(x, w)
+    except ValueError:  # operands half_linear does not take: the caller's GEMM runs them
+        return None
+    with _CALL_LOCK:
+        tuned = _HALF_TUNED.get(key)
+        if tuned is None:
+            if len(_HALF_TUNED) >= MAX_PLANS:
+                _HALF_TUNED.clear()
+            tuned = _HALF_TUNED[key] = (_tuned_config(key) is not None
+                                        and _plan(key).tuned is not None)
+    return _matmul(key, x, w, _out(key, x, None), None, None, None, {}) if tuned else None

@@ -51,7 +51,7 @@ from typing import Any
 
 import torch
 
-from engine.fused import dispatch, small_gemm
+from engine.fused import cublaslt, dispatch, small_gemm
 from engine.fused.folding import FoldedFP8, FoldedLinear
 from engine.fused.fp8 import Quantized, calibrated_ffn1, scaled_linear, static_linear
 from engine.fused.residual import SumResidual
@@ -224,11 +224,13 @@ class EncodeOptions:
 def _linear(x: torch.Tensor | None, xq: Quantized | None, lin: Linear,
             fp8_out: torch.dtype, fast_accum: bool) -> torch.Tensor:
     """``x @ W^T`` without bias: FP8 when the activation comes with an e4m3 copy (and the
-    weight has one), else cuBLAS."""
+    weight has one), else 16-bit: the tuned table's cuBLASLt configuration where it has one
+    for the shape on this GPU (``cublaslt.tuned_half_linear``), else ``torch.mm``."""
     if xq is not None and lin.w8 is not None and lin.w8_scale is not None:
         return scaled_linear(xq, lin.w8, lin.w8_scale, fp8_out, fast_accum)
     assert x is not None, "activation only exists as FP8 but the weight has no FP8 copy"
-    return torch.mm(x, lin.weight.t())
+    tuned = cublaslt.tuned_half_linear(x, lin.weight)
+    return torch.mm(x, lin.weight.t()) if tuned is None else tuned
 
 
 def _add_linear(acc: torch.Tensor, x: torch.Tensor, lin: Linear) -> torch.Tensor:

@@ -1191,6 +1191,70 @@ def test_cublaslt_search_space_and_tuned_plans(tmp_path: Path, monkeypatch: pyte
         cublaslt.clear_plans()
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_cublaslt_half_linear_and_its_tuned_entries(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                    dtype: str) -> None:
+    """The 16-bit GEMM through cuBLASLt (``half_linear``, BERT-large's out-projection at
+    4,096 rows) against float32 math and ``torch.mm``; the heuristic's first choice from its
+    fields is its ``algo=0`` bit for bit; ``tuned_half_linear`` leaves the GEMM to the
+    caller (None) without a table entry for its plan, or with ``TUNED`` off, and runs the
+    entry's configuration with one (for the exact rows or a range holding them); the
+    encoder's 16-bit ``_linear`` takes that path. An e4m3 GEMM's entry of the same shape
+    does not answer it."""
+    import json
+
+    import torch
+
+    from engine.fused import cublaslt, cublaslt_table, encoder
+    from engine.fused.weights import Linear
+
+    dt = getattr(torch, dtype)
+    g = torch.Generator(device="cuda").manual_seed(6)
+    m, n, k = 4096, 1024, 1024
+    x = torch.randn((m, k), generator=g, device="cuda").to(dt)
+    w = (torch.randn((n, k), generator=g, device="cuda") * 0.03).to(dt)
+    exact = x.float() @ w.float().t()
+    mm = torch.mm(x, w.t())
+
+    def err(y: torch.Tensor) -> float:
+        return float((y.float() - exact).abs().max() / exact.abs().max())
+
+    space = cublaslt.search_space(x, None, w, None, dt)
+    assert "operands=" + dtype in space.plan and space.heuristic and space.candidates
+    y0 = cublaslt.half_linear(x, w, algo=0)
+    assert y0.dtype == dt and torch.equal(y0, cublaslt.half_linear(x, w, config=space.heuristic[0]))
+    tol = 4e-3 if dtype == "float16" else 2e-2
+    print(f"{dtype}: heuristic {space.heuristic[0]} error {err(y0):.2e}, torch.mm {err(mm):.2e}, "
+          f"bit for bit with torch.mm: {torch.equal(y0, mm)}")
+    assert err(y0) < tol and err(mm) < tol
+    pick = next(c for c in space.candidates if c != space.heuristic[0] and c.splitk == 1)
+    plan = space.entry(pick)["plan"]
+    assert isinstance(plan, str) and plan.startswith(f"m={m},")
+    lin = Linear(w, torch.zeros(n, device="cuda"))
+    table = tmp_path / "tuned.json"
+    try:
+        monkeypatch.setattr(cublaslt_table, "TABLE_PATH", table)
+        e4m3 = plan.replace(",operands=" + dtype, "")  # an FP8 plan's string, same fields else
+        table.write_text(json.dumps([{**space.entry(pick), "plan": e4m3}]))
+        cublaslt.clear_plans()
+        assert cublaslt.tuned_half_linear(x, w) is None
+        assert torch.equal(encoder._linear(x, None, lin, dt, True), mm)
+        for rows in (f"m={m},", f"m={m - 1}-{m + 1},"):
+            table.write_text(json.dumps([{**space.entry(pick), "plan": plan.replace(f"m={m},", rows)}]))
+            cublaslt.clear_plans()
+            y = cublaslt.tuned_half_linear(x, w)
+            assert y is not None and torch.equal(y, cublaslt.half_linear(x, w, config=pick))
+            print(f"tuned {pick}: error {err(y):.2e}, bit for bit with the heuristic's: "
+                  f"{torch.equal(y, y0)}")
+            assert err(y) < tol
+            assert torch.equal(encoder._linear(x, None, lin, dt, True), y)
+            assert cublaslt.tuned_half_linear(x[:m - 8], w) is None  # rows outside the entry
+        monkeypatch.setattr(cublaslt, "TUNED", False)
+        assert cublaslt.tuned_half_linear(x, w) is None
+    finally:
+        cublaslt.clear_plans()
+
+
 def test_passes_in_flight_on_three_streams_match_one_stream() -> None:
     """Calibrated FP8 batches on three engines' streams, all queued before any wait (eager
     passes with their cuBLASLt GEMMs, and graphed small ones, in flight at once), give the

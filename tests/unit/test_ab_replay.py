@@ -368,5 +368,6 @@ def test_gemm_settled_arguments() -> None:
     assert args.gemms == ["qkv", "ffn2"] and args.repeat == 2 and args.entries is None
     args = gemm_settled.parse_args(["--entries", "a.json", "b.json", "--table"])
     assert [p.name for p in args.entries] == ["a.json", "b.json"] and str(args.table) == "DEFAULT"
+    assert gemm_settled.parse_args([]).gemms == ["qkv", "ffn1", "ffn2", "out"]
     with pytest.raises(SystemExit):
-        gemm_settled.parse_args(["--gemms", "qkv,out"])
+        gemm_settled.parse_args(["--gemms", "qkv,attention"])

@@ -48,6 +48,89 @@ def test_bad_arguments_are_refused_before_any_library_call(change, message) -> N
         cublaslt.fp8_linear(**change(args))
 
 
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda a: {**a, "x": a["x"].float()}, "two fp16 or two bf16"),
+        (lambda a: {**a, "w": a["w"].bfloat16()}, "two fp16 or two bf16"),
+        (lambda a: {**a, "w": torch.zeros((16, 24)).half()}, "do not multiply"),
+        (lambda a: {**a, "x": torch.zeros((32, 8)).half().t()}, "row-major"),
+        (lambda a: {**a, "out": torch.empty((8, 16))}, "out must be"),
+        (lambda a: {**a, "out": torch.empty((16, 8)).half()}, "out must be"),
+        (lambda a: {**a, "algo": -1}, "algo must be"),
+        (lambda a: {**a, "algo": 0, "config": AlgoConfig(66)}, "not both"),
+    ],
+)
+def test_half_linear_bad_arguments_are_refused_before_any_library_call(change, message) -> None:  # type: ignore[no-untyped-def]
+    args = {"x": torch.zeros((8, 32)).half(), "w": torch.zeros((16, 32)).half()}
+    with pytest.raises(ValueError, match=message):
+        cublaslt.half_linear(**change(args))
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"x_scale": None}, "both scales"),
+        ({"w_scale": None}, "both scales"),
+        ({"x_scale": None, "w_scale": None}, "two fp16 or two bf16"),  # e4m3 operands
+        ({"x_scale": None, "w_scale": None, "xq": torch.zeros((8, 32)).half(),
+          "w8": torch.zeros((16, 32)).half(), "gelu": True}, "no epilogue"),
+        ({"x_scale": None, "w_scale": None, "xq": torch.zeros((8, 32)).half(),
+          "w8": torch.zeros((16, 32)).half(), "out_dtype": torch.bfloat16}, "operands' type"),
+    ],
+)
+def test_search_space_takes_both_scales_or_a_plain_16_bit_gemm(kw, message) -> None:  # type: ignore[no-untyped-def]
+    x, xs, w, ws = _operands()
+    args = {"xq": x, "x_scale": xs, "w8": w, "w_scale": ws, "out_dtype": torch.float16}
+    with pytest.raises(ValueError, match=message):
+        cublaslt.search_space(**{**args, **kw})
+
+
+def test_tuned_half_linear_leaves_cpu_and_untuned_gemms_to_the_caller(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """None (the caller's ``torch.mm`` runs) for CPU tensors, with ``TUNED`` off, for
+    operands ``half_linear`` does not take, and for shapes the table has no entry for; a
+    shape's table lookup is made once (until ``clear_plans``), and a plan only for a
+    shape with an entry. CPU stand-ins for the device, the plan and the library call."""
+    x, w = torch.zeros((8, 32)).half(), torch.zeros((16, 32)).half()
+    assert cublaslt.tuned_half_linear(x, w) is None  # CPU tensors: before any lookup
+    looked: list[int] = []
+    planned: list[int] = []
+    ran: list[int] = []
+    entries = {8: AlgoConfig(66)}
+
+    class Cuda:  # what tuned_half_linear reads of a CUDA tensor, over a CPU one
+        def __init__(self, t: torch.Tensor) -> None:
+            self.t, self.is_cuda, self.device = t, True, "cuda:0"
+
+        def __getattr__(self, name: str) -> object:
+            return getattr(self.t, name)
+
+    def plan(key: cublaslt._Key) -> object:
+        planned.append(key.m)
+        return type("P", (), {"tuned": entries.get(key.m)})()
+
+    monkeypatch.setattr(cublaslt, "_loads", lambda: True)
+    monkeypatch.setattr(cublaslt, "_HALF_TUNED", {})
+    monkeypatch.setattr(cublaslt, "_PLANS", type(cublaslt._PLANS)())
+    monkeypatch.setattr(cublaslt, "_tuned_config",
+                        lambda key: looked.append(key.m) or entries.get(key.m))
+    monkeypatch.setattr(cublaslt, "_plan", plan)
+    monkeypatch.setattr(cublaslt, "_matmul", lambda key, *a: ran.append(key.m) or "product")
+    monkeypatch.setattr(cublaslt, "_out", lambda key, x, out: None)
+    for m in (8, 4, 8, 4):
+        got = cublaslt.tuned_half_linear(Cuda(torch.zeros((m, 32)).half()), Cuda(w))  # type: ignore[arg-type]
+        assert got == ("product" if m == 8 else None)
+    assert looked == [8, 4] and planned == [8] and ran == [8, 8]
+    assert cublaslt.tuned_half_linear(Cuda(x.float()), Cuda(w)) is None  # type: ignore[arg-type]
+    monkeypatch.setattr(cublaslt, "TUNED", False)
+    assert cublaslt.tuned_half_linear(Cuda(x), Cuda(w)) is None  # type: ignore[arg-type]
+    monkeypatch.setattr(cublaslt, "TUNED", True)
+    cublaslt.clear_plans()  # looks the table up again
+    assert cublaslt.tuned_half_linear(Cuda(x), Cuda(w)) == "product"  # type: ignore[arg-type]
+    assert looked == [8, 4, 8] and ran == [8, 8, 8]
+
+
 def test_missing_library_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("QA_CUBLASLT_LIB", "/nonexistent/libcublasLt.so")
     cublaslt._lib.cache_clear()
