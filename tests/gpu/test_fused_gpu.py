@@ -1231,17 +1231,19 @@ def test_cublaslt_half_linear_and_its_tuned_entries(tmp_path: Path, monkeypatch:
     plan = space.entry(pick)["plan"]
     assert isinstance(plan, str) and plan.startswith(f"m={m},")
     lin = Linear(w, torch.zeros(n, device="cuda"))
-    table = tmp_path / "tuned.json"
-    try:
+
+    def use_table(name: str, plan: str) -> None:  # tables are read once per path
+        table = tmp_path / name
+        table.write_text(json.dumps([{**space.entry(pick), "plan": plan}]))
         monkeypatch.setattr(cublaslt_table, "TABLE_PATH", table)
-        e4m3 = plan.replace(",operands=" + dtype, "")  # an FP8 plan's string, same fields else
-        table.write_text(json.dumps([{**space.entry(pick), "plan": e4m3}]))
         cublaslt.clear_plans()
+
+    try:
+        use_table("e4m3.json", plan.replace(",operands=" + dtype, ""))  # an FP8 plan's string
         assert cublaslt.tuned_half_linear(x, w) is None
         assert torch.equal(encoder._linear(x, None, lin, dt, True), mm)
-        for rows in (f"m={m},", f"m={m - 1}-{m + 1},"):
-            table.write_text(json.dumps([{**space.entry(pick), "plan": plan.replace(f"m={m},", rows)}]))
-            cublaslt.clear_plans()
+        for name, rows in (("exact.json", f"m={m},"), ("range.json", f"m={m - 1}-{m + 1},")):
+            use_table(name, plan.replace(f"m={m},", rows))
             y = cublaslt.tuned_half_linear(x, w)
             assert y is not None and torch.equal(y, cublaslt.half_linear(x, w, config=pick))
             print(f"tuned {pick}: error {err(y):.2e}, bit for bit with the heuristic's: "
