@@ -491,8 +491,8 @@ def search_space(xq: torch.Tensor, x_scale: torch.Tensor | None, w8: torch.Tenso
     arguments at their defaults, ``out_dtype`` the operands'), a ``half_linear`` call's."""
     if x_scale is None and w_scale is None:
         key = _half_key(xq, w8)
-        if (out_dtype, bias, gelu, out_scale, fast_accum) != (xq.dtype, None, False, None,
-                                                               False):
+        if (out_dtype != xq.dtype or bias is not None or gelu or out_scale is not None
+                or fast_accum):
             raise ValueError("a 16-bit GEMM's search space has no epilogue, scales or "
                              "fast accumulation, and its output is its operands' type")
     elif x_scale is None or w_scale is None:
