@@ -222,21 +222,20 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{gemm}: {f['quick_timed']} quick-timed; settled alone fastest "
               f"{best['us']:.1f} µs ({best['config']}), the engine's {own:.1f}", flush=True)
 
-    # Stage 2: variants choose configurations by (n, k, gelu) above the table's rows.
-    variants: dict[str, dict[tuple[int, int, bool], Any]] = {}
-    shapes = {}
+    # Stage 2: variants choose configurations by plan less its rows (what a row-range
+    # table entry matches, operand types included) from the table's first row up.
+    variants: dict[str, dict[str, Any]] = {}
+    shapes = {f["gemm"]: f["plan_rest"] for f in found}
     for f in found:
-        fields = dict(kv.split("=") for kv in f["plan"].split(","))
-        shapes[f["gemm"]] = (int(fields["n"]), int(fields["k"]), fields["gelu"] == "True")
         others = [r for r in f["alone"] if r["config"] != f["engine_choice"]][:args.top]
         for i, r in enumerate(others):
             variants[f"{f['gemm']}_{i + 1}"] = {shapes[f["gemm"]]: r["config"]}
     variants["best_each"] = {shapes[f["gemm"]]: f["alone"][0]["config"] for f in found}
-    chosen: dict[tuple[int, int, bool], Any] = {}
+    chosen: dict[str, Any] = {}
     table_config = cublaslt._tuned_config
 
     def tuned_config(key: Any) -> Any:  # the variant's choice, else the engine's own
-        pick = chosen.get((key.n, key.k, key.gelu)) if key.m >= ROWS[0] else None
+        pick = chosen.get(key.name().partition(",")[2]) if key.m >= ROWS[0] else None
         return pick or table_config(key)
 
     cublaslt._tuned_config = tuned_config

@@ -478,11 +478,11 @@ def _residual_ln(a: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor | S
     block, rows, warps = _row_tile(n, d)
     grid = triton.cdiv(n, rows)
     # ROW_LOOP: plain residuals without PDL, on a GPU (multiprocessors() is 0 off CUDA)
-    loop = (ROW_LOOP if n >= 8192 and not (summed or pdl) and multiprocessors(a.device)
-            else None)
+    sms = multiprocessors(a.device) if n >= 8192 and not (summed or pdl) else 0
+    loop = ROW_LOOP if sms else None
     if loop is not None:
         per_sm, rows, warps = loop
-        grid = min(triton.cdiv(n, rows), per_sm * multiprocessors(a.device))
+        grid = min(triton.cdiv(n, rows), per_sm * sms)
     _residual_ln_kernel[(grid,)](
         a, bias, res, gamma, beta, out, f8.q, f8.qs, qa_w, qa_b, logits, *sum_args,
         n, logits.stride(0), split_stride, d, eps,
