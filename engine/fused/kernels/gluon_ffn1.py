@@ -126,7 +126,8 @@ def _mma(a_bufs, b_bufs, ready, empty, acc_bufs, acc_ready, acc_empty, turn, xs_
     ROWS: gl.constexpr = acc_bufs.type.shape[1]
     COOP: gl.constexpr = ROWS < TILE_M
     SCALED: gl.constexpr = acc_bufs.dtype == gl.float16
-    ab_scale = gl.load(xs_ptr) * gl.load(ws_ptr)
+    if SCALED:  # float32 buffers: the epilogue applies the scales
+        ab_scale = gl.load(xs_ptr) * gl.load(ws_ptr)
     # n128 instructions (two for 256 columns): an n256 one needs 154 registers, and ptxas
     # holds the whole kernel to the launch's 128 (16 warps), whatever setmaxnreg gives
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -253,6 +254,7 @@ def _ffn1_kernel(a_desc, b_desc, bias_ptr, xs_ptr, ws_ptr, hinv_ptr, out_ptr, M,
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     acc_ready = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     acc_empty = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    # the ring's turn (ping-pong only; a cooperative kernel's never waits on it)
     turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     for s in gl.static_range(STAGES):
         mbarrier.init(ready.index(s), count=1)
@@ -260,7 +262,8 @@ def _ffn1_kernel(a_desc, b_desc, bias_ptr, xs_ptr, ws_ptr, hinv_ptr, out_ptr, M,
     for j in gl.static_range(2):
         mbarrier.init(acc_ready.index(j), count=1)
         mbarrier.init(acc_empty.index(j), count=1)
-        mbarrier.init(turn.index(j), count=1)
+        if not COOP:
+            mbarrier.init(turn.index(j), count=1)
     # the initialized barriers visible to the TMA unit (the async proxy) and to every
     # partition before any of them starts
     fence_async_shared()
