@@ -53,7 +53,8 @@ BLOCK = 128  # block-wise scaling: columns per activation scale, rows and column
 # The calibrated FFN1 (:func:`calibrated_ffn1`) with fast accumulation on a Hopper GPU runs
 # as the warp-specialized Gluon kernel (``kernels.gluon_ffn1``) from this many rows up,
 # cuBLASLt below (None: always cuBLASLt). Read at each call, so an A/B can set it. Off: it
-# is faster alone but the settled mix pass does not gain (engine/fused/NOTES.md v41).
+# is faster alone but the settled mix pass does not gain (engine/fused/NOTES.md v41; on
+# v42-v43's default, v45: -1.3%, the whole pass at 1,605 MHz against 1,740-1,755).
 FFN1_GLUON_MIN_ROWS: int | None = None
 
 

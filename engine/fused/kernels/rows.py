@@ -344,7 +344,8 @@ GELU_TILE = (1024, 4)
 # rows a tile, warps), each program looping over tiles (``residual_ln_loop``); None: a
 # program a tile (``ROW_TILE_LARGE``). H100, 2026-12-06, BERT-large mix, settled: (4, 4, 4)
 # +1.5 to +2.0% (the LayerNorms 9.5% faster), logits bit for bit the same (and on the
-# shipped MiniLM); (8, 2, 2) +1.8%, (9, 1, 4) +1.6%, (4, 4, 8) +0.1% (NOTES v42).
+# shipped MiniLM); (8, 2, 2) +1.8%, (9, 1, 4) +1.6%, (4, 4, 8) +0.1% (NOTES v42); on a
+# faster part (v45) (8, 2, 2) ran between two (4, 4, 4) baselines, its logits 5e-7 off.
 ROW_LOOP: tuple[int, int, int] | None = (4, 4, 4)
 # ``layernorm_quant``'s (rows a program, warps) from 8,192 rows up (2 rows, 4 warps below).
 # H100, 2026-12-06, the BERT-large mix (47,391 rows of 1,024): 57 us a call at (8, 4),
