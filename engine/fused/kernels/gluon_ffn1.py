@@ -126,7 +126,7 @@ def _mma(a_bufs, b_bufs, ready, empty, acc_bufs, acc_ready, acc_empty, turn, xs_
     ROWS: gl.constexpr = acc_bufs.type.shape[1]
     COOP: gl.constexpr = ROWS < TILE_M
     SCALED: gl.constexpr = acc_bufs.dtype == gl.float16
-    if SCALED:  # float32 buffers: the epilogue applies the scales
+    if SCALED:  # fp16 buffers get the scaled products (float32: the epilogue scales)
         ab_scale = gl.load(xs_ptr) * gl.load(ws_ptr)
     # n128 instructions (two for 256 columns): an n256 one needs 154 registers, and ptxas
     # holds the whole kernel to the launch's 128 (16 warps), whatever setmaxnreg gives
