@@ -114,7 +114,7 @@ def gemm_candidates(gemm: str, tokens: int, args: argparse.Namespace, g: Any
     """Stage 1 for one GEMM: its plan, the heuristic's first choice, the shortlist's
     settled-alone µs a call (fastest first) and each one's output difference."""
     from benchmarks.cublaslt_search import _difference, _gemm, _operands, _time, sample
-    from engine.fused import cublaslt
+    from engine.fused import cublaslt, cublaslt_table
 
     kw, weights = _operands(gemm, tokens, 24, g, half=gemm in HALF)
     space = cublaslt.search_space(w8=weights[0], swizzle=True, **kw)
@@ -134,7 +134,7 @@ def gemm_candidates(gemm: str, tokens: int, args: argparse.Namespace, g: Any
     rows = sorted(({"config": c, "us": statistics.median(v), "runs": v,
                     "difference": _difference(kw, weights[0], c, ref)}
                    for c, v in runs.items()), key=lambda r: r["us"])
-    return {"gemm": gemm, "plan": space.plan, "plan_rest": space.plan.partition(",")[2],
+    return {"gemm": gemm, "plan": space.plan, "plan_rest": cublaslt_table.gemm(space.plan),
             "engine_choice": engine_choice, "space": space, "quick_timed": len(quick),
             "alone": rows}
 
@@ -206,7 +206,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from benchmarks.bench_gpu import device_packed, mix_engine, mix_windows
     from benchmarks.settled import finish, mix_result, settled_variants
-    from engine.fused import cublaslt
+    from engine.fused import cublaslt, cublaslt_table
 
     engine = mix_engine("bert-large")
     batch = mix_windows(np.random.default_rng(3), args.windows)
@@ -235,7 +235,7 @@ def main(argv: list[str] | None = None) -> None:
     table_config = cublaslt._tuned_config
 
     def tuned_config(key: Any) -> Any:  # the variant's choice, else the engine's own
-        pick = chosen.get(key.name().partition(",")[2]) if key.m >= ROWS[0] else None
+        pick = chosen.get(cublaslt_table.gemm(key.name())) if key.m >= ROWS[0] else None
         return pick or table_config(key)
 
     cublaslt._tuned_config = tuned_config

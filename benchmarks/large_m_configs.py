@@ -104,13 +104,14 @@ def searched(path: Path) -> dict[str, Any]:
     """GEMM name -> (N, K, GELU), its plan's fields but m, and the search's best
     configuration, from the search's JSON."""
     from engine.fused.cublaslt_algos import AlgoConfig
+    from engine.fused.cublaslt_table import gemm
 
     out = {}
     for row in json.loads(path.read_text())["gemms"]:
         fields = dict(kv.split("=") for kv in row["plan"].split(","))
         out[row["gemm"]] = {"shape": (int(fields["n"]), int(fields["k"]),
                                       fields["gelu"] == "True"),
-                            "plan_rest": row["plan"].partition(",")[2],  # all but m
+                            "plan_rest": gemm(row["plan"]),
                             "config": AlgoConfig.from_json(row["best"]["config"])}
     return out
 

@@ -362,7 +362,7 @@ def _fill(plan: _Plan, key: _Key) -> None:
     config = _tuned_config(key) if key.tuned else None
     if config is not None:
         algo = _checked(plan, config)
-        refused = (config, key.name().partition(",")[2])
+        refused = (config, cublaslt_table.gemm(key.name()))
         if algo is not None:
             plan.tuned, plan.configured[config] = config, algo
         elif refused not in _REFUSED:

@@ -56,10 +56,15 @@ def rows(plan: str) -> tuple[int, int]:
     return first, last
 
 
+def gemm(plan: str) -> str:
+    """A plan string less its rows (``n=4096,k=1024,...``): the GEMM a row-range entry
+    answers for, operand types included."""
+    return plan.partition(",")[2]
+
+
 def _same_gemm(a: TableKey, b: TableKey) -> bool:
     """Same GPU, library and every plan field but the rows."""
-    return (a.gpu, a.version, a.plan.partition(",")[2]) == (b.gpu, b.version,
-                                                            b.plan.partition(",")[2])
+    return (a.gpu, a.version, gemm(a.plan)) == (b.gpu, b.version, gemm(b.plan))
 
 
 def overlaps(a: TableKey, b: TableKey) -> bool:

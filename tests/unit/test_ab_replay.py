@@ -334,6 +334,22 @@ def test_sweep_scripts_parse_and_name_what_exists() -> None:
         assert hasattr(importlib.import_module(module), attr), f"{module}.{attr}"
 
 
+def _recorded(version: str, *names: str) -> list[dict[str, Any]]:
+    """Recorded ``gemm_settled`` runs: ``benchmarks/gpu-2026-12-06-VERSION/gemm-settled-NAME.json``."""
+    from benchmarks import gemm_settled
+
+    return [json.loads((gemm_settled.REPO / "benchmarks" / f"gpu-2026-12-06-{version}"
+                        / f"gemm-settled-{name}.json").read_text()) for name in names]
+
+
+def _shipped_table() -> list[dict[str, Any]]:
+    from benchmarks import gemm_settled
+
+    table: list[dict[str, Any]] = json.loads(
+        (gemm_settled.REPO / "engine" / "fused" / "cublaslt_tuned.json").read_text())
+    return table
+
+
 def test_gemm_settled_table_entries_are_the_recorded_winners() -> None:
     """The shipped table's H100 row-range entry is what ``gemm_settled.table_entries``
     makes of v43's three recorded runs: QKV's configuration (tile 409) won every settled
@@ -342,12 +358,9 @@ def test_gemm_settled_table_entries_are_the_recorded_winners() -> None:
     a pass."""
     from benchmarks import gemm_settled
 
-    runs = [json.loads((gemm_settled.REPO / "benchmarks" / "gpu-2026-12-06-v43"
-                        / f"gemm-settled-{name}.json").read_text())
-            for name in ("grid150-a73d647", "grid600-1953461", "grid1300-1953461")]
+    runs = _recorded("v43", "grid150-a73d647", "grid600-1953461", "grid1300-1953461")
     made = gemm_settled.table_entries(runs, 0.005, 2)
-    table = json.loads((gemm_settled.REPO / "engine" / "fused" / "cublaslt_tuned.json").read_text())
-    assert [e for e in table if e["gpu"] == "NVIDIA H100 80GB HBM3"] == made
+    assert [e for e in _shipped_table() if e["gpu"] == "NVIDIA H100 80GB HBM3"] == made
     assert [(e["plan"][:28], e["config"]["tile"]) for e in made] == [
         ("m=20480-65536,n=3072,k=1024,", 409)]
     # One slower pass in one run disqualifies a configuration everywhere (qkv_1 is tile
@@ -370,11 +383,8 @@ def test_gemm_settled_out_projection_runs_make_no_entry() -> None:
     operands."""
     from benchmarks import gemm_settled
 
-    def runs(*names: str) -> list[dict[str, object]]:
-        return [json.loads((gemm_settled.REPO / "benchmarks" / "gpu-2026-12-06-v44"
-                            / f"gemm-settled-out-{n}.json").read_text()) for n in names]
-
-    first, second = runs("run1-6d5f0dd", "run2-2faeb20"), runs("run3-2faeb20", "run4-2faeb20")
+    first = _recorded("v44", "out-run1-6d5f0dd", "out-run2-2faeb20")
+    second = _recorded("v44", "out-run3-2faeb20", "out-run4-2faeb20")
     assert gemm_settled.table_entries(first, 0.005, 2) == []
     assert gemm_settled.table_entries(second, 0.005, 2) == []
     assert gemm_settled.table_entries(second[:1], 0.0, 1) == []  # run 3: a pass over a baseline
@@ -384,8 +394,7 @@ def test_gemm_settled_out_projection_runs_make_no_entry() -> None:
 
     assert picks(gemm_settled.table_entries(first, 0.0025, 2)) == [(407, True)]
     assert picks(gemm_settled.table_entries(second[1:], 0.0025, 1)) == [(407, True)]
-    table = json.loads((gemm_settled.REPO / "engine" / "fused" / "cublaslt_tuned.json").read_text())
-    assert not any("operands=" in e["plan"] for e in table)
+    assert not any("operands=" in e["plan"] for e in _shipped_table())
 
 
 def test_gemm_settled_arguments() -> None:

@@ -63,6 +63,16 @@ def test_find_prefers_the_exact_plan_then_a_row_range(tmp_path: Path) -> None:
     assert find("m=30001,n=9") == other and find("m=30001,n=10") is None
 
 
+def test_a_plans_gemm_is_every_field_but_the_rows() -> None:
+    """What a row-range entry answers for, and what ``gemm_settled``'s variants and
+    cuBLASLt's refusal warnings are keyed by: the same for exact rows and a range, and
+    apart for 16-bit and FP8 operands of one shape."""
+    fp8 = "n=1024,k=1024,out=float16,bias=None,fast_accum=False"
+    assert cublaslt_table.gemm(f"m=384,{fp8}") == fp8
+    assert cublaslt_table.gemm(f"m=20480-65536,{fp8}") == fp8
+    assert cublaslt_table.gemm(f"m=384,{fp8},operands=float16") != fp8
+
+
 @pytest.mark.parametrize(("text", "message"), [
     ("{}", "JSON list"),
     ("[{", "Expecting"),
