@@ -41,6 +41,10 @@ compare it with ``fp16`` in the same run, which then runs the 16-bit deferred la
 accuracy before one is written; ``_qkv`` / ``_p`` round only Q, K and V / only the
 probabilities; ``_fine`` scales Q and K per token and head and V per head.
 Ends with a table: mean and spread over the grids, against the fp32 reference's F1.
+``--checkpoint`` measures another model than the shipped one (its own fp32 reference);
+``--baseline`` also scores a second checkpoint in fp32 and takes the losses against it
+too: for an FP8-aware fine-tune (``training.fp8_aware``), the checkpoint it started from,
+since a fine-tune compared only with its own fp32 reference hides what the fine-tune cost.
 
 A ``~gptq`` suffix on a calibrated or ``static:`` scheme rounds its calibrated weights by
 GPTQ (``engine.fused.gptq``: error-compensated against the calibration inputs' Gram
@@ -76,16 +80,16 @@ SCHEMES = ("fp16", "rows", "rows_exact", "rows_wtensor", "calibrated", "calibrat
            "calibrated_attn_fp8_fine", "deferred8")
 
 
-def _windows(path: Path, questions: int, batch: int, spec: Any) -> list[tuple[Any, Any, Any]]:
+def _windows(path: Path, questions: int, batch: int, spec: Any,
+             checkpoint: Path) -> list[tuple[Any, Any, Any]]:
     """Padded ``[windows, seq]`` batches of the first ``questions`` questions' windows."""
     import numpy as np
 
-    from benchmarks.bench_gpu import CHECKPOINT
     from service.windowing import QATokenizer
     from training.features import encoded_groups
     from training.squad import load_examples
 
-    tok = QATokenizer.from_dir(CHECKPOINT)
+    tok = QATokenizer.from_dir(checkpoint)
     wins = [w for _, w in encoded_groups(load_examples(path)[:questions], tok, spec,
                                           "predict")]
     out = []
@@ -261,6 +265,11 @@ def main() -> None:
                    help="score F1 on the first N dev questions (0: all)")
     p.add_argument("--max-seq-len", type=int, default=384, help="window length (tokens)")
     p.add_argument("--window-batch", type=int, default=64, help="windows per call")
+    p.add_argument("--checkpoint", type=Path, default=None,
+                   help="the model (default: the shipped checkpoint)")
+    p.add_argument("--baseline", type=Path, default=None,
+                   help="another checkpoint whose fp32 F1 the losses are also taken against "
+                   "(e.g. the one an FP8-aware fine-tune started from)")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
     sys.path.insert(0, str(REPO))
@@ -282,6 +291,7 @@ def main() -> None:
     import torch.nn.functional as F
 
     from benchmarks.bench_gpu import CHECKPOINT, DEV_SET, TRAIN_SET
+    checkpoint = args.checkpoint or CHECKPOINT
     from engine.fused import encoder, fp8
     from engine.fused.encoder import FP8_STATIC_INPUTS
     from engine.fused.engine import FusedEngine
@@ -292,32 +302,43 @@ def main() -> None:
     from training.features import predict_with_margins
     from training.squad import load_examples, score
 
-    tok = QATokenizer.from_dir(CHECKPOINT)
+    tok = QATokenizer.from_dir(checkpoint)
     spec = WindowSpec(max_seq_len=args.max_seq_len, overlap=args.max_seq_len // 3)
     decode, wb = DecodeSpec(), args.window_batch
     dev = load_examples(DEV_SET)
     if args.f1_questions:
         dev = dev[:args.f1_questions]
-    batches = _windows(DEV_SET, args.questions, wb, spec)
+    batches = _windows(DEV_SET, args.questions, wb, spec, checkpoint)
     device = args.device
-    ref_engine = load_engine("reference", CHECKPOINT, device=device, dtype="float32")
+
+    def fp32_f1(path: Path) -> Any:
+        ref_engine = load_engine("reference", path, device=device, dtype="float32")
+        return ref_engine, score(dev, {k: t for k, (t, _) in predict_with_margins(
+            dev, tok, ref_engine.infer, spec, decode, 64).items()})  # fp32: batching is moot
+
+    ref_engine, ref_f1 = fp32_f1(checkpoint)
     refs = [ref_engine.infer(*b) for b in batches]
-    ref_f1 = score(dev, {k: t for k, (t, _) in predict_with_margins(
-        dev, tok, ref_engine.infer, spec, decode, 64).items()})  # fp32: batching is moot
     del ref_engine
+    base_f1 = fp32_f1(args.baseline)[1] if args.baseline else None
     result: dict[str, Any] = {
         "gpu": torch.cuda.get_device_name() if device == "cuda" else "cpu",
         "device": device, "date": time.strftime("%Y-%m-%d"),
         "f1_questions": len(dev), "questions_for_logits": args.questions, "grids": grids,
         "max_seq_len": args.max_seq_len, "window_batch": wb,
         "windows_for_logits": int(sum(len(b[0]) for b in batches)),
+        "checkpoint": str(checkpoint),
         "reference": {"f1": ref_f1.f1, "exact": ref_f1.exact}, "runs": []}
     print(f"fp32 reference: F1 {ref_f1.f1:.2f} EM {ref_f1.exact:.2f}", flush=True)
+    if base_f1 is not None:
+        result["baseline"] = {"checkpoint": str(args.baseline), "f1": base_f1.f1,
+                              "exact": base_f1.exact}
+        print(f"fp32 baseline ({args.baseline}): F1 {base_f1.f1:.2f} EM {base_f1.exact:.2f}",
+              flush=True)
 
     def engine(full: str, grid: float) -> FusedEngine:
         scheme, _, rounding = full.partition("~")
         dtype = "float16" if scheme == "fp16" else "fp8"
-        base = FusedEngine.from_pretrained(CHECKPOINT, device=device, dtype=dtype)
+        base = FusedEngine.from_pretrained(checkpoint, device=device, dtype=dtype)
         static = _static_inputs(scheme)
         if scheme.startswith("calibrated") or static is not None or scheme == "deferred8":
             calibrate_on(base, load_examples(TRAIN_SET)[:512], tok, spec, args.margin,
@@ -419,14 +440,16 @@ def main() -> None:
             del eng
             if device == "cuda":
                 torch.cuda.empty_cache()
-    print(f"\nF1 loss against fp32 ({ref_f1.f1:.2f}) and logit error, over grids {grids}:")
-    for scheme in schemes:
-        runs = [r for r in result["runs"] if r["scheme"] == scheme]
-        losses = [ref_f1.f1 - r["f1"] for r in runs]
-        errs = [r["mean_abs"] for r in runs]
-        print(f"  {scheme:18s} F1 loss mean {statistics.mean(losses):+.3f} "
-              f"(min {min(losses):+.3f}, max {max(losses):+.3f})  mean|d| "
-              f"{statistics.mean(errs):.4f} ({min(errs):.4f}-{max(errs):.4f})")
+    against = [("fp32", ref_f1.f1)] + ([("baseline", base_f1.f1)] if base_f1 else [])
+    for name, f1 in against:
+        print(f"\nF1 loss against {name} ({f1:.2f}) and logit error, over grids {grids}:")
+        for scheme in schemes:
+            runs = [r for r in result["runs"] if r["scheme"] == scheme]
+            losses = [f1 - r["f1"] for r in runs]
+            errs = [r["mean_abs"] for r in runs]
+            print(f"  {scheme:18s} F1 loss mean {statistics.mean(losses):+.3f} "
+                  f"(min {min(losses):+.3f}, max {max(losses):+.3f})  mean|d| "
+                  f"{statistics.mean(errs):.4f} ({min(errs):.4f}-{max(errs):.4f})")
 
 
 if __name__ == "__main__":

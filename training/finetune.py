@@ -9,6 +9,8 @@ Training runs in phases; each phase names its data and epochs, e.g.::
 drops articles whose title starts with ``source:`` for those sources (qa-extra naming).
 Windows are ``--max-seq-len`` tokens with ``--overlap`` context tokens shared between
 consecutive windows. Batches are length-grouped (dynamic padding), bf16 autocast on GPUs.
+``--fp8-aware qkv,attn_out,ffn_in,ffn_out`` trains those GEMMs on the fused engine's
+calibrated e4m3 rounding and saves their weights on its grids (``training.fp8_aware``).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from rich.table import Table
 from tqdm import tqdm
 
 from service.windowing import QATokenizer, WindowSpec
+from training import fp8_aware
 from training.features import TrainWindow, train_windows
 from training.squad import Example, load_examples
 
@@ -206,6 +209,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--save-dtype", default="float16", choices=["float16", "float32", "bfloat16"])
+    p.add_argument("--fp8-aware", default="",
+                   help="comma-separated GEMMs (qkv, attn_out, ffn_in, ffn_out) trained on the "
+                   "fused engine's calibrated e4m3 rounding, saved on their grids "
+                   "(training.fp8_aware)")
     return p.parse_args(argv)
 
 
@@ -219,6 +226,9 @@ def main(argv: list[str] | None = None) -> list[PhaseReport]:
     spec = WindowSpec(args.max_seq_len, args.overlap, args.max_question_len)
     model = AutoModelForQuestionAnswering.from_pretrained(args.base_model, dtype=torch.float32)
     model.to(device)
+    fp8_gemms = tuple(g for g in args.fp8_aware.split(",") if g)
+    if fp8_gemms:
+        fp8_aware.wrap(model, fp8_gemms)
     drop = {s for s in args.drop_sources.split(",") if s}
     reports = []
     for i, text in enumerate(args.phase):
@@ -228,6 +238,8 @@ def main(argv: list[str] | None = None) -> list[PhaseReport]:
             examples = random.Random(args.seed).sample(examples, min(len(examples), args.max_examples))
         windows = train_windows(examples, tok, spec)
         reports.append(train_phase(model, windows, phase, args, device, f"phase {i + 1}"))
+    if fp8_gemms:
+        fp8_aware.project(model)
     save(model, args, reports)
     table = Table(title=f"fine-tuning -> {args.out}")
     for col in ("phase", "windows", "steps", "first loss", "last loss", "seconds"):
