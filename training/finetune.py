@@ -10,7 +10,9 @@ drops articles whose title starts with ``source:`` for those sources (qa-extra n
 Windows are ``--max-seq-len`` tokens with ``--overlap`` context tokens shared between
 consecutive windows. Batches are length-grouped (dynamic padding), bf16 autocast on GPUs.
 ``--fp8-aware qkv,attn_out,ffn_in,ffn_out`` trains those GEMMs on the fused engine's
-calibrated e4m3 rounding and saves their weights on its grids (``training.fp8_aware``).
+calibrated e4m3 rounding and saves their weights on its grids (``training.fp8_aware``);
+``--distill-from DIR`` trains on a teacher's start/end distributions (the labelled loss's
+share: ``1 - --distill-weight``).
 """
 
 from __future__ import annotations
@@ -24,9 +26,11 @@ import subprocess
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from rich.console import Console
 from rich.table import Table
 from tqdm import tqdm
@@ -115,6 +119,22 @@ def collate(windows: list[TrainWindow], idx: list[int], device: torch.device) ->
     return {k: torch.from_numpy(v).to(device, non_blocking=True) for k, v in batch.items()}
 
 
+def distill_loss(student: Any, teacher: Any, attention_mask: torch.Tensor,
+                 weight: float = 1.0) -> torch.Tensor:
+    """``weight`` x KL(teacher || student) of each window's start and end distributions
+    over its real tokens (their mean), plus ``1 - weight`` x the student's labelled loss.
+    ``student`` and ``teacher`` are HF QA outputs (``start_logits``, ``end_logits``; the
+    student's ``loss`` where ``weight`` < 1)."""
+    pad = attention_mask == 0
+    kl = torch.zeros((), device=attention_mask.device)
+    for s, t in ((student.start_logits, teacher.start_logits),
+                 (student.end_logits, teacher.end_logits)):
+        s_log = F.log_softmax(s.float().masked_fill(pad, -1e4), dim=-1)
+        t_log = F.log_softmax(t.float().masked_fill(pad, -1e4), dim=-1)
+        kl = kl + F.kl_div(s_log, t_log, log_target=True, reduction="batchmean") / 2
+    return kl if weight >= 1.0 else weight * kl + (1.0 - weight) * student.loss
+
+
 def train_phase(
     model: torch.nn.Module,
     windows: list[TrainWindow],
@@ -122,6 +142,7 @@ def train_phase(
     args: argparse.Namespace,
     device: torch.device,
     name: str,
+    teacher: torch.nn.Module | None = None,
 ) -> PhaseReport:
     rng = random.Random(args.seed)
     epochs_whole = math.ceil(phase.epochs)
@@ -146,7 +167,13 @@ def train_phase(
                 break
             batch = collate(windows, idx, device)
             with torch.autocast(device.type, dtype=torch.bfloat16, enabled=fused):
-                loss = model(**batch).loss
+                out = model(**batch)
+                if teacher is None:
+                    loss = out.loss
+                else:
+                    with torch.no_grad():
+                        taught = teacher(**{k: v for k, v in batch.items() if "_positions" not in k})
+                    loss = distill_loss(out, taught, batch["attention_mask"], args.distill_weight)
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
@@ -209,6 +236,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=42)
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--save-dtype", default="float16", choices=["float16", "float32", "bfloat16"])
+    p.add_argument("--distill-from", default="",
+                   help="a QA checkpoint whose start/end distributions the model learns "
+                   "(knowledge distillation, e.g. the base model itself for --fp8-aware)")
+    p.add_argument("--distill-weight", type=float, default=1.0,
+                   help="the distillation loss's share; the rest is the labelled loss")
     p.add_argument("--fp8-aware", default="",
                    help="comma-separated GEMMs (qkv, attn_out, ffn_in, ffn_out) trained on the "
                    "fused engine's calibrated e4m3 rounding, saved on their grids "
@@ -229,6 +261,11 @@ def main(argv: list[str] | None = None) -> list[PhaseReport]:
     fp8_gemms = tuple(g for g in args.fp8_aware.split(",") if g)
     if fp8_gemms:
         fp8_aware.wrap(model, fp8_gemms)
+    teacher = None
+    if args.distill_from:
+        teacher = AutoModelForQuestionAnswering.from_pretrained(args.distill_from,
+                                                                dtype=torch.float32)
+        teacher.to(device).eval().requires_grad_(False)
     drop = {s for s in args.drop_sources.split(",") if s}
     reports = []
     for i, text in enumerate(args.phase):
@@ -237,7 +274,8 @@ def main(argv: list[str] | None = None) -> list[PhaseReport]:
         if args.max_examples:
             examples = random.Random(args.seed).sample(examples, min(len(examples), args.max_examples))
         windows = train_windows(examples, tok, spec)
-        reports.append(train_phase(model, windows, phase, args, device, f"phase {i + 1}"))
+        reports.append(train_phase(model, windows, phase, args, device, f"phase {i + 1}",
+                                   teacher))
     if fp8_gemms:
         fp8_aware.project(model)
     save(model, args, reports)

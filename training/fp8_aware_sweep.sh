@@ -2,7 +2,7 @@
 # FP8-aware fine-tunes of the shipped checkpoint and their F1 through the fused engine, in
 # one GPU call (engine/fused/NOTES.md, "Next steps" 1: F1 room from the checkpoint).
 #
-#   training/fp8_aware_sweep.sh OUT COMMIT [SEEDS] [LR] [EPOCHS]
+#   training/fp8_aware_sweep.sh OUT COMMIT [SEEDS] [LR] [EPOCHS] [FINETUNE_ARGS]
 #
 # Trains, from models/minilm-l6-squad on its own data mix (training_run.json beside it),
 # one FP8-aware fine-tune per seed (all four GEMMs on the engine's calibrated e4m3 rounding,
@@ -12,12 +12,15 @@
 # default (QKV, FFN1, FFN2 static) and all four GEMMs static, against its own fp32 reference
 # and the shipped checkpoint's (--baseline); and, per FP8-aware seed, the default with the
 # out-projection adding the residual (encoder.OUT_PROJ_ADDS_RESIDUAL). JSONs and one log in OUT.
+# FINETUNE_ARGS go to every fine-tune, e.g. "--distill-from models/minilm-l6-squad" (the
+# shipped model's own fp32 outputs as the target).
 set -u
 out=$1
 commit=$2
 seeds=${3:-"1 2 3"}
 lr=${4:-2e-5}
 epochs=${5:-1}
+read -r -a extra <<< "${6:-}"
 base=models/minilm-l6-squad
 work=/tmp/fp8aware
 phase="data/extra_train_answerable.json.xz,data/train-subset-v1.1.json.xz*2@$epochs"
@@ -26,7 +29,8 @@ export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=2  # seven processes share 16 cores
 
 train() {  # NAME ARGS...: one fine-tune into $work/NAME
     python3 -m training.finetune --base-model "$base" --out "$work/$1" --phase "$phase" \
-        --drop-sources covidqa --batch-size 64 --lr "$lr" "${@:2}" > "$work/train-$1.log" 2>&1
+        --drop-sources covidqa --batch-size 64 --lr "$lr" "${extra[@]}" "${@:2}" \
+        > "$work/train-$1.log" 2>&1
     echo "train $1: rc $?"
 }
 

@@ -169,3 +169,49 @@ def test_finetune_saves_an_fp8_aware_checkpoint(tmp_path: Path, shipped_model_di
             rel = ((codes.float() * scale - w32).abs() / w32.abs().clamp(min=scale * 2**-6)).max()
             assert (rel < 2**-7) == on_grid, float(rel)
         assert not torch.equal(layer.intermediate.dense.weight, before.intermediate.dense.weight)
+
+
+def test_distillation_loss_compares_real_tokens_only() -> None:
+    """``finetune.distill_loss``: zero for the teacher's own logits, whatever the padding
+    holds; positive otherwise; ``weight`` 0 is the labelled loss alone."""
+    from types import SimpleNamespace
+
+    g = torch.Generator().manual_seed(7)
+    mask = torch.ones(3, 10, dtype=torch.long)
+    mask[:, 7:] = 0
+    t = SimpleNamespace(start_logits=torch.randn(3, 10, generator=g),
+                        end_logits=torch.randn(3, 10, generator=g))
+    noisy_pad = t.start_logits.clone()
+    noisy_pad[:, 7:] = 50.0
+    same = SimpleNamespace(start_logits=noisy_pad, end_logits=t.end_logits.clone(),
+                           loss=torch.tensor(3.0))
+    assert float(finetune.distill_loss(same, t, mask)) == pytest.approx(0.0, abs=1e-6)
+    other = SimpleNamespace(start_logits=t.start_logits + torch.randn(3, 10, generator=g),
+                            end_logits=t.end_logits, loss=torch.tensor(3.0))
+    kl = float(finetune.distill_loss(other, t, mask))
+    assert kl > 0.05
+    assert float(finetune.distill_loss(other, t, mask, 0.0)) == pytest.approx(3.0)
+    assert float(finetune.distill_loss(other, t, mask, 0.5)) == pytest.approx(0.5 * kl + 1.5)
+
+
+def test_finetune_distils_from_a_teacher(tmp_path: Path, shipped_model_dir: Path,
+                                         data_dir: Path) -> None:
+    """``--distill-from`` the base model itself with ``--fp8-aware``: the loss is the
+    rounded model's divergence from its own fp32 outputs, far below the labelled loss
+    (about ln(64) for a model that cannot answer)."""
+    model, _ = _tiny_bert(8)
+    model.config.vocab_size = 30522
+    model.resize_token_embeddings(30522)
+    base = tmp_path / "base"
+    model.save_pretrained(str(base))
+    for name in finetune.TOKENIZER_FILES:
+        shutil.copy(shipped_model_dir / name, base / name)
+    data = tmp_path / "train8.json.xz"
+    write_first_questions(data_dir / "train-subset-v1.1.json.xz", data, 8)
+    common = ["--base-model", str(base), "--phase", f"{data}@1", "--max-seq-len", "64",
+              "--overlap", "16", "--max-question-len", "16", "--batch-size", "4",
+              "--max-steps", "2", "--lr", "1e-4", "--device", "cpu", "--fp8-aware",
+              "qkv,attn_out,ffn_in,ffn_out"]
+    [taught] = finetune.main([*common, "--out", str(tmp_path / "a"), "--distill-from", str(base)])
+    [labelled] = finetune.main([*common, "--out", str(tmp_path / "b")])
+    assert 0.0 < taught.first_loss < 0.1 < 3.0 < labelled.first_loss, (taught, labelled)
