@@ -136,11 +136,12 @@ def test_projection_leaves_weights_the_engine_rounds_to_themselves() -> None:
             assert torch.equal(codes16.float(), codes.float())
 
 
-def test_finetune_saves_an_fp8_aware_checkpoint(tmp_path: Path, shipped_model_dir: Path,
-                                                data_dir: Path) -> None:
-    """``finetune --fp8-aware qkv,ffn_in`` trains a few steps and saves those GEMMs'
-    weights on their grids (float16, as shipped); the out-projection, not named, is not."""
-    model, _ = _tiny_bert(5)
+def _tiny_run(tmp_path: Path, shipped_model_dir: Path, data_dir: Path, seed: int,
+              steps: int, lr: str) -> tuple[Path, list[str]]:
+    """(base checkpoint dir, fine-tuning arguments less ``--out``): :func:`_tiny_bert` with
+    the shipped vocabulary and tokenizer, 8 training questions in 64-token windows, on the
+    CPU."""
+    model, _ = _tiny_bert(seed)
     model.config.vocab_size = 30522
     model.resize_token_embeddings(30522)
     base = tmp_path / "base"
@@ -149,10 +150,17 @@ def test_finetune_saves_an_fp8_aware_checkpoint(tmp_path: Path, shipped_model_di
         shutil.copy(shipped_model_dir / name, base / name)
     data = tmp_path / "train8.json.xz"
     write_first_questions(data_dir / "train-subset-v1.1.json.xz", data, 8)
-    finetune.main(["--base-model", str(base), "--out", str(tmp_path / "out"),
-                   "--phase", f"{data}@1", "--max-seq-len", "64", "--overlap", "16",
-                   "--max-question-len", "16", "--batch-size", "4", "--max-steps", "3",
-                   "--lr", "1e-3", "--device", "cpu", "--fp8-aware", "qkv,ffn_in"])
+    return base, ["--base-model", str(base), "--phase", f"{data}@1", "--max-seq-len", "64",
+                  "--overlap", "16", "--max-question-len", "16", "--batch-size", "4",
+                  "--max-steps", str(steps), "--lr", lr, "--device", "cpu"]
+
+
+def test_finetune_saves_an_fp8_aware_checkpoint(tmp_path: Path, shipped_model_dir: Path,
+                                                data_dir: Path) -> None:
+    """``finetune --fp8-aware qkv,ffn_in`` trains a few steps and saves those GEMMs'
+    weights on their grids (float16, as shipped); the out-projection, not named, is not."""
+    base, args = _tiny_run(tmp_path, shipped_model_dir, data_dir, 5, 3, "1e-3")
+    finetune.main([*args, "--out", str(tmp_path / "out"), "--fp8-aware", "qkv,ffn_in"])
     from transformers import BertForQuestionAnswering
 
     saved = BertForQuestionAnswering.from_pretrained(str(tmp_path / "out"), dtype=torch.float16)
@@ -199,19 +207,8 @@ def test_finetune_distils_from_a_teacher(tmp_path: Path, shipped_model_dir: Path
     """``--distill-from`` the base model itself with ``--fp8-aware``: the loss is the
     rounded model's divergence from its own fp32 outputs, far below the labelled loss
     (about ln(64) for a model that cannot answer)."""
-    model, _ = _tiny_bert(8)
-    model.config.vocab_size = 30522
-    model.resize_token_embeddings(30522)
-    base = tmp_path / "base"
-    model.save_pretrained(str(base))
-    for name in finetune.TOKENIZER_FILES:
-        shutil.copy(shipped_model_dir / name, base / name)
-    data = tmp_path / "train8.json.xz"
-    write_first_questions(data_dir / "train-subset-v1.1.json.xz", data, 8)
-    common = ["--base-model", str(base), "--phase", f"{data}@1", "--max-seq-len", "64",
-              "--overlap", "16", "--max-question-len", "16", "--batch-size", "4",
-              "--max-steps", "2", "--lr", "1e-4", "--device", "cpu", "--fp8-aware",
-              "qkv,attn_out,ffn_in,ffn_out"]
+    base, args = _tiny_run(tmp_path, shipped_model_dir, data_dir, 8, 2, "1e-4")
+    common = [*args, "--fp8-aware", "qkv,attn_out,ffn_in,ffn_out"]
     [taught] = finetune.main([*common, "--out", str(tmp_path / "a"), "--distill-from", str(base)])
     [labelled] = finetune.main([*common, "--out", str(tmp_path / "b")])
     assert 0.0 < taught.first_loss < 0.1 < 3.0 < labelled.first_loss, (taught, labelled)
