@@ -291,7 +291,6 @@ def main() -> None:
     import torch.nn.functional as F
 
     from benchmarks.bench_gpu import CHECKPOINT, DEV_SET, TRAIN_SET
-    checkpoint = args.checkpoint or CHECKPOINT
     from engine.fused import encoder, fp8
     from engine.fused.encoder import FP8_STATIC_INPUTS
     from engine.fused.engine import FusedEngine
@@ -302,6 +301,7 @@ def main() -> None:
     from training.features import predict_with_margins
     from training.squad import load_examples, score
 
+    checkpoint = args.checkpoint or CHECKPOINT
     tok = QATokenizer.from_dir(checkpoint)
     spec = WindowSpec(max_seq_len=args.max_seq_len, overlap=args.max_seq_len // 3)
     decode, wb = DecodeSpec(), args.window_batch

@@ -245,7 +245,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="comma-separated GEMMs (qkv, attn_out, ffn_in, ffn_out) trained on the "
                    "fused engine's calibrated e4m3 rounding, saved on their grids "
                    "(training.fp8_aware)")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if not 0.0 <= args.distill_weight <= 1.0:
+        p.error("--distill-weight must be between 0 and 1")
+    return args
 
 
 def main(argv: list[str] | None = None) -> list[PhaseReport]:

@@ -212,3 +212,11 @@ def test_finetune_distils_from_a_teacher(tmp_path: Path, shipped_model_dir: Path
     [taught] = finetune.main([*common, "--out", str(tmp_path / "a"), "--distill-from", str(base)])
     [labelled] = finetune.main([*common, "--out", str(tmp_path / "b")])
     assert 0.0 < taught.first_loss < 0.1 < 3.0 < labelled.first_loss, (taught, labelled)
+
+
+def test_a_distillation_share_outside_0_1_is_refused() -> None:
+    base = ["--base-model", "m", "--out", "o", "--phase", "d.json@1"]
+    assert finetune.parse_args([*base, "--distill-weight", "0.5"]).distill_weight == 0.5
+    for bad in ("-0.1", "1.5"):
+        with pytest.raises(SystemExit):
+            finetune.parse_args([*base, "--distill-weight", bad])
