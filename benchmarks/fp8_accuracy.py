@@ -45,6 +45,8 @@ Ends with a table: mean and spread over the grids, against the fp32 reference's 
 ``--baseline`` also scores a second checkpoint in fp32 and takes the losses against it
 too: for an FP8-aware fine-tune (``training.fp8_aware``), the checkpoint it started from,
 since a fine-tune compared only with its own fp32 reference hides what the fine-tune cost.
+``--out-proj-adds-residual`` runs every scheme with the out-projection adding the residual
+(``encoder.OUT_PROJ_ADDS_RESIDUAL``; where a scheme's static inputs allow it).
 
 A ``~gptq`` suffix on a calibrated or ``static:`` scheme rounds its calibrated weights by
 GPTQ (``engine.fused.gptq``: error-compensated against the calibration inputs' Gram
@@ -270,6 +272,8 @@ def main() -> None:
     p.add_argument("--baseline", type=Path, default=None,
                    help="another checkpoint whose fp32 F1 the losses are also taken against "
                    "(e.g. the one an FP8-aware fine-tune started from)")
+    p.add_argument("--out-proj-adds-residual", action="store_true",
+                   help="every scheme's engine with encoder.OUT_PROJ_ADDS_RESIDUAL on")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
     sys.path.insert(0, str(REPO))
@@ -326,7 +330,7 @@ def main() -> None:
         "f1_questions": len(dev), "questions_for_logits": args.questions, "grids": grids,
         "max_seq_len": args.max_seq_len, "window_batch": wb,
         "windows_for_logits": int(sum(len(b[0]) for b in batches)),
-        "checkpoint": str(checkpoint),
+        "checkpoint": str(checkpoint), "out_proj_adds_residual": args.out_proj_adds_residual,
         "reference": {"f1": ref_f1.f1, "exact": ref_f1.exact}, "runs": []}
     print(f"fp32 reference: F1 {ref_f1.f1:.2f} EM {ref_f1.exact:.2f}", flush=True)
     if base_f1 is not None:
@@ -423,6 +427,7 @@ def main() -> None:
                 "calibrated_attn_x8": "x"}[scheme])
         return encoder, "calibrated_ffn1", encoder.calibrated_ffn1
 
+    encoder.OUT_PROJ_ADDS_RESIDUAL = args.out_proj_adds_residual  # read at each call
     for scheme in schemes:
         for grid in grids if scheme != "fp16" else [1.0]:
             eng = engine(scheme, grid)

@@ -18,6 +18,7 @@ import re
 import statistics
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from rich.console import Console
 from rich.table import Table
@@ -58,9 +59,15 @@ def load(dirs: list[Path]) -> list[Row]:
     return list(rows.values())
 
 
-def verdicts(rows: list[Row], shipped: float) -> dict[tuple[str, str], tuple[float, float, bool]]:
-    """(recipe, scheme) -> (mean loss against the shipped fp32 F1, mean loss against each
-    checkpoint's own, whether both are within the budget), over FP8-aware checkpoints."""
+class Verdict(NamedTuple):
+    vs_shipped: float  # mean F1 loss against the shipped checkpoint's fp32 F1
+    vs_own: float  # mean F1 loss against each checkpoint's own fp32 F1
+    room: bool  # both within the budget
+    seeds: int  # FP8-aware checkpoints the means are over
+
+
+def verdicts(rows: list[Row], shipped: float) -> dict[tuple[str, str], Verdict]:
+    """(recipe, scheme) -> its :class:`Verdict` over the recipe's FP8-aware checkpoints."""
     out = {}
     for recipe in dict.fromkeys(r.recipe for r in rows):
         aware = [r for r in rows if r.recipe == recipe and r.name.startswith("aware")]
@@ -70,7 +77,8 @@ def verdicts(rows: list[Row], shipped: float) -> dict[tuple[str, str], tuple[flo
                 continue
             vs_shipped = statistics.mean(shipped - r.f1[scheme] for r in have)
             vs_own = statistics.mean(r.fp32 - r.f1[scheme] for r in have)
-            out[recipe, scheme] = (vs_shipped, vs_own, max(vs_shipped, vs_own) <= BUDGET)
+            out[recipe, scheme] = Verdict(vs_shipped, vs_own,
+                                          max(vs_shipped, vs_own) <= BUDGET, len(have))
     return out
 
 
@@ -93,11 +101,9 @@ def main() -> None:
     rule = Table(title=f"mean F1 loss over the FP8-aware seeds (budget {BUDGET}, both)")
     for col in ("recipe", "scheme", "seeds", "vs shipped", "vs own", "room"):
         rule.add_column(col)
-    for (recipe, scheme), (shipped, own, ok) in verdicts(rows, args.shipped_f1).items():
-        seeds = sum(1 for r in rows if r.recipe == recipe and r.name.startswith("aware")
-                    and scheme in r.f1)
-        rule.add_row(recipe, scheme, str(seeds), f"{shipped:+.3f}", f"{own:+.3f}",
-                     "yes" if ok else "no")
+    for (recipe, scheme), v in verdicts(rows, args.shipped_f1).items():
+        rule.add_row(recipe, scheme, str(v.seeds), f"{v.vs_shipped:+.3f}", f"{v.vs_own:+.3f}",
+                     "yes" if v.room else "no")
     console.print(rule)
 
 

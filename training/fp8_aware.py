@@ -34,14 +34,14 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.fused.calibration import CALIBRATION_MARGIN, GEMMS
-from engine.fused.fp8 import FP8_DTYPE, FP8_MAX, SCALE_MIN
+from engine.fused.fp8 import FP8_MAX, SCALE_MIN, dequantize, quantize_static
 
 
 def fake_e4m3(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """``x`` rounded to the e4m3 grid of ``scale`` (a float32 scalar tensor) as the engine
     rounds it (a multiply by the reciprocal, saturation at +-448), in ``x``'s dtype; the
     gradient passes through unchanged."""
-    q = (x.float() * (1.0 / scale)).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE).float() * scale
+    q = dequantize(quantize_static(x.detach(), scale))
     return x + (q.to(x.dtype) - x).detach()
 
 

@@ -22,9 +22,10 @@ lr=${4:-2e-5}
 epochs=${5:-1}
 read -r -a extra <<< "${6:-}"
 base=models/minilm-l6-squad
-work=/tmp/fp8aware
+work=$(mktemp -d /tmp/fp8aware.XXXXXX)  # this call's own: a warm machine keeps the last
 phase="data/extra_train_answerable.json.xz,data/train-subset-v1.1.json.xz*2@$epochs"
-mkdir -p "$out" "$work"
+mkdir -p "$out"
+names="plain1$(for s in $seeds; do printf ' aware%s' "$s"; done)"
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=2  # seven processes share 16 cores
 
 train() {  # NAME ARGS...: one fine-tune into $work/NAME
@@ -49,19 +50,13 @@ train plain1 --seed 1 &
 wait
 echo "training done after $(( $(date +%s) - started )) s"
 
-for name in plain1 $(for s in $seeds; do echo "aware$s"; done); do
+for name in $names; do
     accuracy "$name" "$name" --schemes static:qkv+ffn_in+ffn_out,calibrated \
         $([ "$name" = plain1 ] && echo "--baseline $base") &
 done
 for s in $seeds; do
-    # the module constant set before the script runs, as v42 measured it
-    (python3 -c "import runpy, sys; import engine.fused.encoder as e
-e.OUT_PROJ_ADDS_RESIDUAL = True
-sys.argv = ['fp8_accuracy.py'] + sys.argv[1:]
-runpy.run_path('benchmarks/fp8_accuracy.py', run_name='__main__')" \
-        --checkpoint "$work/aware$s" --grids 1 --schemes static:qkv+ffn_in+ffn_out \
-        --out "$out/acc-aware$s-sum-residual-$commit.json" > "$work/acc-aware$s-sum.log" 2>&1
-     echo "accuracy aware$s sum residual: rc $?") &
+    accuracy "aware$s" "aware$s-sum-residual" --schemes static:qkv+ffn_in+ffn_out \
+        --out-proj-adds-residual &
 done
 wait
 echo "all done after $(( $(date +%s) - started )) s"
@@ -70,7 +65,7 @@ for f in "$work"/train-*.log "$work"/acc-*.log; do
     echo "=== $f"
     tail -n 25 "$f"
 done > "$out/logs-$commit.txt"
-for name in plain1 $(for s in $seeds; do echo "aware$s"; done); do
+for name in $names; do
     echo "=== $name/training_run.json"
     cat "$work/$name/training_run.json"
 done >> "$out/logs-$commit.txt"

@@ -33,12 +33,13 @@ def test_seeds_pool_across_re_runs_and_both_losses_decide(tmp_path: Path) -> Non
                                             "plain1 (kd-2e-5-1-s456)"]
     assert {r.recipe for r in rows} == {"kd-2e-5-1"}
     got = verdicts(rows, shipped=77.9)
-    shipped, own, ok = got["kd-2e-5-1", "default"]
+    shipped, own, ok, seeds = got["kd-2e-5-1", "default"]
     assert (shipped, own, ok) == (pytest.approx(0.0), pytest.approx(0.05), True)
-    shipped, own, ok = got["kd-2e-5-1", "all static"]
+    assert seeds == 2  # aware1 and aware4, pooled; no plain control
+    shipped, own, ok, _ = got["kd-2e-5-1", "all static"]
     assert (shipped, own, ok) == (pytest.approx(0.04), pytest.approx(0.09), True)
     _write(b, "aware5", 77.0, {"calibrated": 77.5})  # better than its own, far under shipped
-    assert not verdicts(load([a, b]), shipped=77.9)["kd-2e-5-1", "all static"][2]
+    assert not verdicts(load([a, b]), shipped=77.9)["kd-2e-5-1", "all static"].room
     assert got["kd-2e-5-1", "sum residual"][1] == pytest.approx(0.03)
 
 
@@ -48,4 +49,4 @@ def test_the_recorded_runs_give_no_room_to_the_gated_schemes() -> None:
     got = verdicts(load(dirs), shipped=77.68)
     assert {recipe for recipe, _ in got} == {"ce-2e-5-1", "ce-1e-5-0.3", "kd-1e-5-0.3",
                                              "kd-2e-5-1"}
-    assert not any(ok for (_, scheme), (_, _, ok) in got.items() if scheme != "default")
+    assert not any(v.room for (_, scheme), v in got.items() if scheme != "default")
