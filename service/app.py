@@ -51,7 +51,9 @@ def create_app(settings: Settings | None = None, backend: InferenceBackend | Non
     app.state.metrics = metrics
     app.include_router(router)
     _install_error_handlers(app)
-    max_body = 6 * (settings.max_context_chars + settings.max_questions * settings.max_question_chars)
+    # 12 bytes a character: the most a legal character takes in JSON, a character outside the
+    # BMP written as an escaped surrogate pair (\ud83d\ude00); the limits count characters
+    max_body = 12 * (settings.max_context_chars + settings.max_questions * settings.max_question_chars)
     app.add_middleware(
         GatewayMiddleware, metrics=metrics, max_body_bytes=max_body + 65536,
         budget_s=settings.latency_budget_ms / 1000,

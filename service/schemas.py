@@ -5,9 +5,14 @@ from __future__ import annotations
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 
-def _not_blank(value: str, field: str) -> str:
+def _text(value: str, field: str) -> str:
     if not value.strip():
         raise ValueError(f"{field} must not be empty or whitespace")
+    if not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:  # JSON can escape a lone surrogate (\ud800); no tokenizer takes one
+            raise ValueError(f"{field} must be valid Unicode (it has a lone surrogate)") from None
     return value
 
 
@@ -29,12 +34,12 @@ class QARequest(BaseModel):
     @field_validator("context")
     @classmethod
     def _context(cls, v: str) -> str:
-        return _not_blank(v, "context")
+        return _text(v, "context")
 
     @field_validator("question")
     @classmethod
     def _question(cls, v: str | None) -> str | None:
-        return None if v is None else _not_blank(v, "question")
+        return None if v is None else _text(v, "question")
 
     @field_validator("questions")
     @classmethod
@@ -43,7 +48,7 @@ class QARequest(BaseModel):
             return None
         if not v:
             raise ValueError("questions must not be empty")
-        return [_not_blank(q, f"questions[{i}]") for i, q in enumerate(v)]
+        return [_text(q, f"questions[{i}]") for i, q in enumerate(v)]
 
     @model_validator(mode="after")
     def _one_of(self) -> QARequest:
