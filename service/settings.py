@@ -70,6 +70,9 @@ class Settings(BaseSettings):
         from service.windowing import WindowSpec
 
         WindowSpec(self.max_seq_len, self.window_overlap, self.max_question_tokens)
+        if not self.seq_buckets or not all(1 <= b <= 512 for b in self.seq_buckets):
+            # windows are padded up to a bucket; the model has 512 positions (its own 400 else)
+            raise ValueError(f"seq_buckets must be window lengths in [1, 512], got {self.seq_buckets}")
         if max(self.seq_buckets) < self.max_seq_len:
             raise ValueError("the largest of seq_buckets must be >= max_seq_len")
         return self

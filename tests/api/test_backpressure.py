@@ -74,6 +74,12 @@ def test_settings_reject_overlap_that_leaves_no_step(overlap: int) -> None:
         Settings(window_overlap=overlap)
 
 
+@pytest.mark.parametrize("buckets", [(), (0, 384), (128, 1024)])
+def test_settings_reject_buckets_the_model_cannot_take(buckets: tuple[int, ...]) -> None:
+    with pytest.raises(ValueError, match="seq_buckets must be window lengths"):
+        Settings(seq_buckets=buckets)
+
+
 def test_settings_from_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("QA_PORT", "9090")
     monkeypatch.setenv("QA_SEQ_BUCKETS", "[128, 384]")
