@@ -15,7 +15,7 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
-from service.settings import REPO_ROOT, Settings
+from service.settings import REPO_ROOT, Settings, settings_or_exit
 from service.triton_runtime import TritonInstall
 
 log = logging.getLogger("launcher")
@@ -103,7 +103,7 @@ def supervise(procs: Processes) -> int:
 
 
 def main() -> int:
-    settings = Settings()
+    settings = settings_or_exit()
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
     procs = Processes(triton=start_triton(settings, REPO_ROOT / "build" / "triton"))
     try:

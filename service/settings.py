@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -76,3 +77,17 @@ class Settings(BaseSettings):
         if max(self.seq_buckets) < self.max_seq_len:
             raise ValueError("the largest of seq_buckets must be >= max_seq_len")
         return self
+
+
+def settings_or_exit() -> Settings:
+    """The settings from the environment; on a bad value, one line per problem on stderr
+    (naming its ``QA_`` variable) and exit status 2, not a traceback."""
+    try:
+        return Settings()
+    except ValidationError as exc:
+        lines = [
+            f"  {'QA_' + str(e['loc'][0]).upper() if e['loc'] else 'settings'}: {e['msg']}"
+            for e in exc.errors()
+        ]
+        print("invalid configuration:", *lines, sep="\n", file=sys.stderr)
+        raise SystemExit(2) from None
