@@ -12,6 +12,8 @@ def main() -> None:
     uvicorn.run(
         "service.app:create_app", factory=True, host=settings.host, port=settings.port,
         workers=settings.workers, log_level=settings.log_level, access_log=False,
+        # without it uvicorn waits for every open connection, a stalled upload too
+        timeout_graceful_shutdown=settings.shutdown_timeout_s,
     )
 
 

@@ -20,6 +20,9 @@ class Settings(BaseSettings):
     port: int = Field(8080, description="Gateway HTTP port")
     workers: int = Field(1, ge=1, description="uvicorn worker processes (launcher)")
     log_level: Literal["debug", "info", "warning", "error"] = Field("info", description="Log level")
+    shutdown_timeout_s: int = Field(
+        20, ge=1, description="On SIGTERM, wait this long for requests in progress, then close"
+    )
 
     # Triton
     triton_url: str = Field(

@@ -109,6 +109,16 @@ def test_gateway_service(
     settings = Settings()
     assert settings.triton_url == f"triton:{contract.TRITON_GRPC_PORT}"
     assert settings.port == contract.GATEWAY_PORT
+    # the drain ends before compose's SIGKILL (its default grace is 10 s)
+    assert settings.shutdown_timeout_s + 2 <= _seconds(gateway["stop_grace_period"])
+
+
+def _seconds(duration: str) -> float:
+    """A compose duration such as '25s' or '1m30s', in seconds."""
+    units = {"h": 3600, "m": 60, "s": 1}
+    parts = re.fullmatch(r"(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?", duration)
+    assert parts and duration, duration
+    return sum(int(n) * units[u] for n, u in zip(parts.groups(), "hms", strict=True) if n)
 
 
 def test_gateway_reads_env_file_dot_env() -> None:

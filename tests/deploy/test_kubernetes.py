@@ -386,3 +386,15 @@ def test_only_gateway_and_prometheus_reach_triton(
         "gateway": {contract.TRITON_HTTP_PORT, contract.TRITON_GRPC_PORT},
         "prometheus": {contract.TRITON_METRICS_PORT},
     }
+
+
+@pytest.mark.parametrize("name", ["cpu", "gpu"])
+def test_gateway_drains_within_its_grace_period(rendered: dict[str, list[Manifest]], name: str) -> None:
+    """preStop's sleep plus the gateway's QA_SHUTDOWN_TIMEOUT_S end before the kubelet's
+    SIGKILL, so requests in progress finish and a stalled upload cannot stop the drain."""
+    pod = pod_spec(rendered[name], "gateway")
+    (sleep,) = [float(s) for s in re.findall(
+        r"time\.sleep\(([\d.]+)\)", " ".join(containers(rendered[name], "gateway")["lifecycle"][
+            "preStop"]["exec"]["command"]))]
+    shutdown = float(parse_env_file(REPO / "deploy/k8s/base/gateway.env").values["QA_SHUTDOWN_TIMEOUT_S"])
+    assert sleep + shutdown + 2 <= pod["terminationGracePeriodSeconds"]
