@@ -8,12 +8,15 @@ so our venv's bin goes first.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import sys
 import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
+
+STUB_SHM_PREFIX = "triton_python_backend_shm_region_"
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,18 @@ class TritonInstall:
             "--exit-on-error=true",
             "--log-verbose=0",
         ]
+
+
+def remove_stub_shared_memory(stub_argv: list[str]) -> None:
+    """Remove the shared memory region a killed python backend stub leaves in /dev/shm.
+
+    The stub names it on its command line. It is removed on a clean stop, and by a stub that
+    ends on its own after Triton died; a stub killed with SIGKILL leaves it.
+    """
+    for arg in stub_argv:
+        if arg.startswith(STUB_SHM_PREFIX) and "/" not in arg:
+            with contextlib.suppress(OSError):
+                (Path("/dev/shm") / arg).unlink()
 
 
 def _copy_if_changed(src: Path, dst: Path) -> None:
