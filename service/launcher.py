@@ -203,9 +203,10 @@ def start_triton(settings: Settings, build_dir: Path) -> tuple[subprocess.Popen[
             settings.triton_metrics_port,
         )
         log.info("starting Triton: %s", " ".join(cmd))
-        # its own process group: stop() can find its stubs; Ctrl-C reaches it only through us
+        # its own session and process group (pgid = pid): stop() can find its stubs; Ctrl-C
+        # reaches it only through us
         proc = subprocess.Popen(cmd, env=install.environment(REPO_ROOT), stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, process_group=0)
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     except (ImportError, OSError) as exc:
         raise LaunchError(f"cannot start Triton: {exc}; reinstall the venv (make venv)") from None
     assert proc.stdout is not None
