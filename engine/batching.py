@@ -6,8 +6,11 @@ only), but this groups by length anyway so that mixed lengths are still correct.
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -15,6 +18,49 @@ from engine.base import Float32Array, Int32Array, QAEngine
 
 Inputs = tuple[Int32Array, Int32Array, Int32Array]  # input_ids, attention_mask, token_type_ids
 Outputs = tuple[Float32Array, Float32Array]  # start_logits, end_logits
+
+
+@dataclass(frozen=True)
+class RequestLimits:
+    """What one request's values may be: the served checkpoint's vocabularies and positions."""
+
+    vocab_size: int
+    type_vocab_size: int
+    max_len: int
+
+    @classmethod
+    def of_checkpoint(cls, model_dir: Path) -> RequestLimits:
+        config = json.loads((model_dir / "config.json").read_text())
+        return cls(config["vocab_size"], config["type_vocab_size"],
+                   config["max_position_embeddings"])
+
+    def problem(self, request: Sequence[Int32Array]) -> str | None:
+        """What is wrong with one request's tensors (None: nothing), before any engine sees them.
+
+        Triton checks names, dtypes, ranks and the batch size against config.pbtxt; values,
+        the three shapes agreeing and the length are ours. An engine fed bad values fails (or
+        answers garbage) for every request batched with the bad one, so each request is
+        checked alone, before :func:`run_batched`.
+        """
+        ids, mask, type_ids = request
+        if not ids.shape == mask.shape == type_ids.shape:
+            return ("input_ids, attention_mask and token_type_ids must have one shape "
+                    f"[batch, seq]; got {list(ids.shape)}, {list(mask.shape)}, "
+                    f"{list(type_ids.shape)}")
+        if ids.shape[0] == 0:
+            return "empty batch: send at least one window"
+        if not 1 <= ids.shape[1] <= self.max_len:
+            return (f"sequence length {ids.shape[1]} is outside [1, {self.max_len}] "
+                    "(the model's positions)")
+        for name, array, high in (("input_ids", ids, self.vocab_size), ("attention_mask", mask, 2),
+                                  ("token_type_ids", type_ids, self.type_vocab_size)):
+            if array.min() < 0 or array.max() >= high:
+                at = tuple(int(i) for i in np.argwhere((array < 0) | (array >= high))[0])
+                return f"{name} values must be in [0, {high}); got {int(array[at])} at {list(at)}"
+        attends = mask.any(axis=1)
+        if not attends.all():
+            return f"attention_mask row {int(np.argmin(attends))} is all 0: no token to attend to"
+        return None
 
 
 def run_batched(engine: QAEngine, requests: Sequence[Inputs]) -> list[Outputs]:

@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.batching import run_batched
+from engine.batching import RequestLimits, run_batched
 from engine.config import REPO_ROOT, EngineConfig
 from engine.onnx_cpu import OnnxEngine
 
@@ -333,3 +333,32 @@ def test_infer_in_chunks_of_max_tokens_per_pass_matches_one_pass() -> None:
     np.testing.assert_allclose(start, want_start, atol=1e-4)
     np.testing.assert_allclose(end, want_end, atol=1e-4)
     assert (start[mask == 0] == PAD_LOGIT).all() and (end[mask == 0] == PAD_LOGIT).all()
+
+
+def test_request_limits_name_each_problem() -> None:
+    """The Triton model's per-request check, without Triton (its integration tests send the
+    same cases over HTTP)."""
+    limits = RequestLimits.of_checkpoint(REPO_ROOT / "models" / "minilm-l6-squad")
+    assert limits == RequestLimits(30522, 2, 512)
+    ids, mask, types = request(2, 9, 0)
+    assert limits.problem((ids, mask, types)) is None
+
+    def poked(k: int, value: int, at: tuple[int, int] = (1, 3)) -> list[np.ndarray]:
+        arrays = [ids.copy(), mask.copy(), types.copy()]
+        arrays[k][at] = value
+        return arrays
+
+    cases = {
+        "input_ids values must be in [0, 30522); got -1 at [1, 3]": poked(0, -1),
+        "input_ids values must be in [0, 30522); got 30522 at [1, 3]": poked(0, 30522),
+        "attention_mask values must be in [0, 2); got 2 at [1, 3]": poked(1, 2),
+        "token_type_ids values must be in [0, 2); got 2 at [1, 3]": poked(2, 2),
+        "attention_mask row 1 is all 0": [ids, np.vstack([mask[:1], 0 * mask[1:]]), types],
+        "must have one shape [batch, seq]; got [2, 9], [2, 8], [2, 9]": [ids, mask[:, 1:], types],
+        "empty batch": [ids[:0], mask[:0], types[:0]],
+        "sequence length 0 is outside [1, 512]": [ids[:, :0], mask[:, :0], types[:, :0]],
+        "sequence length 513 is outside [1, 512]": list(request(1, 513, 1)),
+    }
+    for expected, arrays in cases.items():
+        problem = limits.problem(arrays)
+        assert problem is not None and expected in problem, (expected, problem)

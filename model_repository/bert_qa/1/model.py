@@ -3,50 +3,14 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
-import numpy as np
 import triton_python_backend_utils as pb_utils
 
-from engine.batching import run_batched
+from engine.batching import RequestLimits, run_batched
 from engine.config import EngineConfig
 
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
-
-
-def checkpoint_limits(model_dir: Path) -> tuple[int, int, int]:
-    """(vocab size, token types, max sequence length) of the checkpoint the engine serves."""
-    config = json.loads((model_dir / "config.json").read_text())
-    return config["vocab_size"], config["type_vocab_size"], config["max_position_embeddings"]
-
-
-def input_problem(
-    tensors: tuple[np.ndarray, ...], vocab_size: int, type_vocab_size: int, max_len: int
-) -> str | None:
-    """What is wrong with one request's tensors (None: nothing), before any engine sees them.
-
-    Triton checks names, dtypes, ranks and the batch size against config.pbtxt; values, the
-    three shapes agreeing and the length are ours. An engine fed bad values fails (or answers
-    garbage) for every request batched with the bad one, so each request is checked alone.
-    """
-    ids, mask, type_ids = tensors
-    if not ids.shape == mask.shape == type_ids.shape:
-        return ("input_ids, attention_mask and token_type_ids must have one shape [batch, seq]; "
-                f"got {list(ids.shape)}, {list(mask.shape)}, {list(type_ids.shape)}")
-    if ids.shape[0] == 0:
-        return "empty batch: send at least one window"
-    if not 1 <= ids.shape[1] <= max_len:
-        return f"sequence length {ids.shape[1]} is outside [1, {max_len}] (the model's positions)"
-    for name, array, high in (("input_ids", ids, vocab_size), ("attention_mask", mask, 2),
-                              ("token_type_ids", type_ids, type_vocab_size)):
-        if array.min() < 0 or array.max() >= high:
-            at = tuple(int(i) for i in np.argwhere((array < 0) | (array >= high))[0])
-            return f"{name} values must be in [0, {high}); got {int(array[at])} at {list(at)}"
-    attends = mask.any(axis=1)
-    if not attends.all():
-        return f"attention_mask row {int(np.argmin(attends))} is all 0: no token to attend to"
-    return None
 
 
 def error_response(message: str, code: Any) -> Any:
@@ -61,7 +25,7 @@ class TritonPythonModel:
         params = {k: v["string_value"] for k, v in config.get("parameters", {}).items()}
         self.engine_config = EngineConfig.resolve(params)
         self.engine = self.engine_config.build()
-        self.limits = checkpoint_limits(self.engine_config.model_dir)
+        self.limits = RequestLimits.of_checkpoint(self.engine_config.model_dir)
 
     def execute(self, requests: list[Any]) -> list[Any]:
         responses: list[Any] = [None] * len(requests)
@@ -69,7 +33,7 @@ class TritonPythonModel:
         arrays = []
         for i, r in enumerate(requests):
             tensors = tuple(pb_utils.get_input_tensor_by_name(r, name).as_numpy() for name in INPUTS)
-            problem = input_problem(tensors, *self.limits)
+            problem = self.limits.problem(tensors)
             if problem is None:  # a client's mistake is its own 400, never its batch's failure
                 valid.append(i)
                 arrays.append(tensors)
