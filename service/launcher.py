@@ -223,12 +223,12 @@ def exit_status(code: int) -> str:
 
 
 def wait_ready(
-    proc: subprocess.Popen[bytes], http_port: int, timeout_s: float, stop: StopRequest,
-    triton_log: TritonLog, settings: Settings,
+    proc: subprocess.Popen[bytes], triton_log: TritonLog, settings: Settings, stop: StopRequest,
 ) -> bool:
     """Poll Triton's readiness endpoint until it answers 200 (True) or a signal arrives
     (False); LaunchError when Triton exits first or time ends."""
-    url = f"http://127.0.0.1:{http_port}/v2/health/ready"
+    url = f"http://127.0.0.1:{settings.triton_http_port}/v2/health/ready"
+    timeout_s = settings.triton_startup_timeout_s
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if stop.requested:
@@ -271,8 +271,7 @@ def run(settings: Settings, procs: Processes, stop: StopRequest) -> None:
     check_model_repository(settings)
     check_ports(settings)
     procs.triton, procs.triton_log = start_triton(settings, REPO_ROOT / "build" / "triton")
-    if wait_ready(procs.triton, settings.triton_http_port, settings.triton_startup_timeout_s,
-                  stop, procs.triton_log, settings):
+    if wait_ready(procs.triton, procs.triton_log, settings, stop):
         procs.gateway = start_gateway()
         log.info("gateway on http://%s:%d (docs at /docs)", settings.host, settings.port)
         supervise(procs, stop)

@@ -183,6 +183,13 @@ def request_bytes(body: dict[str, Any] | bytes, content_length: int | None = Non
     return head.encode() + raw
 
 
+def send_and_leave(live: LiveServer, body: dict[str, Any]) -> None:
+    """A whole request, then FIN at once (not RST, so the kernel delivers the request)."""
+    sock = live.connect()
+    sock.sendall(request_bytes(body))
+    close(sock, "fin")
+
+
 def close(sock: socket.socket, how: str) -> None:
     """``fin``: an orderly close; ``rst``: SO_LINGER 0, the kernel sends a reset."""
     if how == "rst":
@@ -268,9 +275,7 @@ def test_abort_while_engine_works_frees_slot_and_gauge(live: LiveServer, how: st
 def test_close_right_after_sending_is_ok_or_client_side(live: LiveServer) -> None:
     """No wait for the slot: uvicorn may see the EOF before the app reads the body."""
     for _ in range(6):
-        sock = live.connect()
-        sock.sendall(request_bytes(MEDIUM))
-        close(sock, "fin")
+        send_and_leave(live, MEDIUM)
     live.settled(6)
     assert httpx.post(f"{live.url}{QA}", json=SHORT, timeout=DEADLINE_S).status_code == 200
     live.settled(7)
@@ -288,9 +293,7 @@ def test_many_aborts_leak_no_slots(live: LiveServer) -> None:
     # a burst of 20 that close at once: about MAX_IN_FLIGHT admitted, the rest refused (429)
     # to a client already gone; FIN, not RST, so the kernel delivers every request
     for _ in range(20):
-        sock = live.connect()
-        sock.sendall(request_bytes(MEDIUM))
-        close(sock, "fin")
+        send_and_leave(live, MEDIUM)
     live.settled(20)
     burst = qa_outcomes(live.metrics())
     assert burst.get("ok", 0) <= MAX_IN_FLIGHT and set(burst) <= {"ok", "overloaded", "invalid_input"}
