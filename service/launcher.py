@@ -6,12 +6,15 @@ free and the model repository exists. A failure ends with exit status 1 and one 
 saying what failed and what to do (Triton's own log is printed above it); a signal, with 0.
 Nothing it started outlives it: Triton runs in its own process group, so that the python
 backend stubs it leaves when killed, or when stopped while loading the model, are found
-(they get a few seconds to end by themselves, then SIGKILL).
+(they get a few seconds to end by themselves, then SIGKILL). Should the launcher itself be
+SIGKILLed (the OOM killer, ``kill -9``), Linux sends each child SIGTERM (its parent-death
+signal), so Triton and the gateway still shut down cleanly.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import logging
 import os
@@ -25,6 +28,7 @@ import time
 import urllib.error
 import urllib.request
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
@@ -149,6 +153,27 @@ def end_process_group(pgid: int, timeout_s: float) -> None:
         remove_stub_shared_memory(argv)
 
 
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def end_with_launcher() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes the child get SIGTERM when the launcher dies, however it
+    dies (None where prctl is missing: not Linux). The signal follows the thread that
+    forked the child: the launcher starts its children from its main thread."""
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl  # looked up before the fork
+    except (OSError, AttributeError):
+        return None
+    launcher = os.getpid()
+
+    def in_child() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != launcher:  # it died before prctl: no signal will come
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return in_child
+
+
 def grpc_port(settings: Settings) -> int:
     try:
         return int(settings.triton_url.rsplit(":", 1)[1])
@@ -206,7 +231,8 @@ def start_triton(settings: Settings, build_dir: Path) -> tuple[subprocess.Popen[
         # its own session and process group (pgid = pid): stop() can find its stubs; Ctrl-C
         # reaches it only through us
         proc = subprocess.Popen(cmd, env=install.environment(REPO_ROOT), stdin=subprocess.DEVNULL,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+                                preexec_fn=end_with_launcher())
     except (ImportError, OSError) as exc:
         raise LaunchError(f"cannot start Triton: {exc}; reinstall the venv (make venv)") from None
     assert proc.stdout is not None
@@ -253,7 +279,8 @@ def wait_ready(
 
 
 def start_gateway() -> subprocess.Popen[bytes]:
-    return subprocess.Popen([sys.executable, "-m", "service"], stdin=subprocess.DEVNULL)
+    return subprocess.Popen([sys.executable, "-m", "service"], stdin=subprocess.DEVNULL,
+                            preexec_fn=end_with_launcher())
 
 
 def supervise(procs: Processes, stop: StopRequest) -> None:

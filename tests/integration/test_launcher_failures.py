@@ -229,3 +229,29 @@ def test_signal_during_triton_startup_stops_cleanly(
     assert "Traceback" not in out
     assert run.processes() == []
     assert all(not (Path("/dev/shm") / region).exists() for region in regions), regions
+
+
+@pytest.mark.parametrize("moment", ["after ready", "as the model instance starts"])
+def test_launcher_killed_leaves_nothing(launch: Callable[..., Run], moment: str) -> None:
+    """SIGKILL cannot be handled: the children's parent-death signal (SIGTERM) stops them.
+    Stopped as the model loads, Triton may leave its stub waiting (see the startup test):
+    with no launcher to kill it, the stub must notice its parent is gone by itself."""
+    require_model()
+    ports = Ports()
+    run = launch(ports, QA_TRITON_STARTUP_TIMEOUT_S="120")
+    if moment == "after ready":
+        wait_http(f"http://127.0.0.1:{ports.gateway}/health/ready", run.proc, 120)
+        assert {argv[0].rsplit("/", 1)[-1] for _, argv in run.processes()} >= {
+            "tritonserver", "triton_python_backend_stub", sys.executable.rsplit("/", 1)[-1]}
+    else:
+        run.wait_for_output("TRITONBACKEND_ModelInstanceInitialize: bert_qa")
+    regions = {arg for _, argv in run.processes() for arg in argv if arg.startswith(STUB_SHM_PREFIX)}
+    run.proc.kill()
+    run.proc.wait()
+    deadline = time.monotonic() + 45
+    while (left := run.processes()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert left == [], left
+    assert all(not (Path("/dev/shm") / region).exists() for region in regions), regions
+    for port in (ports.gateway, ports.http, ports.grpc, ports.metrics):
+        listening_on("127.0.0.1", port).close()  # every port free again
