@@ -111,24 +111,31 @@ def map_triton_error(exc: Exception) -> ServiceError:
 
 
 class EngineBackend:
-    """A real engine run in a worker thread (one call at a time), for tests and tools."""
+    """A real engine run in a worker thread (one call at a time), for tests and tools.
+
+    A caller that is cancelled (its client left) or times out stops waiting at once, but a
+    thread cannot be stopped: the engine call runs to its end and holds the lock until then,
+    so calls never overlap. A cancelled caller still waiting for the lock runs nothing."""
 
     def __init__(self, engine: QAEngine) -> None:
         self.engine = engine
         self._lock = asyncio.Lock()
 
     async def infer(self, windows: Windows, deadline_s: float) -> Logits:
-        async with self._lock:
-            try:
-                return await asyncio.wait_for(
-                    asyncio.to_thread(
-                        self.engine.infer,
-                        windows.input_ids, windows.attention_mask, windows.token_type_ids,
-                    ),
-                    timeout=deadline_s,
-                )
-            except TimeoutError as exc:
-                raise ServiceError(ErrorCode.DEADLINE_EXCEEDED, "inference deadline exceeded") from exc
+        await self._lock.acquire()
+        call = asyncio.ensure_future(asyncio.to_thread(
+            self.engine.infer, windows.input_ids, windows.attention_mask, windows.token_type_ids,
+        ))
+        call.add_done_callback(self._release)
+        try:
+            return await asyncio.wait_for(asyncio.shield(call), timeout=deadline_s)
+        except TimeoutError as exc:
+            raise ServiceError(ErrorCode.DEADLINE_EXCEEDED, "inference deadline exceeded") from exc
+
+    def _release(self, call: asyncio.Future[Logits]) -> None:
+        self._lock.release()
+        if not call.cancelled():
+            call.exception()  # read, so a failure no caller awaited is not logged as lost
 
     async def ready(self) -> bool:
         return True

@@ -20,6 +20,7 @@ class ErrorCode(StrEnum):
     DEADLINE_EXCEEDED = "deadline_exceeded"
     BACKEND_ERROR = "backend_error"
     INTERNAL = "internal"
+    CLIENT_CLOSED = "client_closed"  # the client left before its answer: nothing is sent
 
 
 STATUS: dict[ErrorCode, int] = {
@@ -33,6 +34,7 @@ STATUS: dict[ErrorCode, int] = {
     ErrorCode.DEADLINE_EXCEEDED: 504,
     ErrorCode.BACKEND_ERROR: 502,
     ErrorCode.INTERNAL: 500,
+    ErrorCode.CLIENT_CLOSED: 499,  # nginx's "client closed request"; only in metrics and logs
 }
 
 RETRY_AFTER_S: dict[ErrorCode, int] = {

@@ -1,13 +1,21 @@
-"""One pure-ASGI middleware: request id, body-size guard, and request metrics.
+"""One pure-ASGI middleware: request id, body-size guard, request metrics, and the end of a
+request whose client has gone.
 
-Pure ASGI (not BaseHTTPMiddleware) so it adds microseconds, not a task per request.
+Pure ASGI (not BaseHTTPMiddleware) so it adds microseconds. Only ``POST /v1/qa`` runs in a
+task of its own, beside a watcher: a client that disconnects before its response starts
+cancels that task, so its Triton calls are cancelled (gRPC cancellation; the model skips
+cancelled requests) instead of running to the end for nobody. Such a request is counted
+with outcome ``client_closed`` (status 499, as nginx logs it); nothing is sent.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from starlette.exceptions import HTTPException
@@ -36,11 +44,13 @@ class GatewayMiddleware:
         state: dict[str, Any] = scope.setdefault("state", {})
         state["request_id"] = request_id
         status = 500
+        responded = False
 
         async def send_wrapper(message: Message) -> None:
-            nonlocal status
+            nonlocal status, responded
             if message["type"] == "http.response.start":
                 status = message["status"]
+                responded = True
                 message.setdefault("headers", []).append(
                     (REQUEST_ID_HEADER, request_id.encode("latin-1"))
                 )
@@ -54,11 +64,61 @@ class GatewayMiddleware:
             )
         else:
             try:
-                await self.app(scope, self._limited(receive), send_wrapper)
+                if scope["path"] == QA_ROUTE and scope["method"] == "POST":
+                    if await self._run_until_disconnect(scope, receive, send_wrapper,
+                                                        lambda: responded):
+                        state["error_code"] = ErrorCode.CLIENT_CLOSED
+                        status = STATUS[ErrorCode.CLIENT_CLOSED]
+                else:
+                    await self.app(scope, self._limited(receive), send_wrapper)
             finally:
                 self._observe(scope, state, status, time.perf_counter() - started)
             return
         self._observe(scope, state, status, time.perf_counter() - started)
+
+    async def _run_until_disconnect(
+        self, scope: Scope, receive: Receive, send: Send, responded: Callable[[], bool]
+    ) -> bool:
+        """Run the app; True when its client disconnected before the response started and the
+        app was cancelled. Once the app has read the whole body, a watcher reads on: the next
+        message is ``http.disconnect``, when the client goes or the response completes (the
+        ASGI spec), and is handed to the app too if it reads again."""
+        body_read = asyncio.Event()
+        disconnect: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+        limited = self._limited(receive)
+
+        async def app_receive() -> Message:
+            if body_read.is_set():
+                return await asyncio.shield(disconnect)
+            message = await limited()
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                body_read.set()
+            return message
+
+        async def watch() -> None:
+            await body_read.wait()
+            message = await receive()
+            while message["type"] != "http.disconnect":  # none is sent after the body
+                message = await receive()
+            disconnect.set_result(message)
+
+        app = asyncio.ensure_future(self.app(scope, app_receive, send))
+        watcher = asyncio.ensure_future(watch())
+        try:
+            await asyncio.wait((app, watcher), return_when=asyncio.FIRST_COMPLETED)
+            gone = not app.done() and disconnect.done() and not responded()
+            if gone:
+                app.cancel()
+            await asyncio.wait((app,))  # its cancellation's cleanup (slots, gauges) runs first
+            if gone and app.cancelled():
+                return True
+            app.result()  # the app's own exception, as if it had run in this task
+            return False
+        finally:
+            for task in (app, watcher):
+                task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await watcher
 
     def _limited(self, receive: Receive) -> Receive:
         """Count streamed body bytes too (a chunked body has no Content-Length)."""

@@ -7,11 +7,12 @@ the body, stall with part of the body. Afterwards the in-flight slots and the in
 gauge must be back at 0, nothing may be logged as an unhandled error, and later requests
 must not be refused with 429.
 
-What uvicorn does (0.55 here; httptools and h11 alike), as these tests pin it:
-- a request whose body was read keeps running after its client left: the ASGI task is not
-  cancelled, ``send`` to the gone client is a no-op, so the slot is released when the
-  engine is done and the request is counted with the status it computed (200 -> ``ok``,
-  429 -> ``overloaded``);
+What the gateway and uvicorn do (0.55 here; httptools and h11 alike), as these tests pin it:
+- a request whose body was read and whose client leaves before the answer is cancelled by
+  the gateway's middleware (uvicorn itself would let it run to the end for nobody): its slot
+  and gauge are released at once, it is counted as ``client_closed`` (499), and if it was
+  still waiting for the engine, the engine never runs it (with Triton, its gRPC call is
+  cancelled and the model skips it: ``tests/integration/test_service.py``);
 - a client that leaves before the body is complete makes ``receive`` return
   ``http.disconnect``; FastAPI turns the ClientDisconnect into its 400, which the gateway
   maps to 422 ``invalid_input`` (client side, never ``internal``);
@@ -47,6 +48,7 @@ from fastapi import FastAPI
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from engine.base import Float32Array, Int32Array
 from engine.onnx_cpu import OnnxEngine
 from service.app import create_app
 from service.backend import EngineBackend
@@ -161,6 +163,19 @@ def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = DEAD
         time.sleep(0.005)
 
 
+class CountingEngine:
+    """The real engine, counting its calls: what a cancelled request must not add to."""
+
+    def __init__(self, engine: OnnxEngine) -> None:
+        self.engine = engine
+        self.calls = 0
+
+    def infer(self, input_ids: Int32Array, attention_mask: Int32Array,
+              token_type_ids: Int32Array) -> tuple[Float32Array, Float32Array]:
+        self.calls += 1
+        return self.engine.infer(input_ids, attention_mask, token_type_ids)
+
+
 @pytest.fixture
 def live(engine: OnnxEngine) -> Iterator[LiveServer]:
     app = create_app(Settings(**SMALL), backend=EngineBackend(engine))  # type: ignore[arg-type]
@@ -260,14 +275,15 @@ def test_abort_while_engine_works_frees_slot_and_gauge(live: LiveServer, how: st
 
     live.settled(1)
     m = live.metrics()
-    # 5. the aborted request ran to the end and is counted with the status it computed
-    assert qa_outcomes(m) == {"ok": 1}
-    assert count(m, "qa_windows_per_request_count") == 1
+    # 5. the aborted request was cancelled: counted as client_closed, never as done
+    assert qa_outcomes(m) == {"client_closed": 1}
+    assert count(m, "qa_errors_total", code="client_closed") == 1
+    assert count(m, "qa_windows_per_request_count") == 0
     r = httpx.post(f"{live.url}{QA}", json=SHORT, timeout=DEADLINE_S)
     assert r.status_code == 200, r.text
     live.settled(2)
     m = live.metrics()
-    assert qa_outcomes(m) == {"ok": 2}
+    assert qa_outcomes(m) == {"client_closed": 1, "ok": 1}
     assert_errors_match_histogram(m)
     live.assert_no_errors_logged()
 
@@ -281,9 +297,41 @@ def test_close_right_after_sending_is_ok_or_client_side(live: LiveServer) -> Non
     live.settled(7)
     m = live.metrics()
     outcomes = qa_outcomes(m)
-    assert set(outcomes) <= {"ok", "overloaded", "invalid_input"}, outcomes
+    assert set(outcomes) <= {"ok", "overloaded", "invalid_input", "client_closed"}, outcomes
     assert_errors_match_histogram(m)
     live.assert_no_errors_logged()
+
+
+def test_queued_requests_of_clients_that_left_never_reach_the_engine(engine: OnnxEngine) -> None:
+    """One client keeps the engine busy; three more wait for it and leave: the engine runs
+    the first request alone, and the next one comes straight after it."""
+    counting = CountingEngine(engine)
+    app = create_app(Settings(**SMALL), backend=EngineBackend(counting))  # type: ignore[arg-type]
+    with LiveServer(app, "httptools") as live:
+        busy = live.connect()
+        busy.sendall(request_bytes(LONG))
+        wait_until(lambda: counting.calls == 1, "the first request to reach the engine")
+        waiting = [live.connect() for _ in range(3)]
+        for sock in waiting:
+            sock.sendall(request_bytes(MEDIUM))
+        wait_until(lambda: live.in_flight == 4, "the three to wait for the engine")
+        assert not has_response(busy), "the engine answered before the others queued"
+        for sock in waiting:
+            close(sock, "fin")
+        wait_until(lambda: live.in_flight == 1, "the three to be cancelled")
+        answer = busy.makefile("rb").readline()
+        busy.close()
+        assert answer.startswith(b"HTTP/1.1 200"), answer
+        live.settled(4)
+        assert counting.calls == 1
+        r = httpx.post(f"{live.url}{QA}", json=SHORT, timeout=DEADLINE_S)
+        assert r.status_code == 200, r.text
+        assert counting.calls == 2
+        live.settled(5)
+        m = live.metrics()
+        assert qa_outcomes(m) == {"ok": 2, "client_closed": 3}
+        assert_errors_match_histogram(m)
+        live.assert_no_errors_logged()
 
 
 # 2. more aborted requests than slots: none leaks
@@ -296,7 +344,8 @@ def test_many_aborts_leak_no_slots(live: LiveServer) -> None:
         send_and_leave(live, MEDIUM)
     live.settled(20)
     burst = qa_outcomes(live.metrics())
-    assert burst.get("ok", 0) <= MAX_IN_FLIGHT and set(burst) <= {"ok", "overloaded", "invalid_input"}
+    assert burst.get("ok", 0) <= MAX_IN_FLIGHT
+    assert set(burst) <= {"ok", "overloaded", "invalid_input", "client_closed"}
 
     # 5 waves that each fill every slot with requests whose clients then leave
     aborted_mid_work = 0
@@ -318,8 +367,9 @@ def test_many_aborts_leak_no_slots(live: LiveServer) -> None:
     live.settled(20 + 5 * MAX_IN_FLIGHT + MAX_IN_FLIGHT)
     m = live.metrics()
     outcomes = qa_outcomes(m)
-    assert set(outcomes) <= {"ok", "overloaded", "invalid_input"}, outcomes
-    assert outcomes["ok"] > 2 * MAX_IN_FLIGHT, outcomes  # more admitted-then-aborted than slots
+    assert set(outcomes) <= {"ok", "overloaded", "invalid_input", "client_closed"}, outcomes
+    # more admitted-then-cancelled requests than slots
+    assert outcomes["client_closed"] > MAX_IN_FLIGHT, outcomes
     assert_errors_match_histogram(m)
     live.assert_no_errors_logged()
 

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
+import socket
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
 from service.contract import INPUTS, MAX_BATCH_SIZE, MODEL_NAME, OUTPUTS
 from tests.integration.conftest import REPO, LiveService, Ports, SeparateProcesses, stop, wait_http
@@ -82,6 +86,74 @@ def test_concurrent_requests_all_succeed_and_batch(live_service: LiveService) ->
     inferences, executions = after[0] - before[0], after[1] - before[1]
     assert inferences == 24
     assert executions < inferences, "the dynamic batcher merged no requests"
+
+
+def samples(url: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    text = httpx.get(url, timeout=5).text
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def poll(condition: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.01)
+
+
+def post_bytes(body: dict[str, str]) -> bytes:
+    raw = json.dumps(body).encode()
+    return (b"POST /v1/qa HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(raw)) + raw
+
+
+def test_requests_of_clients_that_left_are_cancelled_in_triton(live_service: LiveService) -> None:
+    """One client keeps the model busy; three more queue in Triton behind it and disconnect.
+    The gateway cancels their gRPC calls: Triton drops those still queued (its CANCELED
+    failures) and the model answers those it was already handed without running the engine
+    (``qa_model_skipped_requests_total``; Triton counts them as successes). So of everything
+    Triton received, only the busy request ran."""
+    gateway = f"{live_service.gateway_url}/metrics"
+    triton = live_service.triton_metrics_url
+    model = frozenset({("model", MODEL_NAME), ("version", "1")})
+    success = ("nv_inference_request_success_total", model)  # the parser adds _total
+    dropped = ("nv_inference_request_failure_total", model | {("reason", "CANCELED")})
+    skipped = ("qa_model_skipped_requests_total", frozenset({("model", MODEL_NAME),
+                                                             ("reason", "cancelled")}))
+    pending = ("nv_inference_pending_request_count", model)
+    in_flight = ("qa_in_flight_requests", frozenset())
+
+    def outcome(m: dict, name: str) -> float:
+        return m.get(("qa_request_duration_seconds_count",
+                      frozenset({("route", "/v1/qa"), ("outcome", name)})), 0.0)
+
+    before, before_gw = samples(triton), samples(gateway)
+    address = ("127.0.0.1", live_service.ports.gateway)
+    filler = " ".join(f"Sentence {i} of a long context says nothing at all." for i in range(300))
+    busy = socket.create_connection(address, timeout=60)
+    busy.sendall(post_bytes({"context": filler, "question": "What does it say?"}))
+    poll(lambda: samples(gateway)[in_flight] == 1, "the busy request to reach Triton")
+    leaving = [socket.create_connection(address, timeout=60) for _ in range(3)]
+    for sock, (question, _) in zip(leaving, SQUAD, strict=True):
+        sock.sendall(post_bytes({"context": CONTEXT, "question": question}))
+    poll(lambda: samples(gateway)[in_flight] == 4, "the three to reach the gateway")
+    poll(lambda: samples(triton)[pending] >= 1, "a request queued in Triton behind the busy one")
+    for sock in leaving:
+        sock.close()
+    status_line = busy.makefile("rb").readline()
+    busy.close()
+    assert status_line.startswith(b"HTTP/1.1 200"), status_line
+    poll(lambda: outcome(samples(gateway), "client_closed") - outcome(before_gw, "client_closed") == 3,
+         "the three to be counted as client_closed")
+    poll(lambda: samples(triton)[pending] == 0, "Triton's queue to empty")
+
+    after, after_gw = samples(triton), samples(gateway)
+    assert after_gw[in_flight] == 0
+    assert outcome(after_gw, "ok") - outcome(before_gw, "ok") == 1
+    skips = after.get(skipped, 0) - before.get(skipped, 0)
+    assert (after[dropped] - before[dropped]) + skips >= 1, "no cancellation reached Triton"
+    ran = (after[success] - before[success]) - skips
+    assert ran == 1, f"{ran:g} requests ran the engine; only the busy one should have"
 
 
 def test_triton_model_config_matches_contract(live_service: LiveService) -> None:

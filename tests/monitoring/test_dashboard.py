@@ -99,7 +99,7 @@ def test_panels_are_wired_to_the_provisioned_datasource(dashboard: dict[str, Any
 
 def test_triton_list_has_what_the_dashboard_needs() -> None:
     sections = triton_metric_names()
-    assert set(sections) == {"always", "gpu"}
+    assert set(sections) == {"always", "model", "gpu"}
     assert {"nv_inference_count", "nv_inference_exec_count", "nv_inference_queue_duration_us",
             "nv_inference_compute_infer_duration_us"} <= sections["always"]
     assert "nv_gpu_utilization" in sections["gpu"]

@@ -1,4 +1,11 @@
-"""Triton python backend for ``bert_qa``: a thin adapter over an engine from engine/."""
+"""Triton python backend for ``bert_qa``: a thin adapter over an engine from engine/.
+
+A request is answered without running the engine when its client has gone (the gateway
+cancels its gRPC call when its own client disconnects, and a gRPC deadline that passes
+cancels it too) or when its tensors are invalid. Triton counts such error responses as
+successes, so ``qa_model_skipped_requests_total{reason}`` on Triton's metrics port counts
+them.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +18,7 @@ from engine.batching import RequestLimits, run_batched
 from engine.config import EngineConfig
 
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
+SKIPPED = "qa_model_skipped_requests_total"
 
 
 def error_response(message: str, code: Any) -> Any:
@@ -26,12 +34,23 @@ class TritonPythonModel:
         self.engine_config = EngineConfig.resolve(params)
         self.engine = self.engine_config.build()
         self.limits = RequestLimits.of_checkpoint(self.engine_config.model_dir)
+        # kept on self: a family that is garbage-collected leaves Triton's metrics
+        self.skipped_family = family = pb_utils.MetricFamily(
+            name=SKIPPED, kind=pb_utils.MetricFamily.COUNTER,
+            description="Requests answered without running the engine, by reason",
+        )
+        self.skipped = {reason: family.Metric(labels={"model": args["model_name"], "reason": reason})
+                        for reason in ("cancelled", "invalid")}
 
     def execute(self, requests: list[Any]) -> list[Any]:
         responses: list[Any] = [None] * len(requests)
         valid: list[int] = []
         arrays = []
         for i, r in enumerate(requests):
+            if r.is_cancelled():  # Triton's queue hands over cancelled requests too
+                responses[i] = error_response("request cancelled", pb_utils.TritonError.CANCELLED)
+                self.skipped["cancelled"].increment(1)
+                continue
             tensors = tuple(pb_utils.get_input_tensor_by_name(r, name).as_numpy() for name in INPUTS)
             problem = self.limits.problem(tensors)
             if problem is None:  # a client's mistake is its own 400, never its batch's failure
@@ -39,6 +58,7 @@ class TritonPythonModel:
                 arrays.append(tensors)
             else:
                 responses[i] = error_response(problem, pb_utils.TritonError.INVALID_ARG)
+                self.skipped["invalid"].increment(1)
         if not valid:
             return responses
         try:
