@@ -79,19 +79,28 @@ class GatewayMiddleware:
     async def _run_until_disconnect(
         self, scope: Scope, receive: Receive, send: Send, responded: Callable[[], bool]
     ) -> bool:
-        """Run the app; True when its client disconnected before the response started and the
-        app was cancelled. Once the app has read the whole body, a watcher reads on: the next
-        message is ``http.disconnect``, when the client goes or the response completes (the
-        ASGI spec), and is handed to the app too if it reads again."""
+        """Run the app; True when its client disconnected before the response started. A
+        client that leaves mid-body ends the body's reading (FastAPI answers nobody); one that
+        leaves after it cancels the app. Once the app has read the whole body, a watcher reads
+        on: the next message is ``http.disconnect``, when the client goes or the response
+        completes (the ASGI spec), and is handed to the app too if it reads again."""
         body_read = asyncio.Event()
         disconnect: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
+        left = False  # the client went before the response started
         limited = self._limited(receive)
 
+        def disconnected(message: Message) -> None:
+            nonlocal left
+            left = not responded()
+            disconnect.set_result(message)
+
         async def app_receive() -> Message:
-            if body_read.is_set():
+            if disconnect.done() or body_read.is_set():
                 return await asyncio.shield(disconnect)
             message = await limited()
-            if message["type"] != "http.request" or not message.get("more_body", False):
+            if message["type"] == "http.disconnect":
+                disconnected(message)
+            elif not message.get("more_body", False):
                 body_read.set()
             return message
 
@@ -100,20 +109,18 @@ class GatewayMiddleware:
             message = await receive()
             while message["type"] != "http.disconnect":  # none is sent after the body
                 message = await receive()
-            disconnect.set_result(message)
+            disconnected(message)
 
         app = asyncio.ensure_future(self.app(scope, app_receive, send))
         watcher = asyncio.ensure_future(watch())
         try:
             await asyncio.wait((app, watcher), return_when=asyncio.FIRST_COMPLETED)
-            gone = not app.done() and disconnect.done() and not responded()
-            if gone:
+            if left and not app.done():
                 app.cancel()
             await asyncio.wait((app,))  # its cancellation's cleanup (slots, gauges) runs first
-            if gone and app.cancelled():
-                return True
-            app.result()  # the app's own exception, as if it had run in this task
-            return False
+            if not app.cancelled() or not left:
+                app.result()  # the app's own exception, as if it had run in this task
+            return left
         finally:
             for task in (app, watcher):
                 task.cancel()
