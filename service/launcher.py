@@ -167,9 +167,12 @@ def end_with_launcher() -> Callable[[], None] | None:
     launcher = os.getpid()
 
     def in_child() -> None:
-        prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        # our StopRequest handlers live on in the fork until exec: a SIGTERM now must end it
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_DFL)
+        prctl(PR_SET_PDEATHSIG, ctypes.c_ulong(signal.SIGTERM))  # best effort: no check
         if os.getppid() != launcher:  # it died before prctl: no signal will come
-            os.kill(os.getpid(), signal.SIGTERM)
+            os._exit(1)
 
     return in_child
 

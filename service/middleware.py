@@ -11,7 +11,6 @@ with outcome ``client_closed`` (status 499, as nginx logs it); nothing is sent.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
 import uuid
@@ -121,11 +120,13 @@ class GatewayMiddleware:
             if not app.cancelled() or not left:
                 app.result()  # the app's own exception, as if it had run in this task
             return left
-        finally:
+        finally:  # also when this task is cancelled (shutdown): the app's cleanup runs first
             for task in (app, watcher):
                 task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await watcher
+            await asyncio.wait((app, watcher))
+            for task in (app, watcher):
+                if not task.cancelled():
+                    task.exception()  # read: a failure raised here or not is not logged as lost
 
     def _limited(self, receive: Receive) -> Receive:
         """Count streamed body bytes too (a chunked body has no Content-Length)."""

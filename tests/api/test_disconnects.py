@@ -168,6 +168,7 @@ class CountingEngine:
 
     def __init__(self, engine: OnnxEngine) -> None:
         self.engine = engine
+        self.name = engine.name
         self.calls = 0
 
     def infer(self, input_ids: Int32Array, attention_mask: Int32Array,
@@ -266,7 +267,8 @@ def concurrent_posts(url: str, n: int, body: dict[str, Any]) -> list[httpx.Respo
 
 
 @pytest.mark.parametrize("how", ["fin", "rst"])
-def test_abort_while_engine_works_frees_slot_and_gauge(live: LiveServer, how: str) -> None:
+def test_abort_while_engine_works_frees_slot_and_gauge(live_any: LiveServer, how: str) -> None:
+    live = live_any
     sock = live.connect()
     sock.sendall(request_bytes(LONG))
     wait_until(lambda: live.in_flight == 1, "the request to take its slot")
