@@ -7,7 +7,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.batching import RequestLimits, run_batched
+from engine.batching import Backlog, RequestLimits, run_batched
 from engine.config import REPO_ROOT, EngineConfig
 from engine.onnx_cpu import OnnxEngine
 
@@ -362,3 +362,16 @@ def test_request_limits_name_each_problem() -> None:
     for expected, arrays in cases.items():
         problem = limits.problem(arrays)
         assert problem is not None and expected in problem, (expected, problem)
+
+
+def test_backlog_is_a_batch_that_formed_while_the_engine_worked() -> None:
+    backlog = Backlog(min_gap_s=0.002)
+    assert not backlog.queued_behind_work(100.0)  # the first batch: nothing ran before it
+    backlog.ended(100.001)  # a 1 ms execution
+    assert backlog.queued_behind_work(100.002)  # 1 ms later: within the 2 ms floor
+    backlog.ended(101.002)  # a 1 s execution
+    assert backlog.queued_behind_work(101.030)  # 28 ms to hand over and batch: under 0.5 s
+    backlog.ended(101.031)
+    assert not backlog.queued_behind_work(101.100)  # idle 69 ms after a 1 ms execution
+    backlog.ended(101.101)
+    assert not backlog.queued_behind_work(101.104)  # 3 ms: over the floor and 0.5 ms

@@ -2,7 +2,8 @@
 
 A request is answered without running the engine when its client has gone (the gateway
 cancels its gRPC call when its own client disconnects, and a gRPC deadline that passes
-cancels it too) or when its tensors are invalid. Triton counts such error responses as
+cancels it too; checked only for batches that queued behind a busy engine, see
+``engine.batching.Backlog``) or when its tensors are invalid. Triton counts such error responses as
 successes, so ``qa_model_skipped_requests_total{reason}`` on Triton's metrics port counts
 them.
 """
@@ -10,11 +11,12 @@ them.
 from __future__ import annotations
 
 import json
+import time
 from typing import Any
 
 import triton_python_backend_utils as pb_utils
 
-from engine.batching import RequestLimits, run_batched
+from engine.batching import Backlog, RequestLimits, run_batched
 from engine.config import EngineConfig
 
 INPUTS = ("input_ids", "attention_mask", "token_type_ids")
@@ -34,6 +36,7 @@ class TritonPythonModel:
         self.engine_config = EngineConfig.resolve(params)
         self.engine = self.engine_config.build()
         self.limits = RequestLimits.of_checkpoint(self.engine_config.model_dir)
+        self.backlog = Backlog()
         # kept on self: a family that is garbage-collected leaves Triton's metrics
         self.skipped_family = family = pb_utils.MetricFamily(
             name=SKIPPED, kind=pb_utils.MetricFamily.COUNTER,
@@ -43,11 +46,17 @@ class TritonPythonModel:
                         for reason in ("cancelled", "invalid")}
 
     def execute(self, requests: list[Any]) -> list[Any]:
+        try:
+            return self._answer(requests, self.backlog.queued_behind_work(time.monotonic()))
+        finally:
+            self.backlog.ended(time.monotonic())
+
+    def _answer(self, requests: list[Any], check_cancelled: bool) -> list[Any]:
         responses: list[Any] = [None] * len(requests)
         valid: list[int] = []
         arrays = []
         for i, r in enumerate(requests):
-            if r.is_cancelled():  # Triton's queue hands over cancelled requests too
+            if check_cancelled and r.is_cancelled():  # Triton's queue hands them over too
                 responses[i] = error_response("request cancelled", pb_utils.TritonError.CANCELLED)
                 self.skipped["cancelled"].increment(1)
                 continue
