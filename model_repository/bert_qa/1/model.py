@@ -3,9 +3,9 @@
 A request is answered without running the engine when its client has gone (the gateway
 cancels its gRPC call when its own client disconnects, and a gRPC deadline that passes
 cancels it too; checked only for batches that queued behind a busy engine, see
-``engine.batching.Backlog``) or when its tensors are invalid. Triton counts such error responses as
-successes, so ``qa_model_skipped_requests_total{reason}`` on Triton's metrics port counts
-them.
+``engine.batching.Backlog``) or when its tensors are invalid. Triton counts such error
+responses as successes, so ``qa_model_skipped_requests_total{reason}`` on Triton's metrics
+port counts them.
 """
 
 from __future__ import annotations
