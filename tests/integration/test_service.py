@@ -16,6 +16,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from service.contract import INPUTS, MAX_BATCH_SIZE, MODEL_NAME, OUTPUTS
+from service.qa import INLINE_TOKENIZE_CHARS
 from tests.integration.conftest import REPO, LiveService, Ports, SeparateProcesses, stop, wait_http
 
 pytestmark = pytest.mark.integration
@@ -101,7 +102,7 @@ def poll(condition: Callable[[], bool], what: str, timeout_s: float = 60.0) -> N
         time.sleep(0.01)
 
 
-def post_bytes(body: dict[str, str]) -> bytes:
+def post_bytes(body: dict[str, object]) -> bytes:
     raw = json.dumps(body).encode()
     return (b"POST /v1/qa HTTP/1.1\r\nHost: gw\r\nContent-Type: application/json\r\n"
             b"Content-Length: %d\r\n\r\n" % len(raw)) + raw
@@ -109,10 +110,13 @@ def post_bytes(body: dict[str, str]) -> bytes:
 
 def test_requests_of_clients_that_left_are_cancelled_in_triton(live_service: LiveService) -> None:
     """One client keeps the model busy; three more queue in Triton behind it and disconnect.
-    The gateway cancels their gRPC calls: Triton drops those still queued (its CANCELED
-    failures) and the model answers those it was already handed without running the engine
-    (``qa_model_skipped_requests_total``; Triton counts them as successes). So of everything
-    Triton received, only the busy request ran."""
+    The gateway cancels their gRPC calls: Triton drops those still in its queue (its CANCELED
+    failures), and the model answers those its dynamic batcher had already handed it as the
+    next batch without running the engine (``qa_model_skipped_requests_total``; Triton counts
+    them as successes). So of everything Triton received, only the busy request ran.
+
+    The busy request is under ``INLINE_TOKENIZE_CHARS``: the gateway tokenizes it on its event
+    loop and starts its gRPC call before it reads any later request, so none overtakes it."""
     gateway = f"{live_service.gateway_url}/metrics"
     triton = live_service.triton_metrics_url
     model = frozenset({("model", MODEL_NAME), ("version", "1")})
@@ -129,15 +133,16 @@ def test_requests_of_clients_that_left_are_cancelled_in_triton(live_service: Liv
 
     before, before_gw = samples(triton), samples(gateway)
     address = ("127.0.0.1", live_service.ports.gateway)
-    filler = " ".join(f"Sentence {i} of a long context says nothing at all." for i in range(300))
+    filler = " ".join(f"Sentence {i} of a long context says nothing at all." for i in range(66))
+    questions = [f"What does sentence {i} say?" for i in range(12)]  # 36 windows, 3,657 chars
+    assert len(filler) + sum(map(len, questions)) <= INLINE_TOKENIZE_CHARS
     busy = socket.create_connection(address, timeout=60)
-    busy.sendall(post_bytes({"context": filler, "question": "What does it say?"}))
-    poll(lambda: samples(gateway)[in_flight] == 1, "the busy request to reach Triton")
+    busy.sendall(post_bytes({"context": filler, "questions": questions}))
+    poll(lambda: samples(gateway)[in_flight] == 1, "the busy request to reach the gateway")
     leaving = [socket.create_connection(address, timeout=60) for _ in range(3)]
     for sock, (question, _) in zip(leaving, SQUAD, strict=True):
         sock.sendall(post_bytes({"context": CONTEXT, "question": question}))
-    poll(lambda: samples(gateway)[in_flight] == 4, "the three to reach the gateway")
-    poll(lambda: samples(triton)[pending] >= 1, "a request queued in Triton behind the busy one")
+    poll(lambda: samples(triton)[pending] >= 1, "a request to queue in Triton behind the busy one")
     for sock in leaving:
         sock.close()
     status_line = busy.makefile("rb").readline()
