@@ -254,4 +254,6 @@ def test_launcher_killed_leaves_nothing(launch: Callable[..., Run], moment: str)
     assert left == [], left
     assert all(not (Path("/dev/shm") / region).exists() for region in regions), regions
     for port in (ports.gateway, ports.http, ports.grpc, ports.metrics):
-        listening_on("127.0.0.1", port).close()  # every port free again
+        with socket.socket() as sock:  # free for a restart: bound as the servers bind
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT allowed
+            sock.bind(("127.0.0.1", port))
