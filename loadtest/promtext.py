@@ -1,7 +1,8 @@
-"""Reading one histogram out of a Prometheus text exposition, and its quantiles.
+"""Reading a Prometheus text exposition: one histogram and its quantiles, or every sample.
 
 The gateway publishes cumulative histograms; the load generator scrapes them before and after a
-step and reads the step's own latency distribution from the difference.
+step and reads the step's own latency distribution from the difference. Counters read back
+with ``_total`` on their sample names, whatever the exposition wrote (the parser adds it).
 """
 
 from __future__ import annotations
@@ -32,6 +33,20 @@ class Histogram:
 
 
 EMPTY = Histogram(buckets=(), count=0.0, sum=0.0)
+
+Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]  # (name, labels) -> value
+
+
+def read_samples(text: str) -> Samples:
+    """Every sample of an exposition, keyed by its name and labels."""
+    return {(s.name, frozenset(s.labels.items())): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+def sample_sum(samples: Samples, name: str, **match: str) -> float:
+    """The sum of the samples named ``name`` whose labels include ``match``."""
+    return sum(value for (sample, labels), value in samples.items()
+               if sample == name and _matches(dict(labels), match))
 
 
 def _matches(labels: Mapping[str, str], match: Mapping[str, str]) -> bool:

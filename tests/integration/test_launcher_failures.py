@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from service.launcher import check_ports
+from service.settings import Settings
 from service.triton_runtime import STUB_SHM_PREFIX, remove_stub_shared_memory
 from tests.integration.conftest import ONNX, REPO, Ports, wait_http
 
@@ -253,7 +255,6 @@ def test_launcher_killed_leaves_nothing(launch: Callable[..., Run], moment: str)
         time.sleep(0.1)
     assert left == [], left
     assert all(not (Path("/dev/shm") / region).exists() for region in regions), regions
-    for port in (ports.gateway, ports.http, ports.grpc, ports.metrics):
-        with socket.socket() as sock:  # free for a restart: bound as the servers bind
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT allowed
-            sock.bind(("127.0.0.1", port))
+    # every port free for a restart, checked as the launcher checks before it starts
+    check_ports(Settings(host="127.0.0.1", port=ports.gateway, triton_http_port=ports.http,
+                         triton_url=f"127.0.0.1:{ports.grpc}", triton_metrics_port=ports.metrics))

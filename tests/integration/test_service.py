@@ -13,8 +13,8 @@ from collections.abc import Callable
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
+from loadtest.promtext import Samples, read_samples
 from service.contract import INPUTS, MAX_BATCH_SIZE, MODEL_NAME, OUTPUTS
 from service.qa import INLINE_TOKENIZE_CHARS
 from tests.integration.conftest import REPO, LiveService, Ports, SeparateProcesses, stop, wait_http
@@ -89,10 +89,8 @@ def test_concurrent_requests_all_succeed_and_batch(live_service: LiveService) ->
     assert executions < inferences, "the dynamic batcher merged no requests"
 
 
-def samples(url: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
-    text = httpx.get(url, timeout=5).text
-    return {(s.name, frozenset(s.labels.items())): s.value
-            for family in text_string_to_metric_families(text) for s in family.samples}
+def samples(url: str) -> Samples:
+    return read_samples(httpx.get(url, timeout=5).text)
 
 
 def poll(condition: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
@@ -127,7 +125,7 @@ def test_requests_of_clients_that_left_are_cancelled_in_triton(live_service: Liv
     pending = ("nv_inference_pending_request_count", model)
     in_flight = ("qa_in_flight_requests", frozenset())
 
-    def outcome(m: dict, name: str) -> float:
+    def outcome(m: Samples, name: str) -> float:
         return m.get(("qa_request_duration_seconds_count",
                       frozenset({("route", "/v1/qa"), ("outcome", name)})), 0.0)
 
