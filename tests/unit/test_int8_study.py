@@ -1,0 +1,169 @@
+"""The INT8 study's tools without a GPU: ``benchmarks/int8_accuracy.py``'s roundings and
+its fake-quantized GEMMs on a tiny random BERT, and ``benchmarks/int8_gemm_speed.py``'s
+Triton GEMM (int8 and e4m3, dequantizing epilogue) through Triton's interpreter in a child
+process and compiled for sm_90a."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from engine.config import REPO_ROOT
+from tests.sass_tools import tools_or_skip
+
+torch = pytest.importorskip("torch")
+
+
+def test_roundings_land_on_their_grids() -> None:
+    from benchmarks.int8_accuracy import e4m3, int8
+
+    x = torch.linspace(-3, 3, 1001)
+    q = int8(x, torch.tensor(0.01))
+    assert torch.allclose(q / 0.01, (q / 0.01).round(), atol=1e-4)
+    assert float(q.abs().max()) == pytest.approx(1.27)  # saturates at 127 steps
+    assert float((q - x.clamp(-1.27, 1.27)).abs().max()) <= 0.005 + 1e-6
+    f = e4m3(x, torch.tensor(1.0))
+    assert torch.equal(f, x.to(torch.float8_e4m3fn).float())
+    assert float(e4m3(torch.tensor([1e4]), torch.tensor(1.0))) == 448.0
+
+
+def test_weight_forms() -> None:
+    from benchmarks.int8_accuracy import quantize_weight
+
+    g = torch.Generator().manual_seed(0)
+    w = torch.randn(64, 32, generator=g)
+    w[3] *= 20  # one large output channel
+    per_channel = quantize_weight(w, "int8_channel")
+    steps = w.abs().amax(1, keepdim=True) / 127
+    assert torch.allclose(per_channel / steps, (per_channel / steps).round(), atol=1e-3)
+    # a channel's scale is its own: the small channels keep their precision
+    small = [r for r in range(64) if r != 3]
+    err_c = (per_channel - w)[small].norm() / w[small].norm()
+    err_t = (quantize_weight(w, "e4m3_tensor") - w)[small].norm() / w[small].norm()
+    assert err_c < err_t
+    coarser = quantize_weight(w, "int8_channel", grid=1.07)
+    assert not torch.equal(coarser, per_channel)
+    with pytest.raises(ValueError, match="unknown weight form"):
+        quantize_weight(w, "int4")
+
+
+def test_smoothing_keeps_the_product() -> None:
+    from benchmarks.int8_accuracy import smoothing
+
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(50, 16, generator=g, dtype=torch.float64)
+    x[:, 5] *= 30  # an outlier input channel
+    w = torch.randn(8, 16, generator=g, dtype=torch.float64)
+    s = smoothing(x.abs().amax(0), w, 0.75)
+    assert torch.allclose((x / s) @ (w * s).t(), x @ w.t())
+    assert float((x / s).abs().amax(0)[5]) < float(x.abs().amax(0)[5]) / 5
+
+
+def tiny_bert() -> object:
+    from transformers import BertConfig, BertForQuestionAnswering
+
+    torch.manual_seed(0)
+    cfg = BertConfig(vocab_size=60, hidden_size=32, num_hidden_layers=2,
+                     num_attention_heads=4, intermediate_size=64, max_position_embeddings=64)
+    return BertForQuestionAnswering(cfg).eval()
+
+
+@pytest.mark.parametrize("scheme", ["fp8", "fp8_all", "int8_s", "int8_t", "int8_s3"])
+def test_quantized_forwards_round_and_come_off(scheme: str) -> None:
+    """Each scheme moves the logits a little (every rounded GEMM replaced), and taking its
+    forwards off gives back the fp32 model's logits exactly."""
+    from benchmarks.int8_accuracy import SCHEMES, calibrate, quantized_forwards
+
+    model = tiny_bert()
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(0, 60, (3, 20), generator=g)
+
+    def run(i: torch.Tensor) -> object:
+        with torch.no_grad():
+            return model(input_ids=i)
+
+    stats = calibrate(model, [(ids[i:i + 1],) for i in range(3)], run)
+    ref = run(ids).start_logits
+    patched = quantized_forwards(model, stats, scheme, 1.0, 0.75)
+    per_layer = sum(3 if g == "qkv" else 1 for g in SCHEMES[scheme])
+    assert len(patched) == 2 * per_layer
+    for m, fwd in patched:
+        m.forward = fwd
+    got = run(ids).start_logits
+    for m, _ in patched:
+        del m.forward
+    rel = float((got - ref).norm() / ref.norm())
+    assert 0 < rel < 0.1
+    assert torch.equal(run(ids).start_logits, ref)
+
+
+def test_qkv_shares_one_rounding() -> None:
+    """QKV's three weights are rounded as one tensor (the engine's fused QKV): under the
+    per-tensor e4m3 form the three slices share one scale."""
+    from benchmarks.int8_accuracy import calibrate, quantized_forwards
+
+    model = tiny_bert()
+    ids = torch.randint(0, 60, (1, 16), generator=torch.Generator().manual_seed(3))
+    stats = calibrate(model, [(ids,)], lambda i: model(input_ids=i))
+    patched = dict(quantized_forwards(model, stats, "fp8", 1.0, 0.75))
+    s = model.bert.encoder.layer[0].attention.self
+    fused = torch.cat([s.query.weight, s.key.weight, s.value.weight]).detach()
+    scale = fused.abs().amax() / 448
+    for m, start in ((s.query, 0), (s.key, 32), (s.value, 64)):
+        w_m = patched[m].__defaults__[0]  # type: ignore[attr-defined]
+        want = (fused[start:start + 32] / scale).to(torch.float8_e4m3fn).float() * scale
+        assert torch.equal(w_m, want)
+
+
+def test_triton_gemm_in_the_interpreter() -> None:
+    """int8 and e4m3 operands, a row count that is not a multiple of the tile, against
+    float64 math on the same operands."""
+    pytest.importorskip("triton")
+    child = textwrap.dedent("""
+        import torch
+        from benchmarks.int8_gemm_speed import triton_gemm
+        g = torch.Generator().manual_seed(0)
+        m, n, k = 70, 64, 64
+        sa, sb = torch.rand(m, generator=g) * 1e-2, torch.rand(n, generator=g) * 1e-2
+        bias = torch.randn(n, generator=g).half()
+        for a, b in ((torch.randint(-127, 128, (m, k), generator=g, dtype=torch.int8),
+                      torch.randint(-127, 128, (n, k), generator=g, dtype=torch.int8)),
+                     (torch.randn(m, k, generator=g).to(torch.float8_e4m3fn),
+                      torch.randn(n, k, generator=g).to(torch.float8_e4m3fn))):
+            out = triton_gemm(a, b, sa, sb, bias, (32, 32, 32, 2, 4, 2)).double()
+            ref = ((a.double() @ b.double().t()) * sa.double()[:, None] * sb.double()[None, :]
+                   + bias.double())
+            err = float(((out - ref).abs() / (ref.abs() + 1e-2)).max())
+            assert err < 2e-3, (a.dtype, err)
+        print("ok")
+    """)
+    env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": str(REPO_ROOT)}
+    done = subprocess.run([sys.executable, "-c", child], cwd=REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("int8", [True, False])
+def test_triton_gemm_compiles_to_hopper_wgmma(int8: bool) -> None:
+    tools_or_skip()
+    from benchmarks.attention_sass import compile_sass
+    from benchmarks.int8_gemm_speed import scaled_gemm
+
+    dt = "*i8" if int8 else "*fp8e4nv"
+    sig = {"a_ptr": dt, "b_ptr": dt, "c_ptr": "*fp16", "sa_ptr": "*fp32", "sb_ptr": "*fp32",
+           "bias_ptr": "*fp16", "M": "i32", "N": "i32", "K": "i32", "BLOCK_M": "constexpr",
+           "BLOCK_N": "constexpr", "BLOCK_K": "constexpr", "GROUP_M": "constexpr",
+           "INT8": "constexpr"}
+    sass, _, _ = compile_sass(
+        scaled_gemm, sig, {"BLOCK_M": 128, "BLOCK_N": 128, "BLOCK_K": 128, "GROUP_M": 8,
+                           "INT8": int8},
+        ("a_ptr", "b_ptr", "c_ptr", "sa_ptr", "sb_ptr", "bias_ptr", "N", "K"),
+        {"num_warps": 8, "num_stages": 4})
+    want = r"IGMMA\.64x128x32\.S8\.S8" if int8 else r"QGMMA\.64x128x32\.F32\.E4M3\.E4M3"
+    assert re.search(want, sass)
+    assert "STL" not in sass
