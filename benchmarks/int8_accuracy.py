@@ -136,6 +136,22 @@ def gemm_modules(model: Any) -> list[dict[str, list[Any]]]:
     return out
 
 
+def unpadded_windows(path: Path, questions: int, tok: Any,
+                     spec: Any) -> list[tuple[Any, Any, Any]]:
+    """The windows of the first ``questions`` questions of ``path``, each alone and
+    unpadded: (ids, mask, token types) arrays of one row."""
+    from training.features import encoded_groups
+    from training.squad import load_examples
+
+    out = []
+    for _, w in encoded_groups(load_examples(path)[:questions], tok, spec, "predict"):
+        for r in range(len(w.input_ids)):
+            keep = w.attention_mask[r].astype(bool)
+            out.append(tuple(a[r][keep][None] for a in (
+                w.input_ids, w.attention_mask, w.token_type_ids)))
+    return out
+
+
 def calibrate(model: Any, windows: list[tuple[Any, Any, Any]],
               run: Callable[..., Any]) -> list[dict[str, InputStats]]:
     """Each layer's GEMM inputs' per-channel largest magnitudes over ``windows``."""
@@ -214,7 +230,7 @@ def main() -> None:
     from engine.registry import load_engine
     from service.decoding import DecodeSpec
     from service.windowing import QATokenizer, WindowSpec
-    from training.features import encoded_groups, predict_with_margins
+    from training.features import predict_with_margins
     from training.squad import load_examples, score
 
     tok = QATokenizer.from_dir(CHECKPOINT)
@@ -233,13 +249,7 @@ def main() -> None:
     refs = [eng.infer(*b) for b in batches]
     ref = f1_of()
     print(f"fp32 reference: F1 {ref.f1:.3f} EM {ref.exact:.3f}", flush=True)
-    cal_windows = []
-    for _, w in encoded_groups(load_examples(TRAIN_SET)[:args.calibration_questions], tok,
-                               spec, "predict"):
-        for r in range(len(w.input_ids)):
-            keep = w.attention_mask[r].astype(bool)
-            cal_windows.append(tuple(a[r][keep][None] for a in (
-                w.input_ids, w.attention_mask, w.token_type_ids)))
+    cal_windows = unpadded_windows(TRAIN_SET, args.calibration_questions, tok, spec)
     stats = calibrate(model, cal_windows, eng.infer)
     result: dict[str, Any] = {
         "gpu": torch.cuda.get_device_name() if args.device == "cuda" else "cpu",

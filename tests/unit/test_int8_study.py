@@ -167,3 +167,23 @@ def test_triton_gemm_compiles_to_hopper_wgmma(int8: bool) -> None:
     want = r"IGMMA\.64x128x32\.S8\.S8" if int8 else r"QGMMA\.64x128x32\.F32\.E4M3\.E4M3"
     assert re.search(want, sass)
     assert "STL" not in sass
+
+
+def test_gemm_error_roundings() -> None:
+    """``int8_gemm_error``'s forms on Gaussian operands with outlier input channels: the
+    unrounded halves are exact, int8 weights per channel beat e4m3 per tensor, and
+    smoothing lets a static int8 input scale beat the unsmoothed one."""
+    from benchmarks.int8_gemm_error import roundings
+
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(256, 64, generator=g)
+    x[:, [3, 40]] *= 25
+    w = torch.randn(32, 64, generator=g) * 0.05
+    y = x @ w.t()
+    err = {name: float((xq @ wq.t() - y).norm() / y.norm())
+           for name, form in roundings(x, w, x.abs().amax(0)).items()
+           for xq, wq in [form()]}
+    assert err["int8 W only"] < err["fp8 W only"] / 2
+    assert err["int8 smooth 0.75 W/ch X/static"] < err["int8 W/ch X/static"] / 2
+    xq, wq = roundings(x, w, x.abs().amax(0))["fp8 W only"]()
+    assert xq is x and not torch.equal(wq, w)
