@@ -257,8 +257,8 @@ def main() -> None:
         "f1_questions": len(dev), "questions_for_logits": args.questions,
         "calibration_windows": len(cal_windows),
         "reference": {"f1": ref.f1, "exact": ref.exact}, "runs": []}
-    for scheme in schemes:
-        for grid in grids:
+    for grid in grids:  # every scheme at each grid: a run cut short still pairs them
+        for scheme in schemes:
             patched = quantized_forwards(model, stats, scheme, grid, args.alpha)
             for m, fwd in patched:
                 m.forward = fwd
