@@ -2,6 +2,7 @@
 
     python3 benchmarks/int8_accuracy.py --out acc.json [--schemes fp8,fp8_all,int8_s,...]
         [--grids 1,1.03,1.07,1.13] [--alpha 0.75] [--device cuda]
+    python3 benchmarks/int8_accuracy.py --summarize acc1.json acc2.json ...
 
 Why (``engine/fused/NOTES.md`` v49): every lever left for the mix target that changes
 rounding is gated by F1, because the engine's e4m3 default already loses +0.093-0.095
@@ -203,9 +204,52 @@ def quantized_forwards(model: Any, stats: list[dict[str, InputStats]], scheme: s
     return out
 
 
+def summarize(results: list[dict[str, Any]], paired: tuple[str, str] = ("fp8", "int8_s")
+              ) -> dict[str, Any]:
+    """Runs pooled over result files (each scheme's F1 loss: mean, sd, standard error,
+    range; mean logit error and argmax agreement), and the paired difference of the
+    ``paired`` schemes' losses at the grids both ran (rounding grids of one format are
+    independent of the other's, so the pairing only cancels what the grid does to both)."""
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for res in results:
+        for r in res["runs"]:
+            runs.setdefault(r["scheme"], []).append(r)
+
+    def stats(xs: list[float]) -> dict[str, float]:
+        sd = statistics.stdev(xs) if len(xs) > 1 else float("nan")
+        return {"n": len(xs), "mean": statistics.mean(xs), "sd": sd,
+                "se": sd / len(xs) ** 0.5, "min": min(xs), "max": max(xs)}
+
+    out: dict[str, Any] = {"schemes": {
+        s: {"f1_loss": stats([r["f1_loss"] for r in rs]),
+            "mean_abs": statistics.mean(r["mean_abs"] for r in rs),
+            "argmax_agree": statistics.mean(r["argmax_agree"] for r in rs)}
+        for s, rs in runs.items()}}
+    a, b = paired
+    if a in runs and b in runs:
+        by_grid = {r["grid"]: r["f1_loss"] for r in runs[a]}
+        diffs = [by_grid[r["grid"]] - r["f1_loss"] for r in runs[b] if r["grid"] in by_grid]
+        if diffs:
+            out["paired"] = {"schemes": [a, b], **stats(diffs)}
+    return out
+
+
+def print_summary(summary: dict[str, Any]) -> None:
+    for scheme, s in summary["schemes"].items():
+        f = s["f1_loss"]
+        print(f"  {scheme:10s} n {f['n']:2d}  F1 loss {f['mean']:+.3f} (se {f['se']:.3f}, "
+              f"{f['min']:+.3f} to {f['max']:+.3f})  mean|d| {s['mean_abs']:.4f}  "
+              f"argmax agree {s['argmax_agree']:.3f}")
+    if p := summary.get("paired"):
+        print(f"  {p['schemes'][0]} - {p['schemes'][1]}, paired by grid: {p['mean']:+.3f} "
+              f"(se {p['se']:.3f}, n {p['n']})")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--summarize", type=Path, nargs="+", default=None,
+                   help="only pool earlier --out files and print their table")
     p.add_argument("--schemes", default=",".join(SCHEMES))
     p.add_argument("--grids", default="1,1.03,1.07,1.13")
     p.add_argument("--alpha", type=float, default=0.75, help="SmoothQuant's migration")
@@ -215,6 +259,9 @@ def main() -> None:
     p.add_argument("--device", default="cuda")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args()
+    if args.summarize:
+        print_summary(summarize([json.loads(f.read_text()) for f in args.summarize]))
+        return
     schemes = args.schemes.split(",")
     if unknown := set(schemes) - set(SCHEMES):
         p.error(f"unknown schemes {sorted(unknown)}; choose from {', '.join(SCHEMES)}")
@@ -286,12 +333,7 @@ def main() -> None:
             if args.out:
                 args.out.write_text(json.dumps(result, indent=1))
     print(f"\nF1 loss against fp32 ({ref.f1:.2f}) and mean |logit - fp32|, grids {grids}:")
-    for scheme in schemes:
-        runs = [r for r in result["runs"] if r["scheme"] == scheme]
-        losses, errs = [r["f1_loss"] for r in runs], [r["mean_abs"] for r in runs]
-        print(f"  {scheme:10s} F1 loss mean {statistics.mean(losses):+.3f} "
-              f"(min {min(losses):+.3f}, max {max(losses):+.3f})  mean|d| "
-              f"{statistics.mean(errs):.4f} ({min(errs):.4f}-{max(errs):.4f})")
+    print_summary(summarize([result]))
 
 
 if __name__ == "__main__":

@@ -187,3 +187,21 @@ def test_gemm_error_roundings() -> None:
     assert err["int8 smooth 0.75 W/ch X/static"] < err["int8 W/ch X/static"] / 2
     xq, wq = roundings(x, w, x.abs().amax(0))["fp8 W only"]()
     assert xq is x and not torch.equal(wq, w)
+
+
+def test_summarize_pools_files_and_pairs_by_grid() -> None:
+    from benchmarks.int8_accuracy import summarize
+
+    def run(scheme: str, grid: float, loss: float) -> dict[str, object]:
+        return {"scheme": scheme, "grid": grid, "f1_loss": loss, "mean_abs": 0.05,
+                "argmax_agree": 0.9}
+
+    first = {"runs": [run("fp8", 1.0, 0.2), run("int8_s", 1.0, 0.0)]}
+    second = {"runs": [run("fp8", 1.1, 0.1), run("int8_s", 1.1, 0.05),
+                       run("int8_s", 1.2, 0.3)]}  # 1.2 has no fp8 partner
+    out = summarize([first, second])
+    assert out["schemes"]["fp8"]["f1_loss"]["n"] == 2
+    assert out["schemes"]["int8_s"]["f1_loss"]["mean"] == pytest.approx(0.35 / 3)
+    assert out["paired"]["n"] == 2
+    assert out["paired"]["mean"] == pytest.approx((0.2 + 0.05) / 2)
+    assert "paired" not in summarize([{"runs": [run("fp8", 1.0, 0.1)]}])
