@@ -13,7 +13,7 @@ forms, not a settled pass):
 * ``fp8_scaled_mm``: ``torch._scaled_mm`` with per-tensor scales, fp16 output (cuBLASLt);
 * ``int8_int_mm``: ``torch._int_mm``, int32 output (cuBLASLt), and ``int8_int_mm_dequant``
   with the torch ops that turn it into the fp16 ``acc * s_row * s_col + bias`` the engine
-  would need (a lower bound's opposite: what a library GEMM without that epilogue costs);
+  would need (what a library int8 GEMM costs when its epilogue runs as separate ops);
 * ``triton_fp8`` / ``triton_int8``: one Triton kernel for both operand types, with that
   dequantizing epilogue fused (row scale, column scale, bias, fp16 store), each at its best
   of a few tile configurations: the like-for-like answer (same code, only the MMA type).
