@@ -33,6 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from loadtest.promtext import Samples, read_samples, sample_sum  # noqa: E402
+from loadtest.ready import wait_http  # noqa: E402
 
 
 def free_port() -> int:
@@ -47,20 +48,6 @@ def scrape(url: str) -> Samples:
 
 def delta(after: Samples, before: Samples, name: str, **match: str) -> float:
     return sample_sum(after, name, **match) - sample_sum(before, name, **match)
-
-
-def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 300) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"the launcher exited with {proc.returncode} before ready")
-        try:
-            if httpx.get(url, timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.5)
-    raise SystemExit(f"{url} not ready after {timeout_s} s")
 
 
 def drain(triton_metrics: str, model: str, started: float) -> float:
@@ -91,7 +78,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                                  "-m", "service.launcher"], cwd=args.repo, env=env,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        wait_ready(f"{gateway}/health/ready", launcher)
+        wait_http(f"{gateway}/health/ready", launcher, 300, interval_s=0.5)
         httpx.post(f"{gateway}/v1/qa", json={"context": "Warm up the model.", "question": "What?"},
                    timeout=30)
         before_t, before_g = scrape(triton_metrics), scrape(f"{gateway}/metrics")

@@ -104,6 +104,30 @@ def _windows(path: Path, questions: int, batch: int, spec: Any,
     return out
 
 
+def logit_error(infer: Callable[..., Any], batches: list[tuple[Any, Any, Any]],
+                refs: list[tuple[Any, Any]]) -> dict[str, float]:
+    """``infer``'s start/end logits on each padded batch against ``refs`` (the reference's on
+    the same batches), over real tokens: mean and max |difference| (``mean_abs``,
+    ``max_abs``), and the share of windows whose argmax start and end both match
+    (``argmax_agree``)."""
+    import numpy as np
+
+    abs_sum, count, worst, agree, windows = 0.0, 0, 0.0, 0, 0
+    for b, (rs, re) in zip(batches, refs, strict=True):
+        s, e = infer(*b)
+        keep = b[1].astype(bool)
+        for ours, ref in ((s, rs), (e, re)):
+            d = np.abs(ours[keep] - ref[keep])
+            abs_sum += float(d.sum())
+            count += d.size
+            worst = max(worst, float(d.max()))
+        masked = [np.where(keep, a, -1e9) for a in (s, e, rs, re)]
+        agree += int(((masked[0].argmax(1) == masked[2].argmax(1))
+                      & (masked[1].argmax(1) == masked[3].argmax(1))).sum())
+        windows += len(keep)
+    return {"mean_abs": abs_sum / count, "max_abs": worst, "argmax_agree": agree / windows}
+
+
 def _window_calls(infer: Callable[..., Any]) -> Callable[..., Any]:
     """``infer`` called once per window (row) of a padded batch, the rows' logits stacked:
     every call then holds one window's tokens, as a batch-1 service call would."""
@@ -290,7 +314,6 @@ def main() -> None:
         p.error(f"unknown schemes {sorted(unknown)}; choose from {', '.join(SCHEMES)} "
                 f"or static:G1+G2 (GEMMs {', '.join(GEMMS)})")
     grids = [float(g) for g in args.grids.split(",")]
-    import numpy as np
     import torch
     import torch.nn.functional as F
 
@@ -395,24 +418,11 @@ def main() -> None:
 
     def measure(eng: FusedEngine) -> dict[str, float]:
         """F1 over the dev set and logit error against the fp32 reference's."""
-        abs_sum, count, worst, agree, windows = 0.0, 0, 0.0, 0, 0
-        for b, (rs, re) in zip(batches, refs, strict=True):
-            s, e = eng.infer(*b)
-            keep = b[1].astype(bool)
-            for ours, ref in ((s, rs), (e, re)):
-                d = np.abs(ours[keep] - ref[keep])
-                abs_sum += float(d.sum())
-                count += d.size
-                worst = max(worst, float(d.max()))
-            masked = [np.where(keep, a, -1e9) for a in (s, e, rs, re)]
-            agree += int(((masked[0].argmax(1) == masked[2].argmax(1))
-                          & (masked[1].argmax(1) == masked[3].argmax(1))).sum())
-            windows += len(keep)
+        errors = logit_error(eng.infer, batches, refs)
         f1 = score(dev, {k: t for k, (t, _) in predict_with_margins(
             dev, tok, eng.infer if wb > 1 else _window_calls(eng.infer), spec, decode,
             wb).items()})
-        return {"f1": f1.f1, "exact": f1.exact, "mean_abs": abs_sum / count,
-                "max_abs": worst, "argmax_agree": agree / windows}
+        return {"f1": f1.f1, "exact": f1.exact, **errors}
 
     def patch(full: str, eng: FusedEngine, grid: float) -> tuple[Any, str, Any]:
         """(module, attribute, replacement) that scheme runs with (itself where none)."""

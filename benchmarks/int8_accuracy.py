@@ -101,9 +101,10 @@ def quantize_weight(w: Any, form: str, grid: float = 1.0) -> Any:
     raise ValueError(f"unknown weight form {form!r}")
 
 
-def input_quantizer(form: str, amax: float) -> Callable[[Any], Any]:
-    """The rounding of a GEMM's input (already smoothed) as ``form``, where ``amax`` is its
-    largest magnitude over the calibration (for the static forms)."""
+def input_quantizer(form: str, amax: Any) -> Callable[[Any], Any]:
+    """The rounding of a GEMM's input (already smoothed) as ``form``, where ``amax`` (a
+    number or a 0-d tensor) is its largest magnitude over the calibration (the static forms
+    use it)."""
     if form == "e4m3_static":
         scale = FP8_MARGIN * amax / E4M3_MAX
         return lambda x: e4m3(x, scale)
@@ -122,7 +123,8 @@ class InputStats:
     colmax: Any = None
 
     def add(self, x: Any) -> None:
-        m = x.detach().abs().reshape(-1, x.shape[-1]).amax(0).float()
+        """Take in ``x`` [tokens, K]."""
+        m = x.abs().amax(0).float()
         self.colmax = m if self.colmax is None else self.colmax.maximum(m)
 
 
@@ -153,17 +155,15 @@ def unpadded_windows(path: Path, questions: int, tok: Any,
     return out
 
 
-def calibrate(model: Any, windows: list[tuple[Any, Any, Any]],
-              run: Callable[..., Any]) -> list[dict[str, InputStats]]:
-    """Each layer's GEMM inputs' per-channel largest magnitudes over ``windows``."""
-    stats: list[dict[str, InputStats]] = []
+def run_seeing_inputs(model: Any, windows: list[tuple[Any, Any, Any]],
+                      run: Callable[..., Any], see: Callable[[int, str, Any], None]) -> None:
+    """``run`` each window, with ``see(layer, gemm, x)`` called on every GEMM input ``x``
+    (QKV's once: its three share it) as a [tokens, K] view."""
     hooks = []
-    for mods in gemm_modules(model):
-        layer_stats = {g: InputStats() for g in GEMMS}
-        stats.append(layer_stats)
+    for i, mods in enumerate(gemm_modules(model)):
         for g in GEMMS:
-            def hook(mod: Any, inp: Any, _out: Any, st: InputStats = layer_stats[g]) -> None:
-                st.add(inp[0])
+            def hook(_m: Any, inp: Any, _out: Any, i: int = i, g: str = g) -> None:
+                see(i, g, inp[0].detach().reshape(-1, inp[0].shape[-1]))
             hooks.append(mods[g][0].register_forward_hook(hook))
     try:
         for w in windows:
@@ -171,6 +171,13 @@ def calibrate(model: Any, windows: list[tuple[Any, Any, Any]],
     finally:
         for h in hooks:
             h.remove()
+
+
+def calibrate(model: Any, windows: list[tuple[Any, Any, Any]],
+              run: Callable[..., Any]) -> list[dict[str, InputStats]]:
+    """Each layer's GEMM inputs' per-channel largest magnitudes over ``windows``."""
+    stats = [{g: InputStats() for g in GEMMS} for _ in gemm_modules(model)]
+    run_seeing_inputs(model, windows, run, lambda i, g, x: stats[i][g].add(x))
     return stats
 
 
@@ -267,13 +274,12 @@ def main() -> None:
         p.error(f"unknown schemes {sorted(unknown)}; choose from {', '.join(SCHEMES)}")
     grids = [float(g) for g in args.grids.split(",")]
     sys.path.insert(0, str(REPO))
-    import numpy as np
     import torch
 
     torch.backends.cuda.matmul.allow_tf32 = False
     torch.backends.cudnn.allow_tf32 = False
     from benchmarks.bench_gpu import CHECKPOINT, DEV_SET, TRAIN_SET
-    from benchmarks.fp8_accuracy import _windows
+    from benchmarks.fp8_accuracy import _windows, logit_error
     from engine.registry import load_engine
     from service.decoding import DecodeSpec
     from service.windowing import QATokenizer, WindowSpec
@@ -310,24 +316,13 @@ def main() -> None:
             for m, fwd in patched:
                 m.forward = fwd
             try:
-                abs_sum, count, agree, windows = 0.0, 0, 0, 0
-                for b, (rs, re) in zip(batches, refs, strict=True):
-                    s, e = eng.infer(*b)
-                    keep = b[1].astype(bool)
-                    for ours, r in ((s, rs), (e, re)):
-                        d = np.abs(ours[keep] - r[keep])
-                        abs_sum, count = abs_sum + float(d.sum()), count + d.size
-                    masked = [np.where(keep, a, -1e9) for a in (s, e, rs, re)]
-                    agree += int(((masked[0].argmax(1) == masked[2].argmax(1))
-                                  & (masked[1].argmax(1) == masked[3].argmax(1))).sum())
-                    windows += len(keep)
+                errors = logit_error(eng.infer, batches, refs)
                 f1 = f1_of()
             finally:
                 for m, _ in patched:
                     del m.forward  # back to the class's forward
             row = {"scheme": scheme, "grid": grid, "f1": f1.f1, "exact": f1.exact,
-                   "f1_loss": ref.f1 - f1.f1, "mean_abs": abs_sum / count,
-                   "argmax_agree": agree / windows}
+                   "f1_loss": ref.f1 - f1.f1, **errors}
             result["runs"].append(row)
             print(json.dumps(row), flush=True)
             if args.out:

@@ -36,34 +36,28 @@ REPO = Path(__file__).resolve().parents[1]
 def roundings(x: Any, w: Any, x_colmax: Any) -> dict[str, Callable[[], tuple[Any, Any]]]:
     """Each rounding's (X_q, W_q) for input ``x`` [T, K] and weight ``w`` [N, K], where
     ``x_colmax`` [K] is the calibration's largest |x| per input channel."""
-    from benchmarks.int8_accuracy import E4M3_MAX, FP8_MARGIN, INT8_MAX, e4m3, int8, smoothing
-
-    def x8_static(t: Any, amax: Any) -> Any:
-        return e4m3(t, FP8_MARGIN * amax / E4M3_MAX)
-
-    def i8_rows(t: Any) -> Any:
-        return int8(t, t.abs().amax(1, keepdim=True).clamp_min(1e-12) / INT8_MAX)
-
-    def w8_tensor(t: Any) -> Any:
-        return e4m3(t, t.abs().amax() / E4M3_MAX)
+    from benchmarks.int8_accuracy import E4M3_MAX, e4m3, input_quantizer, quantize_weight, smoothing
 
     amax = x_colmax.max()
+    x8_static = input_quantizer("e4m3_static", amax)
+    i8_rows = input_quantizer("int8_token", amax)  # a scale per row: a token's, a channel's
+    w8 = quantize_weight(w, "e4m3_tensor")
     forms: dict[str, Callable[[], tuple[Any, Any]]] = {
-        "fp8 default": lambda: (x8_static(x, amax), w8_tensor(w)),
-        "fp8 W only": lambda: (x, w8_tensor(w)),
-        "fp8 X only": lambda: (x8_static(x, amax), w),
+        "fp8 default": lambda: (x8_static(x), w8),
+        "fp8 W only": lambda: (x, w8),
+        "fp8 X only": lambda: (x8_static(x), w),
         "fp8 W/ch X/tok": lambda: (e4m3(x, x.abs().amax(1, keepdim=True) / E4M3_MAX),
                                    e4m3(w, w.abs().amax(1, keepdim=True) / E4M3_MAX)),
         "int8 W only": lambda: (x, i8_rows(w)),
         "int8 X/tok only": lambda: (i8_rows(x), w),
         "int8 W/ch X/tok": lambda: (i8_rows(x), i8_rows(w)),
-        "int8 W/ch X/static": lambda: (int8(x, amax / INT8_MAX), i8_rows(w)),
+        "int8 W/ch X/static": lambda: (input_quantizer("int8_static", amax)(x), i8_rows(w)),
     }
     for a in (0.5, 0.75):
         s = smoothing(x_colmax, w, a)
         forms[f"int8 smooth {a} W/ch X/tok"] = lambda s=s: (i8_rows(x / s), i8_rows(w * s))
         forms[f"int8 smooth {a} W/ch X/static"] = lambda s=s: (
-            int8(x / s, (x_colmax / s).max() / INT8_MAX), i8_rows(w * s))
+            input_quantizer("int8_static", (x_colmax / s).max())(x / s), i8_rows(w * s))
     return forms
 
 
@@ -78,7 +72,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     import torch
 
     from benchmarks.bench_gpu import CHECKPOINT, DEV_SET, TRAIN_SET
-    from benchmarks.int8_accuracy import GEMMS, calibrate, gemm_modules, unpadded_windows
+    from benchmarks.int8_accuracy import GEMMS, calibrate, gemm_modules, run_seeing_inputs, unpadded_windows
     from engine.registry import load_engine
     from service.windowing import QATokenizer, WindowSpec
 
@@ -89,16 +83,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     stats = calibrate(model, unpadded_windows(TRAIN_SET, args.calibration_questions, tok,
                                               spec), eng.infer)
     inputs: dict[tuple[int, str], list[Any]] = {}
-    hooks = []
-    for i, mods in enumerate(gemm_modules(model)):
-        for g in GEMMS:
-            def keep(_m: Any, inp: Any, _o: Any, key: tuple[int, str] = (i, g)) -> None:
-                inputs.setdefault(key, []).append(inp[0].detach().reshape(-1, inp[0].shape[-1]))
-            hooks.append(mods[g][0].register_forward_hook(keep))
-    for w in unpadded_windows(DEV_SET, args.questions, tok, spec):
-        eng.infer(*w)
-    for h in hooks:
-        h.remove()
+    run_seeing_inputs(model, unpadded_windows(DEV_SET, args.questions, tok, spec), eng.infer,
+                      lambda i, g, x: inputs.setdefault((i, g), []).append(x))
     errors: dict[str, dict[str, list[float]]] = {}
     for (i, g), xs in sorted(inputs.items()):
         x = torch.cat(xs)

@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 import httpx
 import yaml
 
+from loadtest.ready import wait_http
 from loadtest.targets import require_loopback
 from tests.monitoring.catalog import MONITORING, RULE_FILES
 
@@ -81,20 +82,6 @@ class Prometheus:
         return response.json()["data"]
 
 
-def _wait_ready(url: str, proc: subprocess.Popen[bytes], deadline_s: float) -> None:
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
-        if proc.poll() is not None:
-            raise RuntimeError(f"prometheus exited with {proc.returncode}")
-        try:
-            if httpx.get(f"{url}/-/ready", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise TimeoutError(f"prometheus not ready within {deadline_s} s")
-
-
 @contextmanager
 def running_prometheus(config: dict[str, Any], workdir: Path) -> Iterator[Prometheus]:
     """Prometheus with ``config`` on 127.0.0.1:<free port>, storage under ``workdir``."""
@@ -110,7 +97,7 @@ def running_prometheus(config: dict[str, Any], workdir: Path) -> Iterator[Promet
         stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_ready(url, proc, deadline_s=60)
+        wait_http(f"{url}/-/ready", proc, 60, interval_s=0.1)
         yield Prometheus(url)
     finally:
         proc.terminate()

@@ -205,3 +205,27 @@ def test_summarize_pools_files_and_pairs_by_grid() -> None:
     assert out["paired"]["n"] == 2
     assert out["paired"]["mean"] == pytest.approx((0.2 + 0.05) / 2)
     assert "paired" not in summarize([{"runs": [run("fp8", 1.0, 0.1)]}])
+
+
+def test_logit_error_counts_real_tokens_only() -> None:
+    """``fp8_accuracy.logit_error`` (both accuracy tools' measure): padding ignored, argmax
+    agreement per window over its real tokens."""
+    import numpy as np
+
+    from benchmarks.fp8_accuracy import logit_error
+
+    mask = np.array([[1, 1, 1, 0], [1, 1, 0, 0]])
+    ref = (np.array([[0.0, 3.0, 1.0, 0.0], [2.0, 1.0, 0.0, 0.0]]),
+           np.array([[0.0, 1.0, 3.0, 0.0], [1.0, 2.0, 0.0, 0.0]]))
+
+    def infer(ids: object, m: object, tt: object) -> tuple[object, object]:
+        start = ref[0] + np.array([[0.5, 0.0, 0.0, 99.0], [0.0, 0.0, 99.0, 99.0]])
+        end = ref[1] + np.array([[0.0, 0.0, 0.0, 99.0], [0.0, 1.5, 99.0, 99.0]])
+        return start, end
+
+    out = logit_error(infer, [(mask, mask, mask)], [ref])
+    assert out["mean_abs"] == pytest.approx(2.0 / 10)  # 5 real tokens, start and end
+    assert out["max_abs"] == 1.5
+    assert out["argmax_agree"] == 1.0  # neither change moves a real token's argmax
+    worse = logit_error(lambda *_: (ref[1], ref[0]), [(mask, mask, mask)], [ref])
+    assert worse["argmax_agree"] == 0.0
