@@ -43,7 +43,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 # the names Gluon moved between triton 3.6 (the device's) and 3.9
-from engine.fused.kernels.gluon_ffn1 import cta_barrier, tma_load
+from engine.fused.kernels.gluon_gemm import cta_barrier, tma_load
 
 REPO = Path(__file__).resolve().parents[1]
 # Layouts of one warpgroup over 64-row blocks and 64 keys (the per-sequence forms): the

@@ -1,5 +1,5 @@
 # mypy: disable-error-code="no-untyped-def,untyped-decorator,no-untyped-call"
-"""The engine's Gluon FFN1 kernel (``engine/fused/kernels/gluon_ffn1.py``: warp-specialized,
+"""The engine's Gluon FFN1 kernel (``engine/fused/kernels/gluon_gemm.py``: warp-specialized,
 its epilogue beside the main loop) against the engine's cuBLASLt call on the same operands.
 
     python3 benchmarks/gluon_ffn1.py [--m 47391] [--variants 4:128:32:1:1] [--settle-s 3]
@@ -11,7 +11,8 @@ output is the reference (the share of e4m3 elements that differ, the largest dif
 e4m3 values), both against float32 math on 256 rows, then CUDA graphs of ``--calls`` GEMMs
 replayed in interleaved rounds, and with ``--settle-s`` each at its own settled power
 limit (µs with MHz and W: at the 700 W cap a GEMM's time is also an energy result).
-``sm90_sass`` compiles the kernel for sm_90a on a machine without a GPU.
+``sm90_sass`` compiles the kernel (any of its forms) for sm_90a on a machine without a
+GPU.
 """
 
 from __future__ import annotations
@@ -37,29 +38,35 @@ def parse_variant(text: str) -> dict[str, Any]:
 
 
 def sm90_sass(stages: int = 4, block_k: int = 128, sub_m: int = 32, gelu: int = 1,
-              acc16: int = 1, block_n: int = 128) -> tuple[str, str, int]:
-    """(SASS, ``cuobjdump -res-usage``, shared bytes) of the kernel compiled for sm_90a
-    here, no GPU needed (``attention_sass.compile_sass``), with BERT-large's FFN1 widths."""
+              acc16: int = 1, block_n: int = 128, operand: str = "e4m3", out: str = "e4m3",
+              bias: bool = True, col_scale: bool = False, n: int = 4096,
+              k: int = 1024) -> tuple[str, str, int]:
+    """(SASS, ``cuobjdump -res-usage``, shared bytes) of ``gluon_gemm``'s kernel compiled
+    for sm_90a here, no GPU needed (``attention_sass.compile_sass``): by default the FFN1
+    form at BERT-large's widths; ``operand`` "e4m3" or "int8", ``out`` "e4m3" or "fp16"."""
     import torch
     from triton.runtime.jit import mangle_type
 
     from benchmarks.attention_sass import compile_sass
 
-    xq = torch.empty((256, 1024), dtype=torch.float8_e4m3fn)
-    w8 = torch.empty((4096, 1024), dtype=torch.float8_e4m3fn)
-    from engine.fused.kernels.gluon_ffn1 import LAUNCH, WORKER_REGS, _ffn1_kernel, descriptors
+    kind = {"e4m3": torch.float8_e4m3fn, "int8": torch.int8}[operand]
+    xq = torch.empty((256, k), dtype=kind)
+    w8 = torch.empty((n, k), dtype=kind)
+    from engine.fused.kernels.gluon_gemm import LAUNCH, WORKER_REGS, _gemm_kernel, descriptors
 
     a_desc, b_desc = descriptors(xq, w8, block_k, block_n)
     signature = {"a_desc": str(mangle_type(a_desc)), "b_desc": str(mangle_type(b_desc)),
-                 "bias_ptr": "*bf16", "xs_ptr": "*fp32", "ws_ptr": "*fp32",
-                 "hinv_ptr": "*fp32", "out_ptr": "*fp8e4nv", "M": "i32", "N": "i32",
-                 "K": "i32", "STAGES": "constexpr", "SUB_M": "constexpr",
-                 "GELU": "constexpr", "ACC16": "constexpr", "COOP": "constexpr",
+                 "bias_ptr": "*bf16", "cs_ptr": "*fp32", "xs_ptr": "*fp32", "ws_ptr": "*fp32",
+                 "hinv_ptr": "*fp32", "out_ptr": {"e4m3": "*fp8e4nv", "fp16": "*fp16"}[out],
+                 "M": "i32", "N": "i32", "K": "i32", "STAGES": "constexpr",
+                 "SUB_M": "constexpr", "GELU": "constexpr", "BIAS": "constexpr",
+                 "COL_SCALE": "constexpr", "ACC16": "constexpr", "COOP": "constexpr",
                  "LOAD_REGS": "constexpr", "MMA_REGS": "constexpr", "num_warps": "constexpr"}
-    constexprs = {"STAGES": stages, "SUB_M": sub_m, "GELU": gelu, "ACC16": acc16,
-                  "COOP": block_n > 128, **WORKER_REGS, "num_warps": LAUNCH["num_warps"]}
-    return compile_sass(_ffn1_kernel, signature, constexprs,
-                        ("bias_ptr", "out_ptr", "N", "K"), LAUNCH, gluon=True)
+    constexprs = {"STAGES": stages, "SUB_M": sub_m, "GELU": gelu, "BIAS": bias,
+                  "COL_SCALE": col_scale, "ACC16": acc16, "COOP": block_n > 128,
+                  **WORKER_REGS, "num_warps": LAUNCH["num_warps"]}
+    return compile_sass(_gemm_kernel, signature, constexprs,
+                        ("bias_ptr", "cs_ptr", "out_ptr", "N", "K"), LAUNCH, gluon=True)
 
 
 def run_rows(m: int, d: int, f: int, variants: list[str], calls: int, rounds: int, reps: int,
@@ -74,7 +81,7 @@ def run_rows(m: int, d: int, f: int, variants: list[str], calls: int, rounds: in
         time_row,
         try_competitor,
     )
-    from engine.fused.kernels.gluon_ffn1 import ffn1
+    from engine.fused.kernels.gluon_gemm import ffn1
 
     op = operands(m, d, f)
     cublaslt, ref = cublaslt_reference(op)

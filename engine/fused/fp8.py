@@ -51,7 +51,7 @@ SCALE_MIN = 1e-12  # keeps an all-zero row finite
 
 BLOCK = 128  # block-wise scaling: columns per activation scale, rows and columns per weight scale
 # The calibrated FFN1 (:func:`calibrated_ffn1`) with fast accumulation on a Hopper GPU runs
-# as the warp-specialized Gluon kernel (``kernels.gluon_ffn1``) from this many rows up,
+# as the warp-specialized Gluon kernel (``kernels.gluon_gemm``) from this many rows up,
 # cuBLASLt below (None: always cuBLASLt). Read at each call, so an A/B can set it. Off: it
 # is faster alone but the settled mix pass does not gain (engine/fused/NOTES.md v41; on
 # v42-v43's default, v45: -1.3%, the whole pass at 1,605 MHz against 1,740-1,755).
@@ -236,15 +236,15 @@ def static_linear(xq: Quantized, lin: StaticLinear, out_dtype: torch.dtype,
 
 
 def _gluon_ffn1(xq: torch.Tensor, w8: torch.Tensor) -> Any:
-    """``kernels.gluon_ffn1`` where :data:`FFN1_GLUON_MIN_ROWS` sends these operands to it
+    """``kernels.gluon_gemm`` where :data:`FFN1_GLUON_MIN_ROWS` sends these operands to it
     and it takes them (a Triton with Gluon, a Hopper GPU), else None."""
     if FFN1_GLUON_MIN_ROWS is None or xq.shape[0] < FFN1_GLUON_MIN_ROWS:
         return None
     try:
-        from engine.fused.kernels import gluon_ffn1
+        from engine.fused.kernels import gluon_gemm
     except ImportError:  # a Triton without Gluon's Hopper warp specialization
         return None
-    return gluon_ffn1 if gluon_ffn1.supports(xq, w8) else None
+    return gluon_gemm if gluon_gemm.supports(xq, w8) else None
 
 
 def calibrated_ffn1(xq: Quantized, cal: CalibratedLayer, fast_accum: bool = False) -> Quantized:

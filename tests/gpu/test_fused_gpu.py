@@ -1526,7 +1526,7 @@ def test_gluon_ffn1_matches_cublaslt(config: tuple[int, int, int, int], m: int) 
     ones (the default), under 1% of them apart, by at most one step of the top binade
     (their rounding before the bias moves outputs near zero by a few of its smallest
     steps), and as close to float32 math as cuBLASLt's."""
-    gluon_ffn1 = pytest.importorskip("engine.fused.kernels.gluon_ffn1")
+    gluon_gemm = pytest.importorskip("engine.fused.kernels.gluon_gemm")
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the Gluon FFN1 kernel is for Hopper (sm_90)")
     from benchmarks.cutlass_ffn1 import float_error
@@ -1534,22 +1534,67 @@ def test_gluon_ffn1_matches_cublaslt(config: tuple[int, int, int, int], m: int) 
     op = _ffn1_operands(m, 1024, 4096)
     args = (op["xq"], op["x_scale"], op["w8"], op["w_scale"], op["b1"], op["h_inv"])
     ref = op["ref"].float()
-    out = gluon_ffn1.ffn1(*args, config=config).float()
+    out = gluon_gemm.ffn1(*args, config=config).float()
     differ = (out != ref).float().mean().item()
     assert differ < 0.01, differ
     assert (out - ref).abs().max().item() <= 32.0  # e4m3's step in [256, 448]
     # against float32 math (the first 256 rows)
     assert float_error(out, op) <= 1.1 * float_error(ref, op) + 1e-3
     if config[3] == 128:
-        exact = gluon_ffn1.ffn1(*args, config=(3, 128, 32, 128), acc16=0).float()
+        exact = gluon_gemm.ffn1(*args, config=(3, 128, 32, 128), acc16=0).float()
         assert (exact != ref).float().mean().item() < 1e-4
+
+
+@pytest.mark.parametrize("config", [(4, 128, 32, 128), (3, 128, 16, 256)],
+                         ids=["pingpong", "coop"])
+@pytest.mark.parametrize("form", ["qkv", "ffn1"])
+def test_gluon_gemm_int8_matches_float_math(config: tuple[int, int, int, int],
+                                            form: str) -> None:
+    """The Gluon GEMM on int8 operands (per-channel weight scales through ``col_scale``),
+    against float math on the same int8 values, at a row count with a partial tile and a
+    strided activation (the out-projection stand-in's form): QKV's 16-bit output without
+    bias within fp16's rounding of the handoff, FFN1's bias + GELU + e4m3 output within
+    one e4m3 step of float math's e4m3 for all but rare elements near rounding ties."""
+    gluon_gemm = pytest.importorskip("engine.fused.kernels.gluon_gemm")
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Gluon GEMM kernel is for Hopper (sm_90)")
+    from benchmarks.int8_standin import int8_rows
+    from engine.fused.fp8 import FP8_DTYPE, gelu_tanh
+
+    g = torch.Generator(device="cuda").manual_seed(5)
+    m, n, k = 1000, 4096 if form == "ffn1" else 3072, 1024
+    x = torch.randn((m, 2 * k), generator=g, device="cuda")[:, :k]  # rows strided
+    xs = (x.abs().amax() / 127).reshape(1)
+    x8 = torch.zeros((m, 2 * k), device="cuda", dtype=torch.int8)
+    x8[:, :k] = (x / xs).round().clamp(-127, 127).to(torch.int8)
+    x8 = x8[:, :k]
+    w8, sw = int8_rows(torch.randn((n, k), generator=g, device="cuda") * 0.03
+                       * torch.rand((n, 1), generator=g, device="cuda"))
+    top, col = gluon_gemm.column_scales(sw)
+    want = (x8.float() * xs) @ (w8.float() * sw[:, None]).t()
+    if form == "qkv":
+        out = torch.empty((m, n), device="cuda", dtype=torch.float16)
+        gluon_gemm.gemm(x8, xs, w8, top, out, col_scale=col, config=config)
+        err = ((out.float() - want).norm() / want.norm()).item()
+        assert err < 1e-3, err
+        return
+    bias = (torch.randn(n, generator=g, device="cuda") * 0.1).to(torch.bfloat16)
+    y = gelu_tanh(want + bias.float())
+    h_inv = (448 / y.abs().amax()).reshape(1)
+    out = torch.empty((m, n), device="cuda", dtype=FP8_DTYPE)
+    gluon_gemm.gemm(x8, xs, w8, top, out, bias=bias, col_scale=col, out_scale=h_inv,
+                    gelu=1, config=config)
+    ref = (y * h_inv).to(FP8_DTYPE).float()
+    got = out.float()
+    assert (got != ref).float().mean().item() < 0.01
+    assert (got - ref).abs().max().item() <= 32.0  # e4m3's step in [256, 448]
 
 
 def test_calibrated_ffn1_takes_the_gluon_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     """``fp8.FFN1_GLUON_MIN_ROWS`` routes the calibrated FFN1 to the Gluon kernel from that
     many rows (its output is not cuBLASLt's bit for bit) and keeps cuBLASLt below it and
     without fast accumulation."""
-    pytest.importorskip("engine.fused.kernels.gluon_ffn1")
+    pytest.importorskip("engine.fused.kernels.gluon_gemm")
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the Gluon FFN1 kernel is for Hopper (sm_90)")
     from engine.fused import fp8

@@ -24,9 +24,10 @@ Every kernel computes in float32 and reads/writes whatever float dtype its tenso
 ==========================  ==================================================================
 
 Modules: ``common`` (shared jit helpers, PDL), ``rows`` (row-wise kernels), ``attention``,
-``matmul``, ``deferred``, ``persistent``, ``staging``; and ``gluon_ffn1``, not imported
-here: the calibrated FFN1 as a warp-specialized Gluon kernel (Hopper only, no
-interpreter path; opt-in through ``fp8.FFN1_GLUON_MIN_ROWS``). Launchers never
+``matmul``, ``deferred``, ``persistent``, ``staging``; and ``gluon_gemm``, not imported
+here: 8-bit GEMMs (the calibrated FFN1, the INT8 study's) as a warp-specialized Gluon
+kernel (Hopper only, no interpreter path; FFN1 opt-in through
+``fp8.FFN1_GLUON_MIN_ROWS``). Launchers never
 synchronise with the device and take every size from the host, so a whole forward pass
 can be captured in a CUDA graph.
 Each takes ``pdl``: launch with programmatic dependent launch (see ``common``). With

@@ -1,7 +1,16 @@
 # mypy: disable-error-code="no-untyped-def,untyped-decorator,no-untyped-call"
-"""FFN1 of the calibrated FP8 path (``fp8.calibrated_ffn1``) as a warp-specialized Gluon
-kernel (Triton's explicit-layout dialect, ``triton.experimental.gluon``; Hopper, sm_90)
-whose bias + tanh-GELU + e4m3 epilogue runs beside the main loop.
+"""An 8-bit GEMM with a scaling epilogue beside its main loop, as a warp-specialized
+Gluon kernel (Triton's explicit-layout dialect, ``triton.experimental.gluon``; Hopper,
+sm_90): the calibrated FP8 FFN1 (``fp8.calibrated_ffn1``: bias + tanh-GELU + e4m3), and
+the same kernel on int8 operands for the INT8 study (NOTES v49-v50).
+
+``out = cast(o_scale * act(x_scale * w_scale * col[n] * (a @ b^T) + bias))``: ``a`` [M, K]
+and ``b`` [N, K] both e4m3 (float32 accumulation, ``QGMMA``) or both int8 (int32,
+``IGMMA``); ``col`` optional per-column factors (int8 weights carry one scale a channel:
+``w_scale`` is their largest, ``col`` each over it, so the fp16 handoff below never
+holds a value larger than the largest channel's); ``bias`` optional; ``act`` tanh-GELU or
+none; the output e4m3 (scaled by ``o_scale``, FFN2's input) or 16-bit (QKV's, the
+out-projection's).
 
 Why (``engine/fused/NOTES.md`` v37, v39, v41): FFN1 is a quarter of the settled mix pass
 and ran at ~1,000 TFLOP/s against FFN2's ~1,400 for the same FLOPs: with K = 1,024 a
@@ -18,8 +27,8 @@ warp that issues wgmmas runs the epilogue:
   turns at the ring. Cooperative (256 tile columns): both take every 128 x 256 tile, 64
   rows each against the one B block (a quarter less L2 traffic);
 - the epilogue warpgroup (the default partition) reads a handed-over tile in ``SUB_M``-row
-  chunks, computes ``e4m3(h_inv * GELU_tanh(x_scale * w_scale * acc + b1))``, stores it,
-  and frees the buffer.
+  chunks, computes ``e4m3(h_inv * GELU_tanh(x_scale * w_scale * acc + b1))`` (FFN1; or
+  the other forms above), stores it, and frees the buffer.
 
 The accumulators are handed over as fp16 after the operands' scales (``ACC16``; float32
 buffers leave room for only 3 ring slots, and ran 25% slower): that rounding moves
@@ -128,6 +137,7 @@ def _mma(a_bufs, b_bufs, ready, empty, acc_bufs, acc_ready, acc_empty, turn, xs_
     SCALED: gl.constexpr = acc_bufs.dtype == gl.float16
     if SCALED:  # fp16 buffers get the scaled products (float32: the epilogue scales)
         ab_scale = gl.load(xs_ptr) * gl.load(ws_ptr)
+    acc_dtype: gl.constexpr = gl.int32 if a_bufs.dtype == gl.int8 else gl.float32
     # n128 instructions (two for 256 columns): an n256 one needs 154 registers, and ptxas
     # holds the whole kernel to the launch's 128 (16 warps), whatever setmaxnreg gives
     mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
@@ -140,7 +150,7 @@ def _mma(a_bufs, b_bufs, ready, empty, acc_bufs, acc_ready, acc_empty, turn, xs_
     handed = 0
     for _tile in range(first, n_tiles, programs if COOP else 2 * programs):
         base = (handed if COOP else 2 * handed + WG) * k_steps  # the tile's first count
-        acc = gl.zeros([ROWS, BLOCK_N], gl.float32, mma)
+        acc = gl.zeros([ROWS, BLOCK_N], acc_dtype, mma)
         if not COOP:
             mbarrier.wait(turn.index(WG), (handed & 1) ^ (1 - WG))
         for k in range(k_steps):
@@ -161,9 +171,9 @@ def _mma(a_bufs, b_bufs, ready, empty, acc_bufs, acc_ready, acc_empty, turn, xs_
         mbarrier.arrive(empty.index((base + k_steps - 1) % STAGES))
         mbarrier.wait(acc_empty.index(WG), (handed & 1) ^ 1)
         if SCALED:
-            buf.store((acc * ab_scale).to(gl.float16))
+            buf.store((acc.to(gl.float32) * ab_scale).to(gl.float16))
         else:
-            buf.store(acc)
+            buf.store(acc.to(gl.float32))
         cta_barrier()
         mbarrier.arrive(acc_ready.index(WG))
         handed += 1  # noqa: SIM113 (no enumerate in Gluon)
@@ -194,12 +204,13 @@ def _gelu_tanh(x):
 
 
 @gluon.jit
-def _epilogue(acc_bufs, acc_ready, acc_empty, bias_ptr, xs_ptr, ws_ptr, hinv_ptr, out_ptr,
-              M, N, TILE_M: gl.constexpr, SUB_M: gl.constexpr, GELU: gl.constexpr,
-              num_warps: gl.constexpr):
-    """The default partition: each tile this program owns, in order, to e4m3 rows of
-    ``out`` in ``SUB_M``-row chunks: from one buffer (alternating) in a ping-pong kernel,
-    from both (the top and bottom rows) in a cooperative one."""
+def _epilogue(acc_bufs, acc_ready, acc_empty, bias_ptr, cs_ptr, xs_ptr, ws_ptr, hinv_ptr,
+              out_ptr, M, N, TILE_M: gl.constexpr, SUB_M: gl.constexpr, GELU: gl.constexpr,
+              BIAS: gl.constexpr, COL_SCALE: gl.constexpr, num_warps: gl.constexpr):
+    """The default partition: each tile this program owns, in order, to rows of ``out``
+    (e4m3 scaled by ``h_inv``, or 16-bit) in ``SUB_M``-row chunks: from one buffer
+    (alternating) in a ping-pong kernel, from both (the top and bottom rows) in a
+    cooperative one."""
     ROWS: gl.constexpr = acc_bufs.type.shape[1]
     BLOCK_N: gl.constexpr = acc_bufs.type.shape[2]
     COOP: gl.constexpr = ROWS < TILE_M
@@ -208,7 +219,9 @@ def _epilogue(acc_bufs, acc_ready, acc_empty, bias_ptr, xs_ptr, ws_ptr, hinv_ptr
                                          warps_per_cta=[num_warps, 1], order=[1, 0])
     # fp16 buffers hold the scaled products already
     ab_scale = 1.0 if acc_bufs.dtype == gl.float16 else gl.load(xs_ptr) * gl.load(ws_ptr)
-    h_inv = gl.load(hinv_ptr)
+    OUT8: gl.constexpr = out_ptr.dtype.element_ty == gl.float8e4nv
+    if OUT8:
+        h_inv = gl.load(hinv_ptr)
     n_tiles = gl.cdiv(M, TILE_M) * gl.cdiv(N, BLOCK_N)
     rows0 = gl.arange(0, SUB_M, layout=gl.SliceLayout(1, epi))
     cols0 = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, epi))
@@ -216,30 +229,40 @@ def _epilogue(acc_bufs, acc_ready, acc_empty, bias_ptr, xs_ptr, ws_ptr, hinv_ptr
     for tile in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
         off_m, off_n = _tile_origin(tile, N, TILE_M, BLOCK_N)
         cols = off_n + cols0
-        bias = gl.expand_dims(gl.load(bias_ptr + cols).to(gl.float32), 0)
+        if BIAS:
+            bias = gl.expand_dims(gl.load(bias_ptr + cols).to(gl.float32), 0)
+        if COL_SCALE:
+            col = gl.expand_dims(gl.load(cs_ptr + cols), 0)
         for h in gl.static_range(2 if COOP else 1):
             j = h if COOP else i % 2
             mbarrier.wait(acc_ready.index(j), (i & 1) if COOP else ((i // 2) & 1))
             buf = acc_bufs.index(j)
             for r in gl.static_range(ROWS // SUB_M):
                 x = buf.slice(r * SUB_M, SUB_M, dim=0).load(epi).to(gl.float32)
-                x = x * ab_scale + bias
+                x = x * ab_scale
+                if COL_SCALE:
+                    x = x * col
+                if BIAS:
+                    x = x + bias
                 if GELU:
                     x = _gelu_tanh(x)
                 rows = off_m + h * ROWS + r * SUB_M + rows0
                 ptrs = (out_ptr + gl.expand_dims(rows.to(gl.int64) * N, 1)
                         + gl.expand_dims(cols, 0))
-                gl.store(ptrs, (x * h_inv).to(gl.float8e4nv), mask=gl.expand_dims(rows < M, 1))
+                if OUT8:
+                    x = x * h_inv
+                gl.store(ptrs, x.to(out_ptr.dtype.element_ty), mask=gl.expand_dims(rows < M, 1))
             cta_barrier()
             mbarrier.arrive(acc_empty.index(j))
         i += 1  # noqa: SIM113 (no enumerate in Gluon)
 
 
 @gluon.jit
-def _ffn1_kernel(a_desc, b_desc, bias_ptr, xs_ptr, ws_ptr, hinv_ptr, out_ptr, M, N, K,
+def _gemm_kernel(a_desc, b_desc, bias_ptr, cs_ptr, xs_ptr, ws_ptr, hinv_ptr, out_ptr, M, N, K,
                  STAGES: gl.constexpr, SUB_M: gl.constexpr, GELU: gl.constexpr,
-                 ACC16: gl.constexpr, COOP: gl.constexpr, LOAD_REGS: gl.constexpr,
-                 MMA_REGS: gl.constexpr, num_warps: gl.constexpr):
+                 BIAS: gl.constexpr, COL_SCALE: gl.constexpr, ACC16: gl.constexpr,
+                 COOP: gl.constexpr, LOAD_REGS: gl.constexpr, MMA_REGS: gl.constexpr,
+                 num_warps: gl.constexpr):
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
@@ -271,31 +294,82 @@ def _ffn1_kernel(a_desc, b_desc, bias_ptr, xs_ptr, ws_ptr, hinv_ptr, out_ptr, M,
     mma_args = (a_bufs, b_bufs, ready, empty, acc_bufs, acc_ready, acc_empty, turn, xs_ptr,
                 ws_ptr, M, N, K)
     gl.warp_specialize([
-        (_epilogue, (acc_bufs, acc_ready, acc_empty, bias_ptr, xs_ptr, ws_ptr, hinv_ptr,
-                     out_ptr, M, N, BLOCK_M, SUB_M, GELU, num_warps)),
+        (_epilogue, (acc_bufs, acc_ready, acc_empty, bias_ptr, cs_ptr, xs_ptr, ws_ptr, hinv_ptr,
+                     out_ptr, M, N, BLOCK_M, SUB_M, GELU, BIAS, COL_SCALE, num_warps)),
         (_loader, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K)),
         (_mma0, mma_args),
         (_mma1, mma_args),
     ], [1, 4, 4], [LOAD_REGS, MMA_REGS, MMA_REGS])
 
 
+GL_TYPES = {torch.float8_e4m3fn: gl.float8e4nv, torch.int8: gl.int8}
+
+
 def descriptors(xq: torch.Tensor, w8: torch.Tensor, block_k: int,
                 block_n: int) -> tuple[Any, Any]:
     """TMA descriptors of ``BLOCK_M`` x ``block_k`` activation and ``block_n`` x
-    ``block_k`` weight boxes (e4m3, K contiguous: wgmma's K-major operands)."""
-    a_layout = gl.NVMMASharedLayout.get_default_for([BLOCK_M, block_k], gl.float8e4nv)
-    b_layout = gl.NVMMASharedLayout.get_default_for([block_n, block_k], gl.float8e4nv)
+    ``block_k`` weight boxes (e4m3 or int8, K contiguous: wgmma's K-major operands; the
+    activation's rows may be strided)."""
+    kind = GL_TYPES[xq.dtype]
+    a_layout = gl.NVMMASharedLayout.get_default_for([BLOCK_M, block_k], kind)
+    b_layout = gl.NVMMASharedLayout.get_default_for([block_n, block_k], kind)
     return (TensorDescriptor.from_tensor(xq, [BLOCK_M, block_k], a_layout),
             TensorDescriptor.from_tensor(w8, [block_n, block_k], b_layout))
 
 
 def supports(xq: torch.Tensor, w8: torch.Tensor) -> bool:
-    """Whether :func:`ffn1` takes these operands: a Hopper GPU (sm_90: wgmma and TMA),
-    e4m3 row-major operands, N and K multiples of the tile."""
+    """Whether :func:`gemm` takes these operands: a Hopper GPU (sm_90: wgmma and TMA), both
+    e4m3 or both int8, K contiguous (the activation's rows may be strided, 16-byte
+    aligned), N and K multiples of the tile."""
     return (xq.is_cuda and torch.cuda.get_device_capability(xq.device) == (9, 0)
-            and xq.dtype == w8.dtype and xq.dim() == 2 and xq.is_contiguous()
+            and xq.dtype == w8.dtype and xq.dtype in GL_TYPES and xq.dim() == 2
+            and xq.stride(1) == 1 and xq.stride(0) % 16 == 0
             and w8.is_contiguous() and w8.shape[0] % CONFIG[3] == 0
             and xq.shape[1] == w8.shape[1] and xq.shape[1] % CONFIG[1] == 0)
+
+
+def column_scales(w_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-channel weight scales [N] as :func:`gemm` takes them: (their largest [1], each
+    over it [N]), both float32."""
+    top = w_scale.float().amax().reshape(1)
+    return top, (w_scale.float() / top).contiguous()
+
+
+def gemm(xq: torch.Tensor, x_scale: torch.Tensor, w8: torch.Tensor, w_scale: torch.Tensor,
+         out: torch.Tensor, *, bias: torch.Tensor | None = None,
+         col_scale: torch.Tensor | None = None, out_scale: torch.Tensor | None = None,
+         gelu: int = 0, config: tuple[int, int, int, int] | None = None, acc16: int = 1,
+         programs: int = 0) -> torch.Tensor:
+    """``out`` [M, N] = ``cast(out_scale * act(x_scale * w_scale * col_scale * xq w8^T +
+    bias))`` (the module docstring's form): ``xq`` [M, K] and ``w8`` [N, K] both e4m3 or
+    both int8, ``x_scale`` and ``w_scale`` float32 [1] device tensors (``w_scale`` the
+    largest per-channel scale where ``col_scale`` [N] holds each over it:
+    :func:`column_scales`), ``bias`` [N] or None, ``act`` tanh-GELU when ``gelu``;
+    ``out`` e4m3 (then ``out_scale`` [1] is required) or 16-bit. ``programs`` persistent
+    programs (0: one an SM); ``acc16`` 0 hands the accumulators over as float32 (3 ring
+    slots at most). ``config``: (ring slots, K-block, epilogue chunk rows, tile columns),
+    :data:`CONFIG` by default; 128 tile columns run ping-pong warpgroups on 128 x 128
+    tiles, 256 cooperative ones on 128 x 256 tiles (64 x 256 each)."""
+    stages, block_k, sub_m, block_n = config or CONFIG
+    m, k = xq.shape
+    n = w8.shape[0]
+    if n % block_n or k % block_k:
+        raise ValueError(f"N ({n}) must be a multiple of {block_n}, K ({k}) of {block_k}")
+    if out.shape != (m, n) or not out.is_contiguous():
+        raise ValueError(f"out must be a contiguous [{m}, {n}] tensor")
+    if out.dtype == torch.float8_e4m3fn and out_scale is None:
+        raise ValueError("an e4m3 output needs out_scale")
+    a_desc, b_desc = descriptors(xq, w8, block_k, block_n)
+    tiles = triton.cdiv(m, BLOCK_M) * (n // block_n)
+    grid = (max(1, min(programs or multiprocessors(xq.device), tiles)), )
+    unused = x_scale  # a pointer the kernel never reads where its constexpr is off
+    _gemm_kernel[grid](a_desc, b_desc, unused if bias is None else bias,
+                       unused if col_scale is None else col_scale, x_scale, w_scale,
+                       unused if out_scale is None else out_scale, out, m, n, k,
+                       STAGES=stages, SUB_M=sub_m, GELU=gelu, BIAS=bias is not None,
+                       COL_SCALE=col_scale is not None, ACC16=acc16, COOP=block_n > 128,
+                       **WORKER_REGS, **LAUNCH)
+    return out
 
 
 def ffn1(xq: torch.Tensor, x_scale: torch.Tensor, w8: torch.Tensor, w_scale: torch.Tensor,
@@ -304,23 +378,9 @@ def ffn1(xq: torch.Tensor, x_scale: torch.Tensor, w8: torch.Tensor, w_scale: tor
          programs: int = 0) -> torch.Tensor:
     """e4m3 [M, N] = e4m3(h_inv * GELU_tanh(x_scale * w_scale * xq w8^T + b1)): the
     calibrated FFN1 (``xq`` e4m3 [M, K], ``w8`` e4m3 [N, K], ``b1`` [N], the scales
-    float32 [1] device tensors), ``programs`` persistent programs (0: one an SM). ``gelu``
-    0 is a diagnostic (bias only: not FFN1's output); ``acc16`` 0 hands the accumulators
-    over as float32 (3 ring slots at most). ``config``: (ring slots, K-block, epilogue
-    chunk rows, tile columns), :data:`CONFIG` by default; 128 tile columns run ping-pong
-    warpgroups on 128 x 128 tiles, 256 cooperative ones on 128 x 256 tiles (64 x 256
-    each)."""
-    stages, block_k, sub_m, block_n = config or CONFIG
-    m, k = xq.shape
-    n = w8.shape[0]
-    if n % block_n or k % block_k:
-        raise ValueError(f"N ({n}) must be a multiple of {block_n}, K ({k}) of {block_k}")
+    float32 [1] device tensors) through :func:`gemm`. ``gelu`` 0 is a diagnostic (bias
+    only: not FFN1's output)."""
     if out is None:
-        out = torch.empty((m, n), device=xq.device, dtype=xq.dtype)
-    a_desc, b_desc = descriptors(xq, w8, block_k, block_n)
-    tiles = triton.cdiv(m, BLOCK_M) * (n // block_n)
-    grid = (max(1, min(programs or multiprocessors(xq.device), tiles)), )
-    _ffn1_kernel[grid](a_desc, b_desc, b1, x_scale, w_scale, h_inv, out, m, n, k,
-                       STAGES=stages, SUB_M=sub_m, GELU=gelu, ACC16=acc16,
-                       COOP=block_n > 128, **WORKER_REGS, **LAUNCH)
-    return out
+        out = torch.empty((xq.shape[0], w8.shape[0]), device=xq.device, dtype=xq.dtype)
+    return gemm(xq, x_scale, w8, w_scale, out, bias=b1, out_scale=h_inv, gelu=gelu,
+                config=config, acc16=acc16, programs=programs)
