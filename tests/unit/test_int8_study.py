@@ -229,3 +229,75 @@ def test_logit_error_counts_real_tokens_only() -> None:
     assert out["argmax_agree"] == 1.0  # neither change moves a real token's argmax
     worse = logit_error(lambda *_: (ref[1], ref[0]), [(mask, mask, mask)], [ref])
     assert worse["argmax_agree"] == 0.0
+
+
+def test_standin_configs_and_epilogues() -> None:
+    """``int8_standin``'s configuration strings, the fastest configuration on the
+    stand-ins' data, and each GEMM's epilogue in the int8 design."""
+    from benchmarks.int8_standin import best_config, epilogue_of, parse_config
+
+    assert parse_config("3:128:16:256") == (3, 128, 16, 256)
+    with pytest.raises(ValueError, match="STAGES"):
+        parse_config("3:128")
+    row = {"gemm": "qkv", "failed": {}, "us": {
+        "cublaslt_fp8": 1.0, "gluon_int8 4:128:32:128": 2.0,
+        "gluon_int8_e4m3_bytes 4:128:32:128": 5.0, "gluon_int8_e4m3_bytes 3:128:16:256": 4.0}}
+    assert best_config(row) == (3, 128, 16, 256)
+    with pytest.raises(RuntimeError, match="no int8 configuration"):
+        best_config({"gemm": "qkv", "failed": {"x": "y"}, "us": {"cublaslt_fp8": 1.0}})
+    assert epilogue_of("ffn1") == {"gelu": 1, "out8": True, "bias": True}
+    assert epilogue_of("qkv") == epilogue_of("out_proj") == {"gelu": 0, "out8": False,
+                                                             "bias": False}
+
+
+def test_int8_rows() -> None:
+    """One scale an output channel; each row's largest magnitude lands on 127."""
+    from benchmarks.int8_standin import int8_rows
+
+    w = torch.randn(6, 40) * torch.arange(1, 7)[:, None]
+    q, s = int8_rows(w)
+    assert q.dtype == torch.int8 and s.shape == (6,)
+    assert torch.equal(q.abs().amax(1), torch.full((6,), 127, dtype=torch.int8))
+    assert float((q.float() * s[:, None] - w).abs().max()) <= float(s.max()) / 2 + 1e-6
+
+
+def test_standins_hand_on_the_recorded_output(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stand-ins' plumbing (the kernel itself runs only on a Hopper GPU, so it is
+    replaced by a recorder here): each returns the recorded output, reads its input's bytes
+    as int8 (the out-projection's first K bytes a row of its 16-bit context), makes a
+    layer's int8 weight once, and runs FFN1 with its bias, GELU and e4m3 output."""
+    gluon_gemm = pytest.importorskip("engine.fused.kernels.gluon_gemm")
+    from benchmarks.int8_standin import Int8StandIns
+    from engine.fused.fp8 import FP8_DTYPE, CalibratedLayer, Quantized, StaticLinear
+
+    calls: list[dict[str, object]] = []
+
+    def record(a, x_scale, w8, w_top, out, **kw):  # type: ignore[no-untyped-def]
+        calls.append({"a": a, "w8": w8, "out": out, **kw})
+        return out
+
+    monkeypatch.setattr(gluon_gemm, "gemm", record)
+    cfg = (4, 128, 32, 128)
+    stand = Int8StandIns({"qkv": cfg, "out_proj": cfg, "ffn1": cfg})
+    one = torch.ones(1)
+    lin = StaticLinear(x_scale=one, w8=torch.randn(24, 8).to(FP8_DTYPE), w_scale=one)
+    xq = Quantized(torch.randn(5, 8).to(FP8_DTYPE), one)
+    for _ in range(2):
+        assert stand.qkv("recorded", xq, lin, torch.float16, True) == "recorded"
+    assert len(calls) == 2 and calls[0]["w8"] is calls[1]["w8"]  # made once
+    assert calls[0]["a"].dtype == torch.int8 and calls[0]["a"].data_ptr() == xq.data.data_ptr()
+    assert calls[0]["out"].dtype == torch.float16 and calls[0]["out"].shape == (5, 24)
+    assert calls[0]["col_scale"].shape == (24,)
+
+    class Lin:
+        weight = torch.randn(8, 8, dtype=torch.float16)
+
+    ctx = torch.randn(5, 8, dtype=torch.float16)
+    assert stand.out_proj("rec", ctx, None, Lin(), torch.float16, True) == "rec"
+    a = calls[-1]["a"]
+    assert a.shape == (5, 8) and a.stride() == (16, 1) and a.data_ptr() == ctx.data_ptr()
+    cal = CalibratedLayer(qkv=lin, attn_out=lin, ffn_in=lin, ffn_out=lin,
+                          b1=torch.zeros(24), h_inv=one)
+    assert stand.ffn1("r", xq, cal, True) == "r"
+    assert calls[-1]["gelu"] == 1 and calls[-1]["bias"] is cal.b1
+    assert calls[-1]["out"].dtype == FP8_DTYPE and calls[-1]["out_scale"] is one

@@ -1,8 +1,9 @@
-"""``engine/fused/kernels/gluon_ffn1.py``: the warp-specialized Gluon FFN1 compiles for
+"""``engine/fused/kernels/gluon_gemm.py``: the warp-specialized Gluon GEMM compiles for
 sm_90a on this CPU with the installed Triton (skipped where the Triton wheel has no
-cuobjdump or no Gluon), in its ping-pong and cooperative forms; and the calibrated FFN1
-takes it only where ``fp8.FFN1_GLUON_MIN_ROWS`` and the operands allow. Its outputs are
-checked on the GPU (``tests/gpu``: against cuBLASLt)."""
+cuobjdump or no Gluon), in its ping-pong and cooperative forms, on e4m3 and on int8
+operands, with FFN1's epilogue and with a 16-bit one; the calibrated FFN1 takes it only
+where ``fp8.FFN1_GLUON_MIN_ROWS`` and the operands allow; and ``column_scales``. Its
+outputs are checked on the GPU (``tests/gpu``: against cuBLASLt and float math)."""
 
 from __future__ import annotations
 
@@ -37,6 +38,42 @@ def test_kernel_compiles_for_hopper(stages: int, block_k: int, sub_m: int, block
     assert len(wgmmas) == 2 * 2 * block_k // 32  # two partitions, two halves, k = 32 each
     assert "UTMALDG" in sass and "MUFU.TANH" in sass and "SETMAXREG" in sass
     assert int(re.search(r"REG:(\d+)", usage).group(1)) <= 128  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(("block_n", "out", "n"), [(128, "e4m3", 4096), (256, "fp16", 3072)])
+def test_int8_kernel_compiles_for_hopper(block_n: int, out: str, n: int) -> None:
+    """On int8 operands: int8 wgmmas (``IGMMA``, int32 accumulators, n128 as the e4m3
+    form's), the accumulators converted to float32 before the handoff (on the fast
+    ``I2FP`` path, not the quarter-rate ``I2F``), no spills; GELU only in FFN1's form."""
+    tools_or_skip()
+    pytest.importorskip("triton.experimental.gluon")
+    from benchmarks.gluon_ffn1 import sm90_sass
+
+    stages, sub_m = (4, 32) if block_n == 128 else (3, 16)
+    ffn1 = out == "e4m3"
+    sass, usage, shared = sm90_sass(stages, 128, sub_m, int(ffn1), 1, block_n, "int8", out,
+                                    bias=ffn1, col_scale=True, n=n)
+    assert "STL" not in sass and "LDL" not in sass
+    assert shared <= SMEM_PER_BLOCK
+    assert len(re.findall(r"IGMMA\.64x128x32\.S8\.S8", sass)) == 2 * 2 * 128 // 32
+    assert "QGMMA" not in sass
+    # one conversion an accumulator element: ROWS x BLOCK_N over 128 threads, two partitions
+    assert len(re.findall(r"I2FP\.F32\.S32", sass)) == 2 * 128 * 128 // 128
+    assert ("MUFU.TANH" in sass) == ffn1
+    assert int(re.search(r"REG:(\d+)", usage).group(1)) <= 128  # type: ignore[union-attr]
+
+
+def test_column_scales() -> None:
+    """Per-channel scales as the kernel takes them: the largest, and each over it (so the
+    fp16 handoff holds values no larger than the largest channel's)."""
+    torch = pytest.importorskip("torch")
+    from engine.fused.kernels.gluon_gemm import column_scales
+
+    s = torch.tensor([0.5, 2.0, 1.0], dtype=torch.float16)
+    top, col = column_scales(s)
+    assert top.dtype == col.dtype == torch.float32 and top.shape == (1,)
+    assert top.item() == 2.0 and col.tolist() == [0.25, 1.0, 0.5]
+    assert torch.equal(top * col, s.float())
 
 
 def test_calibrated_ffn1_keeps_cublaslt_unless_asked(monkeypatch: pytest.MonkeyPatch) -> None:
