@@ -28,7 +28,13 @@ fp8_all      e4m3 W/T, X/S4    e4m3 W/T, X/S4    e4m3 W/T, X/S4    e4m3 W/T, X/S
 int8_s       int8 W/C, X/Ss    int8 W/C, X/Ss    int8 W/C, X/Ss    e4m3 W/T, X/S4
 int8_t       int8 W/C, X/Ts    int8 W/C, X/Ts    int8 W/C, X/Ts    e4m3 W/T, X/S4
 int8_s3      int8 W/C, X/Ss    -                 int8 W/C, X/Ss    e4m3 W/T, X/S4
+int8_o       e4m3 W/T, X/S4    int8 W/C, X/Ss    e4m3 W/T, X/S4    e4m3 W/T, X/S4
+int8_qo      int8 W/C, X/Ss    int8 W/C, X/Ss    e4m3 W/T, X/S4    e4m3 W/T, X/S4
+int8_fo      e4m3 W/T, X/S4    int8 W/C, X/Ss    int8 W/C, X/Ss    e4m3 W/T, X/S4
 ===========  ================  ================  ================  ================
+
+The last three (v50) keep some GEMMs in e4m3 on cuBLASLt, whose kernels hold the pass's
+clock where the Gluon int8 ones lower it (``int8_standin.py``).
 
 W/T one weight scale per tensor (QKV's three as one), W/C one per output channel; X/S4
 one static input scale, 4 x the calibration's largest |x| (the engine's margin), X/Ss the
@@ -68,6 +74,9 @@ SCHEMES: dict[str, dict[str, tuple[str, str]]] = {
     "int8_s": {"qkv": _I8S, "attn_out": _I8S, "ffn_in": _I8S, "ffn_out": _FP8},
     "int8_t": {"qkv": _I8T, "attn_out": _I8T, "ffn_in": _I8T, "ffn_out": _FP8},
     "int8_s3": {"qkv": _I8S, "ffn_in": _I8S, "ffn_out": _FP8},
+    "int8_o": {"qkv": _FP8, "attn_out": _I8S, "ffn_in": _FP8, "ffn_out": _FP8},
+    "int8_qo": {"qkv": _I8S, "attn_out": _I8S, "ffn_in": _FP8, "ffn_out": _FP8},
+    "int8_fo": {"qkv": _FP8, "attn_out": _I8S, "ffn_in": _I8S, "ffn_out": _FP8},
 }
 
 

@@ -27,7 +27,8 @@ GEMMs with their epilogues run about as fast as the engine's cuBLASLt FP8 ones. 
    of the weights made once: the bytes and the L2 traffic of the int8 design, the data's
    bit patterns not its own (e4m3 bytes read as int8 are larger than a calibrated int8
    copy's values: if anything more power). Variants: ``int8_all`` (QKV, the
-   out-projection and FFN1), ``int8_qkv_ffn1``, ``int8_out``, and ``all_static`` (the
+   out-projection and FFN1), ``int8_qkv_ffn1``, ``int8_out``, ``int8_qkv_out``,
+   ``int8_ffn1_out`` (the rest on cuBLASLt FP8 as today), and ``all_static`` (the
    out-projection in cuBLASLt FP8: v39's +3.6%) for reference; the baseline first,
    between and last.
 
@@ -54,7 +55,8 @@ SHAPES = {"qkv": (3072, 1024), "out_proj": (1024, 1024), "ffn1": (4096, 1024)}  
 VARIANTS: dict[str, frozenset[str]] = {
     "baseline": frozenset(), "int8_all": frozenset(GEMMS),
     "int8_qkv_ffn1": frozenset({"qkv", "ffn1"}), "int8_out": frozenset({"out_proj"}),
-    "all_static": frozenset(),
+    "int8_qkv_out": frozenset({"qkv", "out_proj"}),
+    "int8_ffn1_out": frozenset({"ffn1", "out_proj"}), "all_static": frozenset(),
 }
 ORDER = "baseline,int8_all,int8_qkv_ffn1,baseline,int8_out,all_static,int8_all,baseline"
 
