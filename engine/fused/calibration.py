@@ -14,6 +14,10 @@ saturate at +-448 * scale); a larger one costs precision only for values below `
 |logit - fp32| on 2,023 dev windows, QKV/FFN calibrated): margin 1 / 2 / 4 / 8 / 16 give
 0.0609 / 0.0608 / 0.0608 / 0.0607 / 0.0606, so neither saturation nor subnormals is what
 static scales cost (``engine/fused/NOTES.md``, v10).
+
+It also records, for the GEMMs that can run in int8 (``INT8_GEMMS``: the out-projection
+and FFN1), each input channel's largest magnitude: SmoothQuant's smoothing and the int8
+input scale come from those (``engine.fused.int8``; saved with the rest).
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ import torch
 from engine.fused.folding import DeferredFP8Layer, deferred_fp8_layers
 from engine.fused.fp8 import FP8_MAX, SCALE_MIN, CalibratedLayer, StaticLinear, quantize_tiles
 from engine.fused.gptq import gptq_e4m3
+from engine.fused.int8 import SMOOTHING_ALPHA, Int8Layer, Int8Linear, int8_linear_of
 from engine.fused.torch_ops import sum_splits
 from engine.fused.weights import BertQAWeights
 
@@ -42,6 +47,9 @@ GEMMS = ("qkv", "attn_out", "ffn_in", "ffn_out")
 # residual sums after that). Optional: calibrations saved before they were recorded
 # lack them, and then the deferred-LayerNorm path stays 16-bit.
 RAW_INPUTS = ("qkv_raw", "ffn_in_raw")
+# The GEMMs whose inputs' per-channel largest magnitudes are recorded (``colmax``), for
+# their int8 form (``engine.fused.int8``).
+INT8_GEMMS = ("attn_out", "ffn_in")
 
 
 class AmaxRecorder:
@@ -62,6 +70,8 @@ class AmaxRecorder:
         self._bqkv = {ly.qkv.bias.data_ptr(): i for i, ly in enumerate(layers)}
         dev = layers[0].ffn_in.bias.device
         self.amax = {g: torch.zeros(len(layers), device=dev) for g in GEMMS + RAW_INPUTS}
+        self.colmax: dict[str, list[torch.Tensor | None]] = {
+            g: [None] * len(layers) for g in INT8_GEMMS}
         self.model = model_shape(weights)
         self.passes = 0
         # With ``grams``: per GEMM and layer, the float32 Gram matrix X^T X of its inputs
@@ -76,6 +86,10 @@ class AmaxRecorder:
         if i is not None and y is not None:
             store = self.amax[gemm]
             store[i] = torch.maximum(store[i], y.abs().amax().float())
+            if gemm in self.colmax:
+                m = y.reshape(-1, y.shape[-1]).abs().amax(0).float()
+                seen = self.colmax[gemm][i]
+                self.colmax[gemm][i] = m if seen is None else torch.maximum(seen, m)
             if self.grams is not None and gemm in self.grams:
                 x = y.reshape(-1, y.shape[-1]).float()
                 g = self.grams[gemm][i]
@@ -126,8 +140,10 @@ class AmaxRecorder:
             if any(g is None for v in self.grams.values() for g in v):
                 raise RuntimeError("a GEMM's inputs were not recorded in every layer")
             grams = {k: [g for g in v if g is not None] for k, v in self.grams.items()}
+        colmax = {g: [[float(v) for v in t.tolist()] for t in ts if t is not None]
+                  for g, ts in self.colmax.items()}
         return Calibration({g: [float(v) for v in t.tolist()] for g, t in self.amax.items()},
-                           margin, self.passes, self.model, grams=grams)
+                           margin, self.passes, self.model, grams=grams, colmax=colmax)
 
 
 def model_shape(weights: BertQAWeights) -> dict[str, int]:
@@ -153,6 +169,10 @@ class Calibration:
     # recorded: the weights are then rounded by GPTQ (``engine.fused.gptq``), not to
     # nearest. Not saved: a calibration read back from JSON rounds to nearest.
     grams: dict[str, list[torch.Tensor]] | None = field(default=None, repr=False, compare=False)
+    # Per int8-capable GEMM (``INT8_GEMMS``) and layer, its input's largest magnitude per
+    # channel: what the int8 path's smoothing and scales come from (None: calibrated before
+    # they were recorded; such a calibration serves no int8 GEMM).
+    colmax: dict[str, list[list[float]]] | None = field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         if set(self.amax) not in (set(GEMMS), set(GEMMS + RAW_INPUTS)):
@@ -166,6 +186,15 @@ class Calibration:
             raise ValueError("calibration amax values must be finite and positive")
         if not (math.isfinite(self.margin) and self.margin > 0):
             raise ValueError(f"calibration margin must be positive, got {self.margin}")
+        if self.colmax is not None:
+            if set(self.colmax) != set(INT8_GEMMS):
+                raise ValueError(f"per-channel magnitudes are for {', '.join(INT8_GEMMS)}; "
+                                 f"got {', '.join(sorted(self.colmax))}")
+            if any(len(v) != self.layers for v in self.colmax.values()):
+                raise ValueError("per-channel magnitudes need one vector a layer")
+            if not all(math.isfinite(a) and a >= 0 for v in self.colmax.values()
+                       for row in v for a in row):
+                raise ValueError("per-channel magnitudes must be finite and non-negative")
 
     @property
     def layers(self) -> int:
@@ -178,9 +207,11 @@ class Calibration:
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"format": _FORMAT, "model": self.model,
-                                    "margin": self.margin, "passes": self.passes,
-                                    "amax": self.amax}, indent=1))
+        raw: dict[str, Any] = {"format": _FORMAT, "model": self.model, "margin": self.margin,
+                               "passes": self.passes, "amax": self.amax}
+        if self.colmax is not None:
+            raw["colmax"] = self.colmax
+        path.write_text(json.dumps(raw, indent=1))
 
     @classmethod
     def load(cls, path: Path) -> Calibration:
@@ -192,13 +223,19 @@ class Calibration:
         if not isinstance(raw, dict) or raw.get("format") != _FORMAT:
             raise ValueError(f"{path} is not an FP8 calibration ({_FORMAT})")
         try:
-            amax, model = raw["amax"], raw.get("model", {})
+            amax, model, colmax = raw["amax"], raw.get("model", {}), raw.get("colmax")
             if not (isinstance(amax, dict) and isinstance(model, dict)
                     and all(isinstance(v, list) for v in amax.values())):
                 raise TypeError("amax must map GEMM names to lists, model names to sizes")
+            if colmax is not None and not (isinstance(colmax, dict) and all(
+                    isinstance(v, list) and all(isinstance(r, list) for r in v)
+                    for v in colmax.values())):
+                raise TypeError("colmax must map GEMM names to lists of vectors")
             return cls({k: [float(a) for a in v] for k, v in amax.items()},
                        float(raw["margin"]), int(raw.get("passes", 0)),
-                       {k: int(v) for k, v in model.items()})
+                       {k: int(v) for k, v in model.items()},
+                       colmax=None if colmax is None else {
+                           k: [[float(a) for a in r] for r in v] for k, v in colmax.items()})
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"malformed FP8 calibration {path}: {exc}") from exc
 
@@ -230,6 +267,28 @@ class Calibration:
                 ffn_out=static(h_scale, ly.ffn_out.weight, "ffn_out", i),
                 b1=ly.ffn_in.bias.to(torch.bfloat16), h_inv=(1.0 / h_scale).contiguous()))
         return tuple(out)
+
+    def int8_for(self, weights: BertQAWeights,
+                 alpha: float = SMOOTHING_ALPHA) -> tuple[Int8Layer, ...]:
+        """Per layer, the int8 out-projection and FFN1 of ``weights`` (smoothed with
+        migration ``alpha``, ``engine.fused.int8``); a ValueError where this calibration
+        has no per-channel magnitudes."""
+        if self.colmax is None:
+            raise ValueError("this calibration has no per-channel input magnitudes (taken "
+                             "before they were recorded): calibrate again for int8 GEMMs")
+        dev = weights.layers[0].qkv.weight.device
+
+        def lin(gemm: str, i: int, w: torch.Tensor) -> Int8Linear:
+            assert self.colmax is not None
+            colmax = torch.tensor(self.colmax[gemm][i], device=dev, dtype=torch.float32)
+            if colmax.shape != (w.shape[1],):
+                raise ValueError(f"{gemm} layer {i}: {colmax.shape[0]} input channels "
+                                 f"recorded, the weight has {w.shape[1]}")
+            return int8_linear_of(w, colmax, alpha)
+
+        return tuple(Int8Layer(attn_out=lin("attn_out", i, ly.attn_out.weight),
+                               ffn_in=lin("ffn_in", i, ly.ffn_in.weight))
+                     for i, ly in enumerate(weights.layers))
 
     def deferred_for(self, weights: BertQAWeights) -> tuple[DeferredFP8Layer, ...] | None:
         """The deferred-LayerNorm path's e4m3 layers for ``weights`` (checked by

@@ -53,7 +53,14 @@ import torch
 
 from engine.fused import cublaslt, dispatch, small_gemm
 from engine.fused.folding import FoldedFP8, FoldedLinear
-from engine.fused.fp8 import Quantized, calibrated_ffn1, scaled_linear, static_linear
+from engine.fused.fp8 import (
+    FP8_DTYPE,
+    Quantized,
+    calibrated_ffn1,
+    scaled_linear,
+    static_linear,
+)
+from engine.fused.int8 import GEMM_CONFIGS, int8_linear
 from engine.fused.residual import SumResidual
 from engine.fused.weights import BertQAWeights, Linear
 
@@ -219,6 +226,7 @@ class EncodeOptions:
     fp8_deferred: bool = FP8_DEFERRED
     early_weights: tuple[str, ...] = EARLY_WEIGHTS
     attn_grid: int | str = "table"
+    int8_gemms: tuple[str, ...] = ()
 
 
 def _linear(x: torch.Tensor | None, xq: Quantized | None, lin: Linear,
@@ -315,8 +323,18 @@ def encode_packed(
     out8 = opts.fp8_out_dtype or w.dtype
 
     static = frozenset(opts.fp8_static_inputs) if cal is not None else frozenset()
+    # int8 GEMMs (engine.fused.int8) on calibrated large passes: the out-projection, and
+    # FFN1 where it is the one calibrated GEMM (its input and FFN2's static)
+    i8 = w.int8 if cal is not None and not small and opts.int8_gemms else None
+    if cal is not None and not small and opts.int8_gemms and i8 is None:
+        raise ValueError("int8_gemms needs a calibration with per-channel input magnitudes, "
+                         "loaded by the engine that asks for them")
+    int8_out = i8 is not None and "attn_out" in opts.int8_gemms
+    int8_ffn1 = (i8 is not None and "ffn_in" in opts.int8_gemms
+                 and {"ffn_in", "ffn_out"} <= static)
     sum_residual = (OUT_PROJ_ADDS_RESIDUAL and not small and cal is not None
-                    and "attn_out" not in static and {"ffn_in", "ffn_out"} <= static)
+                    and "attn_out" not in static and {"ffn_in", "ffn_out"} <= static
+                    and not (int8_out or int8_ffn1))
 
     def wants8(lin: Linear) -> bool:  # does this GEMM take an e4m3 activation?
         return cal is not None or (use8 and lin.w8 is not None)
@@ -348,11 +366,12 @@ def encode_packed(
                              late_release=late_qkv)
         else:
             qkv = large(i, "qkv", x, xq, layer.qkv)
-        ctx_scale = x_scale(i, "attn_out")
+        ctx_scale = None if int8_out else x_scale(i, "attn_out")
+        ctx8 = {"int8_mult": i8[i].attn_out.mult} if int8_out and i8 is not None else {}
         ctx = ops.attention_varlen(qkv, layer.qkv.bias, cu_seqlens, max_seqlen, n_seqs,
                                    cfg.num_heads, config=opts.attn_config, pdl=pdl,
                                    prefetch=pf, fp8_scale=ctx_scale, tiles=tiles,
-                                   late_release="attention" in late)
+                                   late_release="attention" in late, **ctx8)
         res: torch.Tensor | SumResidual
         if sum_residual:  # x is read by nothing after this: the sum overwrites it
             s = _add_linear(x, ctx, layer.attn_out)
@@ -365,16 +384,26 @@ def encode_packed(
             if small:
                 a = ops.linear(ctx, layer.attn_out.weight, splits=s_out, config=c_out,
                                pdl=pdl, prefetch=pf, late_release="out" in late)
+            elif int8_out and i8 is not None:
+                a = int8_linear(ctx, i8[i].attn_out, w.dtype,
+                                config=GEMM_CONFIGS["attn_out"])
             else:
                 a = large(i, "attn_out", ctx, None if ctx_scale is None
                           else Quantized(ctx, ctx_scale), layer.attn_out)
+            x8 = {"int8_mult": i8[i].ffn_in.mult} if int8_ffn1 and i8 is not None else {}
             x, xq = ops.bias_residual_layernorm(
                 a, layer.attn_out.bias, x, layer.ln1_weight, layer.ln1_bias, eps,
                 fp8=wants8(layer.ffn_in), pdl=pdl, fp8_blocks=w.fp8_blocks,
-                fp8_scale=x_scale(i, "ffn_in"), late_release="ln1" in late,
+                fp8_scale=x_scale(i, "ffn_in"), late_release="ln1" in late, **x8,
             )
             res = x
-        if cal is not None and {"ffn_in", "ffn_out"} <= static:
+        if int8_ffn1 and i8 is not None and cal is not None:
+            # One int8 GEMM: FFN1 + bias + GELU + e4m3 (FFN2's calibrated input).
+            assert xq is not None
+            h, hq = None, Quantized(int8_linear(
+                xq.data, i8[i].ffn_in, FP8_DTYPE, bias=cal[i].b1, gelu=True,
+                out_scale=cal[i].h_inv, config=GEMM_CONFIGS["ffn_in"]), cal[i].ffn_out.x_scale)
+        elif cal is not None and {"ffn_in", "ffn_out"} <= static:
             # One GEMM: FFN1 + bias + GELU + e4m3, calibrated scales.
             assert xq is not None
             h, hq = None, calibrated_ffn1(xq, cal[i], fast)

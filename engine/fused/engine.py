@@ -39,7 +39,13 @@ import torch
 
 from engine.base import Float32Array, Int32Array
 from engine.fused import graph_args, small_gemm
-from engine.fused.calibration import CALIBRATION_MARGIN, GEMMS, AmaxRecorder, Calibration
+from engine.fused.calibration import (
+    CALIBRATION_MARGIN,
+    GEMMS,
+    INT8_GEMMS,
+    AmaxRecorder,
+    Calibration,
+)
 from engine.fused.config import BertQAConfig
 from engine.fused.encoder import (
     AUTO_SMALL_GEMMS_MIN_HIDDEN,
@@ -165,6 +171,7 @@ class FusedEngine:
         fp8_deferred: bool = FP8_DEFERRED,
         early_weights: Sequence[str] | str | None = EARLY_WEIGHTS,
         attention_grid: int | str = "table",
+        int8_gemms: Sequence[str] | str | None = None,
     ) -> None:
         """FP8 weights (if packed) are used for batches of at least ``fp8_min_tokens``
         tokens, and once calibrated (:meth:`calibrating`) from ``fp8_calibrated_min_tokens``
@@ -213,6 +220,11 @@ class FusedEngine:
         default) gives each sequence more query blocks than it needs (blocks that do
         nothing) where ``dispatch.QUERY_BLOCKS`` measured the pass faster with them,
         ``"fewest"`` never, and a positive number at least that many blocks (A/B).
+        ``int8_gemms`` (of ``calibration.INT8_GEMMS``: ``attn_out``, ``ffn_in``; or as
+        text; none by default) runs those GEMMs of calibrated passes in int8 with
+        SmoothQuant smoothing (``engine.fused.int8``), from a calibration that recorded
+        their inputs' per-channel magnitudes; FFN1 only where its input and FFN2's are
+        static.
         ``graph_buckets_per_octave``: token buckets per power of two of the
         graphs, itself a power of two (``packing.round_tokens``: padding under 1/that of
         the tokens from 64 x that many tokens up; more buckets pad less but capture more
@@ -253,6 +265,7 @@ class FusedEngine:
         late_release = _option_names("late_release", late_release, LATE_RELEASE_KERNELS,
                                      "kernels")
         early_weights = _option_names("early_weights", early_weights, EARLY_WEIGHT_GEMMS)
+        int8_gemms = _option_names("int8_gemms", int8_gemms, INT8_GEMMS)
         if not (attention_grid in ("table", "fewest") if isinstance(attention_grid, str)
                 else type(attention_grid) is int and attention_grid >= 1):
             raise ValueError(f"attention_grid: {attention_grid!r} is neither 'table', "
@@ -280,6 +293,7 @@ class FusedEngine:
             fp8_deferred=fp8_deferred,
             early_weights=tuple(g for g in EARLY_WEIGHT_GEMMS if g in early_weights),
             attn_grid=attention_grid,
+            int8_gemms=tuple(g for g in INT8_GEMMS if g in int8_gemms),
         )
         self.graph_staging = graph_staging
         self._graphs = self._new_graphs()
@@ -431,8 +445,10 @@ class FusedEngine:
         self._check_calibratable()
         layers = calibration.layers_for(self.weights)
         deferred = calibration.deferred_for(self.weights)
+        int8 = calibration.int8_for(self.weights) if self.options.int8_gemms else None
         with self._lock:
-            self.weights = replace(self.weights, calibrated=layers, folded8=deferred)
+            self.weights = replace(self.weights, calibrated=layers, folded8=deferred,
+                                   int8=int8)
             self.calibration = calibration
             if self._graphs is not None:
                 # A call may have left a graph running (no sync): it must not outlive
@@ -467,7 +483,8 @@ class FusedEngine:
             if self._recorder is not None:
                 raise RuntimeError("this engine is already calibrating")
             recorder = self._recorder = AmaxRecorder(
-                self.ops, replace(self.weights, calibrated=None, folded8=None), grams=gptq)
+                self.ops, replace(self.weights, calibrated=None, folded8=None, int8=None),
+                grams=gptq)
         try:
             yield
         finally:

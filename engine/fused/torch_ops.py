@@ -18,6 +18,7 @@ from engine.fused.fp8 import (
     quantize_rows,
     quantize_static,
 )
+from engine.fused.int8 import quantize_int8
 from engine.fused.residual import SumResidual
 
 
@@ -87,8 +88,11 @@ def bias_residual_layernorm(
     fp8_blocks: bool = False,
     fp8_scale: torch.Tensor | None = None,
     late_release: bool = False,  # launch order: meaningless here
+    int8_mult: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, Quantized | None]:
     y = _residual_ln(a, bias, residual, gamma, beta, eps)
+    if int8_mult is not None:
+        return y.to(residual.dtype), Quantized(quantize_int8(y, int8_mult), int8_mult)
     return y.to(residual.dtype), _quantize(y, fp8, fp8_blocks, fp8_scale)
 
 
@@ -354,13 +358,17 @@ def attention_varlen(
     tiles: object = None,  # the Triton kernel's tile list: meaningless here
     late_release: bool = False,  # launch order: meaningless here
     early_tail: bool | None = None,  # when the kernel loads keys: meaningless here
+    int8_mult: torch.Tensor | None = None,
 ) -> torch.Tensor:
     n, three_d = qkv.shape
     d = three_d // 3
     hd = d // num_heads
     x = (qkv.float() + qkv_bias.float()).view(n, 3, num_heads, hd)
+    if fp8_scale is not None and int8_mult is not None:
+        raise ValueError("attention writes an e4m3 or an int8 output, not both")
     out = torch.zeros((n, d), device=qkv.device,
-                      dtype=qkv.dtype if fp8_scale is None else torch.float32)
+                      dtype=qkv.dtype if fp8_scale is None and int8_mult is None
+                      else torch.float32)
     cu = cu_seqlens.tolist()
     for s in range(n_seqs):
         a, b = int(cu[s]), int(cu[s + 1])
@@ -369,6 +377,8 @@ def attention_varlen(
         q, k, v = (x[a:b, i].transpose(0, 1) for i in range(3))  # [heads, len, hd]
         p = torch.softmax(q @ k.transpose(1, 2) / math.sqrt(hd), dim=-1)
         out[a:b] = (p @ v).transpose(0, 1).reshape(b - a, d).to(out.dtype)
+    if int8_mult is not None:
+        return quantize_int8(out, int8_mult)
     return out if fp8_scale is None else quantize_static(out, fp8_scale).data
 
 

@@ -33,6 +33,7 @@ import torch
 
 from engine.fused.config import BertQAConfig
 from engine.fused.fp8 import CalibratedLayer, quantize_rows, quantize_weight_blocks
+from engine.fused.int8 import Int8Layer
 
 if TYPE_CHECKING:
     from engine.fused.folding import DeferredFP8Layer, FoldedLayer
@@ -143,6 +144,9 @@ class BertQAWeights:
     # magnitudes and ``folded`` is there (e4m3 copies of QKV, FFN1 folded, and FFN2:
     # BERT-base 78 MB).
     folded8: tuple[DeferredFP8Layer, ...] | None = None
+    # The out-projection and FFN1 in int8 with smoothing (engine.fused.int8), added with
+    # ``calibrated`` where the engine's ``int8_gemms`` asks for them (BERT-large: 128 MB).
+    int8: tuple[Int8Layer, ...] | None = None
 
     @property
     def fp8(self) -> bool:

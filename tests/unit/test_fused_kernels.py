@@ -856,6 +856,81 @@ def _check_layernorm_quant(mode: str) -> tuple[float, float]:
     return max(err, float(((dequantize(q).double() - clamped).abs() / allowed).max())), 1.0
 
 
+def _int8_err(q: object, ref: object, mult: object) -> float:
+    """Error of an int8 copy of ``ref`` with column multipliers ``mult``, in units of half a
+    step (pass: <= 1, plus a float32 rounding's slack): each element ``round(ref * mult)``
+    saturating at +-127."""
+    import torch
+
+    assert isinstance(q, torch.Tensor) and isinstance(ref, torch.Tensor)
+    if q.dtype != torch.int8:
+        return math.inf
+    want = (ref.double() * mult.double()).clamp(-127, 127)  # type: ignore[union-attr]
+    return float((q.double() - want).abs().max()) / (0.5 + 1e-3)
+
+
+def _check_int8_copy(kind: str) -> tuple[float, float]:
+    """The int8 copies ahead of the int8 GEMMs (``engine.fused.int8``): ``round(y * mult)``
+    with one multiplier a column, saturating at +-127, from the residual LayerNorm (one
+    program a tile, and ``ROW_LOOP`` over stand-in multiprocessors: the same bytes) and
+    from attention (each loop form the same bytes), the kernels and the torch spec within
+    half a step of float64 math; the torch spec's attention copy is the kernel's
+    reference."""
+    import torch
+
+    from engine.fused import kernels as k
+    from engine.fused import torch_ops
+    from engine.fused.kernels import rows
+
+    g = torch.Generator().manual_seed(21)
+    if kind == "layernorm":
+        n, d = 8200, 96
+        a = torch.randn(n, d, generator=g).half()
+        res = torch.randn(n, d, generator=g).half()
+        bias, gamma, beta = (torch.randn(d, generator=g) for _ in range(3))
+        ref = _ln64(a.double() + bias.double() + res.double(), gamma, beta, 1e-5)
+        mult = torch.rand(d, generator=g) * 60 + 5  # the largest values saturate
+        worst = 0.0
+        copies = []
+        real, default = rows.multiprocessors, rows.ROW_LOOP
+        for loop in (None, default):
+            rows.ROW_LOOP = loop
+            rows.multiprocessors = lambda device: 3  # type: ignore[assignment]
+            try:
+                _, q = k.bias_residual_layernorm(a, bias, res, gamma, beta, 1e-5,
+                                                 int8_mult=mult)
+            finally:
+                rows.ROW_LOOP, rows.multiprocessors = default, real
+            assert q is not None and q.scale is mult
+            copies.append(q.data)
+            worst = max(worst, _int8_err(q.data, ref, mult))
+        _, qt = torch_ops.bias_residual_layernorm(a, bias, res, gamma, beta, 1e-5,
+                                                  int8_mult=mult)
+        assert qt is not None
+        worst = max(worst, _int8_err(qt.data, ref, mult))
+        return (math.inf if not torch.equal(copies[0], copies[1]) else worst), 1.0
+    heads, head_dim, lengths = 2, 64, [37, 1, 90]
+    cu = torch.tensor([0, *np.cumsum(lengths)], dtype=torch.int32)
+    t, d = int(cu[-1]), heads * head_dim
+    qkv = (torch.randn(t, 3 * d, generator=g) * 0.5).half()
+    bias = torch.randn(3 * d, generator=g) * 0.5
+    x = (qkv.double() + bias.double()).view(t, 3, heads, head_dim)
+    ref = torch.empty(t, d, dtype=torch.float64)
+    for s0, s1 in zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True):
+        q, kk, v = (x[s0:s1, i].transpose(0, 1) for i in range(3))
+        p = torch.softmax(q @ kk.transpose(1, 2) / math.sqrt(head_dim), -1)
+        ref[s0:s1] = (p @ v).transpose(0, 1).reshape(s1 - s0, d)
+    mult = torch.rand(d, generator=g) * 150 / float(ref.abs().max()) + 20
+    forms = [k.attention_varlen(qkv, bias, cu, 128, len(lengths), heads, int8_mult=mult,
+                                split=f, early_tail=e)
+             for f, e in ((False, False), (True, False), (True, True))]
+    spec = torch_ops.attention_varlen(qkv, bias, cu, 128, len(lengths), heads, int8_mult=mult)
+    # attention's float32 output is a few ulps from float64: allow one step at ties
+    worst = max(_int8_err(q, ref, mult) for q in (*forms, spec)) / 2
+    same = all(torch.equal(forms[0], f) for f in forms[1:])
+    return (worst if same else math.inf), 1.0
+
+
 def _check_row_loop(loop: tuple[int, int, int]) -> tuple[float, float]:
     """``rows.ROW_LOOP`` (the default's form): the residual LayerNorm (and its QA form) as
     a few programs each looping over tiles gives the one-program-a-tile kernel's outputs
@@ -1096,6 +1171,8 @@ CASES: dict[str, Callable[[], tuple[float, float]]] = {
     "residual_ln_fp8_blocks": lambda: _check_fp8_blocks("residual_ln"),
     "gelu_erf_fp8_blocks": lambda: _check_fp8_blocks("gelu"),
     "residual_ln_fp8_static": _check_fp8_static,
+    "residual_ln_int8_copy": lambda: _check_int8_copy("layernorm"),
+    "attention_int8_copy": lambda: _check_int8_copy("attention"),
     "layernorm_quant_rows": lambda: _check_layernorm_quant("rows"),
     "layernorm_quant_blocks": lambda: _check_layernorm_quant("blocks"),
     "layernorm_quant_static": lambda: _check_layernorm_quant("static"),

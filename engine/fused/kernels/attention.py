@@ -18,6 +18,7 @@ from engine.fused.kernels.common import (
     pdl_release,
     prefetch_l1,
     to_e4m3,
+    to_int8,
 )
 from engine.fused.kernels.timeline import record, stamp, trace_slot
 
@@ -128,7 +129,8 @@ def attention_rows(
     """Queries ``m0 : m0 + BLOCK_M`` of the sequence at rows ``start : start + length``, one
     head: softmax(Q K^T * scale) V with an online softmax (nothing written where ``m0 >=
     length``). With ``FP8_OUT`` the output is stored in e4m3 with the one calibrated scale
-    at ``scale_ptr`` (values beyond it saturate). Returns two timeline marks
+    at ``scale_ptr`` (values beyond it saturate); with ``FP8_OUT`` 2 in int8, each column
+    times its multiplier at ``scale_ptr`` [D] (saturating at +-127). Returns two timeline marks
     (``kernels.timeline.stamp``; no instruction without ``TRACE``): the key loop done, and
     the output computed before its store.
 
@@ -201,7 +203,11 @@ def attention_rows(
     # keeps rows of empty programs finite (they are not stored).
     out = acc / tl.maximum(l_i, 1.0)[:, None] + bv[None, :]
     o_ptrs = out_ptr + q_rows[:, None] * stride_out + col[None, :]
-    if FP8_OUT:
+    if FP8_OUT == 2:  # int8 with per-column multipliers (engine.fused.int8)
+        out8 = to_int8(out * tl.load(scale_ptr + col, mask=dmask, other=0.0)[None, :])
+        computed = stamp(TRACE)
+        tl.store(o_ptrs, out8, mask=io_mask)
+    elif FP8_OUT:
         out8 = to_e4m3(out * (1.0 / tl.load(scale_ptr)))
         computed = stamp(TRACE)
         tl.store(o_ptrs, out8, mask=io_mask)
@@ -377,10 +383,13 @@ def attention_varlen(
     split: bool | None = None,
     late_release: bool = False,
     early_tail: bool | None = None,
+    int8_mult: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Bidirectional multi-head attention over packed sequences; returns [T, hidden], in
     ``qkv``'s dtype or, given ``fp8_scale`` (float32 [1], calibrated), in e4m3 with that
-    scale (values beyond ``448 * fp8_scale`` saturate).
+    scale (values beyond ``448 * fp8_scale`` saturate), or, given ``int8_mult`` (float32
+    [hidden]), in int8: ``round(out * int8_mult)`` saturating at +-127
+    (``engine.fused.int8``).
 
     ``qkv`` [T, 3*hidden] is the bias-free QKV GEMM output; ``cu_seqlens`` int32
     [n_seqs + 1]. ``max_seqlen`` and ``n_seqs`` only size the grid: they may exceed the
@@ -400,8 +409,11 @@ def attention_varlen(
     n, three_d = qkv.shape
     d = three_d // 3
     head_dim = d // num_heads
-    out = torch.empty((n, d), device=qkv.device,
-                      dtype=qkv.dtype if fp8_scale is None else FP8_DTYPE)
+    if fp8_scale is not None and int8_mult is not None:
+        raise ValueError("attention writes an e4m3 or an int8 output, not both")
+    out_dtype = (torch.int8 if int8_mult is not None
+                 else qkv.dtype if fp8_scale is None else FP8_DTYPE)
+    out = torch.empty((n, d), device=qkv.device, dtype=out_dtype)
     if n_seqs == 0 or max_seqlen == 0:
         return out
     bm, bn, warps, stages = config or attention_config(max_seqlen, n_seqs, num_heads,
@@ -416,12 +428,14 @@ def attention_varlen(
     early_tail = split and (ATTN_EARLY_TAIL and not cap if early_tail is None else early_tail)
     trace = trace_slot("attention", grid)
     _attn_varlen_kernel[grid](
-        qkv, qkv_bias, out, cu_seqlens, out if fp8_scale is None else fp8_scale,
+        qkv, qkv_bias, out, cu_seqlens,
+        int8_mult if int8_mult is not None else out if fp8_scale is None else fp8_scale,
         cu_seqlens if tiles is None else tiles.slots,
         softmax_scale(head_dim), qkv.stride(0), out.stride(0), d,
         HEAD_DIM=head_dim, BLOCK_DH=head_block(head_dim),
         BLOCK_M=bm, BLOCK_N=bn, USE_PDL=pdl, PREFETCH=pdl and prefetch,
-        FP8_OUT=fp8_scale is not None, TILED=tiles is not None, SPLIT=split,
+        FP8_OUT=2 if int8_mult is not None else int(fp8_scale is not None),
+        TILED=tiles is not None, SPLIT=split,
         LATE_RELEASE=pdl and late_release, EARLY_TAIL=early_tail,
         trace_ptr=qkv if trace is None else trace, TRACE=trace is not None, num_warps=warps,
         num_stages=stages,

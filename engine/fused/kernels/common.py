@@ -27,6 +27,10 @@ LOG2E = 1.4426950408889634
 # Globals a @triton.jit function reads must be constexpr.
 _FP8_MAX = tl.constexpr(FP8_MAX)
 _SCALE_MIN = tl.constexpr(SCALE_MIN)
+_INT8_MAX = tl.constexpr(127.0)
+# 1.5 * 2**23: adding it to a float32 of magnitude below 2**22 leaves the integer part in
+# the mantissa, rounded to nearest even; subtracting it gives that integer exactly
+_ROUND_MAGIC = tl.constexpr(12582912.0)
 # Kernels run on triton's CPU interpreter, which has no inline PTX and mis-rounds the
 # e4m3 cast. ``@triton.jit`` reads TRITON_INTERPRET (through this knob) when a kernel is
 # defined, at import, so reading it here matches the kernels this module defines.
@@ -115,13 +119,28 @@ def to_e4m3(x):
 
 
 @triton.jit
+def to_int8(x):
+    """float32 to int8, rounding to nearest even and saturating at +-127 (the symmetric
+    range: -128 is never produced)."""
+    x = tl.minimum(tl.maximum(x, -_INT8_MAX), _INT8_MAX)
+    return ((x + _ROUND_MAGIC) - _ROUND_MAGIC).to(tl.int8)
+
+
+@triton.jit
 def store_rows_fp8(y, mask, rmask, q_ptrs, qs_ptr, rows, n_rows, D, MODE: tl.constexpr):
     """e4m3 copy of a [ROWS, COLS] float32 tile of whole rows (masked lanes hold 0) and its
     float32 scales (``engine.fused.fp8``). ``MODE`` 1: one scale per row, stored at
     ``qs_ptr + rows``; 2: one per row per 128 columns at ``qs_ptr + block * M4 + rows``
     (M-major, M4 = ``n_rows`` rounded up to 4; COLS a multiple of 128, D too); 3: the one
-    calibrated scale of the tensor, read from ``qs_ptr`` (values beyond it saturate)."""
-    if MODE == 2:
+    calibrated scale of the tensor, read from ``qs_ptr`` (values beyond it saturate); 4: an
+    int8 copy (``engine.fused.int8``), each column multiplied by its factor read from
+    ``qs_ptr`` [D] (the input's smoothing and scale in one) before rounding."""
+    if MODE == 4:
+        COLS: tl.constexpr = y.shape[1]
+        cols = tl.arange(0, COLS)
+        mult = tl.load(qs_ptr + cols, mask=cols < D, other=0.0)
+        tl.store(q_ptrs, to_int8(y * mult[None, :]), mask=mask)
+    elif MODE == 2:
         R: tl.constexpr = y.shape[0]
         C: tl.constexpr = y.shape[1]
         G: tl.constexpr = C // 128

@@ -317,15 +317,18 @@ def descriptors(xq: torch.Tensor, w8: torch.Tensor, block_k: int,
             TensorDescriptor.from_tensor(w8, [block_n, block_k], b_layout))
 
 
-def supports(xq: torch.Tensor, w8: torch.Tensor) -> bool:
-    """Whether :func:`gemm` takes these operands: a Hopper GPU (sm_90: wgmma and TMA), both
-    e4m3 or both int8, K contiguous (the activation's rows may be strided, 16-byte
-    aligned), N and K multiples of the tile."""
+def supports(xq: torch.Tensor, w8: torch.Tensor,
+             config: tuple[int, int, int, int] | None = None) -> bool:
+    """Whether :func:`gemm` takes these operands with ``config`` (:data:`CONFIG` by
+    default): a Hopper GPU (sm_90: wgmma and TMA), both e4m3 or both int8, K contiguous
+    (the activation's rows may be strided, 16-byte aligned), N and K multiples of the
+    tile."""
+    _, block_k, _, block_n = config or CONFIG
     return (xq.is_cuda and torch.cuda.get_device_capability(xq.device) == (9, 0)
             and xq.dtype == w8.dtype and xq.dtype in GL_TYPES and xq.dim() == 2
             and xq.stride(1) == 1 and xq.stride(0) % 16 == 0
-            and w8.is_contiguous() and w8.shape[0] % CONFIG[3] == 0
-            and xq.shape[1] == w8.shape[1] and xq.shape[1] % CONFIG[1] == 0)
+            and w8.is_contiguous() and w8.shape[0] % block_n == 0
+            and xq.shape[1] == w8.shape[1] and xq.shape[1] % block_k == 0)
 
 
 def column_scales(w_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

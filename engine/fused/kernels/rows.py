@@ -377,7 +377,8 @@ def _gelu_tile(width: int) -> tuple[int, int, int]:
 @dataclass(frozen=True)
 class _Fp8Out:
     """Where a row kernel writes its e4m3 copy: buffers ``q``/``qs`` and the kernels'
-    ``FP8_OUT`` mode (0 none, 1 per-row scales, 2 1x128 block scales, 3 a given scale)."""
+    ``FP8_OUT`` mode (0 none, 1 per-row scales, 2 1x128 block scales, 3 a given scale; 4 an
+    int8 copy with per-column multipliers, ``qs``)."""
 
     q: torch.Tensor
     qs: torch.Tensor
@@ -388,10 +389,15 @@ class _Fp8Out:
 
 
 def _fp8_out(x: torch.Tensor, fp8: bool, blocks: bool = False,
-             scale: torch.Tensor | None = None) -> _Fp8Out:
+             scale: torch.Tensor | None = None,
+             int8_mult: torch.Tensor | None = None) -> _Fp8Out:
     """The e4m3 copy of ``x`` [rows, cols] the caller asked for: per-row scales [rows, 1];
     with ``blocks`` the first ``rows`` rows of an [M4, cols] buffer and [cols/128, M4]
-    scales (``engine.fused.fp8``); with ``scale`` (float32 [1], calibrated) that scale."""
+    scales (``engine.fused.fp8``); with ``scale`` (float32 [1], calibrated) that scale;
+    with ``int8_mult`` (float32 [cols]) an int8 copy instead, ``round(x * int8_mult)``
+    (``engine.fused.int8``)."""
+    if int8_mult is not None:
+        return _Fp8Out(torch.empty(x.shape, device=x.device, dtype=torch.int8), int8_mult, 4)
     if not fp8:
         return _Fp8Out(x, x, 0)  # never touched: the FP8 branch is compiled out
     n, d = x.shape
@@ -454,10 +460,11 @@ def _residual_ln(a: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor | S
                  gamma: torch.Tensor, beta: torch.Tensor, eps: float, fp8: bool, pdl: bool,
                  qa: tuple[torch.Tensor, torch.Tensor] | None, fp8_blocks: bool = False,
                  fp8_scale: torch.Tensor | None = None, late_release: bool = False,
-                 ) -> tuple[torch.Tensor, _Fp8Out]:
+                 int8_mult: torch.Tensor | None = None) -> tuple[torch.Tensor, _Fp8Out]:
     """Launch ``_residual_ln_kernel``: (LayerNorm output, its e4m3 copy), or with ``qa``
     (head weight, bias) the float32 [2, T] logits (nothing else is stored).
     ``fp8_scale`` (float32 [1]): the e4m3 copy takes this one scale, given, not computed.
+    ``int8_mult`` (float32 [D]): an int8 copy with these column multipliers instead.
     ``late_release`` (with ``pdl``): the next kernel launches after the stores."""
     n, d = a.shape[-2:]
     if isinstance(residual, SumResidual):  # normalized as it is read
@@ -470,7 +477,7 @@ def _residual_ln(a: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor | S
     splits, split_stride = _splits(a)
     if qa is None:
         out = torch.empty((n, d), device=a.device, dtype=residual.dtype)
-        f8 = _fp8_out(out, fp8, fp8_blocks, fp8_scale)
+        f8 = _fp8_out(out, fp8, fp8_blocks, fp8_scale, int8_mult)
         qa_w, qa_b, logits = gamma, gamma, out  # never touched: QA_HEAD is off
     else:
         out = logits = torch.empty((2, n), device=a.device, dtype=torch.float32)
@@ -506,10 +513,13 @@ def bias_residual_layernorm(
     fp8_blocks: bool = False,
     fp8_scale: torch.Tensor | None = None,
     late_release: bool = False,
+    int8_mult: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, Quantized | None]:
     """LayerNorm(a + bias + residual), in ``residual``'s dtype (+ e4m3 copy: per-row
     scales, 1x128 block scales with ``fp8_blocks``, or the one calibrated scale
-    ``fp8_scale``, float32 [1], values beyond it saturating).
+    ``fp8_scale``, float32 [1], values beyond it saturating; or, given ``int8_mult``
+    (float32 [D]), an int8 copy ``round(y * int8_mult)`` saturating at +-127, returned
+    with the multipliers as its ``scale``: ``engine.fused.int8``).
 
     ``a`` is a GEMM output [T, D], or [S, T, D] float32 split-K partials to be summed.
     ``residual`` may be a :class:`SumResidual`, normalized as it is read.
@@ -517,7 +527,7 @@ def bias_residual_layernorm(
     not right after the wait.
     """
     out, f8 = _residual_ln(a, bias, residual, gamma, beta, eps, fp8, pdl, None, fp8_blocks,
-                           fp8_scale, late_release)
+                           fp8_scale, late_release, int8_mult)
     return out, f8.result()
 
 
