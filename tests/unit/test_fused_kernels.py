@@ -1004,7 +1004,8 @@ def _check_tiny_bert(dtype: str, small_batch: bool = True, splits: int | None = 
                      deferred_ln: bool = True, fp8_scaling: str = "rows",
                      calibrate: bool = False, static: tuple[str, ...] | None = None,
                      fp8_deferred: bool = False,
-                     sum_residual: bool = False) -> tuple[float, float]:
+                     sum_residual: bool = False, int8: str | None = None,
+                     ) -> tuple[float, float]:
     """The whole engine vs HF fp32. fp16 batches this small take the small-batch path
     (all-Triton GEMMs; ``splits`` imposes split-K on the attention-output and FFN2 GEMMs,
     FFN2 alone when ``deferred_ln``, which runs it without LayerNorm kernels) unless
@@ -1015,7 +1016,9 @@ def _check_tiny_bert(dtype: str, small_batch: bool = True, splits: int | None = 
     ``fp8_deferred``: calibrated, the batch on the deferred small-batch layer with e4m3
     operands (and its logits must differ from the 16-bit deferred layer's: FP8 ran).
     ``sum_residual``: ``encoder.OUT_PROJ_ADDS_RESIDUAL`` on (off otherwise): calibrated,
-    every layer's first LayerNorm must be ``layernorm_quant``."""
+    every layer's first LayerNorm must be ``layernorm_quant``. ``int8``: calibrated, those
+    GEMMs (``int8_gemms``) in int8 with the kernels' int8 copies (their logits must differ
+    from the e4m3 default's, and be the torch op set's within float rounding)."""
     import torch
 
     from engine.fused.engine import PAD_LOGIT, FusedEngine
@@ -1034,7 +1037,7 @@ def _check_tiny_bert(dtype: str, small_batch: bool = True, splits: int | None = 
                                          gemm_plans=plans,
                                          deferred_ln_max_hidden=1024 if deferred_ln else None,
                                          fp8_calibrated_min_tokens=fp8_from,
-                                         fp8_deferred=fp8_deferred,
+                                         fp8_deferred=fp8_deferred, int8_gemms=int8,
                                          **({} if static is None
                                             else {"fp8_static_inputs": static}))
     assert engine.backend == "triton"
@@ -1055,6 +1058,17 @@ def _check_tiny_bert(dtype: str, small_batch: bool = True, splits: int | None = 
         encoder.OUT_PROJ_ADDS_RESIDUAL = adds
     if len(quant) != (cfg.num_layers if sum_residual and calibrate else 0):
         return math.inf, 0.0
+    if int8:
+        e4m3 = FusedEngine(engine.weights, "cpu", backend="triton", fp8_min_tokens=fp8_from,
+                           fp8_calibrated_min_tokens=fp8_from, small_batch_max_tokens=512)
+        spec = FusedEngine(engine.weights, "cpu", backend="torch", fp8_min_tokens=fp8_from,
+                           fp8_calibrated_min_tokens=fp8_from, small_batch_max_tokens=512,
+                           int8_gemms=int8)
+        spec.load_calibration(engine.calibration)  # type: ignore[arg-type]
+        by_spec = spec.infer(ids, mask, tt)[0]
+        if (engine.weights.int8 is None or np.array_equal(e4m3.infer(ids, mask, tt)[0], start)
+                or np.abs(by_spec - start).max() > 1e-3 * max(np.abs(start).max(), 1.0)):
+            return math.inf, 0.0
     if fp8_deferred:
         plain = FusedEngine(engine.weights, "cpu", backend="triton", fp8_min_tokens=fp8_from,
                             fp8_calibrated_min_tokens=fp8_from, small_batch_max_tokens=512,
@@ -1244,6 +1258,8 @@ CASES: dict[str, Callable[[], tuple[float, float]]] = {
     "tiny_bert_fp8_calibrated": lambda: _check_tiny_bert("fp8", calibrate=True),  # default
     "tiny_bert_fp8_calibrated_sum_residual": lambda: _check_tiny_bert(
         "fp8", calibrate=True, sum_residual=True),
+    "tiny_bert_int8_out_ffn1": lambda: _check_tiny_bert(
+        "fp8", calibrate=True, int8="attn_out,ffn_in"),
     "residual_ln_row_loop_4x8": lambda: _check_row_loop((4, 4, 8)),
     "residual_ln_row_loop_1x4": lambda: _check_row_loop((3, 1, 4)),
     "sum_residual_ln": lambda: _check_sum_residual(False),
