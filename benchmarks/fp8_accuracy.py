@@ -40,6 +40,9 @@ compare it with ``fp16`` in the same run, which then runs the 16-bit deferred la
 (:func:`fp8_attention`, emulated in float32): what an FP8 attention kernel would cost in
 accuracy before one is written; ``_qkv`` / ``_p`` round only Q, K and V / only the
 probabilities; ``_fine`` scales Q and K per token and head and V per head.
+``int8:G1+G2`` is the calibrated default (``fp8_static_inputs`` the engine's) with the
+named GEMMs (of ``attn_out``, ``ffn_in``) in int8 with SmoothQuant smoothing
+(``int8_gemms``, ``engine.fused.int8``), their int8 weights re-rounded on each grid too.
 Ends with a table: mean and spread over the grids, against the fp32 reference's F1.
 ``--checkpoint`` measures another model than the shipped one (its own fp32 reference);
 ``--baseline`` also scores a second checkpoint in fp32 and takes the losses against it
@@ -210,6 +213,29 @@ def _regrid_deferred(weights: Any, factor: float) -> Any:
     return tuple(out)
 
 
+def _int8_gemms(scheme: str) -> tuple[str, ...] | None:
+    """The GEMMs of an ``int8:G1+G2`` scheme (None for another or a malformed one)."""
+    from engine.fused.calibration import INT8_GEMMS
+
+    kind, _, names = scheme.partition(":")
+    gemms = tuple(g for g in names.split("+") if g)
+    if kind != "int8" or not gemms or not set(gemms) <= set(INT8_GEMMS):
+        return None
+    return gemms
+
+
+def _regrid_int8(weights: Any, factor: float) -> Any:
+    """``weights.int8`` with every int8 weight re-rounded on a grid ``factor`` times
+    coarser than its per-channel scales (``int8.regrid``)."""
+    from engine.fused.int8 import regrid
+
+    if weights.int8 is None or factor == 1.0:
+        return weights.int8
+    return tuple(replace(i8, attn_out=regrid(i8.attn_out, ly.attn_out.weight, factor),
+                         ffn_in=regrid(i8.ffn_in, ly.ffn_in.weight, factor))
+                 for i8, ly in zip(weights.int8, weights.layers, strict=True))
+
+
 def _static_inputs(scheme: str) -> tuple[str, ...] | None:
     """The GEMMs of a ``static:G1+G2`` scheme (None for another or a malformed one)."""
     from engine.fused.calibration import GEMMS
@@ -310,9 +336,10 @@ def main() -> None:
                                                     or _static_inputs(base) is not None)):
             p.error(f"{full}: the one suffix is ~gptq, on calibrated and static: schemes")
     if unknown := {s for s in (x.partition("~")[0] for x in schemes)
-                   if _static_inputs(s) is None} - set(SCHEMES):
+                   if _static_inputs(s) is None and _int8_gemms(s) is None} - set(SCHEMES):
         p.error(f"unknown schemes {sorted(unknown)}; choose from {', '.join(SCHEMES)} "
-                f"or static:G1+G2 (GEMMs {', '.join(GEMMS)})")
+                f"or static:G1+G2 (GEMMs {', '.join(GEMMS)}) or int8:G1+G2 (attn_out, "
+                "ffn_in)")
     grids = [float(g) for g in args.grids.split(",")]
     import torch
     import torch.nn.functional as F
@@ -367,7 +394,9 @@ def main() -> None:
         dtype = "float16" if scheme == "fp16" else "fp8"
         base = FusedEngine.from_pretrained(checkpoint, device=device, dtype=dtype)
         static = _static_inputs(scheme)
-        if scheme.startswith("calibrated") or static is not None or scheme == "deferred8":
+        int8 = _int8_gemms(scheme)
+        if (scheme.startswith("calibrated") or static is not None or int8 is not None
+                or scheme == "deferred8"):
             calibrate_on(base, load_examples(TRAIN_SET)[:512], tok, spec, args.margin,
                          gptq=rounding == "gptq")
         grams = base.calibration.grams if base.calibration is not None else None
@@ -376,6 +405,12 @@ def main() -> None:
                 raise RuntimeError("deferred8: the model has no deferred layer's e4m3 copies")
             return FusedEngine(_regrid(base.weights, grid), device, fp8_deferred=True,
                                fp8_calibrated_min_tokens=1 << 30)
+        if int8 is not None:
+            assert base.calibration is not None
+            weights = replace(_regrid(base.weights, grid),
+                              int8=base.calibration.int8_for(base.weights))
+            return FusedEngine(replace(weights, int8=_regrid_int8(weights, grid)), device,
+                               fp8_static_inputs=FP8_STATIC_INPUTS, int8_gemms=int8)
         default = scheme.startswith("calibrated_attn_")  # the engine's static inputs
         return FusedEngine(_regrid(base.weights, grid, scheme == "rows_wtensor", grams), device,
                            fp8_fast_accum=not scheme.endswith("_exact"),

@@ -7,7 +7,10 @@ settings, each timed at a settled power limit.
 
 Each ``--set NAME:module.ATTR=VALUE`` (``ab_replay.parse_setting``; several for one NAME
 combine) makes a variant that runs with those constants set, the others at their
-defaults; ``baseline`` (nothing set) runs first and again last. Launch choices that are
+defaults; each ``--option NAME:keyword=VALUE`` (several for one NAME combine) a variant
+that runs another engine on the baseline's weights and calibration, built with those
+``FusedEngine`` keywords (e.g. ``--option int8:int8_gemms='"attn_out,ffn_in"'``);
+``baseline`` (nothing set) runs first and again last. Launch choices that are
 module constants (the row kernels' tiles, say) are read at each eager launch, so a variant
 takes effect from its first pass. Each variant runs ``--settle-s`` at load, then is timed
 for ``--timed-s`` with SM clock and board power (``benchmarks/settled``): at the 700 W cap
@@ -29,6 +32,20 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 
 
+def parse_option(text: str) -> tuple[str, str, Any]:
+    """``NAME:keyword=VALUE`` (VALUE a Python literal) -> (NAME, keyword, value)."""
+    import ast
+
+    name, sep, rest = text.partition(":")
+    key, eq, value = rest.partition("=")
+    if not (sep and eq and name and key.isidentifier()):
+        raise ValueError(f"bad option {text!r}: NAME:keyword=VALUE")
+    try:
+        return name, key, ast.literal_eval(value)
+    except (ValueError, SyntaxError) as exc:
+        raise ValueError(f"bad option {text!r}: {value!r} is not a Python literal") from exc
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -38,6 +55,8 @@ def main() -> None:
     from benchmarks.ab_replay import parse_setting
     from benchmarks.settled import add_mix_args, finish, mix_result, settled_variants
 
+    p.add_argument("--option", dest="options", action="append", default=[],
+                   help="NAME:keyword=VALUE (a Python literal): a FusedEngine keyword")
     p.add_argument("--profile", action="store_true",
                    help="also time each variant's kernels by name from the profiler")
     add_mix_args(p)
@@ -47,12 +66,21 @@ def main() -> None:
         settings = [parse_setting(s) for s in args.settings]
     except argparse.ArgumentTypeError as exc:
         p.error(str(exc))
-    if not settings:
-        p.error("give at least one --set")
+    try:
+        options = [parse_option(o) for o in args.options]
+    except ValueError as exc:
+        p.error(str(exc))
+    if not settings and not options:
+        p.error("give at least one --set or --option")
     variants: dict[str, list[tuple[Any, str, Any]]] = {}
     for name, module, attr, value in settings:
         variants.setdefault(name, []).append((importlib.import_module(module), attr, value))
-    if "baseline" in variants:
+    engine_options: dict[str, dict[str, Any]] = {}
+    for name, key, value in options:
+        engine_options.setdefault(name, {})[key] = value
+    if both := set(variants) & set(engine_options):
+        p.error(f"variants {sorted(both)} are named by both --set and --option")
+    if "baseline" in variants or "baseline" in engine_options:
         p.error("'baseline' is the variant with nothing set; name yours otherwise")
     defaults = {(id(m), attr): (m, attr, getattr(m, attr))
                 for sets in variants.values() for m, attr, _ in sets}
@@ -67,29 +95,35 @@ def main() -> None:
     import torch
 
     from benchmarks.bench_gpu import device_packed, mix_engine, mix_windows
+    from engine.fused.engine import FusedEngine
 
     engine = mix_engine("bert-large")  # calibrated FP8, the default static inputs
+    engines = {name: FusedEngine(engine.weights, "cuda", fp8_calibration=engine.calibration,
+                                 **kw) for name, kw in engine_options.items()}
     batch = mix_windows(np.random.default_rng(3), args.windows)
     packed = device_packed(*batch)
-    order = ["baseline", *variants, "baseline_again"]
+    order = ["baseline", *variants, *engines, "baseline_again"]
     result = mix_result(args, int(batch[1].sum()),
                         settings={n: [f"{m.__name__}.{a}={v!r}" for m, a, v in s]
                                   for n, s in variants.items()},
+                        engine_options={n: {k: repr(v) for k, v in kw.items()}
+                                        for n, kw in engine_options.items()},
                         max_abs_logit_diff={})
 
     def ready(name: str) -> Any:
         def go() -> Any:
             apply(name)
-            return lambda x: engine._run_device(*x)
+            eng = engines.get(name, engine)
+            return lambda x: eng._run_device(*x)
         return go
 
     try:
         with torch.inference_mode():
             reference = engine._run_device(*packed)
-            for name in variants:
+            for name in [*variants, *engines]:
                 apply(name)
                 result["max_abs_logit_diff"][name] = (
-                    engine._run_device(*packed) - reference).abs().max().item()
+                    engines.get(name, engine)._run_device(*packed) - reference).abs().max().item()
             print(f"max |logit - baseline's|: {result['max_abs_logit_diff']}", flush=True)
             settled_variants(result, order, ready, packed, args, args.profile)
     finally:

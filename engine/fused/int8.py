@@ -64,19 +64,33 @@ def quantize_int8(x: torch.Tensor, mult: torch.Tensor) -> torch.Tensor:
     return torch.round(x.float() * mult.float()).clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
 
 
+def _weight(ws: torch.Tensor, grid: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(int8 copy, largest scale [1], each over it [N]) of the smoothed weight ``ws``, one
+    scale an output channel, on a grid ``grid`` times coarser than amax / 127."""
+    scales = (ws.abs().amax(1) / INT8_MAX).clamp_min(1e-12) * grid
+    w8 = torch.round(ws / scales[:, None]).clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
+    top = scales.amax().reshape(1)
+    return w8.contiguous(), top.contiguous(), (scales / top).contiguous()
+
+
 def int8_linear_of(w: torch.Tensor, colmax: torch.Tensor,
                    alpha: float = SMOOTHING_ALPHA) -> Int8Linear:
     """The :class:`Int8Linear` of weight ``w`` [N, K] for inputs whose calibration
     ``colmax`` [K] is given."""
     s = smoothing(colmax, w, alpha)
-    ws = w.float() * s[None, :]
-    scales = (ws.abs().amax(1) / INT8_MAX).clamp_min(1e-12)
-    w8 = torch.round(ws / scales[:, None]).clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
+    w8, top, col = _weight(w.float() * s[None, :], 1.0)
     x_scale = ((colmax.float().clamp_min(COLMAX_MIN) / s).amax() / INT8_MAX).reshape(1)
-    top = scales.amax().reshape(1)
     return Int8Linear(mult=(1.0 / (s * x_scale)).contiguous(), x_scale=x_scale.contiguous(),
-                      w8=w8.contiguous(), w_top=top.contiguous(),
-                      col=(scales / top).contiguous())
+                      w8=w8, w_top=top, col=col)
+
+
+def regrid(lin: Int8Linear, w: torch.Tensor, grid: float) -> Int8Linear:
+    """``lin`` (made from weight ``w``) with its weight re-rounded on a grid ``grid`` times
+    coarser (the same precision, another rounding: the accuracy protocol's weight grids,
+    ``benchmarks/fp8_accuracy.py``); the input's smoothing and scale kept."""
+    s = 1.0 / (lin.mult * lin.x_scale)
+    w8, top, col = _weight(w.float() * s[None, :], grid)
+    return Int8Linear(mult=lin.mult, x_scale=lin.x_scale, w8=w8, w_top=top, col=col)
 
 
 def _gluon_takes(q: torch.Tensor, lin: Int8Linear,

@@ -369,6 +369,42 @@ def test_calibrated_fp8_ffn_parity(graphs: bool) -> None:
 
 
 @pytest.mark.parametrize("graphs", [True, False])
+def test_int8_gemms_parity(graphs: bool) -> None:
+    """The out-projection and FFN1 in int8 (``int8_gemms``: the Gluon GEMM on Hopper, the
+    kernels' int8 copies), calibrated, at 40 windows of up to 384 with and without CUDA
+    graphs: against HF fp32 as close as the e4m3 default, and against the torch op set's
+    float math on the same GPU (the same int8 operands up to copies at rounding ties, so
+    much closer than either is to fp32); the int8 path must have run (logits differ from
+    the e4m3 default's)."""
+    from engine.fused.config import BertQAConfig
+    from engine.fused.engine import FusedEngine
+
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the int8 GEMMs' fast path is for Hopper (sm_90)")
+    model, cfg = _random_hf_bert(layers=4, hidden=768, heads=12)
+    qa = BertQAConfig.from_dict(cfg.to_dict())
+    base = FusedEngine.from_state_dict(model.state_dict(), qa, device="cuda", dtype="fp8",
+                                       cuda_graphs=graphs, max_graph_tokens=16384)
+    rng = np.random.default_rng(17)
+    base.calibrate(*_random_batch(rng, 64, 384, cfg.vocab_size))
+    assert base.calibration is not None and base.calibration.colmax is not None
+    int8 = FusedEngine(base.weights, "cuda", cuda_graphs=graphs, max_graph_tokens=16384,
+                       int8_gemms="attn_out,ffn_in", fp8_calibration=base.calibration)
+    spec = FusedEngine(int8.weights, "cuda", backend="torch", cuda_graphs=False,
+                       int8_gemms="attn_out,ffn_in")
+    ids, mask, tt = _random_batch(rng, 40, 384, cfg.vocab_size)
+    keep = mask.astype(bool)
+    ref = _hf_logits(model, ids, mask, tt)
+    got = int8.infer(ids, mask, tt)
+    errs = {name: _report(f"bert-base-4L {name} graphs={graphs}", out, ref, keep)
+            for name, out in (("e4m3", base.infer(ids, mask, tt)), ("int8", got))}
+    assert not np.array_equal(got[0], base.infer(ids, mask, tt)[0])
+    assert errs["int8"] < 1.5 * errs["e4m3"] + 0.02
+    assert _report(f"int8 vs torch op set graphs={graphs}", got, spec.infer(ids, mask, tt),
+                   keep) < 0.25 * errs["int8"] + 5e-3
+
+
+@pytest.mark.parametrize("graphs", [True, False])
 def test_out_projection_adding_the_residual_parity(monkeypatch: pytest.MonkeyPatch,
                                                    graphs: bool) -> None:
     """``encoder.OUT_PROJ_ADDS_RESIDUAL`` on the calibrated large path

@@ -13,6 +13,10 @@ import pytest
     ["--set", "baseline:engine.fused.kernels.rows.ROW_TILE_LARGE=(2048, 2)"],  # reserved
     ["--set", "tile:ROW_TILE_LARGE=(2048, 2)"],  # no module
     ["--set", "tile:engine.fused.kernels.rows.ROW_TILE_LARGE"],  # no value
+    ["--option", "int8:int8_gemms=ffn_in"],  # not a literal
+    ["--option", "baseline:int8_gemms='ffn_in'"],  # reserved
+    ["--set", "x:engine.fused.kernels.rows.ROW_TILE_LARGE=(2048, 2)",
+     "--option", "x:int8_gemms='ffn_in'"],  # one name, two kinds
 ])
 def test_bad_settings_are_refused(monkeypatch: pytest.MonkeyPatch, argv: list[str]) -> None:
     from benchmarks import mix_settings
@@ -68,3 +72,15 @@ def test_print_kernel_moves(capsys: pytest.CaptureFixture[str]) -> None:
     print_kernel_moves({"a": {"k": {"us": 10.0}}, "b": {"k": {"us": 12.0}}}, "us")
     out = capsys.readouterr().out.splitlines()
     assert out == ["a: 10 us of kernels; ", "b: 12 us of kernels; k +2"]
+
+
+def test_engine_options() -> None:
+    """``--option NAME:keyword=VALUE``: a FusedEngine keyword with a Python literal."""
+    from benchmarks.mix_settings import parse_option
+
+    assert parse_option("int8:int8_gemms='attn_out,ffn_in'") == (
+        "int8", "int8_gemms", "attn_out,ffn_in")
+    assert parse_option("g:max_graph_tokens=0") == ("g", "max_graph_tokens", 0)
+    for bad in ("int8", "x:1=2", "x:k=foo"):
+        with pytest.raises(ValueError, match="bad option"):
+            parse_option(bad)
