@@ -41,7 +41,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -267,7 +266,7 @@ def main() -> None:
 
     from benchmarks.bench_gpu import device_packed, mix_engine, mix_windows, static_everywhere
     from benchmarks.mix_ablation import StepMemo, memo_engine
-    from benchmarks.settled import settled_rows
+    from benchmarks.settled import ordered_variants, settled_rows
 
     batch = mix_windows(np.random.default_rng(3), args.windows)
     tokens = int(batch[1].sum())
@@ -316,13 +315,8 @@ def main() -> None:
             kernels_changed=kernel_moves(kernels, "calls"),
             kernel_us={n: {k: v["us"] for k, v in t.items()} for n, t in kernels.items()})
         print(f"logit differences: {logits_diff}", flush=True)
-        plan, seen = [], Counter[str]()
-        for name in order:
-            seen[name] += 1
-            label = name if seen[name] == 1 else f"{name}_{seen[name]}"
-            plan.append((label, lambda name=name: use(name)))
-        result["rows"] = settled_rows(plan, packed, args.windows, args.settle_s,
-                                      args.timed_s)
+        result["rows"] = settled_rows(ordered_variants(order, use), packed, args.windows,
+                                      args.settle_s, args.timed_s)
     finish(args, result)
 
 

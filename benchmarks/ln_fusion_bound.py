@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -155,6 +154,7 @@ def main() -> None:
         kernel_moves,
         kernel_table,
         mix_result,
+        ordered_variants,
         settled_rows,
     )
 
@@ -207,13 +207,8 @@ def main() -> None:
         for name, changed in result["kernels_changed"].items():
             print(f"{name}: {result['kernels_per_pass'][name]} kernels; changed {changed}",
                   flush=True)
-        plan, seen = [], Counter[str]()
-        for name in order:
-            seen[name] += 1
-            label = name if seen[name] == 1 else f"{name}_{seen[name]}"
-            plan.append((label, lambda name=name: use(name)))
-        result["rows"] = settled_rows(plan, packed, args.windows, args.settle_s,
-                                      args.timed_s)
+        result["rows"] = settled_rows(ordered_variants(order, use), packed, args.windows,
+                                      args.settle_s, args.timed_s)
     finish(args, result)
 
 

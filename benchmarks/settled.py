@@ -52,6 +52,21 @@ def settled_rows(variants: Sequence[Variant], arg: Any, windows: int, settle_s: 
     return rows
 
 
+def ordered_variants(order: Sequence[str], use: Callable[[str], Callable[[Any], Any]],
+                     ) -> list[Variant]:
+    """:data:`Variant`s for the names in ``order`` (repeats allowed: the second ``x`` is
+    labelled ``x_2``), each readied by ``use(name)``."""
+    from collections import Counter
+
+    plan: list[Variant] = []
+    seen = Counter[str]()
+    for name in order:
+        seen[name] += 1
+        label = name if seen[name] == 1 else f"{name}_{seen[name]}"
+        plan.append((label, lambda name=name: use(name)))  # type: ignore[misc]
+    return plan
+
+
 def settled_variants(result: dict[str, Any], order: Sequence[str],
                      ready: Callable[[str], Callable[[], Callable[[Any], Any]]], arg: Any,
                      args: argparse.Namespace, profile: bool) -> None:

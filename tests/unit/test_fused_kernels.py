@@ -23,6 +23,7 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 from unittest import mock
 
 import numpy as np
@@ -465,6 +466,20 @@ def _check_linear_plain(dtype_name: str, with_bias: bool, loads: int = 0) -> tup
     return _rel(out, ref), _TOL[dtype_name]
 
 
+def _attention64(qkv: Any, bias: Any, cu: Any, heads: int, head_dim: int) -> Any:
+    """Packed attention in float64 (QKV plus its bias; each sequence of ``cu`` alone)."""
+    import torch
+
+    t, d = qkv.shape[0], heads * head_dim
+    x = (qkv.double() + bias.double()).view(t, 3, heads, head_dim)
+    ref = torch.empty(t, d, dtype=torch.float64)
+    for a, b in zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True):
+        q, kk, v = (x[a:b, i].transpose(0, 1) for i in range(3))
+        p = torch.softmax(q @ kk.transpose(1, 2) / math.sqrt(head_dim), -1)
+        ref[a:b] = (p @ v).transpose(0, 1).reshape(b - a, d)
+    return ref
+
+
 def _check_attention(dtype_name: str, heads: int, head_dim: int,
                      large_tile: bool = False, fp8: bool = False,
                      tiled: bool = False, split: bool = False) -> tuple[float, float]:
@@ -493,12 +508,7 @@ def _check_attention(dtype_name: str, heads: int, head_dim: int,
     # Over-stated grid (more sequences, longer max) as CUDA graphs use: extra seqs are empty.
     cu_pad = torch.cat([cu, cu[-1:].repeat(3)])
     config = k.ATTN_LARGE if large_tile else k.ATTN_SMALL
-    x = (qkv.double() + bias.double()).view(t, 3, heads, head_dim)
-    ref = torch.empty(t, d, dtype=torch.float64)
-    for a, b in zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True):
-        q, kk, v = (x[a:b, i].transpose(0, 1) for i in range(3))
-        p = torch.softmax(q @ kk.transpose(1, 2) / math.sqrt(head_dim), -1)
-        ref[a:b] = (p @ v).transpose(0, 1).reshape(b - a, d)
+    ref = _attention64(qkv, bias, cu, heads, head_dim)
     if fp8:
         scale = torch.tensor([float(ref.abs().max()) * 0.7 / 448.0])  # the top 30% saturate
         clamped = ref.clamp(-448.0 * float(scale), 448.0 * float(scale))
@@ -914,12 +924,7 @@ def _check_int8_copy(kind: str) -> tuple[float, float]:
     t, d = int(cu[-1]), heads * head_dim
     qkv = (torch.randn(t, 3 * d, generator=g) * 0.5).half()
     bias = torch.randn(3 * d, generator=g) * 0.5
-    x = (qkv.double() + bias.double()).view(t, 3, heads, head_dim)
-    ref = torch.empty(t, d, dtype=torch.float64)
-    for s0, s1 in zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True):
-        q, kk, v = (x[s0:s1, i].transpose(0, 1) for i in range(3))
-        p = torch.softmax(q @ kk.transpose(1, 2) / math.sqrt(head_dim), -1)
-        ref[s0:s1] = (p @ v).transpose(0, 1).reshape(s1 - s0, d)
+    ref = _attention64(qkv, bias, cu, heads, head_dim)
     mult = torch.rand(d, generator=g) * 150 / float(ref.abs().max()) + 20
     forms = [k.attention_varlen(qkv, bias, cu, 128, len(lengths), heads, int8_mult=mult,
                                 split=f, early_tail=e)

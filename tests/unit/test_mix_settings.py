@@ -84,3 +84,13 @@ def test_engine_options() -> None:
     for bad in ("int8", "x:1=2", "x:k=foo"):
         with pytest.raises(ValueError, match="bad option"):
             parse_option(bad)
+
+
+def test_ordered_variants_label_repeats() -> None:
+    """``settled.ordered_variants``: a repeated name is labelled ``name_2``, ``name_3``, ...
+    and each variant readies its own name."""
+    from benchmarks.settled import ordered_variants
+
+    plan = ordered_variants(["a", "b", "a", "a"], lambda name: lambda x: (name, x))
+    assert [label for label, _ in plan] == ["a", "b", "a_2", "a_3"]
+    assert [ready()(1) for _, ready in plan] == [("a", 1), ("b", 1), ("a", 1), ("a", 1)]
