@@ -251,7 +251,7 @@ def main() -> None:
     p.add_argument("--replays", type=int, default=10, help="graph replays a timing alone")
     p.add_argument("--alone-only", action="store_true", help="part 1 only")
     sys.path.insert(0, str(REPO))
-    from benchmarks.settled import add_mix_args, finish, kernel_moves, kernel_table, mix_result
+    from benchmarks.settled import add_mix_args, finish, mix_result, variant_checks
 
     add_mix_args(p)
     args = p.parse_args()
@@ -302,19 +302,11 @@ def main() -> None:
         reference = use("baseline")(packed)
         torch.cuda.synchronize()
         memo.recording = False
-        timed = list(dict.fromkeys(["baseline", *order]))
         # the stand-ins hand on recorded outputs: logits the default's exactly
         # (all_static is another engine: its own rounding)
-        logits_diff = {name: float((use(name)(packed) - reference).abs().max())
-                       for name in timed}
-        kernels = {name: kernel_table(use(name), packed, passes=1) for name in timed}
-        result = mix_result(
-            args, tokens, alone=alone, configs=chosen, max_abs_logit_diff=logits_diff,
-            kernels_per_pass={n: sum(k["calls"] for k in t.values())
-                              for n, t in kernels.items()},
-            kernels_changed=kernel_moves(kernels, "calls"),
-            kernel_us={n: {k: v["us"] for k, v in t.items()} for n, t in kernels.items()})
-        print(f"logit differences: {logits_diff}", flush=True)
+        result = mix_result(args, tokens, alone=alone, configs=chosen,
+                            **variant_checks(["baseline", *order], use, packed, reference))
+        print(f"logit differences: {result['max_abs_logit_diff']}", flush=True)
         result["rows"] = settled_rows(ordered_variants(order, use), packed, args.windows,
                                       args.settle_s, args.timed_s)
     finish(args, result)

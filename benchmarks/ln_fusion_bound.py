@@ -151,11 +151,10 @@ def main() -> None:
     from benchmarks.settled import (
         add_mix_args,
         finish,
-        kernel_moves,
-        kernel_table,
         mix_result,
         ordered_variants,
         settled_rows,
+        variant_checks,
     )
 
     p.add_argument("--order", default=ORDER,
@@ -194,16 +193,8 @@ def main() -> None:
         memo.recording = False
         # A pass of each first (the out-projection's buffers are made in the first that
         # replaces it), then one more, and one profiled.
-        timed = list(dict.fromkeys(["baseline", *order]))
-        logits_diff = {name: float((use(name)(packed) - reference).abs().max())
-                       for name in timed}
-        kernels = {name: kernel_table(use(name), packed, passes=1) for name in timed}
-        result = mix_result(
-            args, int(batch[1].sum()),
-            kernels_per_pass={n: sum(k["calls"] for k in t.values())
-                              for n, t in kernels.items()},
-            kernels_changed=kernel_moves(kernels, "calls"),
-            max_abs_logit_diff=logits_diff)
+        result = mix_result(args, int(batch[1].sum()), **variant_checks(
+            ["baseline", *order], use, packed, reference))
         for name, changed in result["kernels_changed"].items():
             print(f"{name}: {result['kernels_per_pass'][name]} kernels; changed {changed}",
                   flush=True)

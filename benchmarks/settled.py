@@ -67,6 +67,21 @@ def ordered_variants(order: Sequence[str], use: Callable[[str], Callable[[Any], 
     return plan
 
 
+def variant_checks(names: Sequence[str], use: Callable[[str], Callable[[Any], Any]],
+                   arg: Any, reference: Any) -> dict[str, Any]:
+    """Result fields from one unprofiled and one profiled pass of each variant in ``names``
+    (once each, in order): its largest |logit - ``reference``|, its kernels a pass and
+    their moves against the first variant's (``kernel_moves``), and its kernels' µs."""
+    timed = list(dict.fromkeys(names))
+    diff = {name: float((use(name)(arg) - reference).abs().max()) for name in timed}
+    kernels = {name: kernel_table(use(name), arg, passes=1) for name in timed}
+    return {"max_abs_logit_diff": diff,
+            "kernels_per_pass": {n: sum(k["calls"] for k in t.values())
+                                 for n, t in kernels.items()},
+            "kernels_changed": kernel_moves(kernels, "calls"),
+            "kernel_us": {n: {k: v["us"] for k, v in t.items()} for n, t in kernels.items()}}
+
+
 def settled_variants(result: dict[str, Any], order: Sequence[str],
                      ready: Callable[[str], Callable[[], Callable[[Any], Any]]], arg: Any,
                      args: argparse.Namespace, profile: bool) -> None:

@@ -94,3 +94,32 @@ def test_ordered_variants_label_repeats() -> None:
     plan = ordered_variants(["a", "b", "a", "a"], lambda name: lambda x: (name, x))
     assert [label for label, _ in plan] == ["a", "b", "a_2", "a_3"]
     assert [ready()(1) for _, ready in plan] == [("a", 1), ("b", 1), ("a", 1), ("a", 1)]
+
+
+def test_variant_checks(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``settled.variant_checks``: each variant once (in order), its largest logit
+    difference from the reference and its profiled kernels (the profiler needs a GPU, so
+    here a table per variant stands in for it)."""
+    torch = pytest.importorskip("torch")
+    from benchmarks import settled
+
+    tables = {"base": {"ln": {"calls": 2.0, "us": 5.0}},
+              "fold": {"ln": {"calls": 1.0, "us": 3.0}, "q": {"calls": 1.0, "us": 1.0}}}
+    outs = {"base": torch.zeros(3), "fold": torch.tensor([0.0, -0.5, 0.25])}
+    passes: dict[str, int] = {}
+
+    def use(name: str) -> object:
+        def run(x: object) -> object:
+            passes[name] = passes.get(name, 0) + 1
+            return outs[name]
+        run.variant = name  # type: ignore[attr-defined]
+        return run
+
+    monkeypatch.setattr(settled, "kernel_table",
+                        lambda fn, arg, passes=3: tables[fn.variant])
+    got = settled.variant_checks(["base", "fold", "base"], use, 1, torch.zeros(3))  # type: ignore[arg-type]
+    assert passes == {"base": 1, "fold": 1}  # once each (the profiled pass is stubbed)
+    assert got["max_abs_logit_diff"] == {"base": 0.0, "fold": 0.5}
+    assert got["kernels_per_pass"] == {"base": 2.0, "fold": 2.0}
+    assert got["kernels_changed"] == {"base": {}, "fold": {"ln": -1.0, "q": 1.0}}
+    assert got["kernel_us"]["fold"] == {"ln": 3.0, "q": 1.0}
