@@ -213,15 +213,22 @@ def _regrid_deferred(weights: Any, factor: float) -> Any:
     return tuple(out)
 
 
+def _scheme_gemms(scheme: str, kind: str, allowed: tuple[str, ...],
+                  empty: bool) -> tuple[str, ...] | None:
+    """The GEMMs a ``kind:G1+G2`` scheme names, each of ``allowed`` (none only where
+    ``empty``); None for another scheme or a malformed one."""
+    prefix, sep, names = scheme.partition(":")
+    gemms = tuple(g for g in names.split("+") if g)
+    if prefix != kind or not sep or not (gemms or empty) or not set(gemms) <= set(allowed):
+        return None
+    return gemms
+
+
 def _int8_gemms(scheme: str) -> tuple[str, ...] | None:
     """The GEMMs of an ``int8:G1+G2`` scheme (None for another or a malformed one)."""
     from engine.fused.calibration import INT8_GEMMS
 
-    kind, _, names = scheme.partition(":")
-    gemms = tuple(g for g in names.split("+") if g)
-    if kind != "int8" or not gemms or not set(gemms) <= set(INT8_GEMMS):
-        return None
-    return gemms
+    return _scheme_gemms(scheme, "int8", INT8_GEMMS, empty=False)
 
 
 def _regrid_int8(weights: Any, factor: float) -> Any:
@@ -240,11 +247,7 @@ def _static_inputs(scheme: str) -> tuple[str, ...] | None:
     """The GEMMs of a ``static:G1+G2`` scheme (None for another or a malformed one)."""
     from engine.fused.calibration import GEMMS
 
-    kind, sep, names = scheme.partition(":")
-    gemms = tuple(g for g in names.split("+") if g)
-    if kind != "static" or not sep or not set(gemms) <= set(GEMMS):
-        return None
-    return gemms
+    return _scheme_gemms(scheme, "static", GEMMS, empty=True)
 
 
 def _e4m3_tensor(t: Any, dims: tuple[int, ...] | None = None) -> Any:

@@ -146,3 +146,25 @@ def test_int8_passes(calibrated: object) -> None:
                       int8_gemms="ffn_in")
     with pytest.raises(ValueError, match="per-channel"):
         eng.infer(*x)
+
+
+def test_accuracy_schemes_and_int8_regrid() -> None:
+    """``fp8_accuracy``'s ``int8:G1+G2`` and ``static:G1+G2`` schemes; ``int8.regrid``
+    re-rounds the weight on a coarser grid and keeps the input's form."""
+    from benchmarks.fp8_accuracy import _int8_gemms, _static_inputs
+    from engine.fused.int8 import int8_linear_of, regrid
+
+    assert _int8_gemms("int8:attn_out+ffn_in") == ("attn_out", "ffn_in")
+    assert [_int8_gemms(s) for s in ("int8:", "int8:qkv", "static:qkv", "int8")] == [None] * 4
+    assert _static_inputs("static:") == () and _static_inputs("static:qkv") == ("qkv",)
+    assert _static_inputs("static:x") is None and _static_inputs("int8:ffn_in") is None
+    g = torch.Generator().manual_seed(2)
+    w = torch.randn(16, 8, generator=g)
+    lin = int8_linear_of(w, torch.rand(8, generator=g) + 0.5)
+    same = regrid(lin, w, 1.0)
+    # the smoothing comes back from the multipliers up to float32 rounding
+    assert torch.equal(same.w8, lin.w8) and torch.allclose(same.col, lin.col, rtol=1e-6)
+    coarse = regrid(lin, w, 1.1)
+    assert coarse.mult is lin.mult and coarse.x_scale is lin.x_scale
+    assert float(coarse.w_top) == pytest.approx(1.1 * float(lin.w_top))
+    assert int(coarse.w8.abs().max()) < 127 and not torch.equal(coarse.w8, lin.w8)
