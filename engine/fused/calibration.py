@@ -187,7 +187,7 @@ class Calibration:
         if not (math.isfinite(self.margin) and self.margin > 0):
             raise ValueError(f"calibration margin must be positive, got {self.margin}")
         if self.colmax is not None:
-            if set(self.colmax) != set(INT8_GEMMS):
+            if not set(self.colmax) <= set(INT8_GEMMS):
                 raise ValueError(f"per-channel magnitudes are for {', '.join(INT8_GEMMS)}; "
                                  f"got {', '.join(sorted(self.colmax))}")
             if any(len(v) != self.layers for v in self.colmax.values()):
@@ -273,9 +273,10 @@ class Calibration:
         """Per layer, the int8 out-projection and FFN1 of ``weights`` (smoothed with
         migration ``alpha``, ``engine.fused.int8``); a ValueError where this calibration
         has no per-channel magnitudes."""
-        if self.colmax is None:
-            raise ValueError("this calibration has no per-channel input magnitudes (taken "
-                             "before they were recorded): calibrate again for int8 GEMMs")
+        if self.colmax is None or set(self.colmax) != set(INT8_GEMMS):
+            raise ValueError("this calibration has no per-channel input magnitudes for "
+                             f"{', '.join(INT8_GEMMS)} (taken before they were recorded): "
+                             "calibrate again for int8 GEMMs")
         dev = weights.layers[0].qkv.weight.device
 
         def lin(gemm: str, i: int, w: torch.Tensor) -> Int8Linear:

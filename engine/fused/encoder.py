@@ -394,7 +394,8 @@ def encode_packed(
             x, xq = ops.bias_residual_layernorm(
                 a, layer.attn_out.bias, x, layer.ln1_weight, layer.ln1_bias, eps,
                 fp8=wants8(layer.ffn_in), pdl=pdl, fp8_blocks=w.fp8_blocks,
-                fp8_scale=x_scale(i, "ffn_in"), late_release="ln1" in late, **x8,
+                fp8_scale=None if x8 else x_scale(i, "ffn_in"), late_release="ln1" in late,
+                **x8,
             )
             res = x
         if int8_ffn1 and i8 is not None and cal is not None:

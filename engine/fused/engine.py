@@ -111,6 +111,25 @@ def _option_names(option: str, value: Sequence[str] | str | None,
     return names
 
 
+def check_int8_gemms(gemms: Sequence[str], fp8: bool, static: Sequence[str],
+                     device: torch.device) -> None:
+    """Refuse ``int8_gemms`` where they would not run as asked: an engine without FP8
+    weights (calibrated passes are FP8 ones), FFN1 without its input and FFN2's both static
+    (its int8 form is the one-GEMM calibrated FFN1), or a GPU the int8 kernel does not run
+    on (float math there would be slower than the e4m3 path it replaces)."""
+    from engine.fused.int8 import gpu_supported
+
+    if not fp8:
+        raise ValueError("int8_gemms needs an FP8 engine (dtype='fp8'): they run in its "
+                         "calibrated passes")
+    if "ffn_in" in gemms and not {"ffn_in", "ffn_out"} <= set(static):
+        raise ValueError("int8_gemms: FFN1 in int8 needs fp8_static_inputs to hold ffn_in "
+                         "and ffn_out")
+    if device.type == "cuda" and not gpu_supported(device):
+        raise ValueError("int8_gemms needs a Hopper GPU (sm_90) and a Triton with Gluon "
+                         "(kernels.gluon_gemm) on CUDA")
+
+
 def select_ops(backend: str, device: torch.device) -> ModuleType:
     """``kernels`` (Triton) or ``torch_ops``; ``auto`` uses Triton on CUDA, and on the CPU
     only under ``TRITON_INTERPRET=1``."""
@@ -266,6 +285,8 @@ class FusedEngine:
                                      "kernels")
         early_weights = _option_names("early_weights", early_weights, EARLY_WEIGHT_GEMMS)
         int8_gemms = _option_names("int8_gemms", int8_gemms, INT8_GEMMS)
+        if int8_gemms:
+            check_int8_gemms(int8_gemms, self.fp8, fp8_static_inputs, self.device)
         if not (attention_grid in ("table", "fewest") if isinstance(attention_grid, str)
                 else type(attention_grid) is int and attention_grid >= 1):
             raise ValueError(f"attention_grid: {attention_grid!r} is neither 'table', "

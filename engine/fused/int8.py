@@ -15,10 +15,13 @@ magnitudes ``colmax`` [K] over the calibration:
 
 * smoothing ``s_j = colmax_j^alpha / max_n |W_nj|^(1 - alpha)`` (:func:`smoothing`):
   ``x / s`` and ``W diag(s)`` multiply to the same product;
-* the input's one static scale ``x_scale = max_j(colmax_j / s_j) / 127`` (margin 1: int8
-  has no room to spare), and its copy ``q = round(x * mult)`` with ``mult_j = 1 / (s_j
-  x_scale)``, written by the kernel ahead of the GEMM (the LayerNorm before FFN1,
-  attention before the out-projection: ``store_rows_fp8``'s mode 4);
+* the input's one static scale ``x_scale = max_j(colmax_j / s_j) / 127`` (margin 1, not
+  the e4m3 calibration's: int8 has no range to spare, so inputs past the calibration's
+  largest saturate at +-127; v49's emulation measured F1 with exactly this), and its
+  copy ``q = round(x * mult)`` with ``mult_j = 1 / (s_j x_scale)``, written by the kernel
+  ahead of the GEMM (the LayerNorm before FFN1, attention before the out-projection:
+  ``store_rows_fp8``'s mode 4), returned as ``Quantized(q, mult)``: unlike an e4m3 copy's
+  scale, ``mult`` is what the input was multiplied by (only the int8 GEMM reads it);
 * the weight ``W diag(s)`` in int8 with one scale an output channel, its largest ``w_top``
   and each over it ``col`` (``gluon_gemm.column_scales``);
 * ``y = x_scale * w_top * col_n * (q w8^T)``, then the GEMM's epilogue (bias, GELU, e4m3
@@ -58,6 +61,16 @@ def smoothing(colmax: torch.Tensor, w: torch.Tensor, alpha: float = SMOOTHING_AL
             / w.float().abs().amax(0).clamp_min(COLMAX_MIN) ** (1 - alpha))
 
 
+def check_int8_mult(mult: torch.Tensor, cols: int, fp8_scale: torch.Tensor | None) -> None:
+    """An int8 copy's column multipliers: float32 [cols] on the copy's device, and no e4m3
+    scale beside them (a copy is one or the other)."""
+    if fp8_scale is not None:
+        raise ValueError("an output copy is e4m3 (fp8_scale) or int8 (int8_mult), not both")
+    if mult.dtype != torch.float32 or mult.shape != (cols,) or not mult.is_contiguous():
+        raise ValueError(f"int8_mult must be a contiguous float32 [{cols}] tensor, got "
+                         f"{mult.dtype} {list(mult.shape)}")
+
+
 def quantize_int8(x: torch.Tensor, mult: torch.Tensor) -> torch.Tensor:
     """``round(x * mult)`` (nearest even) saturating at +-127, int8: the copy the kernels
     write in ``store_rows_fp8``'s mode 4."""
@@ -91,6 +104,18 @@ def regrid(lin: Int8Linear, w: torch.Tensor, grid: float) -> Int8Linear:
     s = 1.0 / (lin.mult * lin.x_scale)
     w8, top, col = _weight(w.float() * s[None, :], grid)
     return Int8Linear(mult=lin.mult, x_scale=lin.x_scale, w8=w8, w_top=top, col=col)
+
+
+def gpu_supported(device: torch.device) -> bool:
+    """Whether the int8 kernel (``kernels.gluon_gemm``) runs on this CUDA device: a Hopper
+    GPU (sm_90) and a Triton with Gluon's Hopper warp specialization."""
+    if torch.cuda.get_device_capability(device) != (9, 0):
+        return False
+    try:
+        from engine.fused.kernels import gluon_gemm  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _gluon_takes(q: torch.Tensor, lin: Int8Linear,

@@ -18,7 +18,7 @@ from engine.fused.fp8 import (
     quantize_rows,
     quantize_static,
 )
-from engine.fused.int8 import quantize_int8
+from engine.fused.int8 import check_int8_mult, quantize_int8
 from engine.fused.residual import SumResidual
 
 
@@ -92,6 +92,7 @@ def bias_residual_layernorm(
 ) -> tuple[torch.Tensor, Quantized | None]:
     y = _residual_ln(a, bias, residual, gamma, beta, eps)
     if int8_mult is not None:
+        check_int8_mult(int8_mult, y.shape[1], fp8_scale)
         return y.to(residual.dtype), Quantized(quantize_int8(y, int8_mult), int8_mult)
     return y.to(residual.dtype), _quantize(y, fp8, fp8_blocks, fp8_scale)
 
@@ -364,8 +365,8 @@ def attention_varlen(
     d = three_d // 3
     hd = d // num_heads
     x = (qkv.float() + qkv_bias.float()).view(n, 3, num_heads, hd)
-    if fp8_scale is not None and int8_mult is not None:
-        raise ValueError("attention writes an e4m3 or an int8 output, not both")
+    if int8_mult is not None:
+        check_int8_mult(int8_mult, d, fp8_scale)
     out = torch.zeros((n, d), device=qkv.device,
                       dtype=qkv.dtype if fp8_scale is None and int8_mult is None
                       else torch.float32)

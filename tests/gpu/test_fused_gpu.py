@@ -369,13 +369,14 @@ def test_calibrated_fp8_ffn_parity(graphs: bool) -> None:
 
 
 @pytest.mark.parametrize("graphs", [True, False])
-def test_int8_gemms_parity(graphs: bool) -> None:
+def test_int8_gemms_parity(monkeypatch: pytest.MonkeyPatch, graphs: bool) -> None:
     """The out-projection and FFN1 in int8 (``int8_gemms``: the Gluon GEMM on Hopper, the
     kernels' int8 copies), calibrated, at 40 windows of up to 384 with and without CUDA
     graphs: against HF fp32 as close as the e4m3 default, and against the torch op set's
     float math on the same GPU (the same int8 operands up to copies at rounding ties, so
-    much closer than either is to fp32); the int8 path must have run (logits differ from
-    the e4m3 default's)."""
+    much closer than either is to fp32; that engine's int8 GEMMs run as float math, not
+    the Gluon kernel); the int8 path must have run (logits differ from the e4m3
+    default's)."""
     from engine.fused.config import BertQAConfig
     from engine.fused.engine import FusedEngine
 
@@ -400,6 +401,9 @@ def test_int8_gemms_parity(graphs: bool) -> None:
             for name, out in (("e4m3", base.infer(ids, mask, tt)), ("int8", got))}
     assert not np.array_equal(got[0], base.infer(ids, mask, tt)[0])
     assert errs["int8"] < 1.5 * errs["e4m3"] + 0.02
+    from engine.fused import int8 as int8_module
+
+    monkeypatch.setattr(int8_module, "_gluon_takes", lambda *args: False)  # float math
     assert _report(f"int8 vs torch op set graphs={graphs}", got, spec.infer(ids, mask, tt),
                    keep) < 0.25 * errs["int8"] + 5e-3
 

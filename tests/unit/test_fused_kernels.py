@@ -930,10 +930,11 @@ def _check_int8_copy(kind: str) -> tuple[float, float]:
                                 split=f, early_tail=e)
              for f, e in ((False, False), (True, False), (True, True))]
     spec = torch_ops.attention_varlen(qkv, bias, cu, 128, len(lengths), heads, int8_mult=mult)
-    # attention's float32 output is a few ulps from float64: allow one step at ties
-    worst = max(_int8_err(q, ref, mult) for q in (*forms, spec)) / 2
+    # within half a step of float64 math, plus attention's float32 error (~1e-3 of a step
+    # at these multipliers): a truncating copy would be up to a whole step off (2 here)
+    worst = max(_int8_err(q, ref, mult) for q in (*forms, spec))
     same = all(torch.equal(forms[0], f) for f in forms[1:])
-    return (worst if same else math.inf), 1.0
+    return (worst if same else math.inf), 1.02
 
 
 def _check_row_loop(loop: tuple[int, int, int]) -> tuple[float, float]:

@@ -99,3 +99,25 @@ def test_variant_strings() -> None:
     assert parse_variant("3:128:16:0:1:256")["config"] == (3, 128, 16, 256)
     with pytest.raises(ValueError, match="STAGES"):
         parse_variant("4:128")
+
+
+def test_gemm_refuses_mismatched_operands() -> None:
+    """``gemm`` checks its operands before any launch: the weight's K and type, the
+    vectors' lengths, the output's shape (CPU tensors: the checks come first)."""
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("triton.experimental.gluon")
+    from engine.fused.kernels.gluon_gemm import gemm
+
+    x = torch.zeros((256, 128), dtype=torch.int8)
+    w = torch.zeros((128, 128), dtype=torch.int8)
+    one = torch.ones(1)
+    out = torch.empty((256, 128), dtype=torch.float16)
+    cases = [((x, one, torch.zeros((128, 256), dtype=torch.int8), one, out), {}, "w8 must be"),
+             ((x, one, w.view(torch.float8_e4m3fn), one, out), {}, "w8 must be"),
+             ((x, one, w, one, out), {"bias": torch.zeros(64)}, r"bias must be \[128\]"),
+             ((x, one, w, one, out), {"col_scale": torch.ones(3)}, "col_scale must be"),
+             ((x, one, w, one, out[:100]), {}, "out must be"),
+             ((x, one, w, one, out.to(torch.float8_e4m3fn)), {}, "out_scale")]
+    for args, kwargs, message in cases:
+        with pytest.raises(ValueError, match=message):
+            gemm(*args, **kwargs)

@@ -168,3 +168,50 @@ def test_accuracy_schemes_and_int8_regrid() -> None:
     assert coarse.mult is lin.mult and coarse.x_scale is lin.x_scale
     assert float(coarse.w_top) == pytest.approx(1.1 * float(lin.w_top))
     assert int(coarse.w8.abs().max()) < 127 and not torch.equal(coarse.w8, lin.w8)
+
+
+def test_int8_options_and_copies_are_checked(calibrated: object) -> None:
+    """What ``int8_gemms`` cannot do is refused at construction (an engine without FP8
+    weights; FFN1 without its input and FFN2's static), and the int8 copies' multipliers
+    are checked (shape, dtype, not beside an e4m3 scale)."""
+    from engine.fused import torch_ops
+    from engine.fused.engine import FusedEngine
+
+    weights = calibrated.weights  # type: ignore[attr-defined]
+    fp32 = FusedEngine.from_pretrained(MODEL, device="cpu", dtype="float32", backend="torch")
+    with pytest.raises(ValueError, match="FP8 engine"):
+        FusedEngine(fp32.weights, "cpu", backend="torch", int8_gemms="attn_out")
+    with pytest.raises(ValueError, match="ffn_in and ffn_out"):
+        FusedEngine(weights, "cpu", backend="torch", int8_gemms="ffn_in",
+                    fp8_static_inputs="qkv,ffn_in")
+    FusedEngine(weights, "cpu", backend="torch", int8_gemms="attn_out",
+                fp8_static_inputs="qkv")  # the out-projection alone needs no static FFN
+    a = torch.randn(5, 8)
+    ones = torch.ones(8)
+    for mult, scale, message in ((torch.ones(7), None, r"float32 \[8\]"),
+                                 (torch.ones(8, dtype=torch.float64), None, "float32"),
+                                 (ones, torch.ones(1), "not both")):
+        with pytest.raises(ValueError, match=message):
+            torch_ops.bias_residual_layernorm(a, ones, a, ones, ones, 1e-5, int8_mult=mult,
+                                              fp8_scale=scale)
+
+
+def test_calibration_colmax_checks(calibrated: object) -> None:
+    """A calibration may hold per-channel magnitudes for some of ``INT8_GEMMS`` (an older
+    or narrower one loads); unknown names and wrong lengths are refused; int8 layers need
+    both."""
+    from dataclasses import replace
+
+    from engine.fused.calibration import Calibration
+
+    cal = calibrated.calibration  # type: ignore[attr-defined]
+    assert cal.colmax is not None
+    part = replace(cal, colmax={"ffn_in": cal.colmax["ffn_in"]})
+    with pytest.raises(ValueError, match="per-channel input magnitudes"):
+        part.int8_for(calibrated.weights)  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match="are for"):
+        Calibration(cal.amax, colmax={"qkv": cal.colmax["ffn_in"]})
+    with pytest.raises(ValueError, match="one vector a layer"):
+        Calibration(cal.amax, colmax={"ffn_in": cal.colmax["ffn_in"][:2]})
+    with pytest.raises(ValueError, match="finite and non-negative"):
+        Calibration(cal.amax, colmax={"ffn_in": [[-1.0]] * cal.layers})

@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 
 from engine.fused.fp8 import FP8_DTYPE
+from engine.fused.int8 import check_int8_mult
 from engine.fused.kernels.common import (
     LOG2E,
     launch_options,
@@ -129,7 +130,7 @@ def attention_rows(
     """Queries ``m0 : m0 + BLOCK_M`` of the sequence at rows ``start : start + length``, one
     head: softmax(Q K^T * scale) V with an online softmax (nothing written where ``m0 >=
     length``). With ``FP8_OUT`` the output is stored in e4m3 with the one calibrated scale
-    at ``scale_ptr`` (values beyond it saturate); with ``FP8_OUT`` 2 in int8, each column
+    at ``scale_ptr`` (values beyond it saturate); with ``FP8_OUT`` 4 in int8, each column
     times its multiplier at ``scale_ptr`` [D] (saturating at +-127). Returns two timeline marks
     (``kernels.timeline.stamp``; no instruction without ``TRACE``): the key loop done, and
     the output computed before its store.
@@ -203,7 +204,7 @@ def attention_rows(
     # keeps rows of empty programs finite (they are not stored).
     out = acc / tl.maximum(l_i, 1.0)[:, None] + bv[None, :]
     o_ptrs = out_ptr + q_rows[:, None] * stride_out + col[None, :]
-    if FP8_OUT == 2:  # int8 with per-column multipliers (engine.fused.int8)
+    if FP8_OUT == 4:  # int8 with per-column multipliers (the row kernels' mode 4)
         out8 = to_int8(out * tl.load(scale_ptr + col, mask=dmask, other=0.0)[None, :])
         computed = stamp(TRACE)
         tl.store(o_ptrs, out8, mask=io_mask)
@@ -409,8 +410,8 @@ def attention_varlen(
     n, three_d = qkv.shape
     d = three_d // 3
     head_dim = d // num_heads
-    if fp8_scale is not None and int8_mult is not None:
-        raise ValueError("attention writes an e4m3 or an int8 output, not both")
+    if int8_mult is not None:
+        check_int8_mult(int8_mult, d, fp8_scale)
     out_dtype = (torch.int8 if int8_mult is not None
                  else qkv.dtype if fp8_scale is None else FP8_DTYPE)
     out = torch.empty((n, d), device=qkv.device, dtype=out_dtype)
@@ -434,7 +435,7 @@ def attention_varlen(
         softmax_scale(head_dim), qkv.stride(0), out.stride(0), d,
         HEAD_DIM=head_dim, BLOCK_DH=head_block(head_dim),
         BLOCK_M=bm, BLOCK_N=bn, USE_PDL=pdl, PREFETCH=pdl and prefetch,
-        FP8_OUT=2 if int8_mult is not None else int(fp8_scale is not None),
+        FP8_OUT=4 if int8_mult is not None else int(fp8_scale is not None),
         TILED=tiles is not None, SPLIT=split,
         LATE_RELEASE=pdl and late_release, EARLY_TAIL=early_tail,
         trace_ptr=qkv if trace is None else trace, TRACE=trace is not None, num_warps=warps,

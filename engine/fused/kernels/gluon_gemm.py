@@ -327,6 +327,7 @@ def supports(xq: torch.Tensor, w8: torch.Tensor,
     return (xq.is_cuda and torch.cuda.get_device_capability(xq.device) == (9, 0)
             and xq.dtype == w8.dtype and xq.dtype in GL_TYPES and xq.dim() == 2
             and xq.stride(1) == 1 and xq.stride(0) % 16 == 0
+            and xq.data_ptr() % 16 == 0 and w8.data_ptr() % 16 == 0
             and w8.is_contiguous() and w8.shape[0] % block_n == 0
             and xq.shape[1] == w8.shape[1] and xq.shape[1] % block_k == 0)
 
@@ -358,6 +359,12 @@ def gemm(xq: torch.Tensor, x_scale: torch.Tensor, w8: torch.Tensor, w_scale: tor
     n = w8.shape[0]
     if n % block_n or k % block_k:
         raise ValueError(f"N ({n}) must be a multiple of {block_n}, K ({k}) of {block_k}")
+    if w8.shape[1] != k or w8.dtype != xq.dtype:
+        raise ValueError(f"w8 must be [N, {k}] of {xq.dtype}, got {list(w8.shape)} of "
+                         f"{w8.dtype}")
+    for name, vec in (("bias", bias), ("col_scale", col_scale)):
+        if vec is not None and vec.shape != (n,):
+            raise ValueError(f"{name} must be [{n}], got {list(vec.shape)}")
     if out.shape != (m, n) or not out.is_contiguous():
         raise ValueError(f"out must be a contiguous [{m}, {n}] tensor")
     if out.dtype == torch.float8_e4m3fn and out_scale is None:

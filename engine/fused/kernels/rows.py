@@ -13,6 +13,7 @@ import triton.language as tl
 
 from engine.fused.dispatch import multiprocessors
 from engine.fused.fp8 import BLOCK, FP8_DTYPE, Quantized, padded_rows
+from engine.fused.int8 import check_int8_mult
 from engine.fused.kernels.common import (
     gelu,
     launch_options,
@@ -397,6 +398,7 @@ def _fp8_out(x: torch.Tensor, fp8: bool, blocks: bool = False,
     with ``int8_mult`` (float32 [cols]) an int8 copy instead, ``round(x * int8_mult)``
     (``engine.fused.int8``)."""
     if int8_mult is not None:
+        check_int8_mult(int8_mult, x.shape[1], scale)
         return _Fp8Out(torch.empty(x.shape, device=x.device, dtype=torch.int8), int8_mult, 4)
     if not fp8:
         return _Fp8Out(x, x, 0)  # never touched: the FP8 branch is compiled out
