@@ -332,9 +332,11 @@ def encode_packed(
     int8_out = i8 is not None and "attn_out" in opts.int8_gemms
     int8_ffn1 = (i8 is not None and "ffn_in" in opts.int8_gemms
                  and {"ffn_in", "ffn_out"} <= static)
+    # the sum residual: with 16-bit (or int8) out-projections and FFN1 both e4m3 or both
+    # int8 (its int8 copy comes from layernorm_quant then)
     sum_residual = (OUT_PROJ_ADDS_RESIDUAL and not small and cal is not None
                     and "attn_out" not in static and {"ffn_in", "ffn_out"} <= static
-                    and not (int8_out or int8_ffn1))
+                    and int8_out == int8_ffn1)
 
     def wants8(lin: Linear) -> bool:  # does this GEMM take an e4m3 activation?
         return cal is not None or (use8 and lin.w8 is not None)
@@ -374,10 +376,18 @@ def encode_packed(
                                    late_release="attention" in late, **ctx8)
         res: torch.Tensor | SumResidual
         if sum_residual:  # x is read by nothing after this: the sum overwrites it
-            s = _add_linear(x, ctx, layer.attn_out)
-            xq, moments = ops.layernorm_quant(s, layer.attn_out.bias, layer.ln1_weight,
-                                              layer.ln1_bias, eps, fp8_blocks=w.fp8_blocks,
-                                              fp8_scale=x_scale(i, "ffn_in"))
+            if int8_out and i8 is not None:
+                s = int8_linear(ctx, i8[i].attn_out, w.dtype, addend=x,
+                                config=GEMM_CONFIGS["attn_out"])
+                xq, moments = ops.layernorm_quant(s, layer.attn_out.bias, layer.ln1_weight,
+                                                  layer.ln1_bias, eps,
+                                                  int8_mult=i8[i].ffn_in.mult)
+            else:
+                s = _add_linear(x, ctx, layer.attn_out)
+                xq, moments = ops.layernorm_quant(s, layer.attn_out.bias, layer.ln1_weight,
+                                                  layer.ln1_bias, eps,
+                                                  fp8_blocks=w.fp8_blocks,
+                                                  fp8_scale=x_scale(i, "ffn_in"))
             res = SumResidual(s, moments, layer.attn_out.bias, layer.ln1_weight,
                               layer.ln1_bias)
         else:

@@ -132,27 +132,35 @@ def _gluon_takes(q: torch.Tensor, lin: Int8Linear,
 def int8_linear(q: torch.Tensor, lin: Int8Linear, out_dtype: torch.dtype,
                 bias: torch.Tensor | None = None, gelu: bool = False,
                 out_scale: torch.Tensor | None = None,
-                config: tuple[int, int, int, int] | None = None) -> torch.Tensor:
+                config: tuple[int, int, int, int] | None = None,
+                addend: torch.Tensor | None = None) -> torch.Tensor:
     """``cast(out_scale * act(x_scale * w_top * col * (q w8^T) + bias))`` [T, N] for the
     int8 input copy ``q`` [T, K]: ``out_dtype`` e4m3 (``out_scale`` [1] required) or
     16-bit; ``act`` tanh-GELU when ``gelu``. The Gluon kernel on a Hopper GPU, float32
     math elsewhere (and for shapes it does not take); ``config`` the kernel's
-    (:data:`GEMM_CONFIGS`)."""
+    (:data:`GEMM_CONFIGS`). ``addend`` (16-bit [T, N], with a 16-bit output only) is added
+    last and the result written into it: the out-projection adding the residual
+    (``encoder.OUT_PROJ_ADDS_RESIDUAL``)."""
     from engine.fused.fp8 import FP8_DTYPE, gelu_tanh
 
     if (out_dtype == FP8_DTYPE) != (out_scale is not None):
         raise ValueError("out_scale is required for, and only for, an e4m3 output")
+    if addend is not None and addend.dtype != out_dtype:
+        raise ValueError("an addend takes the output's (16-bit) dtype: it is written over")
     if _gluon_takes(q, lin, config):
         from engine.fused.kernels.gluon_gemm import gemm
 
-        out = torch.empty((q.shape[0], lin.w8.shape[0]), device=q.device, dtype=out_dtype)
+        out = (torch.empty((q.shape[0], lin.w8.shape[0]), device=q.device, dtype=out_dtype)
+               if addend is None else addend)
         return gemm(q, lin.x_scale, lin.w8, lin.w_top, out, bias=bias, col_scale=lin.col,
-                    out_scale=out_scale, gelu=int(gelu), config=config)
+                    out_scale=out_scale, gelu=int(gelu), config=config, addend=addend)
     y = (q.float() @ lin.w8.float().t()) * (lin.x_scale * lin.w_top * lin.col)[None, :]
     if bias is not None:
         y = y + bias.float()
     if gelu:
         y = gelu_tanh(y)
+    if addend is not None:
+        return addend.copy_(y + addend.float())
     if out_scale is not None:
         from engine.fused.fp8 import FP8_MAX
 

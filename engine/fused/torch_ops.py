@@ -105,11 +105,16 @@ def layernorm_quant(
     eps: float,
     fp8_blocks: bool = False,
     fp8_scale: torch.Tensor | None = None,
+    int8_mult: torch.Tensor | None = None,
 ) -> tuple[Quantized, torch.Tensor]:
     x = s.float() + bias.float()
     var, mean = torch.var_mean(x, dim=1, correction=0)
     y = _layernorm(x, gamma, beta, eps)
-    q = _quantize(y, True, fp8_blocks, fp8_scale)
+    if int8_mult is not None:
+        check_int8_mult(int8_mult, y.shape[1], fp8_scale)
+        q: Quantized | None = Quantized(quantize_int8(y, int8_mult), int8_mult)
+    else:
+        q = _quantize(y, True, fp8_blocks, fp8_scale)
     assert q is not None
     return q, torch.stack([mean, torch.rsqrt(var + eps)], dim=1)
 

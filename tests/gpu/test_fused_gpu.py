@@ -368,20 +368,26 @@ def test_calibrated_fp8_ffn_parity(graphs: bool) -> None:
             assert np.array_equal(a, b)
 
 
+@pytest.mark.parametrize("sum_residual", [False, True])
 @pytest.mark.parametrize("graphs", [True, False])
-def test_int8_gemms_parity(monkeypatch: pytest.MonkeyPatch, graphs: bool) -> None:
+def test_int8_gemms_parity(monkeypatch: pytest.MonkeyPatch, graphs: bool,
+                           sum_residual: bool) -> None:
     """The out-projection and FFN1 in int8 (``int8_gemms``: the Gluon GEMM on Hopper, the
     kernels' int8 copies), calibrated, at 40 windows of up to 384 with and without CUDA
     graphs: against HF fp32 as close as the e4m3 default, and against the torch op set's
     float math on the same GPU (the same int8 operands up to copies at rounding ties, so
     much closer than either is to fp32; that engine's int8 GEMMs run as float math, not
     the Gluon kernel); the int8 path must have run (logits differ from the e4m3
-    default's)."""
+    default's). ``sum_residual``: with ``encoder.OUT_PROJ_ADDS_RESIDUAL`` (the int8
+    out-projection's epilogue adds the residual in place, ``layernorm_quant`` writes FFN1's
+    int8 copy)."""
+    from engine.fused import encoder
     from engine.fused.config import BertQAConfig
     from engine.fused.engine import FusedEngine
 
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the int8 GEMMs' fast path is for Hopper (sm_90)")
+    monkeypatch.setattr(encoder, "OUT_PROJ_ADDS_RESIDUAL", sum_residual)
     model, cfg = _random_hf_bert(layers=4, hidden=768, heads=12)
     qa = BertQAConfig.from_dict(cfg.to_dict())
     base = FusedEngine.from_state_dict(model.state_dict(), qa, device="cuda", dtype="fp8",

@@ -40,11 +40,13 @@ def test_kernel_compiles_for_hopper(stages: int, block_k: int, sub_m: int, block
     assert int(re.search(r"REG:(\d+)", usage).group(1)) <= 128  # type: ignore[union-attr]
 
 
-@pytest.mark.parametrize(("block_n", "out", "n"), [(128, "e4m3", 4096), (256, "fp16", 3072)])
-def test_int8_kernel_compiles_for_hopper(block_n: int, out: str, n: int) -> None:
+@pytest.mark.parametrize(("block_n", "out", "n", "add"), [
+    (128, "e4m3", 4096, False), (256, "fp16", 3072, False), (128, "fp16", 1024, True)])
+def test_int8_kernel_compiles_for_hopper(block_n: int, out: str, n: int, add: bool) -> None:
     """On int8 operands: int8 wgmmas (``IGMMA``, int32 accumulators, n128 as the e4m3
     form's), the accumulators converted to float32 before the handoff (on the fast
-    ``I2FP`` path, not the quarter-rate ``I2F``), no spills; GELU only in FFN1's form."""
+    ``I2FP`` path, not the quarter-rate ``I2F``), no spills; GELU only in FFN1's form; the
+    out-projection adding the residual reads it in the epilogue (16-bit loads)."""
     tools_or_skip()
     pytest.importorskip("triton.experimental.gluon")
     from benchmarks.gluon_ffn1 import sm90_sass
@@ -52,7 +54,11 @@ def test_int8_kernel_compiles_for_hopper(block_n: int, out: str, n: int) -> None
     stages, sub_m = (4, 32) if block_n == 128 else (3, 16)
     ffn1 = out == "e4m3"
     sass, usage, shared = sm90_sass(stages, 128, sub_m, int(ffn1), 1, block_n, "int8", out,
-                                    bias=ffn1, col_scale=True, n=n)
+                                    bias=ffn1, col_scale=True, n=n, add=add)
+    plain = sm90_sass(stages, 128, sub_m, int(ffn1), 1, block_n, "int8", out, bias=ffn1,
+                      col_scale=True, n=n)[0] if add else sass
+    loads = len(re.findall(r"\bLDG\.E", sass)) - len(re.findall(r"\bLDG\.E", plain))
+    assert (loads > 0) == add
     assert "STL" not in sass and "LDL" not in sass
     assert shared <= SMEM_PER_BLOCK
     assert len(re.findall(r"IGMMA\.64x128x32\.S8\.S8", sass)) == 2 * 2 * 128 // 32

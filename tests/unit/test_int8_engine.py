@@ -63,6 +63,13 @@ def test_int8_linear_epilogues_and_errors() -> None:
         int8_linear(q, lin, FP8_DTYPE)
     with pytest.raises(ValueError, match="out_scale"):
         int8_linear(q, lin, torch.float16, out_scale=h_inv)
+    # the out-projection adding the residual: written into the addend
+    res = torch.randn(20, 24, generator=g).half()
+    want16 = (deq + res.float()).half()
+    got16 = int8_linear(q, lin, torch.float16, addend=res)
+    assert got16 is res and torch.equal(got16, want16)
+    with pytest.raises(ValueError, match="addend"):
+        int8_linear(q, lin, torch.float32, addend=res)
 
 
 def _batch(rng: np.random.Generator, windows: int, seq: int) -> tuple[np.ndarray, ...]:
@@ -135,6 +142,20 @@ def test_int8_passes(calibrated: object) -> None:
         return float(np.mean([np.abs(a - b).mean() for a, b in zip(out, plain, strict=True)]))
 
     assert err(got["attn_out,ffn_in"]) < 1.5 * err(default)
+    # with the out-projection adding the residual (the sum-residual form: layernorm_quant
+    # writes FFN1's int8 copy): other logits, as close
+    from engine.fused import encoder
+
+    both = FusedEngine(weights, "cpu", backend="torch", fp8_calibrated_min_tokens=1,
+                       int8_gemms="attn_out,ffn_in")
+    both.load_calibration(cal)
+    adds, encoder.OUT_PROJ_ADDS_RESIDUAL = encoder.OUT_PROJ_ADDS_RESIDUAL, True
+    try:
+        summed = both.infer(*x)
+    finally:
+        encoder.OUT_PROJ_ADDS_RESIDUAL = adds
+    assert not np.array_equal(summed[0], got["attn_out,ffn_in"][0])
+    assert err(summed) < 1.5 * err(default)
     with pytest.raises(ValueError, match="unknown"):
         FusedEngine(weights, "cpu", backend="torch", int8_gemms="qkv")
     old = replace(cal, colmax=None)

@@ -205,12 +205,14 @@ def _gelu_tanh(x):
 
 @gluon.jit
 def _epilogue(acc_bufs, acc_ready, acc_empty, bias_ptr, cs_ptr, xs_ptr, ws_ptr, hinv_ptr,
-              out_ptr, M, N, TILE_M: gl.constexpr, SUB_M: gl.constexpr, GELU: gl.constexpr,
-              BIAS: gl.constexpr, COL_SCALE: gl.constexpr, num_warps: gl.constexpr):
+              add_ptr, out_ptr, M, N, TILE_M: gl.constexpr, SUB_M: gl.constexpr,
+              GELU: gl.constexpr, BIAS: gl.constexpr, COL_SCALE: gl.constexpr,
+              ADD: gl.constexpr, num_warps: gl.constexpr):
     """The default partition: each tile this program owns, in order, to rows of ``out``
-    (e4m3 scaled by ``h_inv``, or 16-bit) in ``SUB_M``-row chunks: from one buffer
-    (alternating) in a ping-pong kernel, from both (the top and bottom rows) in a
-    cooperative one."""
+    (e4m3 scaled by ``h_inv``, or 16-bit, plus the [M, N] addend at ``add_ptr`` with
+    ``ADD``: each element read before it is written, by the same thread, so ``out`` may be
+    the addend) in ``SUB_M``-row chunks: from one buffer (alternating) in a ping-pong
+    kernel, from both (the top and bottom rows) in a cooperative one."""
     ROWS: gl.constexpr = acc_bufs.type.shape[1]
     BLOCK_N: gl.constexpr = acc_bufs.type.shape[2]
     COOP: gl.constexpr = ROWS < TILE_M
@@ -247,8 +249,11 @@ def _epilogue(acc_bufs, acc_ready, acc_empty, bias_ptr, cs_ptr, xs_ptr, ws_ptr, 
                 if GELU:
                     x = _gelu_tanh(x)
                 rows = off_m + h * ROWS + r * SUB_M + rows0
-                ptrs = (out_ptr + gl.expand_dims(rows.to(gl.int64) * N, 1)
-                        + gl.expand_dims(cols, 0))
+                offs = gl.expand_dims(rows.to(gl.int64) * N, 1) + gl.expand_dims(cols, 0)
+                ptrs = out_ptr + offs
+                if ADD:
+                    x = x + gl.load(add_ptr + offs, mask=gl.expand_dims(rows < M, 1)).to(
+                        gl.float32)
                 if OUT8:
                     x = x * h_inv
                 gl.store(ptrs, x.to(out_ptr.dtype.element_ty), mask=gl.expand_dims(rows < M, 1))
@@ -258,9 +263,10 @@ def _epilogue(acc_bufs, acc_ready, acc_empty, bias_ptr, cs_ptr, xs_ptr, ws_ptr, 
 
 
 @gluon.jit
-def _gemm_kernel(a_desc, b_desc, bias_ptr, cs_ptr, xs_ptr, ws_ptr, hinv_ptr, out_ptr, M, N, K,
-                 STAGES: gl.constexpr, SUB_M: gl.constexpr, GELU: gl.constexpr,
-                 BIAS: gl.constexpr, COL_SCALE: gl.constexpr, ACC16: gl.constexpr,
+def _gemm_kernel(a_desc, b_desc, bias_ptr, cs_ptr, xs_ptr, ws_ptr, hinv_ptr, add_ptr, out_ptr,
+                 M, N, K, STAGES: gl.constexpr, SUB_M: gl.constexpr, GELU: gl.constexpr,
+                 BIAS: gl.constexpr, COL_SCALE: gl.constexpr, ADD: gl.constexpr,
+                 ACC16: gl.constexpr,
                  COOP: gl.constexpr, LOAD_REGS: gl.constexpr, MMA_REGS: gl.constexpr,
                  num_warps: gl.constexpr):
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
@@ -295,7 +301,8 @@ def _gemm_kernel(a_desc, b_desc, bias_ptr, cs_ptr, xs_ptr, ws_ptr, hinv_ptr, out
                 ws_ptr, M, N, K)
     gl.warp_specialize([
         (_epilogue, (acc_bufs, acc_ready, acc_empty, bias_ptr, cs_ptr, xs_ptr, ws_ptr, hinv_ptr,
-                     out_ptr, M, N, BLOCK_M, SUB_M, GELU, BIAS, COL_SCALE, num_warps)),
+                     add_ptr, out_ptr, M, N, BLOCK_M, SUB_M, GELU, BIAS, COL_SCALE, ADD,
+                     num_warps)),
         (_loader, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K)),
         (_mma0, mma_args),
         (_mma1, mma_args),
@@ -343,13 +350,15 @@ def gemm(xq: torch.Tensor, x_scale: torch.Tensor, w8: torch.Tensor, w_scale: tor
          out: torch.Tensor, *, bias: torch.Tensor | None = None,
          col_scale: torch.Tensor | None = None, out_scale: torch.Tensor | None = None,
          gelu: int = 0, config: tuple[int, int, int, int] | None = None, acc16: int = 1,
-         programs: int = 0) -> torch.Tensor:
+         programs: int = 0, addend: torch.Tensor | None = None) -> torch.Tensor:
     """``out`` [M, N] = ``cast(out_scale * act(x_scale * w_scale * col_scale * xq w8^T +
     bias))`` (the module docstring's form): ``xq`` [M, K] and ``w8`` [N, K] both e4m3 or
     both int8, ``x_scale`` and ``w_scale`` float32 [1] device tensors (``w_scale`` the
     largest per-channel scale where ``col_scale`` [N] holds each over it:
     :func:`column_scales`), ``bias`` [N] or None, ``act`` tanh-GELU when ``gelu``;
-    ``out`` e4m3 (then ``out_scale`` [1] is required) or 16-bit. ``programs`` persistent
+    ``out`` e4m3 (then ``out_scale`` [1] is required) or 16-bit; ``addend`` (a contiguous
+    16-bit [M, N] tensor, which may be ``out`` itself) is added last, before the cast (a
+    GEMM that adds its residual). ``programs`` persistent
     programs (0: one an SM); ``acc16`` 0 hands the accumulators over as float32 (3 ring
     slots at most). ``config``: (ring slots, K-block, epilogue chunk rows, tile columns),
     :data:`CONFIG` by default; 128 tile columns run ping-pong warpgroups on 128 x 128
@@ -369,15 +378,20 @@ def gemm(xq: torch.Tensor, x_scale: torch.Tensor, w8: torch.Tensor, w_scale: tor
         raise ValueError(f"out must be a contiguous [{m}, {n}] tensor")
     if out.dtype == torch.float8_e4m3fn and out_scale is None:
         raise ValueError("an e4m3 output needs out_scale")
+    if addend is not None and (addend.shape != (m, n) or not addend.is_contiguous()
+                               or addend.dtype not in (torch.float16, torch.bfloat16)):
+        raise ValueError(f"addend must be a contiguous 16-bit [{m}, {n}] tensor")
     a_desc, b_desc = descriptors(xq, w8, block_k, block_n)
     tiles = triton.cdiv(m, BLOCK_M) * (n // block_n)
     grid = (max(1, min(programs or multiprocessors(xq.device), tiles)), )
     unused = x_scale  # a pointer the kernel never reads where its constexpr is off
     _gemm_kernel[grid](a_desc, b_desc, unused if bias is None else bias,
                        unused if col_scale is None else col_scale, x_scale, w_scale,
-                       unused if out_scale is None else out_scale, out, m, n, k,
+                       unused if out_scale is None else out_scale,
+                       out if addend is None else addend, out, m, n, k,
                        STAGES=stages, SUB_M=sub_m, GELU=gelu, BIAS=bias is not None,
-                       COL_SCALE=col_scale is not None, ACC16=acc16, COOP=block_n > 128,
+                       COL_SCALE=col_scale is not None, ADD=addend is not None, ACC16=acc16,
+                       COOP=block_n > 128,
                        **WORKER_REGS, **LAUNCH)
     return out
 

@@ -541,10 +541,12 @@ def layernorm_quant(
     eps: float,
     fp8_blocks: bool = False,
     fp8_scale: torch.Tensor | None = None,
+    int8_mult: torch.Tensor | None = None,
 ) -> tuple[Quantized, torch.Tensor]:
     """The e4m3 copy of LayerNorm(s + bias) (per-row scales, 1x128 block scales with
-    ``fp8_blocks``, or the one calibrated scale ``fp8_scale``) and the rows' moments of
-    ``s + bias``, float32 [T, 2]: mean and ``1 / sqrt(var + eps)``.
+    ``fp8_blocks``, or the one calibrated scale ``fp8_scale``; or, given ``int8_mult``, the
+    int8 copy as ``bias_residual_layernorm`` writes it) and the rows' moments of ``s +
+    bias``, float32 [T, 2]: mean and ``1 / sqrt(var + eps)``.
 
     The LayerNorm step of a residual kept as a sum (:class:`SumResidual`): ``s`` [T, D] is
     the sum a GEMM that adds its residual wrote, read once; no 16-bit output is written,
@@ -553,7 +555,7 @@ def layernorm_quant(
     (``engine/fused/NOTES.md`` v42).
     """
     n, d = s.shape
-    f8 = _fp8_out(s, True, fp8_blocks, fp8_scale)
+    f8 = _fp8_out(s, True, fp8_blocks, fp8_scale, int8_mult)
     moments = torch.empty((n, 2), device=s.device, dtype=torch.float32)
     block = triton.next_power_of_2(d)
     rows, warps = LN_QUANT_TILE if n >= 8192 else (2, 4)
