@@ -9,7 +9,8 @@ Each ``--set NAME:module.ATTR=VALUE`` (``ab_replay.parse_setting``; several for 
 combine) makes a variant that runs with those constants set, the others at their
 defaults; each ``--option NAME:keyword=VALUE`` (several for one NAME combine) a variant
 that runs another engine on the baseline's weights and calibration, built with those
-``FusedEngine`` keywords (e.g. ``--option int8:int8_gemms='"attn_out,ffn_in"'``);
+``FusedEngine`` keywords (e.g. ``--option int8:int8_gemms='"attn_out,ffn_in"'``; a NAME
+given both runs that engine with those constants set);
 ``baseline`` (nothing set) runs first and again last. Launch choices that are
 module constants (the row kernels' tiles, say) are read at each eager launch, so a variant
 takes effect from its first pass. Each variant runs ``--settle-s`` at load, then is timed
@@ -78,8 +79,6 @@ def main() -> None:
     engine_options: dict[str, dict[str, Any]] = {}
     for name, key, value in options:
         engine_options.setdefault(name, {})[key] = value
-    if both := set(variants) & set(engine_options):
-        p.error(f"variants {sorted(both)} are named by both --set and --option")
     if "baseline" in variants or "baseline" in engine_options:
         p.error("'baseline' is the variant with nothing set; name yours otherwise")
     defaults = {(id(m), attr): (m, attr, getattr(m, attr))
@@ -102,7 +101,7 @@ def main() -> None:
                                  **kw) for name, kw in engine_options.items()}
     batch = mix_windows(np.random.default_rng(3), args.windows)
     packed = device_packed(*batch)
-    order = ["baseline", *variants, *engines, "baseline_again"]
+    order = ["baseline", *dict.fromkeys([*variants, *engines]), "baseline_again"]
     result = mix_result(args, int(batch[1].sum()),
                         settings={n: [f"{m.__name__}.{a}={v!r}" for m, a, v in s]
                                   for n, s in variants.items()},
@@ -120,7 +119,7 @@ def main() -> None:
     try:
         with torch.inference_mode():
             reference = engine._run_device(*packed)
-            for name in [*variants, *engines]:
+            for name in dict.fromkeys([*variants, *engines]):
                 apply(name)
                 result["max_abs_logit_diff"][name] = (
                     engines.get(name, engine)._run_device(*packed) - reference).abs().max().item()

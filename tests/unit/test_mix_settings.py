@@ -15,8 +15,6 @@ import pytest
     ["--set", "tile:engine.fused.kernels.rows.ROW_TILE_LARGE"],  # no value
     ["--option", "int8:int8_gemms=ffn_in"],  # not a literal
     ["--option", "baseline:int8_gemms='ffn_in'"],  # reserved
-    ["--set", "x:engine.fused.kernels.rows.ROW_TILE_LARGE=(2048, 2)",
-     "--option", "x:int8_gemms='ffn_in'"],  # one name, two kinds
 ])
 def test_bad_settings_are_refused(monkeypatch: pytest.MonkeyPatch, argv: list[str]) -> None:
     from benchmarks import mix_settings
