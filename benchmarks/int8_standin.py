@@ -68,14 +68,6 @@ def parse_config(text: str) -> tuple[int, int, int, int]:
     return values  # type: ignore[return-value]
 
 
-def int8_rows(w: Any) -> tuple[Any, Any]:
-    """Symmetric int8 with one scale a row (an output channel): (int8 copy, scales [N])."""
-    import torch
-
-    s = (w.float().abs().amax(1) / 127).clamp_min(1e-12)
-    return (w.float() / s[:, None]).round().clamp(-127, 127).to(torch.int8), s
-
-
 def epilogue_of(kind: str) -> dict[str, Any]:
     """The epilogue each GEMM has in the int8 design: FFN1 bias + GELU + e4m3 (FFN2's
     input), QKV and the out-projection 16-bit without bias (attention and the LayerNorm
@@ -92,7 +84,8 @@ def alone_row(kind: str, tokens: int, configs: list[tuple[int, int, int, int]], 
     from benchmarks.attn_backends import _time_graph
     from engine.fused.cublaslt import fp8_linear, tuned_half_linear
     from engine.fused.fp8 import FP8_DTYPE, gelu_tanh
-    from engine.fused.kernels.gluon_gemm import column_scales, gemm
+    from engine.fused.int8 import column_scales, quantize_channels
+    from engine.fused.kernels.gluon_gemm import gemm
 
     n, k = SHAPES[kind]
     epi = epilogue_of(kind)
@@ -101,7 +94,7 @@ def alone_row(kind: str, tokens: int, configs: list[tuple[int, int, int, int]], 
     bias = (torch.randn(n, generator=g, device="cuda") * 0.1).to(torch.bfloat16)
     xs8 = (x.float().abs().amax() / 127).reshape(1)
     x8 = (x.float() / xs8).round().clamp(-127, 127).to(torch.int8)
-    w8, sw = int8_rows(w)
+    w8, sw = quantize_channels(w)
     w_top, col = column_scales(sw)
     xsf = (x.float().abs().amax() / 448).reshape(1)
     wsf = (w.float().abs().amax() / 448).reshape(1)
@@ -201,10 +194,11 @@ class Int8StandIns:
         import torch
 
         from engine.fused.fp8 import FP8_DTYPE
-        from engine.fused.kernels.gluon_gemm import column_scales, gemm
+        from engine.fused.int8 import column_scales, quantize_channels
+        from engine.fused.kernels.gluon_gemm import gemm
 
         if id(lin) not in self._weights:
-            w8, s = int8_rows(weight())
+            w8, s = quantize_channels(weight())
             self._weights[id(lin)] = (w8, *column_scales(s))
         w8, w_top, col = self._weights[id(lin)]
         key = (kind, a.shape[0])

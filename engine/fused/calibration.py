@@ -85,11 +85,13 @@ class AmaxRecorder:
     def _record(self, gemm: str, i: int | None, y: torch.Tensor | None) -> None:
         if i is not None and y is not None:
             store = self.amax[gemm]
-            store[i] = torch.maximum(store[i], y.abs().amax().float())
-            if gemm in self.colmax:
+            if gemm in self.colmax:  # per channel, and the tensor's largest from those
                 m = y.reshape(-1, y.shape[-1]).abs().amax(0).float()
                 seen = self.colmax[gemm][i]
                 self.colmax[gemm][i] = m if seen is None else torch.maximum(seen, m)
+                store[i] = torch.maximum(store[i], m.amax())
+            else:
+                store[i] = torch.maximum(store[i], y.abs().amax().float())
             if self.grams is not None and gemm in self.grams:
                 x = y.reshape(-1, y.shape[-1]).float()
                 g = self.grams[gemm][i]

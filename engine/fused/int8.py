@@ -23,13 +23,14 @@ magnitudes ``colmax`` [K] over the calibration:
   ``store_rows_fp8``'s mode 4), returned as ``Quantized(q, mult)``: unlike an e4m3 copy's
   scale, ``mult`` is what the input was multiplied by (only the int8 GEMM reads it);
 * the weight ``W diag(s)`` in int8 with one scale an output channel, its largest ``w_top``
-  and each over it ``col`` (``gluon_gemm.column_scales``);
+  and each over it ``col`` (:func:`quantize_channels`, :func:`column_scales`);
 * ``y = x_scale * w_top * col_n * (q w8^T)``, then the GEMM's epilogue (bias, GELU, e4m3
   for FFN2, or 16-bit): ``kernels.gluon_gemm`` on a Hopper GPU, float32 math elsewhere.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -77,13 +78,26 @@ def quantize_int8(x: torch.Tensor, mult: torch.Tensor) -> torch.Tensor:
     return torch.round(x.float() * mult.float()).clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
 
 
+def quantize_channels(w: torch.Tensor, grid: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric int8 of ``w`` [N, K] with one float32 scale an output channel (a row), on a
+    grid ``grid`` times coarser than amax / 127: (int8 copy, scales [N])."""
+    scales = (w.float().abs().amax(1) / INT8_MAX).clamp_min(1e-12) * grid
+    w8 = torch.round(w.float() / scales[:, None]).clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
+    return w8.contiguous(), scales
+
+
+def column_scales(w_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-channel weight scales [N] as the int8 kernel takes them (``gluon_gemm.gemm``):
+    (their largest [1], each over it [N]), both float32, so its fp16 handoff never holds a
+    value larger than the largest channel's."""
+    top = w_scale.float().amax().reshape(1)
+    return top.contiguous(), (w_scale.float() / top).contiguous()
+
+
 def _weight(ws: torch.Tensor, grid: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(int8 copy, largest scale [1], each over it [N]) of the smoothed weight ``ws``, one
-    scale an output channel, on a grid ``grid`` times coarser than amax / 127."""
-    scales = (ws.abs().amax(1) / INT8_MAX).clamp_min(1e-12) * grid
-    w8 = torch.round(ws / scales[:, None]).clamp(-INT8_MAX, INT8_MAX).to(torch.int8)
-    top = scales.amax().reshape(1)
-    return w8.contiguous(), top.contiguous(), (scales / top).contiguous()
+    """(int8 copy, largest scale [1], each over it [N]) of the smoothed weight ``ws``."""
+    w8, scales = quantize_channels(ws, grid)
+    return (w8, *column_scales(scales))
 
 
 def int8_linear_of(w: torch.Tensor, colmax: torch.Tensor,
@@ -109,23 +123,29 @@ def regrid(lin: Int8Linear, w: torch.Tensor, grid: float) -> Int8Linear:
 def gpu_supported(device: torch.device) -> bool:
     """Whether the int8 kernel (``kernels.gluon_gemm``) runs on this CUDA device: a Hopper
     GPU (sm_90) and a Triton with Gluon's Hopper warp specialization."""
-    if torch.cuda.get_device_capability(device) != (9, 0):
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    return _gpu_supported(index)
+
+
+@functools.cache
+def _gpu_supported(index: int) -> bool:
+    if torch.cuda.get_device_capability(index) != (9, 0):
         return False
     try:
         from engine.fused.kernels import gluon_gemm  # noqa: F401
-    except ImportError:
+    except ImportError:  # a Triton without Gluon's Hopper warp specialization
         return False
     return True
 
 
 def _gluon_takes(q: torch.Tensor, lin: Int8Linear,
                  config: tuple[int, int, int, int] | None) -> bool:
-    if not q.is_cuda:
+    """Whether the kernel takes this call (on the CPU, another GPU or an odd shape the
+    GEMM runs as float math)."""
+    if not (q.is_cuda and gpu_supported(q.device)):
         return False
-    try:
-        from engine.fused.kernels import gluon_gemm
-    except ImportError:  # a Triton without Gluon's Hopper warp specialization
-        return False
+    from engine.fused.kernels import gluon_gemm
+
     return gluon_gemm.supports(q, lin.w8, config)
 
 

@@ -34,9 +34,14 @@ def _layernorm(
 
 
 def _quantize(y: torch.Tensor, fp8: bool, blocks: bool,
-              scale: torch.Tensor | None = None) -> Quantized | None:
+              scale: torch.Tensor | None = None,
+              int8_mult: torch.Tensor | None = None) -> Quantized | None:
     """The e4m3 copy a row kernel writes with ``fp8``: per row, 1x128 blocks, or with one
-    given scale."""
+    given scale; or, given ``int8_mult``, its int8 copy (``engine.fused.int8``), returned
+    with the multipliers."""
+    if int8_mult is not None:
+        check_int8_mult(int8_mult, y.shape[1], scale)
+        return Quantized(quantize_int8(y, int8_mult), int8_mult)
     if not fp8:
         return None
     if scale is not None:
@@ -91,10 +96,7 @@ def bias_residual_layernorm(
     int8_mult: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, Quantized | None]:
     y = _residual_ln(a, bias, residual, gamma, beta, eps)
-    if int8_mult is not None:
-        check_int8_mult(int8_mult, y.shape[1], fp8_scale)
-        return y.to(residual.dtype), Quantized(quantize_int8(y, int8_mult), int8_mult)
-    return y.to(residual.dtype), _quantize(y, fp8, fp8_blocks, fp8_scale)
+    return y.to(residual.dtype), _quantize(y, fp8, fp8_blocks, fp8_scale, int8_mult)
 
 
 def layernorm_quant(
@@ -110,11 +112,7 @@ def layernorm_quant(
     x = s.float() + bias.float()
     var, mean = torch.var_mean(x, dim=1, correction=0)
     y = _layernorm(x, gamma, beta, eps)
-    if int8_mult is not None:
-        check_int8_mult(int8_mult, y.shape[1], fp8_scale)
-        q: Quantized | None = Quantized(quantize_int8(y, int8_mult), int8_mult)
-    else:
-        q = _quantize(y, True, fp8_blocks, fp8_scale)
+    q = _quantize(y, True, fp8_blocks, fp8_scale, int8_mult)
     assert q is not None
     return q, torch.stack([mean, torch.rsqrt(var + eps)], dim=1)
 

@@ -1604,8 +1604,8 @@ def test_gluon_gemm_int8_matches_float_math(config: tuple[int, int, int, int],
     gluon_gemm = pytest.importorskip("engine.fused.kernels.gluon_gemm")
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the Gluon GEMM kernel is for Hopper (sm_90)")
-    from benchmarks.int8_standin import int8_rows
     from engine.fused.fp8 import FP8_DTYPE, gelu_tanh
+    from engine.fused.int8 import column_scales, quantize_channels
 
     g = torch.Generator(device="cuda").manual_seed(5)
     m, n, k = 1000, 4096 if form == "ffn1" else 3072, 1024
@@ -1614,9 +1614,9 @@ def test_gluon_gemm_int8_matches_float_math(config: tuple[int, int, int, int],
     x8 = torch.zeros((m, 2 * k), device="cuda", dtype=torch.int8)
     x8[:, :k] = (x / xs).round().clamp(-127, 127).to(torch.int8)
     x8 = x8[:, :k]
-    w8, sw = int8_rows(torch.randn((n, k), generator=g, device="cuda") * 0.03
+    w8, sw = quantize_channels(torch.randn((n, k), generator=g, device="cuda") * 0.03
                        * torch.rand((n, 1), generator=g, device="cuda"))
-    top, col = gluon_gemm.column_scales(sw)
+    top, col = column_scales(sw)
     want = (x8.float() * xs) @ (w8.float() * sw[:, None]).t()
     if form == "qkv":
         out = torch.empty((m, n), device="cuda", dtype=torch.float16)

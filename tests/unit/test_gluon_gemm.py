@@ -2,7 +2,7 @@
 sm_90a on this CPU with the installed Triton (skipped where the Triton wheel has no
 cuobjdump or no Gluon), in its ping-pong and cooperative forms, on e4m3 and on int8
 operands, with FFN1's epilogue and with a 16-bit one; the calibrated FFN1 takes it only
-where ``fp8.FFN1_GLUON_MIN_ROWS`` and the operands allow; and ``column_scales``. Its
+where ``fp8.FFN1_GLUON_MIN_ROWS`` and the operands allow; and ``int8.column_scales``. Its
 outputs are checked on the GPU (``tests/gpu``: against cuBLASLt and float math)."""
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def test_column_scales() -> None:
     """Per-channel scales as the kernel takes them: the largest, and each over it (so the
     fp16 handoff holds values no larger than the largest channel's)."""
     torch = pytest.importorskip("torch")
-    from engine.fused.kernels.gluon_gemm import column_scales
+    from engine.fused.int8 import column_scales
 
     s = torch.tensor([0.5, 2.0, 1.0], dtype=torch.float16)
     top, col = column_scales(s)

@@ -252,10 +252,10 @@ def test_standin_configs_and_epilogues() -> None:
 
 def test_int8_rows() -> None:
     """One scale an output channel; each row's largest magnitude lands on 127."""
-    from benchmarks.int8_standin import int8_rows
+    from engine.fused.int8 import quantize_channels
 
     w = torch.randn(6, 40) * torch.arange(1, 7)[:, None]
-    q, s = int8_rows(w)
+    q, s = quantize_channels(w)
     assert q.dtype == torch.int8 and s.shape == (6,)
     assert torch.equal(q.abs().amax(1), torch.full((6,), 127, dtype=torch.int8))
     assert float((q.float() * s[:, None] - w).abs().max()) <= float(s.max()) / 2 + 1e-6

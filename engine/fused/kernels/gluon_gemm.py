@@ -339,13 +339,6 @@ def supports(xq: torch.Tensor, w8: torch.Tensor,
             and xq.shape[1] == w8.shape[1] and xq.shape[1] % block_k == 0)
 
 
-def column_scales(w_scale: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-channel weight scales [N] as :func:`gemm` takes them: (their largest [1], each
-    over it [N]), both float32."""
-    top = w_scale.float().amax().reshape(1)
-    return top, (w_scale.float() / top).contiguous()
-
-
 def gemm(xq: torch.Tensor, x_scale: torch.Tensor, w8: torch.Tensor, w_scale: torch.Tensor,
          out: torch.Tensor, *, bias: torch.Tensor | None = None,
          col_scale: torch.Tensor | None = None, out_scale: torch.Tensor | None = None,
@@ -355,7 +348,7 @@ def gemm(xq: torch.Tensor, x_scale: torch.Tensor, w8: torch.Tensor, w_scale: tor
     bias))`` (the module docstring's form): ``xq`` [M, K] and ``w8`` [N, K] both e4m3 or
     both int8, ``x_scale`` and ``w_scale`` float32 [1] device tensors (``w_scale`` the
     largest per-channel scale where ``col_scale`` [N] holds each over it:
-    :func:`column_scales`), ``bias`` [N] or None, ``act`` tanh-GELU when ``gelu``;
+    ``engine.fused.int8.column_scales``), ``bias`` [N] or None, ``act`` tanh-GELU when ``gelu``;
     ``out`` e4m3 (then ``out_scale`` [1] is required) or 16-bit; ``addend`` (a contiguous
     16-bit [M, N] tensor, which may be ``out`` itself) is added last, before the cast (a
     GEMM that adds its residual). ``programs`` persistent
