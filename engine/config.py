@@ -8,7 +8,10 @@ Env vars (override config.pbtxt ``parameters`` of the same lower-case key withou
 ``python -m training.calibrate``; with ``dtype=fp8`` only), ``BERT_QA_FP8_STATIC_INPUTS``
 (which GEMMs' inputs take those static scales, comma-separated from ``qkv``, ``attn_out``,
 ``ffn_in``, ``ffn_out``, or ``none``; unset: the engine's default, all but ``attn_out``;
-with ``BERT_QA_FP8_CALIBRATION`` only).
+with ``BERT_QA_FP8_CALIBRATION`` only), ``BERT_QA_INT8_GEMMS`` (which GEMMs run in int8
+with SmoothQuant smoothing, comma-separated from ``attn_out``, ``ffn_in``; unset: none; with
+``BERT_QA_FP8_CALIBRATION`` only, from a calibration that recorded their per-channel input
+magnitudes, and on a Hopper GPU or the CPU).
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ class EngineConfig:
     dtype: str = "float16"
     fp8_calibration: Path | None = None
     fp8_static_inputs: str | None = None
+    int8_gemms: str | None = None
 
     @classmethod
     def resolve(
@@ -50,20 +54,22 @@ class EngineConfig:
         return cls(**values)  # type: ignore[arg-type]
 
     def build(self) -> QAEngine:
-        for name in ("fp8_calibration", "fp8_static_inputs"):
+        for name in ("fp8_calibration", "fp8_static_inputs", "int8_gemms"):
             if getattr(self, name) is not None and self.engine != "fused":
                 raise ValueError(f"{name} applies to the fused engine only "
                                  f"(BERT_QA_ENGINE is {self.engine!r})")
-        if self.fp8_static_inputs is not None and self.fp8_calibration is None:
-            raise ValueError("fp8_static_inputs chooses among calibrated scales: "
-                             "set fp8_calibration (BERT_QA_FP8_CALIBRATION) too")
+        for name in ("fp8_static_inputs", "int8_gemms"):
+            if getattr(self, name) is not None and self.fp8_calibration is None:
+                raise ValueError(f"{name} runs on calibrated scales: "
+                                 "set fp8_calibration (BERT_QA_FP8_CALIBRATION) too")
         if self.engine == "onnx":
             return load_engine("onnx", self.onnx, threads=str(self.threads))
         options = {"dtype": self.dtype}
         if self.fp8_calibration is not None:
             options["fp8_calibration"] = str(self.fp8_calibration)
-        if self.fp8_static_inputs is not None:
-            options["fp8_static_inputs"] = self.fp8_static_inputs
+        for name in ("fp8_static_inputs", "int8_gemms"):
+            if (value := getattr(self, name)) is not None:
+                options[name] = value
         return load_engine(self.engine, self.model_dir, device=self.device, **options)
 
 
@@ -73,6 +79,6 @@ def _convert(name: str, raw: str) -> object:
         return path if path.is_absolute() else REPO_ROOT / path
     if name == "threads":
         return int(raw)
-    if name == "fp8_static_inputs" and raw.strip().lower() == "none":
-        return ""  # no input static: every GEMM keeps scales per token
+    if name in ("fp8_static_inputs", "int8_gemms") and raw.strip().lower() == "none":
+        return ""  # none of the GEMMs: per-token scales / e4m3 everywhere
     return raw

@@ -256,6 +256,29 @@ def test_calibration_saves_loads_and_serves_through_engine_config(tmp_path: Path
         plain.infer(ids, mask, tt)
     assert plain.calibration == again
 
+    # BERT_QA_INT8_GEMMS: the same engine as built in process with int8_gemms, whose
+    # logits are not the e4m3 default's (the int8 GEMMs ran)
+    int8 = EngineConfig.resolve({"engine": "fused", "device": "cpu", "dtype": "fp8"},
+                                env={"BERT_QA_FP8_CALIBRATION": str(path),
+                                     "BERT_QA_INT8_GEMMS": "attn_out,ffn_in"}).build()
+    assert int8.options.int8_gemms == ("attn_out", "ffn_in")  # type: ignore[attr-defined]
+    direct = FusedEngine.from_pretrained(model, device="cpu", dtype="fp8",
+                                         fp8_calibration=cal, int8_gemms="ffn_in,attn_out")
+    got = int8.infer(ids, mask, tt)
+    for a, b in zip(got, direct.infer(ids, mask, tt), strict=True):
+        assert np.array_equal(a, b)
+    assert not np.array_equal(got[0], served.infer(ids, mask, tt)[0])
+    off = EngineConfig.resolve({"engine": "fused", "device": "cpu", "dtype": "fp8"},
+                               env={"BERT_QA_FP8_CALIBRATION": str(path),
+                                    "BERT_QA_INT8_GEMMS": "none"}).build()
+    assert off.options.int8_gemms == ()  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match="int8_gemms runs on calibrated scales"):
+        EngineConfig(engine="fused", device="cpu", dtype="fp8", int8_gemms="ffn_in").build()
+    with pytest.raises(ValueError, match="int8_gemms"):
+        EngineConfig.resolve({"engine": "fused", "device": "cpu", "dtype": "fp8"},
+                             env={"BERT_QA_FP8_CALIBRATION": str(path),
+                                  "BERT_QA_INT8_GEMMS": "qkv"}).build()
+
 
 @pytest.mark.parametrize(
     ("text", "message"),
@@ -293,6 +316,8 @@ def test_fp8_calibration_is_refused_for_other_engines(engine: str) -> None:
         EngineConfig(engine=engine, fp8_calibration=Path("cal.json")).build()
     with pytest.raises(ValueError, match="fp8_static_inputs applies to the fused engine only"):
         EngineConfig(engine=engine, fp8_static_inputs="qkv").build()
+    with pytest.raises(ValueError, match="int8_gemms applies to the fused engine only"):
+        EngineConfig(engine=engine, int8_gemms="ffn_in").build()
 
 
 def test_calibrating_cannot_nest_and_leaves_the_engine_usable() -> None:
