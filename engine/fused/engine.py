@@ -111,21 +111,39 @@ def _option_names(option: str, value: Sequence[str] | str | None,
     return names
 
 
+def int8_runs_on(device: torch.device) -> bool:
+    """Whether ``int8_gemms`` run on this device as they are meant to: the CPU (float math,
+    the same numbers) or a CUDA GPU the int8 kernel runs on (``int8.gpu_supported``)."""
+    from engine.fused.int8 import gpu_supported
+
+    return device.type != "cuda" or gpu_supported(device)
+
+
+def auto_int8_gemms(calibration: Calibration, fp8: bool, static: Sequence[str],
+                    device: torch.device) -> tuple[str, ...]:
+    """``int8_gemms="auto"``'s choice for a calibration: the out-projection and FFN1 in int8
+    (``calibration.INT8_GEMMS``) where they can run as asked (:func:`check_int8_gemms`
+    would pass) and the calibration recorded their per-channel input magnitudes; else
+    none (the e4m3 default, e.g. from a calibration file written before 2026-12-07)."""
+    recorded = calibration.colmax is not None and set(calibration.colmax) == set(INT8_GEMMS)
+    if recorded and fp8 and {"ffn_in", "ffn_out"} <= set(static) and int8_runs_on(device):
+        return INT8_GEMMS
+    return ()
+
+
 def check_int8_gemms(gemms: Sequence[str], fp8: bool, static: Sequence[str],
                      device: torch.device) -> None:
     """Refuse ``int8_gemms`` where they would not run as asked: an engine without FP8
     weights (calibrated passes are FP8 ones), FFN1 without its input and FFN2's both static
     (its int8 form is the one-GEMM calibrated FFN1), or a GPU the int8 kernel does not run
     on (float math there would be slower than the e4m3 path it replaces)."""
-    from engine.fused.int8 import gpu_supported
-
     if not fp8:
         raise ValueError("int8_gemms needs an FP8 engine (dtype='fp8'): they run in its "
                          "calibrated passes")
     if "ffn_in" in gemms and not {"ffn_in", "ffn_out"} <= set(static):
         raise ValueError("int8_gemms: FFN1 in int8 needs fp8_static_inputs to hold ffn_in "
                          "and ffn_out")
-    if device.type == "cuda" and not gpu_supported(device):
+    if not int8_runs_on(device):
         raise ValueError("int8_gemms needs a Hopper GPU (sm_90) and a Triton with Gluon "
                          "(kernels.gluon_gemm) on CUDA")
 
@@ -243,7 +261,8 @@ class FusedEngine:
         text; none by default) runs those GEMMs of calibrated passes in int8 with
         SmoothQuant smoothing (``engine.fused.int8``), from a calibration that recorded
         their inputs' per-channel magnitudes; FFN1 only where its input and FFN2's are
-        static.
+        static. ``"auto"``: both, from each calibration loaded, where they can run and it
+        recorded those magnitudes, else none (:func:`auto_int8_gemms`).
         ``graph_buckets_per_octave``: token buckets per power of two of the
         graphs, itself a power of two (``packing.round_tokens``: padding under 1/that of
         the tokens from 64 x that many tokens up; more buckets pad less but capture more
@@ -284,7 +303,9 @@ class FusedEngine:
         late_release = _option_names("late_release", late_release, LATE_RELEASE_KERNELS,
                                      "kernels")
         early_weights = _option_names("early_weights", early_weights, EARLY_WEIGHT_GEMMS)
-        int8_gemms = _option_names("int8_gemms", int8_gemms, INT8_GEMMS)
+        self._int8_auto = isinstance(int8_gemms, str) and int8_gemms.strip() == "auto"
+        int8_gemms = [] if self._int8_auto else _option_names("int8_gemms", int8_gemms,
+                                                               INT8_GEMMS)
         if int8_gemms:
             check_int8_gemms(int8_gemms, self.fp8, fp8_static_inputs, self.device)
         if not (attention_grid in ("table", "fewest") if isinstance(attention_grid, str)
@@ -466,10 +487,15 @@ class FusedEngine:
         self._check_calibratable()
         layers = calibration.layers_for(self.weights)
         deferred = calibration.deferred_for(self.weights)
-        int8 = calibration.int8_for(self.weights) if self.options.int8_gemms else None
+        options = self.options
+        if self._int8_auto:
+            options = replace(options, int8_gemms=auto_int8_gemms(
+                calibration, self.fp8, options.fp8_static_inputs, self.device))
+        int8 = calibration.int8_for(self.weights) if options.int8_gemms else None
         with self._lock:
             self.weights = replace(self.weights, calibrated=layers, folded8=deferred,
                                    int8=int8)
+            self.options = options
             self.calibration = calibration
             if self._graphs is not None:
                 # A call may have left a graph running (no sync): it must not outlive

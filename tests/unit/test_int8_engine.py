@@ -236,3 +236,42 @@ def test_calibration_colmax_checks(calibrated: object) -> None:
         Calibration(cal.amax, colmax={"ffn_in": cal.colmax["ffn_in"][:2]})
     with pytest.raises(ValueError, match="finite and non-negative"):
         Calibration(cal.amax, colmax={"ffn_in": [[-1.0]] * cal.layers})
+
+
+def test_int8_auto_follows_each_calibration(calibrated: object) -> None:
+    """``int8_gemms="auto"`` runs the pair in int8 from a calibration with their
+    per-channel magnitudes (the same logits as asking for them by name), and stays on the
+    e4m3 default (the same logits as it, no error) with a calibration without them, with
+    FFN2's input not static, or in an engine without FP8 weights; each calibration loaded
+    decides again."""
+    from dataclasses import replace
+
+    from engine.fused.calibration import INT8_GEMMS
+    from engine.fused.engine import FusedEngine
+
+    weights, cal = calibrated.weights, calibrated.calibration  # type: ignore[attr-defined]
+    x = _batch(np.random.default_rng(9), 2, 72)
+    named = FusedEngine(weights, "cpu", backend="torch", fp8_calibrated_min_tokens=1,
+                        int8_gemms="attn_out,ffn_in", fp8_calibration=cal).infer(*x)
+    default = calibrated.infer(*x)  # type: ignore[attr-defined]
+    auto = FusedEngine(weights, "cpu", backend="torch", fp8_calibrated_min_tokens=1,
+                       int8_gemms=" auto", fp8_calibration=cal)
+    assert auto.options.int8_gemms == INT8_GEMMS
+    for a, b in zip(auto.infer(*x), named, strict=True):
+        assert np.array_equal(a, b)
+    auto.load_calibration(replace(cal, colmax=None))  # an older calibration file
+    assert auto.options.int8_gemms == () and auto.weights.int8 is None
+    for a, b in zip(auto.infer(*x), default, strict=True):
+        assert np.array_equal(a, b)
+    auto.load_calibration(cal)
+    assert auto.options.int8_gemms == INT8_GEMMS
+    assert np.array_equal(auto.infer(*x)[0], named[0])
+    partial = FusedEngine(weights, "cpu", backend="torch", fp8_calibrated_min_tokens=1,
+                          int8_gemms="auto", fp8_static_inputs="qkv,ffn_in",
+                          fp8_calibration=cal)
+    assert partial.options.int8_gemms == ()
+    fp32 = FusedEngine.from_pretrained(MODEL, device="cpu", dtype="float32", backend="torch",
+                                       int8_gemms="auto")
+    assert fp32.options.int8_gemms == ()
+    with pytest.raises(ValueError, match="unknown"):
+        FusedEngine(weights, "cpu", backend="torch", int8_gemms="auto,ffn_in")
