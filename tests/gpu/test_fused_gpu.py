@@ -375,9 +375,11 @@ def test_int8_gemms_parity(monkeypatch: pytest.MonkeyPatch, graphs: bool,
     """The out-projection and FFN1 in int8 (``int8_gemms``: the Gluon GEMM on Hopper, the
     kernels' int8 copies), calibrated, at 40 windows of up to 384 with and without CUDA
     graphs: against HF fp32 as close as the e4m3 default, and against the torch op set's
-    float math on the same GPU (the same int8 operands up to copies at rounding ties, so
-    much closer than either is to fp32; that engine's int8 GEMMs run as float math, not
-    the Gluon kernel); the int8 path must have run (logits differ from the e4m3
+    float math on the same GPU (that engine's int8 GEMMs run as float math, not the Gluon
+    kernel) as close as the e4m3 default is to its own torch op set: copies at rounding
+    ties flip e4m3 and int8 roundings downstream in both, so the two paths drift apart by
+    about the same for either (v51, H100: max |d| 0.62 for e4m3, 0.77 for int8 on the
+    shipped MiniLM); the int8 path must have run (logits differ from the e4m3
     default's). ``sum_residual``: with ``encoder.OUT_PROJ_ADDS_RESIDUAL`` (the int8
     out-projection's epilogue adds the residual in place, ``layernorm_quant`` writes FFN1's
     int8 copy)."""
@@ -410,8 +412,11 @@ def test_int8_gemms_parity(monkeypatch: pytest.MonkeyPatch, graphs: bool,
     from engine.fused import int8 as int8_module
 
     monkeypatch.setattr(int8_module, "_gluon_takes", lambda *args: False)  # float math
+    e4m3_spec = FusedEngine(base.weights, "cuda", backend="torch", cuda_graphs=False)
+    drift = _report(f"e4m3 vs torch op set graphs={graphs}", base.infer(ids, mask, tt),
+                    e4m3_spec.infer(ids, mask, tt), keep)
     assert _report(f"int8 vs torch op set graphs={graphs}", got, spec.infer(ids, mask, tt),
-                   keep) < 0.25 * errs["int8"] + 5e-3
+                   keep) < 1.5 * drift + 0.02
 
 
 @pytest.mark.parametrize("graphs", [True, False])

@@ -275,3 +275,19 @@ def test_int8_auto_follows_each_calibration(calibrated: object) -> None:
     assert fp32.options.int8_gemms == ()
     with pytest.raises(ValueError, match="unknown"):
         FusedEngine(weights, "cpu", backend="torch", int8_gemms="auto,ffn_in")
+
+
+def test_loop_register_cap() -> None:
+    """The residual LayerNorm's loop caps registers so that its ``per_sm`` programs are
+    all resident (the int8 copy compiled to 142 registers at (4, 4, 4): v51), in the
+    allocation's unit of 8."""
+    from engine.fused.kernels import rows
+
+    assert rows.loop_register_cap(4, 4) == 128
+    assert rows.loop_register_cap(8, 2) == 128
+    assert rows.loop_register_cap(9, 4) == 56
+    assert rows.loop_register_cap(4, 8) == 64
+    assert rows.ROW_LOOP is not None
+    per_sm, _, warps = rows.ROW_LOOP
+    cap = rows.loop_register_cap(per_sm, warps)
+    assert cap % 8 == 0 and per_sm * warps * 32 * cap <= rows.REGISTERS_PER_SM

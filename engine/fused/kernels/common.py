@@ -121,25 +121,37 @@ def to_e4m3(x):
 @triton.jit
 def to_int8(x):
     """float32 to int8, rounding to nearest even and saturating at +-127 (the symmetric
-    range: -128 is never produced)."""
+    range: -128 is never produced). On the GPU the rounding is ``cvt.rni.s32.f32`` (one
+    instruction an element; the interpreter, without inline PTX, adds and subtracts
+    1.5 * 2**23 instead, as the GPU did before v51: two more)."""
     x = tl.minimum(tl.maximum(x, -_INT8_MAX), _INT8_MAX)
-    return ((x + _ROUND_MAGIC) - _ROUND_MAGIC).to(tl.int8)
+    if _INTERPRETED:
+        r = ((x + _ROUND_MAGIC) - _ROUND_MAGIC).to(tl.int32)
+    else:
+        r = tl.inline_asm_elementwise("cvt.rni.s32.f32 $0, $1;", "=r,f", [x],
+                                      dtype=tl.int32, is_pure=True, pack=1)
+    return r.to(tl.int8)
 
 
 @triton.jit
-def store_rows_fp8(y, mask, rmask, q_ptrs, qs_ptr, rows, n_rows, D, MODE: tl.constexpr):
+def store_rows_fp8(y, mask, rmask, q_ptrs, qs_ptr, rows, n_rows, D, MODE: tl.constexpr,
+                   mult=None):
     """e4m3 copy of a [ROWS, COLS] float32 tile of whole rows (masked lanes hold 0) and its
     float32 scales (``engine.fused.fp8``). ``MODE`` 1: one scale per row, stored at
     ``qs_ptr + rows``; 2: one per row per 128 columns at ``qs_ptr + block * M4 + rows``
     (M-major, M4 = ``n_rows`` rounded up to 4; COLS a multiple of 128, D too); 3: the one
     calibrated scale of the tensor, read from ``qs_ptr`` (values beyond it saturate); 4: an
     int8 copy (``engine.fused.int8``), each column multiplied by its factor read from
-    ``qs_ptr`` [D] (the input's smoothing and scale in one) before rounding."""
+    ``qs_ptr`` [D] (the input's smoothing and scale in one) before rounding, or given as
+    ``mult`` [1, COLS] already in the tile's layout (a loop over tiles loads it once, not
+    once a tile: a load and a layout change behind barriers each, as v42 found for the
+    LayerNorm's vectors)."""
     if MODE == 4:
-        COLS: tl.constexpr = y.shape[1]
-        cols = tl.arange(0, COLS)
-        mult = tl.load(qs_ptr + cols, mask=cols < D, other=0.0)
-        tl.store(q_ptrs, to_int8(y * mult[None, :]), mask=mask)
+        if mult is None:
+            COLS: tl.constexpr = y.shape[1]
+            cols = tl.arange(0, COLS)
+            mult = tl.load(qs_ptr + cols, mask=cols < D, other=0.0)[None, :]
+        tl.store(q_ptrs, to_int8(y * mult), mask=mask)
     elif MODE == 2:
         R: tl.constexpr = y.shape[0]
         C: tl.constexpr = y.shape[1]

@@ -187,10 +187,12 @@ def residual_ln_tile(
     out_ptr, q_ptr, qs_ptr, qa_w_ptr, qa_b_ptr, logits_ptr,
     n_rows, logits_stride, split_stride, D, eps,
     BLOCK_D: tl.constexpr, SPLITS: tl.constexpr, FP8_OUT: tl.constexpr, QA_HEAD: tl.constexpr,
+    mult=None,
 ):
     """LayerNorm(sum of SPLITS partials of ``a`` + c) with ``c`` from
     :func:`residual_ln_pre` and ``g``/``b`` its vectors as [1, BLOCK_D]: stores the rows
-    (+ e4m3 copy), or the QA logits."""
+    (+ e4m3 or int8 copy; ``mult``: the int8 copy's multipliers, already loaded), or the
+    QA logits."""
     rmask, cols, cmask, mask, offs = row_block(rows, n_rows, D, BLOCK_D)
     x = tl.load(a_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
     for s in tl.static_range(1, SPLITS):  # split-K partial sums of the GEMM, if any
@@ -202,7 +204,8 @@ def residual_ln_tile(
     else:
         tl.store(out_ptr + offs, y.to(out_ptr.dtype.element_ty), mask=mask)
         if FP8_OUT:
-            store_rows_fp8(y, mask, rmask, q_ptr + offs, qs_ptr, rows, n_rows, D, FP8_OUT)
+            store_rows_fp8(y, mask, rmask, q_ptr + offs, qs_ptr, rows, n_rows, D, FP8_OUT,
+                           mult)
 
 
 @triton.jit
@@ -239,19 +242,21 @@ def residual_ln_loop(
     """:func:`residual_ln_rows` (no PDL) over every ROWS-row tile from this program's, a
     grid apart: the bias, gamma and beta vectors are loaded and laid out for the tile once
     a program rather than once a tile (each is a load's round trip and a shared-memory
-    layout change behind barriers, ahead of the tile's own loads; NOTES v42)."""
+    layout change behind barriers, ahead of the tile's own loads; NOTES v42), and so is
+    an int8 copy's multiplier vector (v51)."""
     cols = tl.arange(0, BLOCK_D)
     cmask = cols < D
     bias = load_vector(bias_ptr, cols, cmask)[None, :]
     g = load_vector(g_ptr, cols, cmask)[None, :]
     b = load_vector(b_ptr, cols, cmask)[None, :]
+    mult = load_vector(qs_ptr, cols, cmask)[None, :] if FP8_OUT == 4 else None
     for t in range(tl.program_id(0), tl.cdiv(n_rows, ROWS), tl.num_programs(0)):
         rows = t * ROWS + tl.arange(0, ROWS)
         _, _, _, mask, offs = row_block(rows, n_rows, D, BLOCK_D)
         c = tl.load(res_ptr + offs, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
         residual_ln_tile(rows, a_ptr, c + bias, g, b, out_ptr, q_ptr, qs_ptr, qa_w_ptr,
                          qa_b_ptr, logits_ptr, n_rows, logits_stride, split_stride, D, eps,
-                         BLOCK_D, SPLITS, FP8_OUT, QA_HEAD)
+                         BLOCK_D, SPLITS, FP8_OUT, QA_HEAD, mult)
 
 
 @triton.jit
@@ -348,6 +353,17 @@ GELU_TILE = (1024, 4)
 # shipped MiniLM); (8, 2, 2) +1.8%, (9, 1, 4) +1.6%, (4, 4, 8) +0.1% (NOTES v42); on a
 # faster part (v45) (8, 2, 2) ran between two (4, 4, 4) baselines, its logits 5e-7 off.
 ROW_LOOP: tuple[int, int, int] | None = (4, 4, 4)
+# A multiprocessor's 32-bit registers (sm_80 to sm_90): what ``loop_register_cap`` shares.
+REGISTERS_PER_SM = 65536
+
+
+def loop_register_cap(per_sm: int, warps: int) -> int:
+    """Registers a thread may use so that ``per_sm`` programs of ``warps`` warps are all
+    resident on a multiprocessor at once (a multiple of 8, the allocation's unit): the
+    loop's grid assumes they are. The int8 copy took the residual LayerNorm to 142
+    registers, over (4, 4, 4)'s 128, so one program an SM ran as a tail (+33% in the
+    BERT-large mix on an H100, v51); at 128 it compiles without spills."""
+    return REGISTERS_PER_SM // (per_sm * warps * 32) // 8 * 8
 # ``layernorm_quant``'s (rows a program, warps) from 8,192 rows up (2 rows, 4 warps below).
 # H100, 2026-12-06, the BERT-large mix (47,391 rows of 1,024): 57 us a call at (8, 4),
 # 58-64 at (4, 4), (8, 8), (16, 4), (16, 8), (4, 2), (2, 2); 72 at (4, 8), 84 at (16, 16)
@@ -490,15 +506,18 @@ def _residual_ln(a: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor | S
     # ROW_LOOP: plain residuals without PDL, on a GPU (multiprocessors() is 0 off CUDA)
     sms = multiprocessors(a.device) if n >= 8192 and not (summed or pdl) else 0
     loop = ROW_LOOP if sms else None
+    cap = {}
     if loop is not None:
         per_sm, rows, warps = loop
         grid = min(triton.cdiv(n, rows), per_sm * sms)
+        cap = {"maxnreg": loop_register_cap(per_sm, warps)}
     _residual_ln_kernel[(grid,)](
         a, bias, res, gamma, beta, out, f8.q, f8.qs, qa_w, qa_b, logits, *sum_args,
         n, logits.stride(0), split_stride, d, eps,
         BLOCK_D=block, ROWS=rows, SPLITS=splits, FP8_OUT=f8.mode,
         QA_HEAD=qa is not None, USE_PDL=pdl, LATE_RELEASE=pdl and late_release,
         SUM_RESIDUAL=summed, LOOP=loop is not None, num_warps=warps, **launch_options(pdl),
+        **cap,
     )
     return out, f8
 
