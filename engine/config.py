@@ -9,7 +9,8 @@ Env vars (override config.pbtxt ``parameters`` of the same lower-case key withou
 (which GEMMs' inputs take those static scales, comma-separated from ``qkv``, ``attn_out``,
 ``ffn_in``, ``ffn_out``, or ``none``; unset: the engine's default, all but ``attn_out``;
 with ``BERT_QA_FP8_CALIBRATION`` only), ``BERT_QA_INT8_GEMMS`` (which GEMMs run in int8
-with SmoothQuant smoothing, comma-separated from ``attn_out``, ``ffn_in``; unset: none; with
+with SmoothQuant smoothing, comma-separated from ``attn_out``, ``ffn_in``, or ``auto``: both
+wherever the calibration recorded their inputs' magnitudes and they can run; unset: none; with
 ``BERT_QA_FP8_CALIBRATION`` only, from a calibration that recorded their per-channel input
 magnitudes, and on a Hopper GPU or the CPU).
 """

@@ -272,6 +272,10 @@ def test_calibration_saves_loads_and_serves_through_engine_config(tmp_path: Path
                                env={"BERT_QA_FP8_CALIBRATION": str(path),
                                     "BERT_QA_INT8_GEMMS": "none"}).build()
     assert off.options.int8_gemms == ()  # type: ignore[attr-defined]
+    auto = EngineConfig.resolve({"engine": "fused", "device": "cpu", "dtype": "fp8"},
+                                env={"BERT_QA_FP8_CALIBRATION": str(path),
+                                     "BERT_QA_INT8_GEMMS": "auto"}).build()
+    assert auto.options.int8_gemms == ("attn_out", "ffn_in")  # type: ignore[attr-defined]
     with pytest.raises(ValueError, match="int8_gemms runs on calibrated scales"):
         EngineConfig(engine="fused", device="cpu", dtype="fp8", int8_gemms="ffn_in").build()
     with pytest.raises(ValueError, match="int8_gemms"):
