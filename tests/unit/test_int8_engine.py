@@ -291,3 +291,24 @@ def test_loop_register_cap() -> None:
     per_sm, _, warps = rows.ROW_LOOP
     cap = rows.loop_register_cap(per_sm, warps)
     assert cap % 8 == 0 and per_sm * warps * 32 * cap <= rows.REGISTERS_PER_SM
+
+
+def test_int8_copy_keeps_the_layernorm_loop_resident() -> None:
+    """The residual LayerNorm's loop (``ROW_LOOP``) with the int8 copy, compiled for sm_90a
+    under its launch's register cap: within the cap without spills, and its loop over
+    tiles no heavier in barriers and shared-memory traffic than the e4m3 copy's (the
+    multipliers loaded once a program; v50 loaded them every tile and ran at 142
+    registers, one program an SM as a tail: NOTES v51)."""
+    from benchmarks.int8_copy_sass import layernorm_stats
+    from engine.fused.kernels import rows
+    from tests.sass_tools import tools_or_skip
+
+    tools_or_skip()
+    assert rows.ROW_LOOP is not None
+    per_sm, _, warps = rows.ROW_LOOP
+    cap = rows.loop_register_cap(per_sm, warps)
+    e4m3 = layernorm_stats(3, "*fp8e4nv", cap)
+    int8 = layernorm_stats(4, "*i8", cap)
+    assert int8.registers <= cap and int8.spills == 0 and int8.loop > 0
+    assert ((int8.loop_bar, int8.loop_lds, int8.loop_sts)
+            == (e4m3.loop_bar, e4m3.loop_lds, e4m3.loop_sts))
