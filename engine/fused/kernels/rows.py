@@ -361,9 +361,12 @@ def loop_register_cap(per_sm: int, warps: int) -> int:
     """Registers a thread may use so that ``per_sm`` programs of ``warps`` warps are all
     resident on a multiprocessor at once (a multiple of 8, the allocation's unit): the
     loop's grid assumes they are. The int8 copy took the residual LayerNorm to 142
-    registers, over (4, 4, 4)'s 128, so one program an SM ran as a tail (+33% in the
-    BERT-large mix on an H100, v51); at 128 it compiles without spills."""
+    registers, over (4, 4, 4)'s 128, so one program an SM could only run as a tail (that
+    LayerNorm measured +33% in the BERT-large mix on an H100, v51); at 128 it compiles
+    without spills."""
     return REGISTERS_PER_SM // (per_sm * warps * 32) // 8 * 8
+
+
 # ``layernorm_quant``'s (rows a program, warps) from 8,192 rows up (2 rows, 4 warps below).
 # H100, 2026-12-06, the BERT-large mix (47,391 rows of 1,024): 57 us a call at (8, 4),
 # 58-64 at (4, 4), (8, 8), (16, 4), (16, 8), (4, 2), (2, 2); 72 at (4, 8), 84 at (16, 16)
