@@ -10,7 +10,8 @@ Env vars (override config.pbtxt ``parameters`` of the same lower-case key withou
 ``ffn_in``, ``ffn_out``, or ``none``; unset: the engine's default, all but ``attn_out``;
 with ``BERT_QA_FP8_CALIBRATION`` only), ``BERT_QA_INT8_GEMMS`` (which GEMMs run in int8
 with SmoothQuant smoothing, comma-separated from ``attn_out``, ``ffn_in``, or ``auto``: both
-wherever the calibration recorded their inputs' magnitudes and they can run; unset: none; with
+wherever the calibration recorded their inputs' magnitudes and they can run; unset or ``none``:
+none; with
 ``BERT_QA_FP8_CALIBRATION`` only, from a calibration that recorded their per-channel input
 magnitudes, and on a Hopper GPU or the CPU).
 """
@@ -80,6 +81,8 @@ def _convert(name: str, raw: str) -> object:
         return path if path.is_absolute() else REPO_ROOT / path
     if name == "threads":
         return int(raw)
-    if name in ("fp8_static_inputs", "int8_gemms") and raw.strip().lower() == "none":
-        return ""  # none of the GEMMs: per-token scales / e4m3 everywhere
+    if name == "fp8_static_inputs" and raw.strip().lower() == "none":
+        return ""  # no input static: every GEMM keeps scales per token
+    if name == "int8_gemms" and raw.strip().lower() == "none":
+        return None  # the default: no int8 GEMM (so it asks for no calibration)
     return raw

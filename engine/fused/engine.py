@@ -303,9 +303,13 @@ class FusedEngine:
         late_release = _option_names("late_release", late_release, LATE_RELEASE_KERNELS,
                                      "kernels")
         early_weights = _option_names("early_weights", early_weights, EARLY_WEIGHT_GEMMS)
-        self._int8_auto = isinstance(int8_gemms, str) and int8_gemms.strip() == "auto"
-        int8_gemms = [] if self._int8_auto else _option_names("int8_gemms", int8_gemms,
-                                                               INT8_GEMMS)
+        self._int8_auto = (isinstance(int8_gemms, str)
+                           and int8_gemms.strip().lower() == "auto")
+        try:
+            int8_gemms = [] if self._int8_auto else _option_names("int8_gemms", int8_gemms,
+                                                                   INT8_GEMMS)
+        except ValueError as exc:
+            raise ValueError(f"{exc}, or 'auto'") from None
         if int8_gemms:
             check_int8_gemms(int8_gemms, self.fp8, fp8_static_inputs, self.device)
         if not (attention_grid in ("table", "fewest") if isinstance(attention_grid, str)

@@ -1671,3 +1671,40 @@ def test_calibrated_ffn1_takes_the_gluon_kernel(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(fp8, "FFN1_GLUON_MIN_ROWS", 4097)
     assert torch.equal(bits(fp8.calibrated_ffn1(xq, cal, fast_accum=True).data),
                        bits(op["ref"]))
+
+
+def test_int8_copies_round_ties_to_even_and_saturate() -> None:
+    """The kernels' int8 copies on the GPU (``to_int8``: ``cvt.rni.s32.f32`` after the
+    clamp, v51) against torch's round-half-to-even and clamp at exact ties and beyond the
+    range: the residual LayerNorm's copy in its loop over tiles (8,200 rows of 1,024: the
+    loop and its register cap) with gamma 0, so each column's value is its beta, and
+    attention's with V 0, so each column's value is its V bias."""
+    from engine.fused import kernels as k
+
+    ties = torch.tensor([0.5, -0.5, 1.5, -1.5, 2.5, -2.5, 126.5, -126.5, 127.5, -127.5, 200.0,
+                         -200.0, float("inf"), float("-inf"), 3.49, -3.51], device="cuda")
+
+    def want(v: torch.Tensor) -> torch.Tensor:
+        return torch.round(v.float()).clamp(-127, 127).to(torch.int8)
+
+    d = 1024
+    beta = ties.repeat(d // ties.numel())
+    g = torch.Generator(device="cuda").manual_seed(3)
+    a = torch.randn((8200, d), generator=g, device="cuda").half()
+    res = torch.randn((8200, d), generator=g, device="cuda").half()
+    zeros, ones = torch.zeros(d, device="cuda"), torch.ones(d, device="cuda")
+    _, q = k.bias_residual_layernorm(a, zeros, res, zeros, beta, 1e-5, int8_mult=ones)
+    assert q is not None and q.data.dtype == torch.int8
+    assert torch.equal(q.data, want(beta).expand_as(q.data))
+    heads = 16  # 64-wide heads
+    lengths = [300, 1, 77]
+    cu = torch.tensor([0, *np.cumsum(lengths)], dtype=torch.int32, device="cuda")
+    t = int(cu[-1])
+    qkv = torch.randn((t, 3 * d), generator=g, device="cuda").half()
+    qkv[:, 2 * d:] = 0  # V
+    bias = torch.cat([torch.zeros(2 * d, device="cuda"), beta]).half()
+    for split in (False, True):
+        out = k.attention_varlen(qkv, bias, cu, 300, len(lengths), heads, int8_mult=ones,
+                                 split=split)
+        assert out.dtype == torch.int8
+        assert torch.equal(out, want(bias[2 * d:]).expand_as(out)), split

@@ -272,6 +272,8 @@ def test_calibration_saves_loads_and_serves_through_engine_config(tmp_path: Path
                                env={"BERT_QA_FP8_CALIBRATION": str(path),
                                     "BERT_QA_INT8_GEMMS": "none"}).build()
     assert off.options.int8_gemms == ()  # type: ignore[attr-defined]
+    # "none" is the default, so it asks for no calibration and suits any engine
+    assert EngineConfig.resolve({}, env={"BERT_QA_INT8_GEMMS": "None"}).int8_gemms is None
     auto = EngineConfig.resolve({"engine": "fused", "device": "cpu", "dtype": "fp8"},
                                 env={"BERT_QA_FP8_CALIBRATION": str(path),
                                      "BERT_QA_INT8_GEMMS": "auto"}).build()

@@ -271,10 +271,33 @@ def test_int8_auto_follows_each_calibration(calibrated: object) -> None:
                           fp8_calibration=cal)
     assert partial.options.int8_gemms == ()
     fp32 = FusedEngine.from_pretrained(MODEL, device="cpu", dtype="float32", backend="torch",
-                                       int8_gemms="auto")
+                                       int8_gemms="AUTO ")
     assert fp32.options.int8_gemms == ()
-    with pytest.raises(ValueError, match="unknown"):
+    with pytest.raises(ValueError, match="or 'auto'"):
         FusedEngine(weights, "cpu", backend="torch", int8_gemms="auto,ffn_in")
+
+
+def test_auto_int8_gemms_choice(calibrated: object, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``auto_int8_gemms`` takes the pair only where everything they need is there: the
+    calibration's magnitudes of both, FP8, FFN1's and FFN2's inputs static, and a device
+    that runs them (the CPU; on CUDA a GPU the int8 kernel runs on)."""
+    from dataclasses import replace
+
+    from engine.fused import int8
+    from engine.fused.calibration import INT8_GEMMS
+    from engine.fused.engine import auto_int8_gemms
+
+    cal = calibrated.calibration  # type: ignore[attr-defined]
+    cpu, static = torch.device("cpu"), ("qkv", "ffn_in", "ffn_out")
+    assert auto_int8_gemms(cal, True, static, cpu) == INT8_GEMMS
+    assert auto_int8_gemms(cal, False, static, cpu) == ()
+    assert auto_int8_gemms(cal, True, ("qkv", "ffn_in"), cpu) == ()
+    assert auto_int8_gemms(replace(cal, colmax={"ffn_in": cal.colmax["ffn_in"]}), True,
+                           static, cpu) == ()
+    monkeypatch.setattr(int8, "gpu_supported", lambda device: False)  # CUDA, not Hopper
+    assert auto_int8_gemms(cal, True, static, torch.device("cuda", 0)) == ()
+    monkeypatch.setattr(int8, "gpu_supported", lambda device: True)
+    assert auto_int8_gemms(cal, True, static, torch.device("cuda", 0)) == INT8_GEMMS
 
 
 def test_loop_register_cap() -> None:
@@ -285,12 +308,12 @@ def test_loop_register_cap() -> None:
 
     assert rows.loop_register_cap(4, 4) == 128
     assert rows.loop_register_cap(8, 2) == 128
-    assert rows.loop_register_cap(9, 4) == 56
-    assert rows.loop_register_cap(4, 8) == 64
+    assert rows.loop_register_cap(3, 4) == 168
+    assert rows.loop_register_cap(1, 1) == 255  # a thread's most
+    # shares under 96 registers would spill (187 spill stores at 32): no cap
+    assert rows.loop_register_cap(9, 4) is None and rows.loop_register_cap(4, 8) is None
     assert rows.ROW_LOOP is not None
-    per_sm, _, warps = rows.ROW_LOOP
-    cap = rows.loop_register_cap(per_sm, warps)
-    assert cap % 8 == 0 and per_sm * warps * 32 * cap <= rows.REGISTERS_PER_SM
+    assert rows.loop_register_cap(rows.ROW_LOOP[0], rows.ROW_LOOP[2]) == 128
 
 
 def test_int8_copy_keeps_the_layernorm_loop_resident() -> None:
@@ -307,6 +330,7 @@ def test_int8_copy_keeps_the_layernorm_loop_resident() -> None:
     assert rows.ROW_LOOP is not None
     per_sm, _, warps = rows.ROW_LOOP
     cap = rows.loop_register_cap(per_sm, warps)
+    assert cap is not None
     e4m3 = layernorm_stats(3, "*fp8e4nv", cap)
     int8 = layernorm_stats(4, "*i8", cap)
     assert int8.registers <= cap and int8.spills == 0 and int8.loop > 0

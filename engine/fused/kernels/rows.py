@@ -353,18 +353,24 @@ GELU_TILE = (1024, 4)
 # shipped MiniLM); (8, 2, 2) +1.8%, (9, 1, 4) +1.6%, (4, 4, 8) +0.1% (NOTES v42); on a
 # faster part (v45) (8, 2, 2) ran between two (4, 4, 4) baselines, its logits 5e-7 off.
 ROW_LOOP: tuple[int, int, int] | None = (4, 4, 4)
-# A multiprocessor's 32-bit registers (sm_80 to sm_90): what ``loop_register_cap`` shares.
+# A multiprocessor's 32-bit registers (sm_80 to sm_90): what ``loop_register_cap`` shares;
+# a thread's most (255), and the least a cap leaves (below it the kernels spill: 187 spill
+# stores at 32; ``benchmarks/int8_copy_sass.py``).
 REGISTERS_PER_SM = 65536
+_MAX_REGISTERS = 255
+_MIN_REGISTER_CAP = 96
 
 
-def loop_register_cap(per_sm: int, warps: int) -> int:
+def loop_register_cap(per_sm: int, warps: int) -> int | None:
     """Registers a thread may use so that ``per_sm`` programs of ``warps`` warps are all
-    resident on a multiprocessor at once (a multiple of 8, the allocation's unit): the
-    loop's grid assumes they are. The int8 copy took the residual LayerNorm to 142
-    registers, over (4, 4, 4)'s 128, so one program an SM could only run as a tail (that
-    LayerNorm measured +33% in the BERT-large mix on an H100, v51); at 128 it compiles
-    without spills."""
-    return REGISTERS_PER_SM // (per_sm * warps * 32) // 8 * 8
+    resident on a multiprocessor at once (rounded down to the allocation's unit of 8; at
+    most 255, a thread's limit): the loop's grid assumes they are. The int8 copy took the
+    residual LayerNorm to 142 registers, over (4, 4, 4)'s 128, so one program an SM could
+    only run as a tail (that LayerNorm measured +33% in the BERT-large mix on an H100,
+    v51); at 128 it compiles without spills. None (no cap) where the share is under 96
+    registers: spills would cost more than the programs that do not fit."""
+    cap = min(REGISTERS_PER_SM // (per_sm * warps * 32) // 8 * 8, _MAX_REGISTERS)
+    return cap if cap >= _MIN_REGISTER_CAP else None
 
 
 # ``layernorm_quant``'s (rows a program, warps) from 8,192 rows up (2 rows, 4 warps below).
@@ -513,7 +519,8 @@ def _residual_ln(a: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor | S
     if loop is not None:
         per_sm, rows, warps = loop
         grid = min(triton.cdiv(n, rows), per_sm * sms)
-        cap = {"maxnreg": loop_register_cap(per_sm, warps)}
+        regs = loop_register_cap(per_sm, warps)
+        cap = {"maxnreg": regs} if regs else {}
     _residual_ln_kernel[(grid,)](
         a, bias, res, gamma, beta, out, f8.q, f8.qs, qa_w, qa_b, logits, *sum_args,
         n, logits.stride(0), split_stride, d, eps,
