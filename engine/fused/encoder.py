@@ -376,18 +376,16 @@ def encode_packed(
                                    late_release="attention" in late, **ctx8)
         res: torch.Tensor | SumResidual
         if sum_residual:  # x is read by nothing after this: the sum overwrites it
+            copy: dict[str, Any]  # FFN1's input copy: int8 or e4m3
             if int8_out and i8 is not None:
                 s = int8_linear(ctx, i8[i].attn_out, w.dtype, addend=x,
                                 config=GEMM_CONFIGS["attn_out"])
-                xq, moments = ops.layernorm_quant(s, layer.attn_out.bias, layer.ln1_weight,
-                                                  layer.ln1_bias, eps,
-                                                  int8_mult=i8[i].ffn_in.mult)
+                copy = {"int8_mult": i8[i].ffn_in.mult}
             else:
                 s = _add_linear(x, ctx, layer.attn_out)
-                xq, moments = ops.layernorm_quant(s, layer.attn_out.bias, layer.ln1_weight,
-                                                  layer.ln1_bias, eps,
-                                                  fp8_blocks=w.fp8_blocks,
-                                                  fp8_scale=x_scale(i, "ffn_in"))
+                copy = {"fp8_blocks": w.fp8_blocks, "fp8_scale": x_scale(i, "ffn_in")}
+            xq, moments = ops.layernorm_quant(s, layer.attn_out.bias, layer.ln1_weight,
+                                              layer.ln1_bias, eps, **copy)
             res = SumResidual(s, moments, layer.attn_out.bias, layer.ln1_weight,
                               layer.ln1_bias)
         else:
