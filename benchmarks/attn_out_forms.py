@@ -3,18 +3,18 @@
 out-projection input) and int8 (``int8_gemms`` with the out-projection: per-column
 multipliers).
 
-    python3 benchmarks/attn_out_forms.py --out attn.json [--rounds 7 --calls 24]
+    python3 benchmarks/attn_out_forms.py --out attn.json [--rounds 7 --calls 24 --vectors 0,8]
 
 In the settled mix pass the int8 form took ~43 µs a layer more than the 16-bit one
-(``engine/fused/NOTES.md`` v51), although it writes half the bytes and its registers and
-shared memory are the same. This times the three forms alone on the same packed batch
-(the mix's 256 windows, ``mix_settings.py``'s seed) as the large pass launches them (tile
-list, no PDL): ``--calls`` back-to-back calls replayed from one CUDA graph, the forms taking
-turns for ``--rounds`` rounds so that clock drift hits them alike. Prints µs a call per
-form (median over rounds, and each round's), the compiled forms' registers, spills and
-shared memory, and the SM clock and power over the run (``gpu_clocks``). If the int8 form
-is as fast as the 16-bit one here, its cost in the pass comes from its neighbours (the
-Gluon GEMM after it), not from the kernel. Random QKV activations (the values do not change the work).
+(``engine/fused/NOTES.md`` v51) although it writes half the bytes. This times the forms
+alone on the same packed batch (the mix's 256 windows, ``mix_settings.py``'s seed) as the
+large pass launches them (tile list, no PDL): ``--calls`` back-to-back calls replayed from
+one CUDA graph, the forms taking turns for ``--rounds`` rounds so that clock drift hits
+them alike. The 8-bit forms run under each of ``--vectors``, the bytes a thread stores at
+once (``attention.ATTN_OUT8_VECTOR``; 0: the compiler's choice), named e.g. ``int8 v8``.
+Prints µs a call per form (median over rounds, and each round's) against the 16-bit form,
+the compiled forms' registers, spills and shared memory, and the SM clock and power over
+the run (``gpu_clocks``). Random QKV activations (the values do not change the work).
 """
 
 from __future__ import annotations
@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-FORMS = ("16-bit", "e4m3", "int8")
 
 
 def compiled_stats(kernel: Any) -> list[dict[str, Any]]:
@@ -49,6 +48,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--windows", type=int, default=256)
     p.add_argument("--rounds", type=int, default=7)
     p.add_argument("--calls", type=int, default=24, help="calls a graph replay (a layer each)")
+    p.add_argument("--vectors", default="0,8",
+                   help="ATTN_OUT8_VECTOR values for the 8-bit forms (0: the compiler's)")
     p.add_argument("--out", type=Path, default=None)
     args = p.parse_args(argv)
     sys.path.insert(0, str(REPO))
@@ -82,13 +83,19 @@ def main(argv: list[str] | None = None) -> None:
     def call(form: str) -> None:
         k.attention_varlen(qkv, bias, cu, max_len, seqs, heads, tiles=tiles, **extra[form])
 
-    graphs = {f: capture_graph(lambda f=f: [call(f) for _ in range(args.calls)], 1, warm=1)
-              for f in FORMS}
-    rounds: dict[str, list[float]] = {f: [] for f in FORMS}
+    vectors = [int(v) for v in args.vectors.split(",")]
+    graphs = {}
+    for form, vec in [("16-bit", 0), *((f, v) for v in vectors for f in ("e4m3", "int8"))]:
+        attn.ATTN_OUT8_VECTOR = vec or None  # read at capture
+        name = form if form == "16-bit" else f"{form} v{vec}"
+        graphs[name] = capture_graph(
+            lambda form=form: [call(form) for _ in range(args.calls)], 1, warm=1)
+    forms = list(graphs)
+    rounds: dict[str, list[float]] = {f: [] for f in forms}
     with ClockSampler(gpu=torch_gpu_id()) as sampler:
         start = sampler.now()
         for _ in range(args.rounds):
-            for f in FORMS:
+            for f in forms:
                 graphs[f].replay()
                 s = torch.cuda.Event(enable_timing=True)
                 e = torch.cuda.Event(enable_timing=True)
@@ -103,16 +110,16 @@ def main(argv: list[str] | None = None) -> None:
     base = statistics.median(rounds["16-bit"])
     result: dict[str, Any] = {
         "gpu": torch.cuda.get_device_name(), "tokens": t, "windows": seqs,
-        "calls_a_replay": args.calls, "clocks": clocks,
+        "calls_a_replay": args.calls, "clocks": clocks, "vectors": vectors,
         "forms": {f: {"us_median": statistics.median(r), "us_rounds": r,
                       "vs_16bit": statistics.median(r) / base - 1} for f, r in rounds.items()},
         "compiled": compiled_stats(attn._attn_varlen_kernel),
     }
     print(f"attention alone, BERT-large mix ({t} tokens, {seqs} windows), "
           f"{result['gpu']}, {clocks or 'unsampled: ' + str(sampler.missing)}")
-    print(f"{'form':8} {'µs a call':>10} {'vs 16-bit':>10}  rounds")
+    print(f"{'form':10} {'µs a call':>10} {'vs 16-bit':>10}  rounds")
     for f, v in result["forms"].items():
-        print(f"{f:8} {v['us_median']:10.1f} {v['vs_16bit']:+10.1%}  "
+        print(f"{f:10} {v['us_median']:10.1f} {v['vs_16bit']:+10.1%}  "
               + " ".join(f"{x:.1f}" for x in v["us_rounds"]))
     for c in result["compiled"]:
         print(f"compiled: {c}")

@@ -77,6 +77,14 @@ ATTN_MAXNREG: int | None = 128
 # ran 8-25% slower with it at 2 to 8 sequences (its kernels around attention slowed), so that
 # layer asks for the late load there (``dispatch.early_tail``).
 ATTN_EARLY_TAIL = True
+# The 8-bit output forms (e4m3, int8) store at most this many bytes a thread at once (None:
+# the compiler's choice). Left to itself, Triton 3.6 stores them 16 bytes a thread, and that
+# layout, propagated back from the store, re-lays the whole kernel: Q is loaded 4 threads a
+# row instead of 8, and the rest follows. On the BERT-large mix (H100, attention alone,
+# `benchmarks/attn_out_forms.py`, v52) the e4m3 form then took 251.7 us a layer and the
+# int8 form 259.5, against 227.6 for the 16-bit one. 8 bytes keeps the 16-bit form's
+# layout up to the epilogue (sm_90a SASS: the same loads and loop).
+ATTN_OUT8_VECTOR: int | None = 8
 _UNCAPPED_PER_SM = {4: 3, 8: 1}  # split-loop programs an SM holds uncapped, by warps
 _SMS = 132  # multiprocessors of an H100/H200
 _ATTN_LARGE_PROGRAMS = 4 * _SMS  # ... when it still launches ~4 waves of an H100/H200
@@ -105,7 +113,7 @@ def attention_tile(
     HEAD_DIM: tl.constexpr, BLOCK_DH: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, scale_ptr=None, FP8_OUT: tl.constexpr = False,
     SPLIT: tl.constexpr = False, EARLY_TAIL: tl.constexpr = False,
-    TRACE: tl.constexpr = False,
+    TRACE: tl.constexpr = False, OUT8_VEC: tl.constexpr = 0,
 ):
     """One (query block, sequence, head): :func:`attention_rows` for the sequence whose
     tokens are rows ``cu[seq]:cu[seq+1]``. Programs past a sequence's end write nothing,
@@ -115,7 +123,7 @@ def attention_tile(
     length = tl.load(cu_ptr + seq + 1, cache_modifier=".cg") - start
     return attention_rows(qkv_ptr, bias_ptr, out_ptr, start, length, m_block * BLOCK_M, head,
                           qk_scale, stride_qkv, stride_out, D, HEAD_DIM, BLOCK_DH, BLOCK_M,
-                          BLOCK_N, scale_ptr, FP8_OUT, SPLIT, EARLY_TAIL, TRACE)
+                          BLOCK_N, scale_ptr, FP8_OUT, SPLIT, EARLY_TAIL, TRACE, OUT8_VEC)
 
 
 @triton.jit
@@ -125,13 +133,15 @@ def attention_rows(
     HEAD_DIM: tl.constexpr, BLOCK_DH: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, scale_ptr=None, FP8_OUT: tl.constexpr = False,
     SPLIT: tl.constexpr = False, EARLY_TAIL: tl.constexpr = False,
-    TRACE: tl.constexpr = False,
+    TRACE: tl.constexpr = False, OUT8_VEC: tl.constexpr = 0,
 ):
     """Queries ``m0 : m0 + BLOCK_M`` of the sequence at rows ``start : start + length``, one
     head: softmax(Q K^T * scale) V with an online softmax (nothing written where ``m0 >=
     length``). With ``FP8_OUT`` the output is stored in e4m3 with the one calibrated scale
     at ``scale_ptr`` (values beyond it saturate); with ``FP8_OUT`` 4 in int8, each column
-    times its multiplier at ``scale_ptr`` [D] (saturating at +-127). Returns two timeline marks
+    times its multiplier at ``scale_ptr`` [D] (saturating at +-127); ``OUT8_VEC`` (0: the
+    compiler's choice) caps the bytes a thread stores at once in those 8-bit forms
+    (``ATTN_OUT8_VECTOR``). Returns two timeline marks
     (``kernels.timeline.stamp``; no instruction without ``TRACE``): the key loop done, and
     the output computed before its store.
 
@@ -203,7 +213,11 @@ def attention_rows(
     # l_i >= 1 on every row that saw a key (its max contributes exp2(0)); the floor only
     # keeps rows of empty programs finite (they are not stored).
     out = acc / tl.maximum(l_i, 1.0)[:, None] + bv[None, :]
-    o_ptrs = out_ptr + q_rows[:, None] * stride_out + col[None, :]
+    o_col = col
+    if FP8_OUT:
+        if OUT8_VEC:
+            o_col = tl.max_contiguous(col, OUT8_VEC)
+    o_ptrs = out_ptr + q_rows[:, None] * stride_out + o_col[None, :]
     if FP8_OUT == 4:  # int8 with per-column multipliers (the row kernels' mode 4)
         out8 = to_int8(out * tl.load(scale_ptr + col, mask=dmask, other=0.0)[None, :])
         computed = stamp(TRACE)
@@ -227,7 +241,7 @@ def _attn_varlen_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, USE_PDL: tl.constexpr,
     PREFETCH: tl.constexpr, FP8_OUT: tl.constexpr, TILED: tl.constexpr,
     SPLIT: tl.constexpr, LATE_RELEASE: tl.constexpr, EARLY_TAIL: tl.constexpr, trace_ptr,
-    TRACE: tl.constexpr,
+    TRACE: tl.constexpr, OUT8_VEC: tl.constexpr = 0,
 ):
     """Grid (query blocks, sequences, heads), or with ``TILED`` (tile-list slots, heads).
     With ``USE_PDL`` the next kernel may launch right after the wait, or with
@@ -249,13 +263,13 @@ def _attn_varlen_kernel(
         if length > 0:
             attention_rows(qkv_ptr, bias_ptr, out_ptr, start, length, m0, head,
                            qk_scale, stride_qkv, stride_out, D, HEAD_DIM, BLOCK_DH, BLOCK_M,
-                           BLOCK_N, scale_ptr, FP8_OUT, SPLIT, EARLY_TAIL)
+                           BLOCK_N, scale_ptr, FP8_OUT, SPLIT, EARLY_TAIL, False, OUT8_VEC)
         looped, computed = waited, waited  # (no marks on the tile list's path)
     else:
         looped, computed = attention_tile(
             qkv_ptr, bias_ptr, out_ptr, cu_ptr, tl.program_id(0), tl.program_id(1), head,
             qk_scale, stride_qkv, stride_out, D, HEAD_DIM, BLOCK_DH, BLOCK_M, BLOCK_N,
-            scale_ptr, FP8_OUT, SPLIT, EARLY_TAIL, TRACE)
+            scale_ptr, FP8_OUT, SPLIT, EARLY_TAIL, TRACE, OUT8_VEC)
     pdl_release(LATE_RELEASE)
     record(trace_ptr, started, waited, looped, computed, computed, TRACE)
 
@@ -438,7 +452,8 @@ def attention_varlen(
         FP8_OUT=4 if int8_mult is not None else int(fp8_scale is not None),
         TILED=tiles is not None, SPLIT=split,
         LATE_RELEASE=pdl and late_release, EARLY_TAIL=early_tail,
-        trace_ptr=qkv if trace is None else trace, TRACE=trace is not None, num_warps=warps,
+        trace_ptr=qkv if trace is None else trace, TRACE=trace is not None,
+        OUT8_VEC=ATTN_OUT8_VECTOR or 0, num_warps=warps,
         num_stages=stages,
         **launch_options(pdl), **maxnreg,
     )
