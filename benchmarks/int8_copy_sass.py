@@ -11,13 +11,18 @@ thread, spills, shared memory, all instructions and, for the LayerNorm's loop ov
 (``rows.ROW_LOOP``), the loop's instructions and its barriers and shared-memory traffic.
 The LayerNorm loop is compiled under its launch's register cap
 (``rows.loop_register_cap``; ``--maxnreg 0``: uncapped, to see what the kernel asks for)
-and attention under the mix's 128 (``attention.register_cap``).
+and attention under the mix's 128 (``attention.register_cap``), its 8-bit forms storing
+``attention.ATTN_OUT8_VECTOR`` bytes a thread at once as the engine launches them.
+:func:`attention_memory_ops` counts attention's global loads and stores by opcode: the
+8-bit forms left to the compiler's 16-byte store load Q and the K/V tiles in another
+layout than the 16-bit form (NOTES v52).
 """
 
 from __future__ import annotations
 
 import argparse
 import re
+from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,19 +86,39 @@ def layernorm_stats(mode: int, out_type: str, maxnreg: int | None) -> CopyStats:
                                 (*_LN_POINTERS, "split_stride", "D"), options), looped=True)
 
 
-def attention_stats(mode: int, out_type: str, maxnreg: int = 128) -> CopyStats:
-    """``_attn_varlen_kernel`` as the mix runs it (64x64 tiles, 4 warps, the split loop
-    and tile list, 64-wide heads, PDL off) with output ``mode`` (``FP8_OUT``)."""
+def _attention_sass(mode: int, out_type: str, maxnreg: int,
+                    vector: int | None) -> tuple[str, str, int]:
     from benchmarks.attention_sass import _DIVISIBLE, _SIGNATURE, compile_sass
     from engine.fused.kernels import attention
 
     sig = dict(_SIGNATURE, out_ptr=out_type, scale_ptr="*fp16" if mode == 0 else "*fp32")
+    vec = attention.ATTN_OUT8_VECTOR if vector is None else vector
     constexprs = {"HEAD_DIM": 64, "BLOCK_DH": 64, "BLOCK_M": 64, "BLOCK_N": 64,
                   "USE_PDL": False, "PREFETCH": False, "FP8_OUT": mode, "TILED": True,
-                  "SPLIT": True, "LATE_RELEASE": False, "EARLY_TAIL": False, "TRACE": False}
-    return _stats(*compile_sass(attention._attn_varlen_kernel, sig, constexprs, _DIVISIBLE,
-                                {"num_warps": 4, "num_stages": 3, "maxnreg": maxnreg}),
-                  looped=False)
+                  "SPLIT": True, "LATE_RELEASE": False, "EARLY_TAIL": False, "TRACE": False,
+                  "OUT8_VEC": vec or 0}
+    return compile_sass(attention._attn_varlen_kernel, sig, constexprs, _DIVISIBLE,
+                        {"num_warps": 4, "num_stages": 3, "maxnreg": maxnreg})
+
+
+def attention_stats(mode: int, out_type: str, maxnreg: int = 128,
+                    vector: int | None = None) -> CopyStats:
+    """``_attn_varlen_kernel`` as the mix runs it (64x64 tiles, 4 warps, the split loop
+    and tile list, 64-wide heads, PDL off) with output ``mode`` (``FP8_OUT``), its 8-bit
+    forms storing ``vector`` bytes a thread at once (None: ``ATTN_OUT8_VECTOR``; 0: the
+    compiler's choice)."""
+    return _stats(*_attention_sass(mode, out_type, maxnreg, vector), looped=False)
+
+
+def attention_memory_ops(mode: int, out_type: str, maxnreg: int = 128,
+                         vector: int | None = None) -> Counter[str]:
+    """:func:`attention_stats`'s kernel's global loads, asynchronous copies and stores,
+    counted by opcode (e.g. ``LDG.E.128``, ``LDGSTS.E.BYPASS.128``, ``STG.E.64``)."""
+    from benchmarks.attention_sass import code_lines
+
+    sass = _attention_sass(mode, out_type, maxnreg, vector)[0]
+    ops = (t.split()[1] if t.startswith("@") else t.split()[0] for t in code_lines(sass))
+    return Counter(op for op in ops if op.startswith(("LDG", "STG")))
 
 
 def main(argv: list[str] | None = None) -> None:

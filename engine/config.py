@@ -9,11 +9,11 @@ Env vars (override config.pbtxt ``parameters`` of the same lower-case key withou
 (which GEMMs' inputs take those static scales, comma-separated from ``qkv``, ``attn_out``,
 ``ffn_in``, ``ffn_out``, or ``none``; unset: the engine's default, all but ``attn_out``;
 with ``BERT_QA_FP8_CALIBRATION`` only), ``BERT_QA_INT8_GEMMS`` (which GEMMs run in int8
-with SmoothQuant smoothing, comma-separated from ``attn_out``, ``ffn_in``, or ``auto``: both
-wherever the calibration recorded their inputs' magnitudes and they can run; unset or ``none``:
-none; with
-``BERT_QA_FP8_CALIBRATION`` only, from a calibration that recorded their per-channel input
-magnitudes, and on a Hopper GPU or the CPU).
+with SmoothQuant smoothing, comma-separated from ``attn_out``, ``ffn_in``; ``auto``, the
+engine's default when unset: both wherever the calibration recorded their inputs'
+per-channel magnitudes and they can run, on a Hopper GPU or the CPU, else none with no
+error; ``none``: none. Named GEMMs need ``BERT_QA_FP8_CALIBRATION``, a calibration that
+recorded those magnitudes, and a Hopper GPU or the CPU).
 """
 
 from __future__ import annotations
@@ -56,12 +56,16 @@ class EngineConfig:
         return cls(**values)  # type: ignore[arg-type]
 
     def build(self) -> QAEngine:
+        # int8_gemms "" (``none``) asks for nothing, so it suits any engine
+        asked = {"fp8_calibration": self.fp8_calibration is not None,
+                 "fp8_static_inputs": self.fp8_static_inputs is not None,
+                 "int8_gemms": bool(self.int8_gemms)}
         for name in ("fp8_calibration", "fp8_static_inputs", "int8_gemms"):
-            if getattr(self, name) is not None and self.engine != "fused":
+            if asked[name] and self.engine != "fused":
                 raise ValueError(f"{name} applies to the fused engine only "
                                  f"(BERT_QA_ENGINE is {self.engine!r})")
         for name in ("fp8_static_inputs", "int8_gemms"):
-            if getattr(self, name) is not None and self.fp8_calibration is None:
+            if asked[name] and self.fp8_calibration is None:
                 raise ValueError(f"{name} runs on calibrated scales: "
                                  "set fp8_calibration (BERT_QA_FP8_CALIBRATION) too")
         if self.engine == "onnx":
@@ -69,7 +73,7 @@ class EngineConfig:
         options = {"dtype": self.dtype}
         if self.fp8_calibration is not None:
             options["fp8_calibration"] = str(self.fp8_calibration)
-        for name in ("fp8_static_inputs", "int8_gemms"):
+        for name in ("fp8_static_inputs", "int8_gemms"):  # unset: the engine's default
             if (value := getattr(self, name)) is not None:
                 options[name] = value
         return load_engine(self.engine, self.model_dir, device=self.device, **options)
@@ -84,5 +88,5 @@ def _convert(name: str, raw: str) -> object:
     if name == "fp8_static_inputs" and raw.strip().lower() == "none":
         return ""  # no input static: every GEMM keeps scales per token
     if name == "int8_gemms" and raw.strip().lower() == "none":
-        return None  # the default: no int8 GEMM (so it asks for no calibration)
+        return ""  # no int8 GEMM, whatever the calibration (the engine's default is auto)
     return raw

@@ -164,7 +164,7 @@ def test_static_inputs_choose_static_or_per_token_scales_per_gemm(
     model = REPO_ROOT / "models" / "minilm-l6-squad"
     ids, mask, tt = request(3, 64, 5)
     base = FusedEngine.from_pretrained(model, device="cpu", dtype="fp8", backend="torch",
-                                       fp8_min_tokens=0)
+                                       fp8_min_tokens=0, int8_gemms=None)  # e4m3 GEMMs
     rows = base.infer(ids, mask, tt)
     plain = FusedEngine(base.weights, "cpu", backend="torch", fp8_min_tokens=10**9).infer(
         ids, mask, tt)
@@ -256,8 +256,10 @@ def test_calibration_saves_loads_and_serves_through_engine_config(tmp_path: Path
         plain.infer(ids, mask, tt)
     assert plain.calibration == again
 
-    # BERT_QA_INT8_GEMMS: the same engine as built in process with int8_gemms, whose
-    # logits are not the e4m3 default's (the int8 GEMMs ran)
+    # BERT_QA_INT8_GEMMS: the same engine as built in process with int8_gemms; unset, the
+    # engine's default ("auto") runs the same pair from this calibration; "none" runs the
+    # e4m3 GEMMs, whose logits differ (the int8 GEMMs ran in the others)
+    assert served.options.int8_gemms == ("attn_out", "ffn_in")  # type: ignore[attr-defined]
     int8 = EngineConfig.resolve({"engine": "fused", "device": "cpu", "dtype": "fp8"},
                                 env={"BERT_QA_FP8_CALIBRATION": str(path),
                                      "BERT_QA_INT8_GEMMS": "attn_out,ffn_in"}).build()
@@ -267,13 +269,18 @@ def test_calibration_saves_loads_and_serves_through_engine_config(tmp_path: Path
     got = int8.infer(ids, mask, tt)
     for a, b in zip(got, direct.infer(ids, mask, tt), strict=True):
         assert np.array_equal(a, b)
-    assert not np.array_equal(got[0], served.infer(ids, mask, tt)[0])
+    unset = EngineConfig.resolve({"engine": "fused", "device": "cpu", "dtype": "fp8"},
+                                 env={"BERT_QA_FP8_CALIBRATION": str(path)}).build()
+    assert np.array_equal(got[0], unset.infer(ids, mask, tt)[0])
     off = EngineConfig.resolve({"engine": "fused", "device": "cpu", "dtype": "fp8"},
                                env={"BERT_QA_FP8_CALIBRATION": str(path),
                                     "BERT_QA_INT8_GEMMS": "none"}).build()
     assert off.options.int8_gemms == ()  # type: ignore[attr-defined]
-    # "none" is the default, so it asks for no calibration and suits any engine
-    assert EngineConfig.resolve({}, env={"BERT_QA_INT8_GEMMS": "None"}).int8_gemms is None
+    assert not np.array_equal(got[0], off.infer(ids, mask, tt)[0])
+    # "none" asks for nothing, so it needs no calibration and suits any engine
+    assert EngineConfig.resolve({}, env={"BERT_QA_INT8_GEMMS": "None"}).int8_gemms == ""
+    for engine in ("fused", "reference"):  # (onnx needs its file: the same check)
+        EngineConfig(engine=engine, device="cpu", int8_gemms="").build()
     auto = EngineConfig.resolve({"engine": "fused", "device": "cpu", "dtype": "fp8"},
                                 env={"BERT_QA_FP8_CALIBRATION": str(path),
                                      "BERT_QA_INT8_GEMMS": "auto"}).build()

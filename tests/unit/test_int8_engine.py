@@ -5,6 +5,7 @@ passes of the shipped MiniLM with the out-projection and FFN1 in int8 (torch op 
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import numpy as np
@@ -84,8 +85,9 @@ def _batch(rng: np.random.Generator, windows: int, seq: int) -> tuple[np.ndarray
 def calibrated() -> object:
     from engine.fused.engine import FusedEngine
 
+    # the e4m3 form (no int8 GEMM), which the int8 forms are compared with
     engine = FusedEngine.from_pretrained(MODEL, device="cpu", dtype="fp8", backend="torch",
-                                         fp8_calibrated_min_tokens=1)
+                                         fp8_calibrated_min_tokens=1, int8_gemms=None)
     engine.calibrate(*_batch(np.random.default_rng(3), 4, 96))
     return engine
 
@@ -336,3 +338,29 @@ def test_int8_copy_keeps_the_layernorm_loop_resident() -> None:
     assert int8.registers <= cap and int8.spills == 0 and int8.loop > 0
     assert ((int8.loop_bar, int8.loop_lds, int8.loop_sts)
             == (e4m3.loop_bar, e4m3.loop_lds, e4m3.loop_sts))
+
+
+def test_8bit_attention_keeps_the_16bit_layout() -> None:
+    """Attention's 8-bit output forms (int8 for ``int8_gemms``, e4m3), compiled for sm_90a
+    as the mix launches them, load Q, its bias and the K/V tiles as the 16-bit form does
+    and store at most ``ATTN_OUT8_VECTOR`` bytes a thread. Left to the compiler's 16-byte
+    store they are laid out otherwise from the first load (two 16-byte bias loads a thread
+    instead of one), and ran 10-14% slower than the 16-bit form (NOTES v52)."""
+    from benchmarks.int8_copy_sass import attention_memory_ops
+    from engine.fused.kernels import attention
+    from tests.sass_tools import tools_or_skip
+
+    tools_or_skip()
+    assert attention.ATTN_OUT8_VECTOR == 8
+
+    def loads(ops: Counter[str]) -> dict[str, int]:  # less the scale / multiplier loads
+        return {op: n for op, n in ops.items() if op.startswith(("LDG.E.128", "LDGSTS"))}
+
+    wide = attention_memory_ops(0, "*fp16")
+    assert wide["STG.E.128"] > 0
+    for mode, out_type in ((4, "*i8"), (1, "*fp8e4nv")):
+        ops = attention_memory_ops(mode, out_type)
+        assert loads(ops) == loads(wide), out_type
+        assert ops["STG.E.64"] > 0 and "STG.E.128" not in ops, out_type
+        own = attention_memory_ops(mode, out_type, vector=0)  # the compiler's choice
+        assert loads(own) != loads(wide) and own["STG.E.128"] > 0, out_type

@@ -214,9 +214,8 @@ def attention_rows(
     # keeps rows of empty programs finite (they are not stored).
     out = acc / tl.maximum(l_i, 1.0)[:, None] + bv[None, :]
     o_col = col
-    if FP8_OUT:
-        if OUT8_VEC:
-            o_col = tl.max_contiguous(col, OUT8_VEC)
+    if FP8_OUT and OUT8_VEC:
+        o_col = tl.max_contiguous(col, OUT8_VEC)
     o_ptrs = out_ptr + q_rows[:, None] * stride_out + o_col[None, :]
     if FP8_OUT == 4:  # int8 with per-column multipliers (the row kernels' mode 4)
         out8 = to_int8(out * tl.load(scale_ptr + col, mask=dmask, other=0.0)[None, :])
