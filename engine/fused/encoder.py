@@ -202,7 +202,9 @@ class EncodeOptions:
     sequence the query blocks ``dispatch.QUERY_BLOCKS`` has for the layer and the bucket's
     sequence count (more than its longest sequence needs: their programs do nothing),
     ``"fewest"`` never more, and a number at least that many blocks (an A/B and sweep
-    knob).
+    knob). ``int8_gemms`` (of ``calibration.INT8_GEMMS``) run in int8 on calibrated
+    large-path passes of at least ``int8_min_tokens`` tokens; shorter passes keep their
+    e4m3 (or 16-bit) forms.
     """
 
     fp8_out_dtype: torch.dtype | None = None
@@ -227,6 +229,7 @@ class EncodeOptions:
     early_weights: tuple[str, ...] = EARLY_WEIGHTS
     attn_grid: int | str = "table"
     int8_gemms: tuple[str, ...] = ()
+    int8_min_tokens: int = 0
 
 
 def _linear(x: torch.Tensor | None, xq: Quantized | None, lin: Linear,
@@ -329,6 +332,8 @@ def encode_packed(
     if cal is not None and not small and opts.int8_gemms and i8 is None:
         raise ValueError("int8_gemms needs a calibration with per-channel input magnitudes, "
                          "loaded by the engine that asks for them")
+    if tokens < opts.int8_min_tokens:
+        i8 = None
     int8_out = i8 is not None and "attn_out" in opts.int8_gemms
     int8_ffn1 = (i8 is not None and "ffn_in" in opts.int8_gemms
                  and {"ffn_in", "ffn_out"} <= static)

@@ -79,6 +79,14 @@ from engine.fused.packing import (
 from engine.fused.weights import BertQAWeights, pack_weights, read_state_dict
 
 PAD_LOGIT = -10000.0  # start/end logit reported at padded positions
+# ``int8_gemms="auto"`` runs them on calibrated passes of at least this many tokens, by the
+# model's hidden size; other sizes keep the e4m3 GEMMs (no measurement). The Gluon int8 GEMM
+# loses to cuBLASLt's e4m3 one on short passes. H100, graph replay, int8 against e4m3
+# (`benchmarks/ab_replay.py`, NOTES v52): BERT-large 1x384 +17.8%, 4x384 (1,536 tokens)
+# +6.7%, mix16 (~2,960) -3.4%, 8x384 (3,072) -3.8%, mix32 -6.2%, 16x384 -6.6%, mix64 -7.0%,
+# 128x128 -7.7%; BERT-base 4x384 +10.3%, 8x384 (3,072) +7.5%, mix32 (~5,900) -1.1%, 16x384
+# (6,144) -2.0%, 32x384 -3.8%, mix64 -5.2%.
+INT8_AUTO_MIN_TOKENS = {1024: 2048, 768: 6144}
 
 _DTYPES = {
     "float32": torch.float32, "fp32": torch.float32,
@@ -209,6 +217,7 @@ class FusedEngine:
         early_weights: Sequence[str] | str | None = EARLY_WEIGHTS,
         attention_grid: int | str = "table",
         int8_gemms: Sequence[str] | str | None = "auto",
+        int8_min_tokens: int | None = None,
     ) -> None:
         """FP8 weights (if packed) are used for batches of at least ``fp8_min_tokens``
         tokens, and once calibrated (:meth:`calibrating`) from ``fp8_calibrated_min_tokens``
@@ -263,8 +272,11 @@ class FusedEngine:
         their inputs' per-channel magnitudes; FFN1 only where its input and FFN2's are
         static. ``"auto"`` (the default): both, from each calibration loaded, where they
         can run and it recorded those magnitudes, else none, with no error
-        (:func:`auto_int8_gemms`); measured in ``NOTES.md`` v51-v52 (BERT-large mix +3.6%
-        settled on an H100, F1 loss 0.02 under the e4m3 form's).
+        (:func:`auto_int8_gemms`), on passes of at least ``INT8_AUTO_MIN_TOKENS`` tokens
+        for the model's hidden size (none for sizes it does not list); measured in
+        ``NOTES.md`` v51-v52 (BERT-large mix +3.6% settled on an H100, F1 loss 0.02 under
+        the e4m3 form's). ``int8_min_tokens`` sets that threshold instead (named GEMMs:
+        0 by default, every calibrated large-path pass).
         ``graph_buckets_per_octave``: token buckets per power of two of the
         graphs, itself a power of two (``packing.round_tokens``: padding under 1/that of
         the tokens from 64 x that many tokens up; more buckets pad less but capture more
@@ -314,6 +326,12 @@ class FusedEngine:
             raise ValueError(f"{exc}, or 'auto'") from None
         if int8_gemms:
             check_int8_gemms(int8_gemms, self.fp8, fp8_static_inputs, self.device)
+        if int8_min_tokens is not None and (type(int8_min_tokens) is not int
+                                            or int8_min_tokens < 0):
+            raise ValueError(f"int8_min_tokens: {int8_min_tokens!r} is not a token count")
+        self._int8_min_tokens = (int8_min_tokens if int8_min_tokens is not None
+                                 else INT8_AUTO_MIN_TOKENS.get(weights.config.hidden_size)
+                                 if self._int8_auto else 0)
         if not (attention_grid in ("table", "fewest") if isinstance(attention_grid, str)
                 else type(attention_grid) is int and attention_grid >= 1):
             raise ValueError(f"attention_grid: {attention_grid!r} is neither 'table', "
@@ -342,6 +360,7 @@ class FusedEngine:
             early_weights=tuple(g for g in EARLY_WEIGHT_GEMMS if g in early_weights),
             attn_grid=attention_grid,
             int8_gemms=tuple(g for g in INT8_GEMMS if g in int8_gemms),
+            int8_min_tokens=self._int8_min_tokens or 0,
         )
         self.graph_staging = graph_staging
         self._graphs = self._new_graphs()
@@ -494,9 +513,10 @@ class FusedEngine:
         layers = calibration.layers_for(self.weights)
         deferred = calibration.deferred_for(self.weights)
         options = self.options
-        if self._int8_auto:
+        if self._int8_auto:  # no threshold for this model: none
             options = replace(options, int8_gemms=auto_int8_gemms(
-                calibration, self.fp8, options.fp8_static_inputs, self.device))
+                calibration, self.fp8, options.fp8_static_inputs, self.device)
+                if self._int8_min_tokens is not None else ())
         int8 = calibration.int8_for(self.weights) if options.int8_gemms else None
         with self._lock:
             self.weights = replace(self.weights, calibrated=layers, folded8=deferred,

@@ -256,8 +256,9 @@ def test_int8_auto_follows_each_calibration(calibrated: object) -> None:
     named = FusedEngine(weights, "cpu", backend="torch", fp8_calibrated_min_tokens=1,
                         int8_gemms="attn_out,ffn_in", fp8_calibration=cal).infer(*x)
     default = calibrated.infer(*x)  # type: ignore[attr-defined]
+    # (MiniLM's width has no measured threshold, INT8_AUTO_MIN_TOKENS: one is given)
     auto = FusedEngine(weights, "cpu", backend="torch", fp8_calibrated_min_tokens=1,
-                       int8_gemms=" auto", fp8_calibration=cal)
+                       int8_gemms=" auto", fp8_calibration=cal, int8_min_tokens=1)
     assert auto.options.int8_gemms == INT8_GEMMS
     for a, b in zip(auto.infer(*x), named, strict=True):
         assert np.array_equal(a, b)
@@ -270,7 +271,7 @@ def test_int8_auto_follows_each_calibration(calibrated: object) -> None:
     assert np.array_equal(auto.infer(*x)[0], named[0])
     partial = FusedEngine(weights, "cpu", backend="torch", fp8_calibrated_min_tokens=1,
                           int8_gemms="auto", fp8_static_inputs="qkv,ffn_in",
-                          fp8_calibration=cal)
+                          fp8_calibration=cal, int8_min_tokens=1)
     assert partial.options.int8_gemms == ()
     fp32 = FusedEngine.from_pretrained(MODEL, device="cpu", dtype="float32", backend="torch",
                                        int8_gemms="AUTO ")
@@ -364,3 +365,43 @@ def test_8bit_attention_keeps_the_16bit_layout() -> None:
         assert ops["STG.E.64"] > 0 and "STG.E.128" not in ops, out_type
         own = attention_memory_ops(mode, out_type, vector=0)  # the compiler's choice
         assert loads(own) != loads(wide) and own["STG.E.128"] > 0, out_type
+
+
+def test_int8_min_tokens(calibrated: object) -> None:
+    """int8 GEMMs run on calibrated passes of at least ``int8_min_tokens`` tokens; shorter
+    ones give the e4m3 GEMMs' logits exactly. ``"auto"`` takes its threshold from
+    ``INT8_AUTO_MIN_TOKENS`` by hidden size (BERT-large 2,048, BERT-base 6,144: where the
+    Gluon int8 GEMM overtook cuBLASLt's e4m3 one, v52) and runs none for a size it does
+    not list (MiniLM's 384); named GEMMs run from 0 unless told."""
+    from engine.fused import engine as engine_module
+    from engine.fused.engine import FusedEngine
+
+    weights, cal = calibrated.weights, calibrated.calibration  # type: ignore[attr-defined]
+    x = _batch(np.random.default_rng(11), 2, 72)  # 144 tokens
+    e4m3 = calibrated.infer(*x)  # type: ignore[attr-defined]
+
+    def engine(**kw: object) -> FusedEngine:
+        return FusedEngine(weights, "cpu", backend="torch", fp8_calibrated_min_tokens=1,
+                           fp8_calibration=cal, **kw)  # type: ignore[arg-type]
+
+    named = engine(int8_gemms="attn_out,ffn_in")
+    assert named.options.int8_gemms and named.options.int8_min_tokens == 0
+    int8 = named.infer(*x)
+    assert not np.array_equal(int8[0], e4m3[0])
+    for tokens, want in ((144, int8), (145, e4m3)):
+        for kw in ({"int8_gemms": "attn_out,ffn_in"}, {}):  # named, auto
+            got = engine(int8_min_tokens=tokens, **kw).infer(*x)
+            for a, b in zip(got, want, strict=True):
+                assert np.array_equal(a, b), (tokens, kw)
+    assert engine().options.int8_gemms == ()  # auto, MiniLM: no threshold
+    assert engine_module.INT8_AUTO_MIN_TOKENS == {1024: 2048, 768: 6144}
+    try:  # the table by hidden size (MiniLM listed as if measured)
+        engine_module.INT8_AUTO_MIN_TOKENS[weights.config.hidden_size] = 145
+        listed = engine()
+        assert listed.options.int8_min_tokens == 145 and listed.options.int8_gemms
+        assert np.array_equal(listed.infer(*x)[0], e4m3[0])
+    finally:
+        del engine_module.INT8_AUTO_MIN_TOKENS[weights.config.hidden_size]
+    for bad in (-1, 1.5, "12"):
+        with pytest.raises(ValueError, match="int8_min_tokens"):
+            engine(int8_min_tokens=bad)
