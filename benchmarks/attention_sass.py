@@ -46,7 +46,7 @@ _SIGNATURE = {
     "BLOCK_M": "constexpr", "BLOCK_N": "constexpr", "USE_PDL": "constexpr",
     "PREFETCH": "constexpr", "FP8_OUT": "constexpr", "TILED": "constexpr",
     "SPLIT": "constexpr", "LATE_RELEASE": "constexpr", "EARLY_TAIL": "constexpr",
-    "trace_ptr": "*i64", "TRACE": "constexpr",
+    "trace_ptr": "*i64", "TRACE": "constexpr", "OUT8_VEC": "constexpr",
 }
 _DIVISIBLE = ("qkv_ptr", "bias_ptr", "out_ptr", "cu_ptr", "scale_ptr", "tiles_ptr",
               "stride_qkv", "stride_out", "D")
@@ -193,12 +193,15 @@ def compile_stats(module: ModuleType, bm: int, bn: int, warps: int,
     options: dict[str, object] = {"num_warps": warps, "num_stages": 3}
     if maxnreg:
         options["maxnreg"] = maxnreg
+    kernel = module._attn_varlen_kernel
+    names = set(kernel.arg_names)  # (a module from before an argument was added lacks it)
+    constexprs = {"HEAD_DIM": 64, "BLOCK_DH": 64, "BLOCK_M": bm, "BLOCK_N": bn,
+                  "USE_PDL": False, "PREFETCH": False, "FP8_OUT": False, "TILED": True,
+                  "SPLIT": split, "LATE_RELEASE": False, "EARLY_TAIL": early_tail,
+                  "TRACE": False, "OUT8_VEC": 0}
     sass, usage, shared = compile_sass(
-        module._attn_varlen_kernel, _SIGNATURE,
-        {"HEAD_DIM": 64, "BLOCK_DH": 64, "BLOCK_M": bm, "BLOCK_N": bn, "USE_PDL": False,
-         "PREFETCH": False, "FP8_OUT": False, "TILED": True, "SPLIT": split,
-         "LATE_RELEASE": False, "EARLY_TAIL": early_tail, "TRACE": False},
-        _DIVISIBLE, options)
+        kernel, {n: t for n, t in _SIGNATURE.items() if n in names},
+        {n: v for n, v in constexprs.items() if n in names}, _DIVISIBLE, options)
     if keep is not None:
         keep.mkdir(parents=True, exist_ok=True)
         form = (("split" + ("-early-tail" if early_tail else "")

@@ -190,12 +190,14 @@ def make_ours(model, cfg, **kw):  # type: ignore[no-untyped-def]
 
 
 def static_everywhere(calibrated, **kw):  # type: ignore[no-untyped-def]
-    """``calibrated``'s weights (with their static scales) and every GEMM's input static:
-    the opt-in fastest FP8 path (the default leaves the attention output per token)."""
+    """``calibrated``'s weights (with their static scales) and every GEMM's input static,
+    all e4m3 (no int8 GEMM): the opt-in all-static FP8 path (the default leaves the
+    attention output per token)."""
     from engine.fused.calibration import GEMMS
     from engine.fused.engine import FusedEngine
 
-    return FusedEngine(calibrated.weights, "cuda", fp8_static_inputs=GEMMS, **kw)
+    return FusedEngine(calibrated.weights, "cuda", fp8_static_inputs=GEMMS,
+                       **{"int8_gemms": None, **kw})
 
 
 def calibrate_on_mix(engine, windows: int = 256, seed: int = 4) -> None:  # type: ignore[no-untyped-def]
@@ -212,11 +214,12 @@ def mix_windows(rng, windows: int):  # type: ignore[no-untyped-def]
     return random_padded(rng, windows, 384, rng.choice(squad_lengths(), windows))
 
 
-def mix_engine(name: str, dtype: str = "fp8"):  # type: ignore[no-untyped-def]
+def mix_engine(name: str, dtype: str = "fp8", **kw):  # type: ignore[no-untyped-def]
     """The engine a mix benchmark starts from: random-weight ``name`` in ``dtype``, and in
-    FP8 calibrated on mix windows of its own (the engine's default FP8 path)."""
+    FP8 calibrated on mix windows of its own (the engine's default FP8 path, or with
+    ``kw``'s engine options, e.g. ``int8_gemms=None`` for the e4m3 GEMMs)."""
     model, cfg = make_hf(name)
-    engine = make_ours(model, cfg, dtype=dtype)
+    engine = make_ours(model, cfg, dtype=dtype, **kw)
     del model
     if dtype == "fp8":
         calibrate_on_mix(engine)

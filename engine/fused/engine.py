@@ -332,6 +332,12 @@ class FusedEngine:
         self._int8_min_tokens = (int8_min_tokens if int8_min_tokens is not None
                                  else INT8_AUTO_MIN_TOKENS.get(weights.config.hidden_size)
                                  if self._int8_auto else 0)
+        if (self._int8_auto and weights.int8 is not None and self._int8_min_tokens is not None
+                and self.fp8 and {"ffn_in", "ffn_out"} <= set(fp8_static_inputs)
+                and int8_runs_on(self.device)):
+            # weights from an engine whose calibration gave them int8 copies (auto's choice
+            # there): the same choice here, as a calibration loaded later would make it
+            int8_gemms = list(INT8_GEMMS)
         if not (attention_grid in ("table", "fewest") if isinstance(attention_grid, str)
                 else type(attention_grid) is int and attention_grid >= 1):
             raise ValueError(f"attention_grid: {attention_grid!r} is neither 'table', "

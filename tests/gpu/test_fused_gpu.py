@@ -393,7 +393,8 @@ def test_int8_gemms_parity(monkeypatch: pytest.MonkeyPatch, graphs: bool,
     model, cfg = _random_hf_bert(layers=4, hidden=768, heads=12)
     qa = BertQAConfig.from_dict(cfg.to_dict())
     base = FusedEngine.from_state_dict(model.state_dict(), qa, device="cuda", dtype="fp8",
-                                       cuda_graphs=graphs, max_graph_tokens=16384)
+                                       cuda_graphs=graphs, max_graph_tokens=16384,
+                                       int8_gemms=None)  # the e4m3 form
     rng = np.random.default_rng(17)
     base.calibrate(*_random_batch(rng, 64, 384, cfg.vocab_size))
     assert base.calibration is not None and base.calibration.colmax is not None
@@ -412,7 +413,8 @@ def test_int8_gemms_parity(monkeypatch: pytest.MonkeyPatch, graphs: bool,
     from engine.fused import int8 as int8_module
 
     monkeypatch.setattr(int8_module, "_gluon_takes", lambda *args: False)  # float math
-    e4m3_spec = FusedEngine(base.weights, "cuda", backend="torch", cuda_graphs=False)
+    e4m3_spec = FusedEngine(base.weights, "cuda", backend="torch", cuda_graphs=False,
+                            int8_gemms=None)
     drift = _report(f"e4m3 vs torch op set graphs={graphs}", base.infer(ids, mask, tt),
                     e4m3_spec.infer(ids, mask, tt), keep)
     assert _report(f"int8 vs torch op set graphs={graphs}", got, spec.infer(ids, mask, tt),
@@ -425,7 +427,8 @@ def test_out_projection_adding_the_residual_parity(monkeypatch: pytest.MonkeyPat
     """``encoder.OUT_PROJ_ADDS_RESIDUAL`` on the calibrated large path
     (BERT-base shapes, 4 layers, 40 windows of up to 384, with and without CUDA graphs):
     it must run (logits differ from the same engine without it, ``layernorm_quant`` once a
-    layer) and keep the two-LayerNorm form's error against HF fp32."""
+    layer) and keep the two-LayerNorm form's error against HF fp32. The e4m3 form (its
+    int8 form: ``test_int8_gemms_parity``)."""
     from engine.fused import encoder
     from engine.fused.config import BertQAConfig
     from engine.fused.engine import FusedEngine
@@ -436,7 +439,8 @@ def test_out_projection_adding_the_residual_parity(monkeypatch: pytest.MonkeyPat
     qa = BertQAConfig.from_dict(cfg.to_dict())
     monkeypatch.setattr(encoder, "OUT_PROJ_ADDS_RESIDUAL", False)
     eng = FusedEngine.from_state_dict(model.state_dict(), qa, device="cuda", dtype="fp8",
-                                      cuda_graphs=graphs, max_graph_tokens=16384)
+                                      cuda_graphs=graphs, max_graph_tokens=16384,
+                                      int8_gemms=None)
     rng = np.random.default_rng(15)
     eng.calibrate(*_random_batch(rng, 64, 384, cfg.vocab_size))
     ids, mask, tt = _random_batch(rng, 40, 384, cfg.vocab_size)
@@ -444,7 +448,8 @@ def test_out_projection_adding_the_residual_parity(monkeypatch: pytest.MonkeyPat
     base = eng.infer(ids, mask, tt)
     off = _report(f"bert-base-4L calibrated graphs={graphs}", base, ref, mask.astype(bool))
     monkeypatch.setattr(encoder, "OUT_PROJ_ADDS_RESIDUAL", True)
-    summed = FusedEngine(eng.weights, "cuda", cuda_graphs=graphs, max_graph_tokens=16384)
+    summed = FusedEngine(eng.weights, "cuda", cuda_graphs=graphs, max_graph_tokens=16384,
+                         int8_gemms=None)
     with launch_grids(rows, "_layernorm_quant_kernel") as calls:
         got = summed.infer(ids, mask, tt)
     on = _report(f"bert-base-4L calibrated, out-projection adds the residual, graphs={graphs}",
@@ -1312,7 +1317,9 @@ def test_passes_in_flight_on_three_streams_match_one_stream() -> None:
     """Calibrated FP8 batches on three engines' streams, all queued before any wait (eager
     passes with their cuBLASLt GEMMs, and graphed small ones, in flight at once), give the
     logits of one engine on one stream, bit for bit, each stream's eager GEMMs and each
-    engine's graphs with a cuBLASLt workspace of their own. (Whether GEMMs this small use
+    engine's graphs with a cuBLASLt workspace of their own. The engines share the first
+    one's weights and with them its int8 GEMMs (``int8_gemms="auto"``: the eager batches
+    of BERT-base width from 6,144 tokens). (Whether GEMMs this small use
     their workspace at all is cuBLASLt's choice: the sharing that broke BERT-large passes,
     v14, may not show here, hence the workspace checks.)"""
     from engine.fused import cublaslt
@@ -1336,6 +1343,8 @@ def test_passes_in_flight_on_three_streams_match_one_stream() -> None:
                                                     p.position_ids, p.cu_seqlens)]
         batches.append((*dev, p.max_seqlen))
     engines = [FusedEngine(engine.weights, "cuda", max_graph_tokens=2048) for _ in range(3)]
+    assert engine.options.int8_gemms and all(
+        e.options.int8_gemms == engine.options.int8_gemms for e in engines)
     streams = [torch.cuda.Stream() for _ in range(3)]
     with torch.inference_mode():
         refs = [engine._run_device(*b).clone() for b in batches]

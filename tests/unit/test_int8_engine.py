@@ -262,6 +262,12 @@ def test_int8_auto_follows_each_calibration(calibrated: object) -> None:
     assert auto.options.int8_gemms == INT8_GEMMS
     for a, b in zip(auto.infer(*x), named, strict=True):
         assert np.array_equal(a, b)
+    # an engine on those weights (which carry the int8 copies) makes the same choice
+    shared = FusedEngine(auto.weights, "cpu", backend="torch", fp8_calibrated_min_tokens=1,
+                         int8_min_tokens=1)
+    assert shared.options.int8_gemms == INT8_GEMMS
+    assert np.array_equal(shared.infer(*x)[0], named[0])
+    assert FusedEngine(auto.weights, "cpu", backend="torch").options.int8_gemms == ()
     auto.load_calibration(replace(cal, colmax=None))  # an older calibration file
     assert auto.options.int8_gemms == () and auto.weights.int8 is None
     for a, b in zip(auto.infer(*x), default, strict=True):

@@ -219,7 +219,7 @@ def _attention(trace: bool) -> str:
                     {"HEAD_DIM": 64, "BLOCK_DH": 64, "BLOCK_M": 64, "BLOCK_N": 64,
                      "USE_PDL": True, "PREFETCH": True, "FP8_OUT": False, "TILED": False,
                      "SPLIT": True, "LATE_RELEASE": False, "EARLY_TAIL": True,
-                     "TRACE": trace}, _DIVISIBLE)
+                     "TRACE": trace, "OUT8_VEC": 0}, _DIVISIBLE)
 
 
 @pytest.mark.parametrize(("compile_kernel", "stamps"),
