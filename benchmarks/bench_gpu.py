@@ -516,7 +516,8 @@ def section_mix(res: dict[str, Any], name: str, windows: int) -> None:
 
     no_pdl = {key: FusedEngine(eng.weights, "cuda", pdl=False)
               for key, eng in (("ours_packed_no_pdl", ours), ("ours_fp8_packed_no_pdl", ours_fp8))}
-    # Static FP8 scales (engine.fused.fp8, "Calibrated"), calibrated on other random windows
+    # Static FP8 scales (engine.fused.fp8, "Calibrated"), calibrated on other random windows:
+    # the default, whose out-projection and FFN1 run in int8 from INT8_AUTO_MIN_TOKENS
     ours_cal = FusedEngine(ours_fp8.weights, "cuda")
     calibrate_on_mix(ours_cal)
     ours_all = static_everywhere(ours_cal)

@@ -416,7 +416,7 @@ def main() -> None:
                                fp8_static_inputs=FP8_STATIC_INPUTS, int8_gemms=int8)
         default = scheme.startswith("calibrated_attn_")  # the engine's static inputs
         return FusedEngine(_regrid(base.weights, grid, scheme == "rows_wtensor", grams), device,
-                           int8_gemms=None,  # e4m3 GEMMs: int8 is an int8: scheme
+                           int8_gemms=None,  # e4m3 GEMMs (int8 runs in int8: schemes)
                            fp8_fast_accum=not scheme.endswith("_exact"),
                            cuda_graphs=not (scheme == "calibrated_erf"
                                             or scheme.startswith("calibrated_attn_fp8")),

@@ -62,7 +62,7 @@ def main() -> None:
     packed = [device_packed(*mix_windows(rng, args.windows)) for _ in range(args.draws)]
     counts = [int(v) for v in args.streams.split(",")]
     kinds: dict[str, Callable[[], Any]] = {
-        "calibrated": lambda: FusedEngine(base.weights, "cuda"),
+        "calibrated": lambda: FusedEngine(base.weights, "cuda"),  # the default (int8 pair)
         "static_all": lambda: static_everywhere(base),
     }
     res: dict[str, Any] = {"model": args.model, "windows": args.windows, "draws": args.draws,

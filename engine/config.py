@@ -56,10 +56,11 @@ class EngineConfig:
         return cls(**values)  # type: ignore[arg-type]
 
     def build(self) -> QAEngine:
-        # int8_gemms "" (``none``) asks for nothing, so it suits any engine
+        # int8_gemms "" (``none``) and ``auto`` (the fused engine's default, which needs
+        # nothing) ask for nothing, so they suit any engine
         asked = {"fp8_calibration": self.fp8_calibration is not None,
                  "fp8_static_inputs": self.fp8_static_inputs is not None,
-                 "int8_gemms": bool(self.int8_gemms)}
+                 "int8_gemms": (self.int8_gemms or "auto").strip().lower() != "auto"}
         for name in ("fp8_calibration", "fp8_static_inputs", "int8_gemms"):
             if asked[name] and self.engine != "fused":
                 raise ValueError(f"{name} applies to the fused engine only "
@@ -76,6 +77,8 @@ class EngineConfig:
         for name in ("fp8_static_inputs", "int8_gemms"):  # unset: the engine's default
             if (value := getattr(self, name)) is not None:
                 options[name] = value
+        if self.engine != "fused":
+            options.pop("int8_gemms", None)  # "" or "auto": nothing to ask of that engine
         return load_engine(self.engine, self.model_dir, device=self.device, **options)
 
 

@@ -37,7 +37,10 @@ rides in the kernel that reads the GEMM's output anyway. Two paths:
   GEMM is a cuBLASLt FP8 GEMM with per-tensor scales (``fp8.static_linear``), the
   LayerNorm and attention kernels write e4m3 with the calibrated scales, and FFN1 + bias +
   GELU + e4m3 is one cuBLASLt GEMM (``fp8.calibrated_ffn1``): the bias_gelu kernel drops
-  out. With :data:`OUT_PROJ_ADDS_RESIDUAL` (opt-in), the 16-bit out-projection adds the
+  out. With ``int8_gemms`` (the engine's default ``"auto"`` on BERT-large / BERT-base
+  widths from ``int8_min_tokens`` tokens) the out-projection and FFN1 are int8 Gluon GEMMs
+  with SmoothQuant smoothing instead (``engine.fused.int8``), attention and the LayerNorm
+  writing their int8 inputs. With :data:`OUT_PROJ_ADDS_RESIDUAL` (opt-in), the 16-bit out-projection adds the
   residual (cuBLAS, in place) and the residual stays that sum (``residual.SumResidual``):
   the LayerNorm after it writes only FFN1's e4m3 input and the rows' moments
   (``layernorm_quant``), and the one after FFN2 normalizes the sum as it reads it.
@@ -203,8 +206,9 @@ class EncodeOptions:
     sequence count (more than its longest sequence needs: their programs do nothing),
     ``"fewest"`` never more, and a number at least that many blocks (an A/B and sweep
     knob). ``int8_gemms`` (of ``calibration.INT8_GEMMS``) run in int8 on calibrated
-    large-path passes of at least ``int8_min_tokens`` tokens; shorter passes keep their
-    e4m3 (or 16-bit) forms.
+    large-path passes of at least ``int8_min_tokens`` tokens (those the pass runs: under a
+    CUDA graph its bucket's, padding included, as for ``fp8_calibrated_min_tokens``);
+    shorter passes keep their e4m3 (or 16-bit) forms.
     """
 
     fp8_out_dtype: torch.dtype | None = None

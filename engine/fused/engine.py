@@ -275,8 +275,10 @@ class FusedEngine:
         (:func:`auto_int8_gemms`), on passes of at least ``INT8_AUTO_MIN_TOKENS`` tokens
         for the model's hidden size (none for sizes it does not list); measured in
         ``NOTES.md`` v51-v52 (BERT-large mix +3.6% settled on an H100, F1 loss 0.02 under
-        the e4m3 form's). ``int8_min_tokens`` sets that threshold instead (named GEMMs:
-        0 by default, every calibrated large-path pass).
+        the e4m3 form's), or from the int8 copies the weights carry (another engine's
+        calibration). On the CPU (float math) the choice is the same, so the numbers are.
+        ``int8_min_tokens`` sets that threshold instead (named GEMMs: 0 by default, every
+        calibrated large-path pass; no effect without int8 GEMMs).
         ``graph_buckets_per_octave``: token buckets per power of two of the
         graphs, itself a power of two (``packing.round_tokens``: padding under 1/that of
         the tokens from 64 x that many tokens up; more buckets pad less but capture more
@@ -335,8 +337,9 @@ class FusedEngine:
         if (self._int8_auto and weights.int8 is not None and self._int8_min_tokens is not None
                 and self.fp8 and {"ffn_in", "ffn_out"} <= set(fp8_static_inputs)
                 and int8_runs_on(self.device)):
-            # weights from an engine whose calibration gave them int8 copies (auto's choice
-            # there): the same choice here, as a calibration loaded later would make it
+            # weights that carry int8 copies (from an engine's calibration): auto's own
+            # choice for them, both GEMMs from this engine's threshold, as loading that
+            # calibration here would make it (an engine that named one GEMM chose otherwise)
             int8_gemms = list(INT8_GEMMS)
         if not (attention_grid in ("table", "fewest") if isinstance(attention_grid, str)
                 else type(attention_grid) is int and attention_grid >= 1):

@@ -344,8 +344,10 @@ def test_calibrated_fp8_ffn_parity(graphs: bool) -> None:
     qa = BertQAConfig.from_dict(cfg.to_dict())
     rows = FusedEngine.from_state_dict(model.state_dict(), qa, device="cuda", dtype="fp8",
                                        cuda_graphs=graphs, fp8_min_tokens=0,
-                                       max_graph_tokens=16384)
-    cal = FusedEngine(rows.weights, "cuda", cuda_graphs=graphs, max_graph_tokens=16384)
+                                       max_graph_tokens=16384, int8_gemms=None)
+    # the e4m3 form (its int8 form: test_int8_gemms_parity)
+    cal = FusedEngine(rows.weights, "cuda", cuda_graphs=graphs, max_graph_tokens=16384,
+                      int8_gemms=None)
     rng = np.random.default_rng(13)
     cal.calibrate(*_random_batch(rng, 64, 384, cfg.vocab_size))
     assert cal.weights.calibrated is not None and rows.weights.calibrated is None
@@ -358,12 +360,12 @@ def test_calibrated_fp8_ffn_parity(graphs: bool) -> None:
                 for name, e in (("rows", rows), ("calibrated", cal))}
         assert errs["calibrated"] < 0.15
         assert errs["calibrated"] < 2 * errs["rows"] + 0.02
-        static_off = FusedEngine(cal.weights, "cuda", cuda_graphs=graphs,
+        static_off = FusedEngine(cal.weights, "cuda", cuda_graphs=graphs, int8_gemms=None,
                                  max_graph_tokens=16384, fp8_calibrated_min_tokens=1 << 30)
         assert not np.array_equal(cal.infer(ids, mask, tt)[0], static_off.infer(ids, mask, tt)[0])
         assert cal.calibration is not None
         loaded = FusedEngine(rows.weights, "cuda", cuda_graphs=graphs, max_graph_tokens=16384,
-                             fp8_calibration=cal.calibration)
+                             fp8_calibration=cal.calibration, int8_gemms=None)
         for a, b in zip(loaded.infer(ids, mask, tt), cal.infer(ids, mask, tt), strict=True):
             assert np.array_equal(a, b)
 
@@ -753,10 +755,13 @@ def test_static_inputs_per_gemm_on_the_gpu() -> None:
 
     model, cfg = _random_hf_bert(layers=4, hidden=768, heads=12)
     qa = BertQAConfig.from_dict(cfg.to_dict())
+    # e4m3 GEMMs: its weights carry no int8 copies, so the engines on them run none
     rows = FusedEngine.from_state_dict(model.state_dict(), qa, device="cuda", dtype="fp8",
-                                       fp8_min_tokens=0, max_graph_tokens=16384)
+                                       fp8_min_tokens=0, max_graph_tokens=16384,
+                                       int8_gemms=None)
     rng = np.random.default_rng(17)
     rows.calibrate(*_random_batch(rng, 64, 384, cfg.vocab_size))
+    assert rows.weights.int8 is None
     ids, mask, tt = _random_batch(rng, 40, 384, cfg.vocab_size)
     ref, keep = _hf_logits(model, ids, mask, tt), mask.astype(bool)
     plain = FusedEngine(rows.weights, "cuda", fp8_min_tokens=0, max_graph_tokens=16384,

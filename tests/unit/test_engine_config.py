@@ -280,8 +280,10 @@ def test_calibration_saves_loads_and_serves_through_engine_config(tmp_path: Path
     assert not np.array_equal(got[0], e4m3)
     # "none" asks for nothing, so it needs no calibration and suits any engine
     assert EngineConfig.resolve({}, env={"BERT_QA_INT8_GEMMS": "None"}).int8_gemms == ""
+    # and so does "auto", the fused engine's default (explicit, as unset)
     for engine in ("fused", "reference"):  # (onnx needs its file: the same check)
-        EngineConfig(engine=engine, device="cpu", int8_gemms="").build()
+        for value in ("", "auto", " Auto"):
+            EngineConfig(engine=engine, device="cpu", int8_gemms=value).build()
     auto = EngineConfig.resolve({"engine": "fused", "device": "cpu", "dtype": "fp8"},
                                 env={"BERT_QA_FP8_CALIBRATION": str(path),
                                      "BERT_QA_INT8_GEMMS": "auto"}).build()

@@ -452,7 +452,8 @@ def attention_varlen(
         TILED=tiles is not None, SPLIT=split,
         LATE_RELEASE=pdl and late_release, EARLY_TAIL=early_tail,
         trace_ptr=qkv if trace is None else trace, TRACE=trace is not None,
-        OUT8_VEC=ATTN_OUT8_VECTOR or 0, num_warps=warps,
+        OUT8_VEC=(ATTN_OUT8_VECTOR or 0) if int8_mult is not None or fp8_scale is not None
+        else 0, num_warps=warps,
         num_stages=stages,
         **launch_options(pdl), **maxnreg,
     )
