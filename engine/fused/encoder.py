@@ -40,10 +40,11 @@ rides in the kernel that reads the GEMM's output anyway. Two paths:
   out. With ``int8_gemms`` (the engine's default ``"auto"`` on BERT-large / BERT-base
   widths from ``int8_min_tokens`` tokens) the out-projection and FFN1 are int8 Gluon GEMMs
   with SmoothQuant smoothing instead (``engine.fused.int8``), attention and the LayerNorm
-  writing their int8 inputs. With :data:`OUT_PROJ_ADDS_RESIDUAL` (opt-in), the 16-bit out-projection adds the
-  residual (cuBLAS, in place) and the residual stays that sum (``residual.SumResidual``):
-  the LayerNorm after it writes only FFN1's e4m3 input and the rows' moments
-  (``layernorm_quant``), and the one after FFN2 normalizes the sum as it reads it.
+  writing their int8 inputs. With :data:`OUT_PROJ_ADDS_RESIDUAL` (opt-in), the 16-bit
+  out-projection adds the residual (cuBLAS, in place) and the residual stays that sum
+  (``residual.SumResidual``): the LayerNorm after it writes only FFN1's e4m3 input and the
+  rows' moments (``layernorm_quant``), and the one after FFN2 normalizes the sum as it
+  reads it.
 """
 
 from __future__ import annotations

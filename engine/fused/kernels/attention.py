@@ -79,11 +79,12 @@ ATTN_MAXNREG: int | None = 128
 ATTN_EARLY_TAIL = True
 # The 8-bit output forms (e4m3, int8) store at most this many bytes a thread at once (None:
 # the compiler's choice). Left to itself, Triton 3.6 stores them 16 bytes a thread, and that
-# layout, propagated back from the store, re-lays the whole kernel: Q is loaded 4 threads a
-# row instead of 8, and the rest follows. On the BERT-large mix (H100, attention alone,
-# `benchmarks/attn_out_forms.py`, v52) the e4m3 form then took 251.7 us a layer and the
-# int8 form 259.5, against 227.6 for the 16-bit one. 8 bytes keeps the 16-bit form's
-# layout up to the epilogue (sm_90a SASS: the same loads and loop).
+# layout, propagated back from the store, re-lays the kernel from its first loads: Q's bias
+# is loaded 4 threads a row (two 16-byte loads a thread) instead of 8, and the rest follows.
+# On the BERT-large mix (H100, attention alone, `benchmarks/attn_out_forms.py`, v52) the
+# e4m3 form then took 251.7 us a layer and the int8 form 259.5, against 227.6 for the
+# 16-bit one. 8 bytes keeps the 16-bit form's loads and loop (sm_90a SASS): e4m3 229.9,
+# int8 237.7 against 231.8 in the same run.
 ATTN_OUT8_VECTOR: int | None = 8
 _UNCAPPED_PER_SM = {4: 3, 8: 1}  # split-loop programs an SM holds uncapped, by warps
 _SMS = 132  # multiprocessors of an H100/H200
