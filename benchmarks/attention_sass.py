@@ -103,11 +103,11 @@ def longest_loop(sass: str) -> tuple[int, Counter[str]]:
         return 0, Counter()
     first, last = span
     body = [text for at, text in code if first <= at <= last]
-    ops = Counter(_opcode(t).split(".")[0] for t in body)
+    ops = Counter(opcode(t).split(".")[0] for t in body)
     return len(body), ops
 
 
-def _opcode(text: str) -> str:
+def opcode(text: str) -> str:
     """An instruction's opcode with its modifiers (``HGMMA.64x64x16.F32``), predicate
     dropped."""
     return text.split()[1] if text.startswith("@") else text.split()[0]
@@ -120,7 +120,7 @@ def loop_wgmma_waits(sass: str) -> int:
     span = _loop_span(code)
     return 0 if span is None else sum(
         1 for at, text in code
-        if span[0] <= at <= span[1] and _opcode(text).startswith("WARPGROUP.DEPBAR"))
+        if span[0] <= at <= span[1] and opcode(text).startswith("WARPGROUP.DEPBAR"))
 
 
 def loads_after_loop(sass: str) -> int:

@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from benchmarks.bench_gpu import MODELS, device_packed, mix_windows
     from benchmarks.gpu_clocks import ClockSampler, clock_fields, torch_gpu_id
-    from benchmarks.rounds import capture_graph
+    from benchmarks.rounds import capture_graph, interleaved
     from engine.fused import kernels as k
     from engine.fused.kernels import attention as attn
 
@@ -90,22 +90,11 @@ def main(argv: list[str] | None = None) -> None:
         name = form if form == "16-bit" else f"{form} v{vec}"
         graphs[name] = capture_graph(
             lambda form=form: [call(form) for _ in range(args.calls)], 1, warm=1)
-    forms = list(graphs)
-    rounds: dict[str, list[float]] = {f: [] for f in forms}
     with ClockSampler(gpu=torch_gpu_id()) as sampler:
         start = sampler.now()
-        for _ in range(args.rounds):
-            for f in forms:
-                graphs[f].replay()
-                s = torch.cuda.Event(enable_timing=True)
-                e = torch.cuda.Event(enable_timing=True)
-                s.record()
-                for _ in range(5):
-                    graphs[f].replay()
-                e.record()
-                e.synchronize()
-                rounds[f].append(s.elapsed_time(e) * 1e3 / (5 * args.calls))
+        replay_ms = interleaved({f: g.replay for f, g in graphs.items()}, args.rounds, reps=5)
         window = (start, sampler.now())
+    rounds = {f: [ms * 1e3 / args.calls for ms in r] for f, r in replay_ms.items()}
     clocks = clock_fields(sampler.between(*window))
     base = statistics.median(rounds["16-bit"])
     result: dict[str, Any] = {

@@ -114,10 +114,9 @@ def attention_memory_ops(mode: int, out_type: str, maxnreg: int = 128,
                          vector: int | None = None) -> Counter[str]:
     """:func:`attention_stats`'s kernel's global loads, asynchronous copies and stores,
     counted by opcode (e.g. ``LDG.E.128``, ``LDGSTS.E.BYPASS.128``, ``STG.E.64``)."""
-    from benchmarks.attention_sass import code_lines
+    from benchmarks.attention_sass import code_lines, opcode
 
-    sass = _attention_sass(mode, out_type, maxnreg, vector)[0]
-    ops = (t.split()[1] if t.startswith("@") else t.split()[0] for t in code_lines(sass))
+    ops = map(opcode, code_lines(_attention_sass(mode, out_type, maxnreg, vector)[0]))
     return Counter(op for op in ops if op.startswith(("LDG", "STG")))
 
 

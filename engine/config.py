@@ -74,11 +74,10 @@ class EngineConfig:
         options = {"dtype": self.dtype}
         if self.fp8_calibration is not None:
             options["fp8_calibration"] = str(self.fp8_calibration)
-        for name in ("fp8_static_inputs", "int8_gemms"):  # unset: the engine's default
-            if (value := getattr(self, name)) is not None:
-                options[name] = value
-        if self.engine != "fused":
-            options.pop("int8_gemms", None)  # "" or "auto": nothing to ask of that engine
+        if self.engine == "fused":  # (other engines: refused above, or "" / "auto")
+            for name in ("fp8_static_inputs", "int8_gemms"):  # unset: the engine's default
+                if (value := getattr(self, name)) is not None:
+                    options[name] = value
         return load_engine(self.engine, self.model_dir, device=self.device, **options)
 
 

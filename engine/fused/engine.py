@@ -134,26 +134,30 @@ def auto_int8_gemms(calibration: Calibration, fp8: bool, static: Sequence[str],
     would pass) and the calibration recorded their per-channel input magnitudes; else
     none (the e4m3 default, e.g. from a calibration file written before 2026-12-07)."""
     recorded = calibration.colmax is not None and set(calibration.colmax) == set(INT8_GEMMS)
-    if recorded and fp8 and {"ffn_in", "ffn_out"} <= set(static) and int8_runs_on(device):
-        return INT8_GEMMS
-    return ()
+    return INT8_GEMMS if recorded and int8_refusal(INT8_GEMMS, fp8, static, device) is None else ()
+
+
+def int8_refusal(gemms: Sequence[str], fp8: bool, static: Sequence[str],
+                 device: torch.device) -> str | None:
+    """Why ``int8_gemms`` would not run as asked (None where they would): an engine without
+    FP8 weights (calibrated passes are FP8 ones), FFN1 without its input and FFN2's both
+    static (its int8 form is the one-GEMM calibrated FFN1), or a GPU the int8 kernel does
+    not run on (float math there would be slower than the e4m3 path it replaces)."""
+    if not fp8:
+        return "int8_gemms needs an FP8 engine (dtype='fp8'): they run in its calibrated passes"
+    if "ffn_in" in gemms and not {"ffn_in", "ffn_out"} <= set(static):
+        return "int8_gemms: FFN1 in int8 needs fp8_static_inputs to hold ffn_in and ffn_out"
+    if not int8_runs_on(device):
+        return ("int8_gemms needs a Hopper GPU (sm_90) and a Triton with Gluon "
+                "(kernels.gluon_gemm) on CUDA")
+    return None
 
 
 def check_int8_gemms(gemms: Sequence[str], fp8: bool, static: Sequence[str],
                      device: torch.device) -> None:
-    """Refuse ``int8_gemms`` where they would not run as asked: an engine without FP8
-    weights (calibrated passes are FP8 ones), FFN1 without its input and FFN2's both static
-    (its int8 form is the one-GEMM calibrated FFN1), or a GPU the int8 kernel does not run
-    on (float math there would be slower than the e4m3 path it replaces)."""
-    if not fp8:
-        raise ValueError("int8_gemms needs an FP8 engine (dtype='fp8'): they run in its "
-                         "calibrated passes")
-    if "ffn_in" in gemms and not {"ffn_in", "ffn_out"} <= set(static):
-        raise ValueError("int8_gemms: FFN1 in int8 needs fp8_static_inputs to hold ffn_in "
-                         "and ffn_out")
-    if not int8_runs_on(device):
-        raise ValueError("int8_gemms needs a Hopper GPU (sm_90) and a Triton with Gluon "
-                         "(kernels.gluon_gemm) on CUDA")
+    """Refuse ``int8_gemms`` where they would not run as asked (:func:`int8_refusal`)."""
+    if (why := int8_refusal(gemms, fp8, static, device)) is not None:
+        raise ValueError(why)
 
 
 def select_ops(backend: str, device: torch.device) -> ModuleType:
@@ -319,11 +323,9 @@ class FusedEngine:
         late_release = _option_names("late_release", late_release, LATE_RELEASE_KERNELS,
                                      "kernels")
         early_weights = _option_names("early_weights", early_weights, EARLY_WEIGHT_GEMMS)
-        self._int8_auto = (isinstance(int8_gemms, str)
-                           and int8_gemms.strip().lower() == "auto")
+        auto = isinstance(int8_gemms, str) and int8_gemms.strip().lower() == "auto"
         try:
-            int8_gemms = [] if self._int8_auto else _option_names("int8_gemms", int8_gemms,
-                                                                   INT8_GEMMS)
+            int8_gemms = [] if auto else _option_names("int8_gemms", int8_gemms, INT8_GEMMS)
         except ValueError as exc:
             raise ValueError(f"{exc}, or 'auto'") from None
         if int8_gemms:
@@ -331,12 +333,12 @@ class FusedEngine:
         if int8_min_tokens is not None and (type(int8_min_tokens) is not int
                                             or int8_min_tokens < 0):
             raise ValueError(f"int8_min_tokens: {int8_min_tokens!r} is not a token count")
-        self._int8_min_tokens = (int8_min_tokens if int8_min_tokens is not None
-                                 else INT8_AUTO_MIN_TOKENS.get(weights.config.hidden_size)
-                                 if self._int8_auto else 0)
-        if (self._int8_auto and weights.int8 is not None and self._int8_min_tokens is not None
-                and self.fp8 and {"ffn_in", "ffn_out"} <= set(fp8_static_inputs)
-                and int8_runs_on(self.device)):
+        threshold = (int8_min_tokens if int8_min_tokens is not None
+                     else INT8_AUTO_MIN_TOKENS.get(weights.config.hidden_size) if auto else 0)
+        # auto decides at each calibration loaded; with no threshold for this width: never
+        self._int8_auto = auto and threshold is not None
+        if (self._int8_auto and weights.int8 is not None
+                and int8_refusal(INT8_GEMMS, self.fp8, fp8_static_inputs, self.device) is None):
             # weights that carry int8 copies (from an engine's calibration): auto's own
             # choice for them, both GEMMs from this engine's threshold, as loading that
             # calibration here would make it (an engine that named one GEMM chose otherwise)
@@ -369,7 +371,7 @@ class FusedEngine:
             early_weights=tuple(g for g in EARLY_WEIGHT_GEMMS if g in early_weights),
             attn_grid=attention_grid,
             int8_gemms=tuple(g for g in INT8_GEMMS if g in int8_gemms),
-            int8_min_tokens=self._int8_min_tokens or 0,
+            int8_min_tokens=threshold or 0,
         )
         self.graph_staging = graph_staging
         self._graphs = self._new_graphs()
@@ -522,10 +524,9 @@ class FusedEngine:
         layers = calibration.layers_for(self.weights)
         deferred = calibration.deferred_for(self.weights)
         options = self.options
-        if self._int8_auto:  # no threshold for this model: none
+        if self._int8_auto:
             options = replace(options, int8_gemms=auto_int8_gemms(
-                calibration, self.fp8, options.fp8_static_inputs, self.device)
-                if self._int8_min_tokens is not None else ())
+                calibration, self.fp8, options.fp8_static_inputs, self.device))
         int8 = calibration.int8_for(self.weights) if options.int8_gemms else None
         with self._lock:
             self.weights = replace(self.weights, calibrated=layers, folded8=deferred,

@@ -373,7 +373,7 @@ def test_8bit_attention_keeps_the_16bit_layout() -> None:
         assert loads(own) != loads(wide) and own["STG.E.128"] > 0, out_type
 
 
-def test_int8_min_tokens(calibrated: object) -> None:
+def test_int8_min_tokens(calibrated: object, monkeypatch: pytest.MonkeyPatch) -> None:
     """int8 GEMMs run on calibrated passes of at least ``int8_min_tokens`` tokens; shorter
     ones give the e4m3 GEMMs' logits exactly. ``"auto"`` takes its threshold from
     ``INT8_AUTO_MIN_TOKENS`` by hidden size (BERT-large 2,048, BERT-base 6,144: where the
@@ -401,13 +401,11 @@ def test_int8_min_tokens(calibrated: object) -> None:
                 assert np.array_equal(a, b), (tokens, kw)
     assert engine().options.int8_gemms == ()  # auto, MiniLM: no threshold
     assert engine_module.INT8_AUTO_MIN_TOKENS == {1024: 2048, 768: 6144}
-    try:  # the table by hidden size (MiniLM listed as if measured)
-        engine_module.INT8_AUTO_MIN_TOKENS[weights.config.hidden_size] = 145
-        listed = engine()
-        assert listed.options.int8_min_tokens == 145 and listed.options.int8_gemms
-        assert np.array_equal(listed.infer(*x)[0], e4m3[0])
-    finally:
-        del engine_module.INT8_AUTO_MIN_TOKENS[weights.config.hidden_size]
+    # the table by hidden size (MiniLM listed as if measured)
+    monkeypatch.setitem(engine_module.INT8_AUTO_MIN_TOKENS, weights.config.hidden_size, 145)
+    listed = engine()
+    assert listed.options.int8_min_tokens == 145 and listed.options.int8_gemms
+    assert np.array_equal(listed.infer(*x)[0], e4m3[0])
     for bad in (-1, 1.5, "12"):
         with pytest.raises(ValueError, match="int8_min_tokens"):
             engine(int8_min_tokens=bad)

@@ -426,6 +426,7 @@ def attention_varlen(
     head_dim = d // num_heads
     if int8_mult is not None:
         check_int8_mult(int8_mult, d, fp8_scale)
+    mode = 4 if int8_mult is not None else int(fp8_scale is not None)  # FP8_OUT
     out_dtype = (torch.int8 if int8_mult is not None
                  else qkv.dtype if fp8_scale is None else FP8_DTYPE)
     out = torch.empty((n, d), device=qkv.device, dtype=out_dtype)
@@ -449,12 +450,11 @@ def attention_varlen(
         softmax_scale(head_dim), qkv.stride(0), out.stride(0), d,
         HEAD_DIM=head_dim, BLOCK_DH=head_block(head_dim),
         BLOCK_M=bm, BLOCK_N=bn, USE_PDL=pdl, PREFETCH=pdl and prefetch,
-        FP8_OUT=4 if int8_mult is not None else int(fp8_scale is not None),
+        FP8_OUT=mode,
         TILED=tiles is not None, SPLIT=split,
         LATE_RELEASE=pdl and late_release, EARLY_TAIL=early_tail,
         trace_ptr=qkv if trace is None else trace, TRACE=trace is not None,
-        OUT8_VEC=(ATTN_OUT8_VECTOR or 0) if int8_mult is not None or fp8_scale is not None
-        else 0, num_warps=warps,
+        OUT8_VEC=(ATTN_OUT8_VECTOR or 0) if mode else 0, num_warps=warps,
         num_stages=stages,
         **launch_options(pdl), **maxnreg,
     )
