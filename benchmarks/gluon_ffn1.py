@@ -40,10 +40,11 @@ def parse_variant(text: str) -> dict[str, Any]:
 def sm90_sass(stages: int = 4, block_k: int = 128, sub_m: int = 32, gelu: int = 1,
               acc16: int = 1, block_n: int = 128, operand: str = "e4m3", out: str = "e4m3",
               bias: bool = True, col_scale: bool = False, n: int = 4096,
-              k: int = 1024, add: bool = False) -> tuple[str, str, int]:
+              k: int = 1024, add: bool = False, add_tma: bool = False) -> tuple[str, str, int]:
     """(SASS, ``cuobjdump -res-usage``, shared bytes) of ``gluon_gemm``'s kernel compiled
     for sm_90a here, no GPU needed (``attention_sass.compile_sass``): by default the FFN1
-    form at BERT-large's widths; ``operand`` "e4m3" or "int8", ``out`` "e4m3" or "fp16"."""
+    form at BERT-large's widths; ``operand`` "e4m3" or "int8", ``out`` "e4m3" or "fp16";
+    ``add`` an addend read in the epilogue, by TMA with ``add_tma``."""
     import torch
     from triton.runtime.jit import mangle_type
 
@@ -52,20 +53,31 @@ def sm90_sass(stages: int = 4, block_k: int = 128, sub_m: int = 32, gelu: int = 
     kind = {"e4m3": torch.float8_e4m3fn, "int8": torch.int8}[operand]
     xq = torch.empty((256, k), dtype=kind)
     w8 = torch.empty((n, k), dtype=kind)
-    from engine.fused.kernels.gluon_gemm import LAUNCH, WORKER_REGS, _gemm_kernel, descriptors
+    from engine.fused.kernels.gluon_gemm import (
+        LAUNCH,
+        WORKER_REGS,
+        _gemm_kernel,
+        addend_descriptor,
+        descriptors,
+    )
 
     a_desc, b_desc = descriptors(xq, w8, block_k, block_n)
+    add_desc = (addend_descriptor(torch.empty((256, n), dtype=torch.float16), block_n)
+                if add and add_tma else a_desc)
     signature = {"a_desc": str(mangle_type(a_desc)), "b_desc": str(mangle_type(b_desc)),
+                 "add_desc": str(mangle_type(add_desc)),
                  "bias_ptr": "*bf16", "cs_ptr": "*fp32", "xs_ptr": "*fp32", "ws_ptr": "*fp32",
                  "hinv_ptr": "*fp32", "add_ptr": "*fp16",
                  "out_ptr": {"e4m3": "*fp8e4nv", "fp16": "*fp16"}[out],
                  "M": "i32", "N": "i32", "K": "i32", "STAGES": "constexpr",
                  "SUB_M": "constexpr", "GELU": "constexpr", "BIAS": "constexpr",
-                 "COL_SCALE": "constexpr", "ADD": "constexpr", "ACC16": "constexpr",
+                 "COL_SCALE": "constexpr", "ADD": "constexpr", "ADD_TMA": "constexpr",
+                 "ACC16": "constexpr",
                  "COOP": "constexpr",
                  "LOAD_REGS": "constexpr", "MMA_REGS": "constexpr", "num_warps": "constexpr"}
     constexprs = {"STAGES": stages, "SUB_M": sub_m, "GELU": gelu, "BIAS": bias,
-                  "COL_SCALE": col_scale, "ADD": add, "ACC16": acc16, "COOP": block_n > 128,
+                  "COL_SCALE": col_scale, "ADD": add, "ADD_TMA": add and add_tma,
+                  "ACC16": acc16, "COOP": block_n > 128,
                   **WORKER_REGS, "num_warps": LAUNCH["num_warps"]}
     return compile_sass(_gemm_kernel, signature, constexprs,
                         ("bias_ptr", "cs_ptr", "add_ptr", "out_ptr", "N", "K"), LAUNCH,

@@ -1655,6 +1655,42 @@ def test_gluon_gemm_int8_matches_float_math(config: tuple[int, int, int, int],
     assert (got - ref).abs().max().item() <= 32.0  # e4m3's step in [256, 448]
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_gluon_gemm_addend_by_tma_matches_global_loads(monkeypatch: pytest.MonkeyPatch,
+                                                       dtype: torch.dtype) -> None:
+    """The out-projection's form (int8, 16-bit output, the residual added in place): the
+    addend read by one TMA load a tile (``ADD_BY_TMA``) gives the same bits as read by
+    global loads in each chunk, at a row count with a partial tile (rows past M come in
+    as zeros and are not stored: the rows after them keep their values), and both match
+    float math within the output's rounding."""
+    gluon_gemm = pytest.importorskip("engine.fused.kernels.gluon_gemm")
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Gluon GEMM kernel is for Hopper (sm_90)")
+    from engine.fused.int8 import column_scales, quantize_channels
+
+    g = torch.Generator(device="cuda").manual_seed(11)
+    m, n, k = 1000, 1024, 1024
+    x = torch.randn((m, k), generator=g, device="cuda")
+    xs = (x.abs().amax() / 127).reshape(1)
+    x8 = (x / xs).round().clamp(-127, 127).to(torch.int8)
+    w8, sw = quantize_channels(torch.randn((n, k), generator=g, device="cuda") * 0.03)
+    top, col = column_scales(sw)
+    residual = torch.randn((m + 8, n), generator=g, device="cuda").to(dtype)
+    want = (x8.float() * xs) @ (w8.float() * sw[:, None]).t() + residual[:m].float()
+    outs = {}
+    for by_tma in (True, False):
+        monkeypatch.setattr(gluon_gemm, "ADD_BY_TMA", by_tma)
+        buf = residual.clone()
+        out = buf[:m]  # rows m.. of the buffer are not the GEMM's
+        gluon_gemm.gemm(x8, xs, w8, top, out, col_scale=col, addend=out,
+                        config=(4, 128, 32, 128))
+        assert torch.equal(buf[m:], residual[m:])
+        outs[by_tma] = out
+    assert torch.equal(outs[True], outs[False])
+    err = ((outs[True].float() - want).norm() / want.norm()).item()
+    assert err < (2e-3 if dtype == torch.float16 else 8e-3), err
+
+
 def test_calibrated_ffn1_takes_the_gluon_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     """``fp8.FFN1_GLUON_MIN_ROWS`` routes the calibrated FFN1 to the Gluon kernel from that
     many rows (its output is not cuBLASLt's bit for bit) and keeps cuBLASLt below it and

@@ -41,12 +41,16 @@ def test_kernel_compiles_for_hopper(stages: int, block_k: int, sub_m: int, block
 
 
 @pytest.mark.parametrize(("block_n", "out", "n", "add"), [
-    (128, "e4m3", 4096, False), (256, "fp16", 3072, False), (128, "fp16", 1024, True)])
-def test_int8_kernel_compiles_for_hopper(block_n: int, out: str, n: int, add: bool) -> None:
+    (128, "e4m3", 4096, ""), (256, "fp16", 3072, ""), (128, "fp16", 1024, "ldg"),
+    (128, "fp16", 1024, "tma")])
+def test_int8_kernel_compiles_for_hopper(block_n: int, out: str, n: int, add: str) -> None:
     """On int8 operands: int8 wgmmas (``IGMMA``, int32 accumulators, n128 as the e4m3
     form's), the accumulators converted to float32 before the handoff (on the fast
     ``I2FP`` path, not the quarter-rate ``I2F``), no spills; GELU only in FFN1's form; the
-    out-projection adding the residual reads it in the epilogue (16-bit loads)."""
+    out-projection adding the residual reads it in the epilogue: by 16-bit global loads,
+    or (``ADD_BY_TMA``) by one more TMA load into a tile of shared memory that still fits
+    a program (``tma_addend_fits`` says so too), with no more global loads than the plain
+    form."""
     tools_or_skip()
     pytest.importorskip("triton.experimental.gluon")
     from benchmarks.gluon_ffn1 import sm90_sass
@@ -54,13 +58,23 @@ def test_int8_kernel_compiles_for_hopper(block_n: int, out: str, n: int, add: bo
     stages, sub_m = (4, 32) if block_n == 128 else (3, 16)
     ffn1 = out == "e4m3"
     sass, usage, shared = sm90_sass(stages, 128, sub_m, int(ffn1), 1, block_n, "int8", out,
-                                    bias=ffn1, col_scale=True, n=n, add=add)
-    plain = sm90_sass(stages, 128, sub_m, int(ffn1), 1, block_n, "int8", out, bias=ffn1,
-                      col_scale=True, n=n)[0] if add else sass
+                                    bias=ffn1, col_scale=True, n=n, add=bool(add),
+                                    add_tma=add == "tma")
+    plain, _, plain_shared = sm90_sass(stages, 128, sub_m, int(ffn1), 1, block_n, "int8", out,
+                                       bias=ffn1, col_scale=True, n=n) if add else (
+                                           sass, usage, shared)
     loads = len(re.findall(r"\bLDG\.E", sass)) - len(re.findall(r"\bLDG\.E", plain))
-    assert (loads > 0) == add
+    tma = len(re.findall(r"\bUTMALDG", sass)) - len(re.findall(r"\bUTMALDG", plain))
+    assert (loads > 0) == (add == "ldg")
+    assert tma == (add == "tma")
     assert "STL" not in sass and "LDL" not in sass
     assert shared <= SMEM_PER_BLOCK
+    if add == "tma":
+        from engine.fused.kernels.gluon_gemm import tma_addend_fits
+
+        assert shared >= plain_shared + 128 * block_n * 2  # the addend's tile
+        assert tma_addend_fits((stages, 128, sub_m, block_n), 1)
+        assert not tma_addend_fits((3, 128, 16, 256), 1)  # FFN1's cooperative form
     assert len(re.findall(r"IGMMA\.64x128x32\.S8\.S8", sass)) == 2 * 2 * 128 // 32
     assert "QGMMA" not in sass
     # one conversion an accumulator element: ROWS x BLOCK_N over 128 threads, two partitions
