@@ -72,12 +72,12 @@ def sm90_sass(stages: int = 4, block_k: int = 128, sub_m: int = 32, gelu: int = 
                  "M": "i32", "N": "i32", "K": "i32", "STAGES": "constexpr",
                  "SUB_M": "constexpr", "GELU": "constexpr", "BIAS": "constexpr",
                  "COL_SCALE": "constexpr", "ADD": "constexpr", "ADD_TMA": "constexpr",
-                 "ACC16": "constexpr",
+                 "ACC16": "constexpr", "DIAG": "constexpr",
                  "COOP": "constexpr",
                  "LOAD_REGS": "constexpr", "MMA_REGS": "constexpr", "num_warps": "constexpr"}
     constexprs = {"STAGES": stages, "SUB_M": sub_m, "GELU": gelu, "BIAS": bias,
                   "COL_SCALE": col_scale, "ADD": add, "ADD_TMA": add and add_tma,
-                  "ACC16": acc16, "COOP": block_n > 128,
+                  "ACC16": acc16, "DIAG": 0, "COOP": block_n > 128,
                   **WORKER_REGS, "num_warps": LAUNCH["num_warps"]}
     return compile_sass(_gemm_kernel, signature, constexprs,
                         ("bias_ptr", "cs_ptr", "add_ptr", "out_ptr", "N", "K"), LAUNCH,

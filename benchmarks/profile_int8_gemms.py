@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import csv
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -42,8 +43,9 @@ METRICS = {  # ncu's "Metric Name" -> the column printed
 }
 
 
-def launches(tokens: int) -> list[object]:
-    """One closure a GEMM (``GEMMS``' order), on operands made once."""
+def launches(tokens: int) -> list[Callable[..., object]]:
+    """One closure a GEMM (``GEMMS``' order), on operands made once; the two Gluon ones
+    take ``config`` (``gluon_gemm.CONFIG``'s order; ``int8.GEMM_CONFIGS``' by default)."""
     import torch
 
     from engine.fused.cublaslt import fp8_linear
@@ -74,13 +76,12 @@ def launches(tokens: int) -> list[object]:
     q_ops = e4m3_operands(3 * D, D)
     f2_ops = e4m3_operands(D, F)
 
-    def ffn1() -> object:
+    def ffn1(config: tuple[int, int, int, int] = GEMM_CONFIGS["ffn_in"]) -> object:
         return gluon_gemm.gemm(x8, xs, w8, top, h_out, bias=b1, col_scale=col,
-                               out_scale=h_inv, gelu=1, config=GEMM_CONFIGS["ffn_in"])
+                               out_scale=h_inv, gelu=1, config=config)
 
-    def out_proj() -> object:
-        return gluon_gemm.gemm(o8, os_, wo8, otop, o_out, col_scale=ocol,
-                               config=GEMM_CONFIGS["attn_out"])
+    def out_proj(config: tuple[int, int, int, int] = GEMM_CONFIGS["attn_out"]) -> object:
+        return gluon_gemm.gemm(o8, os_, wo8, otop, o_out, col_scale=ocol, config=config)
 
     def qkv() -> object:
         return fp8_linear(*q_ops, torch.float16, fast_accum=True)
@@ -130,11 +131,11 @@ def main(argv: list[str] | None = None) -> None:
 
     calls = launches(args.tokens)
     for call in calls:  # compile, plan, warm
-        call()  # type: ignore[operator]
+        call()
     torch.cuda.synchronize()
     torch.cuda.profiler.start()
     for call in calls:
-        call()  # type: ignore[operator]
+        call()
     torch.cuda.synchronize()
     torch.cuda.profiler.stop()
     print("launched: " + ", ".join(label for label, _, _ in GEMMS), file=sys.stderr)

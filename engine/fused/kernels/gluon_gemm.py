@@ -85,6 +85,11 @@ LAUNCH: dict[str, int] = {"num_warps": 4, "maxnreg": 128}
 # global loads in each ``SUB_M``-row chunk, whose latency each chunk waits out (v52: the
 # out-projection adding the residual took +36 µs a call, +40%, for 97 MB more read).
 ADD_BY_TMA = True
+# Bounds for benchmarks only (``benchmarks/gluon_gemm_bounds.py``; read at each call): 0 the
+# GEMM; 1 the epilogue takes each tile's accumulators and frees the buffer without reading
+# it or writing ``out`` (the main loop and the handoff); 2 no handoff either (the main loop
+# alone). Under 1 and 2 ``out`` is not written.
+DIAGNOSTIC = 0
 SMEM_PER_PROGRAM = 227 * 1024  # sm_90's largest dynamic shared memory a block
 WORKER_REGS: dict[str, int] = {"LOAD_REGS": 40, "MMA_REGS": 168}
 SQRT_2_OVER_PI: gl.constexpr = gl.constexpr(0.7978845608028654)
@@ -123,7 +128,7 @@ def _loader(a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K):
 
 @gluon.jit
 def _mma(a_bufs, b_bufs, ready, empty, acc_bufs, acc_ready, acc_empty, turn, xs_ptr, ws_ptr,
-         M, N, K, WG: gl.constexpr):
+         M, N, K, DIAG: gl.constexpr, WG: gl.constexpr):
     """One warpgroup's K loops, each tile's accumulators stored to buffer ``WG`` once the
     epilogue has freed it (float32 as they are, or fp16 after the operands' scales when the
     buffers are fp16).
@@ -176,28 +181,31 @@ def _mma(a_bufs, b_bufs, ready, empty, acc_bufs, acc_ready, acc_empty, turn, xs_
             mbarrier.arrive(turn.index(1 - WG))
         acc = warpgroup_mma_wait(0, deps=(acc, ))
         mbarrier.arrive(empty.index((base + k_steps - 1) % STAGES))
-        mbarrier.wait(acc_empty.index(WG), (handed & 1) ^ 1)
-        if SCALED:
-            buf.store((acc.to(gl.float32) * ab_scale).to(gl.float16))
-        else:
-            buf.store(acc.to(gl.float32))
-        cta_barrier()
-        mbarrier.arrive(acc_ready.index(WG))
+        if DIAG < 2:
+            mbarrier.wait(acc_empty.index(WG), (handed & 1) ^ 1)
+        if DIAG < 2 or M < 0:  # (DIAG 2: never, but the wgmmas must have a use)
+            if SCALED:
+                buf.store((acc.to(gl.float32) * ab_scale).to(gl.float16))
+            else:
+                buf.store(acc.to(gl.float32))
+        if DIAG < 2:
+            cta_barrier()
+            mbarrier.arrive(acc_ready.index(WG))
         handed += 1  # noqa: SIM113 (no enumerate in Gluon)
 
 
 @gluon.jit
 def _mma0(a_bufs, b_bufs, ready, empty, acc_bufs, acc_ready, acc_empty, turn, xs_ptr, ws_ptr,
-          M, N, K):
+          M, N, K, DIAG: gl.constexpr):
     _mma(a_bufs, b_bufs, ready, empty, acc_bufs, acc_ready, acc_empty, turn, xs_ptr, ws_ptr, M,
-         N, K, 0)
+         N, K, DIAG, 0)
 
 
 @gluon.jit
 def _mma1(a_bufs, b_bufs, ready, empty, acc_bufs, acc_ready, acc_empty, turn, xs_ptr, ws_ptr,
-          M, N, K):
+          M, N, K, DIAG: gl.constexpr):
     _mma(a_bufs, b_bufs, ready, empty, acc_bufs, acc_ready, acc_empty, turn, xs_ptr, ws_ptr, M,
-         N, K, 1)
+         N, K, DIAG, 1)
 
 
 @gluon.jit
@@ -215,14 +223,15 @@ def _epilogue(acc_bufs, acc_ready, acc_empty, add_desc, add_buf, add_bar, bias_p
               xs_ptr, ws_ptr, hinv_ptr, add_ptr, out_ptr, M, N, TILE_M: gl.constexpr,
               SUB_M: gl.constexpr, GELU: gl.constexpr, BIAS: gl.constexpr,
               COL_SCALE: gl.constexpr, ADD: gl.constexpr, ADD_TMA: gl.constexpr,
-              num_warps: gl.constexpr):
+              DIAG: gl.constexpr, num_warps: gl.constexpr):
     """The default partition: each tile this program owns, in order, to rows of ``out``
     (e4m3 scaled by ``h_inv``, or 16-bit, plus the [M, N] addend at ``add_ptr`` with
     ``ADD``: each element read before it is written, so ``out`` may be the addend) in
     ``SUB_M``-row chunks: from one buffer (alternating) in a ping-pong kernel, from both
     (the top and bottom rows) in a cooperative one. ``ADD_TMA``: the tile's addend comes
     into ``add_buf`` by one TMA load (``add_desc``'s box is the tile) issued before the
-    wait for its accumulators; else each chunk loads its rows of it."""
+    wait for its accumulators; else each chunk loads its rows of it. ``DIAG``: see
+    :data:`DIAGNOSTIC`."""
     ROWS: gl.constexpr = acc_bufs.type.shape[1]
     BLOCK_N: gl.constexpr = acc_bufs.type.shape[2]
     COOP: gl.constexpr = ROWS < TILE_M
@@ -238,7 +247,7 @@ def _epilogue(acc_bufs, acc_ready, acc_empty, add_desc, add_buf, add_bar, bias_p
     rows0 = gl.arange(0, SUB_M, layout=gl.SliceLayout(1, epi))
     cols0 = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, epi))
     i = 0
-    for tile in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
+    for tile in range(gl.program_id(0), n_tiles if DIAG < 2 else 0, gl.num_programs(0)):
         off_m, off_n = _tile_origin(tile, N, TILE_M, BLOCK_N)
         if ADD_TMA:  # rows past M arrive as zeros (and are not stored)
             mbarrier.expect(add_bar.index(0), add_desc.block_type.nbytes)
@@ -254,7 +263,7 @@ def _epilogue(acc_bufs, acc_ready, acc_empty, add_desc, add_buf, add_bar, bias_p
             if ADD_TMA and h == 0:
                 mbarrier.wait(add_bar.index(0), i & 1)
             buf = acc_bufs.index(j)
-            for r in gl.static_range(ROWS // SUB_M):
+            for r in gl.static_range(ROWS // SUB_M if DIAG == 0 else 0):
                 x = buf.slice(r * SUB_M, SUB_M, dim=0).load(epi).to(gl.float32)
                 x = x * ab_scale
                 if COL_SCALE:
@@ -287,6 +296,7 @@ def _gemm_kernel(a_desc, b_desc, add_desc, bias_ptr, cs_ptr, xs_ptr, ws_ptr, hin
                  add_ptr, out_ptr, M, N, K, STAGES: gl.constexpr, SUB_M: gl.constexpr,
                  GELU: gl.constexpr, BIAS: gl.constexpr, COL_SCALE: gl.constexpr,
                  ADD: gl.constexpr, ADD_TMA: gl.constexpr, ACC16: gl.constexpr,
+                 DIAG: gl.constexpr,
                  COOP: gl.constexpr, LOAD_REGS: gl.constexpr, MMA_REGS: gl.constexpr,
                  num_warps: gl.constexpr):
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
@@ -326,11 +336,11 @@ def _gemm_kernel(a_desc, b_desc, add_desc, bias_ptr, cs_ptr, xs_ptr, ws_ptr, hin
     fence_async_shared()
     cta_barrier()
     mma_args = (a_bufs, b_bufs, ready, empty, acc_bufs, acc_ready, acc_empty, turn, xs_ptr,
-                ws_ptr, M, N, K)
+                ws_ptr, M, N, K, DIAG)
     gl.warp_specialize([
         (_epilogue, (acc_bufs, acc_ready, acc_empty, add_desc, add_buf, add_bar, bias_ptr,
                      cs_ptr, xs_ptr, ws_ptr, hinv_ptr, add_ptr, out_ptr, M, N, BLOCK_M, SUB_M,
-                     GELU, BIAS, COL_SCALE, ADD, ADD_TMA, num_warps)),
+                     GELU, BIAS, COL_SCALE, ADD, ADD_TMA, DIAG, num_warps)),
         (_loader, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K)),
         (_mma0, mma_args),
         (_mma1, mma_args),
@@ -437,7 +447,7 @@ def gemm(xq: torch.Tensor, x_scale: torch.Tensor, w8: torch.Tensor, w_scale: tor
                        out if addend is None else addend, out, m, n, k,
                        STAGES=stages, SUB_M=sub_m, GELU=gelu, BIAS=bias is not None,
                        COL_SCALE=col_scale is not None, ADD=addend is not None,
-                       ADD_TMA=add_tma, ACC16=acc16,
+                       ADD_TMA=add_tma, ACC16=acc16, DIAG=DIAGNOSTIC,
                        COOP=block_n > 128,
                        **WORKER_REGS, **LAUNCH)
     return out
