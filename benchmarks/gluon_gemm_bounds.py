@@ -11,8 +11,10 @@ peak, where cuBLASLt's e4m3 FFN2 runs at ~84% of it. Each GEMM
 ``gluon_gemm.DIAGNOSTIC``: ``gemm`` (as the engine runs it), ``handoff`` (the epilogue
 frees each tile's buffer without reading it: the main loop and the accumulators' handoff
 through shared memory) and ``loop`` (no handoff: the main loop alone, its loads and
-wgmmas). ``gemm`` over ``loop`` is what the epilogue side costs; ``loop`` against the
-clock's peak what the main loop leaves. Then each of ``--configs`` in the ``gemm`` form.
+wgmmas), each also with the handoff buffers in v41's generic swizzle
+(``gluon_gemm.NVMMA_HANDOFF`` off). ``gemm`` over ``loop`` is what the epilogue side costs;
+``loop`` against the clock's peak what the main loop leaves. Then each of ``--configs`` in
+the ``gemm`` form.
 Each form is a CUDA graph of ``--calls`` calls; the forms take turns for ``--rounds`` rounds
 (``rounds.interleaved``, burst clocks: the SM clock and power over the run are printed).
 Prints µs a call (median of the rounds), int8 TOPS and the share of ``gemm``'s time.
@@ -29,7 +31,9 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-FORMS = {"gemm": 0, "handoff": 1, "loop": 2}  # -> gluon_gemm.DIAGNOSTIC
+# form -> (gluon_gemm.DIAGNOSTIC, gluon_gemm.NVMMA_HANDOFF)
+FORMS = {"gemm": (0, True), "handoff": (1, True), "loop": (2, True),
+         "gemm generic-handoff": (0, False), "handoff generic-handoff": (1, False)}
 DEFAULT_CONFIGS = "ffn1=4:64:32:256,4:128:32:128;out_proj=3:128:16:256"
 
 
@@ -59,16 +63,16 @@ def graphs(tokens: int, calls: int,
     captured: dict[str, Any] = {}
     try:
         for gemm, fn in fns.items():
-            for form, diag in FORMS.items():
-                gluon_gemm.DIAGNOSTIC = diag
+            for form, (diag, nvmma) in FORMS.items():
+                gluon_gemm.DIAGNOSTIC, gluon_gemm.NVMMA_HANDOFF = diag, nvmma
                 captured[f"{gemm} {form}"] = capture_graph(fn, calls)
-            gluon_gemm.DIAGNOSTIC = 0
+            gluon_gemm.DIAGNOSTIC, gluon_gemm.NVMMA_HANDOFF = 0, True
             for config in configs.get(gemm, []):
                 tag = ":".join(map(str, config))
                 captured[f"{gemm} gemm {tag}"] = capture_graph(
                     lambda fn=fn, config=config: fn(config=config), calls)
     finally:
-        gluon_gemm.DIAGNOSTIC = 0
+        gluon_gemm.DIAGNOSTIC, gluon_gemm.NVMMA_HANDOFF = 0, True
     return captured
 
 

@@ -1655,6 +1655,46 @@ def test_gluon_gemm_int8_matches_float_math(config: tuple[int, int, int, int],
     assert (got - ref).abs().max().item() <= 32.0  # e4m3's step in [256, 448]
 
 
+@pytest.mark.parametrize(("config", "acc16"), [((4, 128, 32, 128), 1), ((3, 128, 32, 256), 1),
+                                             ((3, 128, 32, 128), 0)])
+@pytest.mark.parametrize("gelu", [0, 1])
+def test_gluon_gemm_handoff_layouts_give_the_same_bits(monkeypatch: pytest.MonkeyPatch,
+                                                       config: tuple[int, int, int, int],
+                                                       acc16: int, gelu: int) -> None:
+    """The accumulators handed over in the wgmma layout's swizzle (``NVMMA_HANDOFF``:
+    stmatrix stores) and in v41's generic one hold the same values, so the outputs are
+    the same bits: int8 operands, ping-pong and cooperative tiles, fp16 and float32
+    handoffs, FFN1's bias + GELU + e4m3 output and a 16-bit one, at a partial last tile."""
+    gluon_gemm = pytest.importorskip("engine.fused.kernels.gluon_gemm")
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Gluon GEMM kernel is for Hopper (sm_90)")
+    from engine.fused.fp8 import FP8_DTYPE
+    from engine.fused.int8 import column_scales, quantize_channels
+
+    g = torch.Generator(device="cuda").manual_seed(3)
+    m, n, k = 1000, 2048, 1024
+    x8 = torch.randint(-127, 128, (m, k), generator=g, device="cuda", dtype=torch.int8)
+    xs = torch.full((1,), 0.01, device="cuda")
+    w8, sw = quantize_channels(torch.randn((n, k), generator=g, device="cuda") * 0.03)
+    top, col = column_scales(sw)
+    bias = (torch.randn(n, generator=g, device="cuda") * 0.1).to(torch.bfloat16)
+    outs = []
+    for nvmma in (True, False):
+        monkeypatch.setattr(gluon_gemm, "NVMMA_HANDOFF", nvmma)
+        if gelu:
+            out = torch.empty((m, n), device="cuda", dtype=FP8_DTYPE)
+            gluon_gemm.gemm(x8, xs, w8, top, out, bias=bias, col_scale=col, gelu=1,
+                            out_scale=torch.full((1,), 8.0, device="cuda"), config=config,
+                            acc16=acc16)
+            outs.append(out.view(torch.uint8))
+        else:
+            out = torch.empty((m, n), device="cuda", dtype=torch.float16)
+            gluon_gemm.gemm(x8, xs, w8, top, out, col_scale=col, config=config, acc16=acc16)
+            outs.append(out)
+    assert torch.equal(outs[0], outs[1])
+    assert outs[0].float().abs().sum().item() > 0
+
+
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_gluon_gemm_addend_by_tma_matches_global_loads(monkeypatch: pytest.MonkeyPatch,
                                                        dtype: torch.dtype) -> None:

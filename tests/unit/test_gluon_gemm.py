@@ -38,6 +38,24 @@ def test_kernel_compiles_for_hopper(stages: int, block_k: int, sub_m: int, block
     assert len(wgmmas) == 2 * 2 * block_k // 32  # two partitions, two halves, k = 32 each
     assert "UTMALDG" in sass and "MUFU.TANH" in sass and "SETMAXREG" in sass
     assert int(re.search(r"REG:(\d+)", usage).group(1)) <= 128  # type: ignore[union-attr]
+    # fp16 accumulators go over in the wgmma layout's swizzle: one stmatrix a thread stores
+    # 16 bytes (8 accumulators): two partitions, each acc_rows x block_n over 128 threads
+    stsm = len(re.findall(r"\bSTSM\.16", sass))
+    assert stsm == (2 * acc_rows * block_n // 128 // 8 if acc16 else 0), stsm
+
+
+def test_generic_handoff_stores_4_bytes() -> None:
+    """``NVMMA_HANDOFF`` off: v41's generic swizzle, no stmatrix and 4x the 16-byte form's
+    store instructions (4 bytes each)."""
+    tools_or_skip()
+    pytest.importorskip("triton.experimental.gluon")
+    from benchmarks.gluon_ffn1 import sm90_sass
+
+    generic = sm90_sass(3, 128, 32, 1, 1, 256, "int8", bias=True, col_scale=True,
+                        nvmma_acc=False)[0]
+    nvmma = sm90_sass(3, 128, 32, 1, 1, 256, "int8", bias=True, col_scale=True)[0]
+    assert "STSM" not in generic
+    assert len(re.findall(r"\bSTS(?!M)", generic)) >= 4 * len(re.findall(r"\bSTSM\.16", nvmma))
 
 
 @pytest.mark.parametrize(("block_n", "out", "n", "add"), [

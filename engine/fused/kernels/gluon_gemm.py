@@ -85,6 +85,12 @@ LAUNCH: dict[str, int] = {"num_warps": 4, "maxnreg": 128}
 # global loads in each ``SUB_M``-row chunk, whose latency each chunk waits out (v52: the
 # out-projection adding the residual took +36 µs a call, +40%, for 97 MB more read).
 ADD_BY_TMA = True
+# The accumulators' handoff buffers in shared memory (read at each call): True, in the
+# wgmma layout's own swizzle (``NVMMASharedLayout``: the MMA warpgroups store them with
+# ``stmatrix``, 16 bytes a thread an instruction, and the epilogue reads 16 bytes a load);
+# False, v41's generic swizzle (8-byte stores and loads: 4x the MMA side's store
+# instructions a tile, while the tensor cores wait in the cooperative form). Same values.
+NVMMA_HANDOFF = True
 # Bounds for benchmarks only (``benchmarks/gluon_gemm_bounds.py``; read at each call): 0 the
 # GEMM; 1 the epilogue takes each tile's accumulators and frees the buffer without reading
 # it or writing ``out`` (the main loop and the handoff); 2 no handoff either (the main loop
@@ -296,7 +302,7 @@ def _gemm_kernel(a_desc, b_desc, add_desc, bias_ptr, cs_ptr, xs_ptr, ws_ptr, hin
                  add_ptr, out_ptr, M, N, K, STAGES: gl.constexpr, SUB_M: gl.constexpr,
                  GELU: gl.constexpr, BIAS: gl.constexpr, COL_SCALE: gl.constexpr,
                  ADD: gl.constexpr, ADD_TMA: gl.constexpr, ACC16: gl.constexpr,
-                 DIAG: gl.constexpr,
+                 NVMMA_ACC: gl.constexpr, DIAG: gl.constexpr,
                  COOP: gl.constexpr, LOAD_REGS: gl.constexpr, MMA_REGS: gl.constexpr,
                  num_warps: gl.constexpr):
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
@@ -305,9 +311,13 @@ def _gemm_kernel(a_desc, b_desc, add_desc, bias_ptr, cs_ptr, xs_ptr, ws_ptr, hin
     ROWS: gl.constexpr = BLOCK_M // 2 if COOP else BLOCK_M  # a warpgroup's accumulator rows
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], b_desc.layout)
-    acc_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=4, per_phase=1, max_phase=8,
-                                                       order=[1, 0])
     acc_dtype: gl.constexpr = gl.float16 if ACC16 else gl.float32
+    if NVMMA_ACC:  # the wgmma layout's own: stmatrix stores, 16-byte loads
+        acc_layout: gl.constexpr = gl.NVMMASharedLayout(
+            swizzle_byte_width=128, element_bitwidth=16 if ACC16 else 32, rank=2)
+    else:
+        acc_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=4, per_phase=1, max_phase=8,
+                                                           order=[1, 0])
     acc_bufs = gl.allocate_shared_memory(acc_dtype, [2, ROWS, BLOCK_N], acc_layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -447,7 +457,8 @@ def gemm(xq: torch.Tensor, x_scale: torch.Tensor, w8: torch.Tensor, w_scale: tor
                        out if addend is None else addend, out, m, n, k,
                        STAGES=stages, SUB_M=sub_m, GELU=gelu, BIAS=bias is not None,
                        COL_SCALE=col_scale is not None, ADD=addend is not None,
-                       ADD_TMA=add_tma, ACC16=acc16, DIAG=DIAGNOSTIC,
+                       ADD_TMA=add_tma, ACC16=acc16, NVMMA_ACC=NVMMA_HANDOFF,
+                       DIAG=DIAGNOSTIC,
                        COOP=block_n > 128,
                        **WORKER_REGS, **LAUNCH)
     return out
