@@ -312,12 +312,11 @@ def _gemm_kernel(a_desc, b_desc, add_desc, bias_ptr, cs_ptr, xs_ptr, ws_ptr, hin
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], b_desc.layout)
     acc_dtype: gl.constexpr = gl.float16 if ACC16 else gl.float32
-    if NVMMA_ACC:  # the wgmma layout's own: stmatrix stores, 16-byte loads
-        acc_layout: gl.constexpr = gl.NVMMASharedLayout(
-            swizzle_byte_width=128, element_bitwidth=16 if ACC16 else 32, rank=2)
-    else:
-        acc_layout: gl.constexpr = gl.SwizzledSharedLayout(vec=4, per_phase=1, max_phase=8,
-                                                           order=[1, 0])
+    # NVMMA_ACC: the wgmma layout's own swizzle (stmatrix stores, 16-byte loads)
+    acc_layout: gl.constexpr = (
+        gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16 if ACC16 else 32,
+                             rank=2) if NVMMA_ACC
+        else gl.SwizzledSharedLayout(vec=4, per_phase=1, max_phase=8, order=[1, 0]))
     acc_bufs = gl.allocate_shared_memory(acc_dtype, [2, ROWS, BLOCK_N], acc_layout)
     ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
