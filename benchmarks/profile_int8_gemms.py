@@ -35,8 +35,8 @@ D, F = 1024, 4096  # BERT-large's hidden and FFN widths
 # (label, N, K) in launch order: the FLOPs of each are 2 * tokens * N * K
 GEMMS = [("ffn1 int8 gluon", F, D), ("out_proj int8 gluon", D, D),
          ("qkv e4m3 cublaslt", 3 * D, D), ("ffn2 e4m3 cublaslt", D, F)]
-METRICS = {  # ncu's "Metric Name" -> the column printed
-    "Duration": "µs", "SM Frequency": "clock", "Compute (SM) Throughput": "SM %",
+PERCENTS = {  # ncu's "Metric Name" -> the column printed (shares of peak, and one ratio)
+    "Compute (SM) Throughput": "SM %",
     "sm__pipe_tensor_cycles_active.avg.pct_of_peak_sustained_elapsed": "tensor %",
     "L2 Cache Throughput": "L2 %", "DRAM Throughput": "DRAM %",
     "Warp Cycles Per Issued Instruction": "cycles / issue",
@@ -92,6 +92,18 @@ def launches(tokens: int) -> list[Callable[..., object]]:
     return [ffn1, out_proj, qkv, ffn2]
 
 
+UNITS = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "msecond": 1e3,
+         "hz": 1e-6, "khz": 1e-3, "mhz": 1.0, "ghz": 1e3,
+         "byte": 1.0, "kbyte": 1e3, "mbyte": 1e6, "gbyte": 1e9}  # -> µs, MHz, bytes
+
+
+def _value(rec: dict[str, str], name: str) -> float:
+    """A metric in µs, MHz or bytes (ncu's own unit converted), NaN where absent."""
+    if name not in rec:
+        return float("nan")
+    return float(rec[name]) * UNITS.get(rec.get(name + " unit", "").lower(), 1.0)
+
+
 def summarize(path: Path, tokens: int) -> None:
     """The table of ``--summarize``: one row a profiled kernel, in launch order."""
     rows: dict[str, dict[str, str]] = {}
@@ -102,18 +114,15 @@ def summarize(path: Path, tokens: int) -> None:
         name, value = rec["Metric Name"], rec["Metric Value"].replace(",", "")
         rows.setdefault(key, {})[name] = value
         rows[key][name + " unit"] = rec.get("Metric Unit", "")
-    print(f"| kernel | GEMM | {' | '.join(METRICS.values())} | TFLOP/s | L2 TB/s |")
-    print("|" + "---|" * (len(METRICS) + 4))
+    print("| kernel | GEMM | µs | MHz | " + " | ".join(PERCENTS.values())
+          + " | TFLOP/s | L2 TB/s |")
+    print("|" + "---|" * (len(PERCENTS) + 6))
     for (key, rec), (label, n, k) in zip(rows.items(), GEMMS, strict=False):
-        us = float(rec.get("Duration", "nan"))
-        if rec.get("Duration unit") == "ms":
-            us *= 1000
-        l2 = float(rec.get("lts__t_bytes.sum", "nan"))
-        l2 *= {"Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9}.get(rec.get("lts__t_bytes.sum unit", ""),
-                                                            1.0)
-        cells = " | ".join(rec.get(m, "?") for m in METRICS)
-        print(f"| {key} | {label} | {cells} | {2 * tokens * n * k / us / 1e6:,.0f} | "
-              f"{l2 / us / 1e6:.2f} |")
+        us = _value(rec, "Duration")
+        cells = " | ".join(rec.get(m, "?") for m in PERCENTS)
+        print(f"| {key} | {label} | {us:.1f} | {_value(rec, 'SM Frequency'):.0f} | {cells} | "
+              f"{2 * tokens * n * k / us / 1e6:,.0f} | "
+              f"{_value(rec, 'lts__t_bytes.sum') / us / 1e6:.2f} |")
 
 
 def main(argv: list[str] | None = None) -> None:
