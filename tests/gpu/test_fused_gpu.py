@@ -1664,7 +1664,8 @@ def test_gluon_gemm_handoff_layouts_give_the_same_bits(monkeypatch: pytest.Monke
     """The accumulators handed over in the wgmma layout's swizzle (``NVMMA_HANDOFF``:
     stmatrix stores) and in v41's generic one hold the same values, so the outputs are
     the same bits: int8 operands, ping-pong and cooperative tiles, fp16 and float32
-    handoffs, FFN1's bias + GELU + e4m3 output and a 16-bit one, at a partial last tile."""
+    handoffs, FFN1's bias + GELU + e4m3 output and a 16-bit one, at a partial last tile,
+    with 8 programs (each takes many tiles: both buffers and their phases turn over)."""
     gluon_gemm = pytest.importorskip("engine.fused.kernels.gluon_gemm")
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the Gluon GEMM kernel is for Hopper (sm_90)")
@@ -1685,24 +1686,29 @@ def test_gluon_gemm_handoff_layouts_give_the_same_bits(monkeypatch: pytest.Monke
             out = torch.empty((m, n), device="cuda", dtype=FP8_DTYPE)
             gluon_gemm.gemm(x8, xs, w8, top, out, bias=bias, col_scale=col, gelu=1,
                             out_scale=torch.full((1,), 8.0, device="cuda"), config=config,
-                            acc16=acc16)
+                            acc16=acc16, programs=8)
             outs.append(out.view(torch.uint8))
         else:
             out = torch.empty((m, n), device="cuda", dtype=torch.float16)
-            gluon_gemm.gemm(x8, xs, w8, top, out, col_scale=col, config=config, acc16=acc16)
+            gluon_gemm.gemm(x8, xs, w8, top, out, col_scale=col, config=config, acc16=acc16,
+                            programs=8)
             outs.append(out)
     assert torch.equal(outs[0], outs[1])
     assert outs[0].float().abs().sum().item() > 0
 
 
+@pytest.mark.parametrize("config", [(4, 128, 32, 128), (4, 64, 32, 256)],
+                         ids=["pingpong", "coop"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_gluon_gemm_addend_by_tma_matches_global_loads(monkeypatch: pytest.MonkeyPatch,
-                                                       dtype: torch.dtype) -> None:
+                                                       dtype: torch.dtype,
+                                                       config: tuple[int, int, int, int]) -> None:
     """The out-projection's form (int8, 16-bit output, the residual added in place): the
-    addend read by one TMA load a tile (``ADD_BY_TMA``) gives the same bits as read by
-    global loads in each chunk, at a row count with a partial tile (rows past M come in
-    as zeros and are not stored: the rows after them keep their values), and both match
-    float math within the output's rounding."""
+    addend read by one TMA load a tile (``ADD_BY_TMA``; the descriptor must be made) gives
+    the same bits as read by global loads in each chunk, at a row count with a partial tile
+    (rows past M come in as zeros and are not stored: the rows after them keep their
+    values) and with 8 programs (the addend's buffer and barrier reused tile after tile),
+    and both match float math within the output's rounding."""
     gluon_gemm = pytest.importorskip("engine.fused.kernels.gluon_gemm")
     if torch.cuda.get_device_capability() != (9, 0):
         pytest.skip("the Gluon GEMM kernel is for Hopper (sm_90)")
@@ -1717,14 +1723,20 @@ def test_gluon_gemm_addend_by_tma_matches_global_loads(monkeypatch: pytest.Monke
     top, col = column_scales(sw)
     residual = torch.randn((m + 8, n), generator=g, device="cuda").to(dtype)
     want = (x8.float() * xs) @ (w8.float() * sw[:, None]).t() + residual[:m].float()
+    assert gluon_gemm.tma_addend_fits(config, 1)
+    made = []
+    describe = gluon_gemm.addend_descriptor
+    monkeypatch.setattr(gluon_gemm, "addend_descriptor",
+                        lambda *a: made.append(1) or describe(*a))
     outs = {}
     for by_tma in (True, False):
         monkeypatch.setattr(gluon_gemm, "ADD_BY_TMA", by_tma)
         buf = residual.clone()
         out = buf[:m]  # rows m.. of the buffer are not the GEMM's
-        gluon_gemm.gemm(x8, xs, w8, top, out, col_scale=col, addend=out,
-                        config=(4, 128, 32, 128))
+        gluon_gemm.gemm(x8, xs, w8, top, out, col_scale=col, addend=out, config=config,
+                        programs=8)
         assert torch.equal(buf[m:], residual[m:])
+        assert len(made) == 1  # by TMA on the first pass only
         outs[by_tma] = out
     assert torch.equal(outs[True], outs[False])
     err = ((outs[True].float() - want).norm() / want.norm()).item()

@@ -86,15 +86,15 @@ LAUNCH: dict[str, int] = {"num_warps": 4, "maxnreg": 128}
 # out-projection adding the residual took +36 µs a call, +40%, for 97 MB more read).
 ADD_BY_TMA = True
 # The accumulators' handoff buffers in shared memory (read at each call): True, in the
-# wgmma layout's own swizzle (``NVMMASharedLayout``: the MMA warpgroups store them with
-# ``stmatrix``, 16 bytes a thread an instruction, and the epilogue reads 16 bytes a load);
-# False, v41's generic swizzle (8-byte stores and loads: 4x the MMA side's store
+# wgmma layout's own swizzle (``NVMMASharedLayout``: the MMA warpgroups store fp16 buffers
+# with ``stmatrix``, 16 bytes a thread an instruction, and the epilogue reads 16 bytes a
+# load); False, v41's generic swizzle (4-byte stores, 8-byte loads: 4x the MMA side's store
 # instructions a tile, while the tensor cores wait in the cooperative form). Same values.
 NVMMA_HANDOFF = True
 # Bounds for benchmarks only (``benchmarks/gluon_gemm_bounds.py``; read at each call): 0 the
 # GEMM; 1 the epilogue takes each tile's accumulators and frees the buffer without reading
-# it or writing ``out`` (the main loop and the handoff); 2 no handoff either (the main loop
-# alone). Under 1 and 2 ``out`` is not written.
+# it or writing ``out`` (the main loop and the handoff; an addend's TMA load still runs);
+# 2 no handoff either (the main loop alone). Under 1 and 2 ``out`` is not written.
 DIAGNOSTIC = 0
 SMEM_PER_PROGRAM = 227 * 1024  # sm_90's largest dynamic shared memory a block
 WORKER_REGS: dict[str, int] = {"LOAD_REGS": 40, "MMA_REGS": 168}
@@ -290,10 +290,10 @@ def _epilogue(acc_bufs, acc_ready, acc_empty, add_desc, add_buf, add_bar, bias_p
                 if OUT8:
                     x = x * h_inv
                 gl.store(ptrs, x.to(out_ptr.dtype.element_ty), mask=gl.expand_dims(rows < M, 1))
+            if ADD_TMA:  # each thread's reads of the addend ordered before the next TMA write
+                fence_async_shared()
             cta_barrier()
             mbarrier.arrive(acc_empty.index(j))
-        if ADD_TMA:  # every thread's reads of the tile's addend before the next TMA write
-            fence_async_shared()
         i += 1  # noqa: SIM113 (no enumerate in Gluon)
 
 
@@ -356,8 +356,8 @@ def _gemm_kernel(a_desc, b_desc, add_desc, bias_ptr, cs_ptr, xs_ptr, ws_ptr, hin
     ], [1, 4, 4], [LOAD_REGS, MMA_REGS, MMA_REGS])
 
 
-GL_TYPES = {torch.float8_e4m3fn: gl.float8e4nv, torch.int8: gl.int8,
-            torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
+GL_TYPES = {torch.float8_e4m3fn: gl.float8e4nv, torch.int8: gl.int8}  # the operands'
+ADDEND_TYPES = {torch.float16: gl.float16, torch.bfloat16: gl.bfloat16}
 
 
 def descriptors(xq: torch.Tensor, w8: torch.Tensor, block_k: int,
@@ -375,15 +375,17 @@ def descriptors(xq: torch.Tensor, w8: torch.Tensor, block_k: int,
 def addend_descriptor(addend: torch.Tensor, block_n: int) -> Any:
     """The TMA descriptor of a 16-bit [M, N] addend in output tiles (``BLOCK_M`` x
     ``block_n`` boxes): what the epilogue loads under :data:`ADD_BY_TMA`."""
-    layout = gl.NVMMASharedLayout.get_default_for([BLOCK_M, block_n], GL_TYPES[addend.dtype])
+    layout = gl.NVMMASharedLayout.get_default_for([BLOCK_M, block_n],
+                                                  ADDEND_TYPES[addend.dtype])
     return TensorDescriptor.from_tensor(addend, [BLOCK_M, block_n], layout)
 
 
 def tma_addend_fits(config: tuple[int, int, int, int], acc16: int, operand_bytes: int = 1,
                     slack: int = 2048) -> bool:
     """Whether a launch of ``config`` has room for the addend's tile in shared memory
-    beside its ring and accumulator buffers (``slack`` for barriers and alignment): the
-    out-projection's ping-pong form (224 KB with it), not the cooperative 128 x 256 one."""
+    beside its ring and accumulator buffers (``slack`` for barriers and alignment): e.g.
+    the out-projection's ping-pong (4, 128, 32, 128) (224 KB with it) and the cooperative
+    (4, 64, 32, 256), not FFN1's cooperative (3, 128, 32, 256)."""
     stages, block_k, _, block_n = config
     rows = BLOCK_M if block_n <= 128 else BLOCK_M // 2
     ring = stages * (BLOCK_M + block_n) * block_k * operand_bytes
