@@ -17,7 +17,7 @@ compile and plan, then once more between ``cudaProfilerStart`` and ``Stop``:
 
 (``ncu`` flushes the caches before each profiled launch: each kernel reads its weights from
 HBM once, as the first tile wave of a pass does.) ``--summarize`` prints, per kernel, the
-time, the clock, the achieved TFLOP/s (the kernels taken in the order launched here), the
+time, the clock, the achieved TOPS or TFLOP/s (the kernels taken in the order launched here), the
 SM, tensor-pipe, L2 and DRAM throughputs as shares of their peaks, the L2's bytes a second,
 and the cycles a warp waits between issued instructions.
 """
@@ -98,10 +98,14 @@ UNITS = {"ns": 1e-3, "nsecond": 1e-3, "us": 1.0, "usecond": 1.0, "ms": 1e3, "mse
 
 
 def _value(rec: dict[str, str], name: str) -> float:
-    """A metric in µs, MHz or bytes (ncu's own unit converted), NaN where absent."""
+    """A metric in µs, MHz or bytes (ncu's own unit converted), NaN where absent; a unit
+    this table does not know raises rather than be read as another."""
     if name not in rec:
         return float("nan")
-    return float(rec[name]) * UNITS.get(rec.get(name + " unit", "").lower(), 1.0)
+    unit = rec.get(name + " unit", "").lower()
+    if unit not in UNITS:
+        raise ValueError(f"{name}: unit {unit!r} is not one of {sorted(UNITS)}")
+    return float(rec[name]) * UNITS[unit]
 
 
 def summarize(path: Path, tokens: int) -> None:
@@ -114,10 +118,12 @@ def summarize(path: Path, tokens: int) -> None:
         name, value = rec["Metric Name"], rec["Metric Value"].replace(",", "")
         rows.setdefault(key, {})[name] = value
         rows[key][name + " unit"] = rec.get("Metric Unit", "")
+    if len(rows) != len(GEMMS):  # rows are named by launch order: one kernel a GEMM
+        raise ValueError(f"{path}: {len(rows)} kernels profiled, {len(GEMMS)} launched")
     print("| kernel | GEMM | µs | MHz | " + " | ".join(PERCENTS.values())
-          + " | TFLOP/s | L2 TB/s |")
+          + " | T(FL)OP/s | L2 TB/s |")
     print("|" + "---|" * (len(PERCENTS) + 6))
-    for (key, rec), (label, n, k) in zip(rows.items(), GEMMS, strict=False):
+    for (key, rec), (label, n, k) in zip(rows.items(), GEMMS, strict=True):
         us = _value(rec, "Duration")
         cells = " | ".join(rec.get(m, "?") for m in PERCENTS)
         print(f"| {key} | {label} | {us:.1f} | {_value(rec, 'SM Frequency'):.0f} | {cells} | "
