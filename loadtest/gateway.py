@@ -64,6 +64,25 @@ async def settled_scrape(
         await asyncio.sleep(0.05)
 
 
+async def quiet_scrape(
+    client: httpx.AsyncClient, metrics_url: str, route: str = QA_ROUTE,
+    quiet_s: float = 0.1, deadline_s: float = 2.0,
+) -> Snapshot | None:
+    """A step's starting snapshot: scrape until the request count has held still for
+    ``quiet_s`` (or the deadline passes), so that requests answered before the step (the
+    warm-up's last ones) but not yet observed by the gateway are not counted in it."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + deadline_s
+    last = await scrape(client, metrics_url, route)
+    while last is not None and loop.time() < end:
+        await asyncio.sleep(quiet_s)
+        now = await scrape(client, metrics_url, route)
+        if now is None or now.request.count == last.request.count:
+            return now
+        last = now
+    return last
+
+
 def _ms(hist: Histogram) -> dict[str, float]:
     mean = hist.sum / hist.count * 1000.0 if hist.count else float("nan")
     return {"mean_ms": mean, "p50_ms": histogram_quantile(0.5, hist) * 1000.0,

@@ -7,7 +7,7 @@ from dataclasses import dataclass, replace
 
 import httpx
 
-from loadtest.gateway import QA_ROUTE, gateway_view, scrape, settled_scrape
+from loadtest.gateway import QA_ROUTE, gateway_view, quiet_scrape, settled_scrape
 from loadtest.generator import StepConfig, StepState, run_step
 from loadtest.progress import Display
 from loadtest.results import StepResult, step_result
@@ -52,7 +52,8 @@ async def measure_step(
     criteria: Criteria, display: Display,
 ) -> StepResult:
     """Run one step and summarise it beside the gateway's own histograms for the same window."""
-    before = await scrape(client, target.metrics_url, target.route) if target.metrics_url else None
+    before = (await quiet_scrape(client, target.metrics_url, target.route)
+              if target.metrics_url else None)
     state = StepState(config)
     async with display.track(state):
         samples = await run_step(client, target.qa_url, bodies, config, state)

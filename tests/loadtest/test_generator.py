@@ -220,3 +220,28 @@ async def test_errors_are_counted_and_the_gateway_histograms_agree(
 def test_no_event_loop_is_left_running() -> None:
     with pytest.raises(RuntimeError):
         asyncio.get_running_loop()
+
+
+# --- the gateway's counts at a step's start ------------------------------------------------------
+async def test_a_step_starts_from_a_count_that_has_stopped_moving() -> None:
+    """Requests answered before a step (the warm-up's last) can reach the gateway's histogram
+    a moment after their answers: the starting snapshot waits for the count to hold still, so
+    they are not counted in the step (a live run once counted 65 of 64)."""
+    from loadtest.gateway import quiet_scrape
+
+    counts = iter([3, 4, 5, 5, 5])
+    seen: list[int] = []
+
+    def metrics(_: httpx.Request) -> httpx.Response:
+        n = next(counts)
+        seen.append(n)
+        text = ("# TYPE qa_request_duration_seconds histogram\n"
+                f'qa_request_duration_seconds_bucket{{route="/v1/qa",le="+Inf"}} {n}\n'
+                f'qa_request_duration_seconds_count{{route="/v1/qa"}} {n}\n'
+                f'qa_request_duration_seconds_sum{{route="/v1/qa"}} {0.01 * n}\n')
+        return httpx.Response(200, text=text)
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(metrics)) as client:
+        snap = await quiet_scrape(client, "http://127.0.0.1:9/metrics", quiet_s=0.01)
+    assert snap is not None and snap.request.count == 5
+    assert seen == [3, 4, 5, 5]  # stops at the first repeat
