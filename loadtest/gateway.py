@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import httpx
@@ -44,6 +45,23 @@ async def scrape(
     return parse_snapshot(response.text, route)
 
 
+async def _scrape_until(
+    client: httpx.AsyncClient, metrics_url: str, route: str,
+    done: Callable[[Snapshot, Snapshot | None], bool], interval_s: float, deadline_s: float,
+) -> Snapshot | None:
+    """Scrape every ``interval_s`` until ``done(this scrape, the one before it)`` or the
+    deadline passes (or /metrics cannot be read); the last scrape."""
+    loop = asyncio.get_running_loop()
+    end = loop.time() + deadline_s
+    last = None
+    while True:
+        now = await scrape(client, metrics_url, route)
+        if now is None or done(now, last) or loop.time() >= end:
+            return now
+        last = now
+        await asyncio.sleep(interval_s)
+
+
 async def settled_scrape(
     client: httpx.AsyncClient, metrics_url: str, before: Snapshot, expected: int,
     route: str = QA_ROUTE, deadline_s: float = 2.0,
@@ -53,15 +71,9 @@ async def settled_scrape(
     A gateway may observe its histogram just after the response leaves; polling avoids reading
     a count that is one request short.
     """
-    loop = asyncio.get_running_loop()
-    end = loop.time() + deadline_s
-    while True:
-        after = await scrape(client, metrics_url, route)
-        if after is None or after.request.count - before.request.count >= expected:
-            return after
-        if loop.time() >= end:
-            return after
-        await asyncio.sleep(0.05)
+    return await _scrape_until(
+        client, metrics_url, route,
+        lambda now, _: now.request.count - before.request.count >= expected, 0.05, deadline_s)
 
 
 async def quiet_scrape(
@@ -71,16 +83,10 @@ async def quiet_scrape(
     """A step's starting snapshot: scrape until the request count has held still for
     ``quiet_s`` (or the deadline passes), so that requests answered before the step (the
     warm-up's last ones) but not yet observed by the gateway are not counted in it."""
-    loop = asyncio.get_running_loop()
-    end = loop.time() + deadline_s
-    last = await scrape(client, metrics_url, route)
-    while last is not None and loop.time() < end:
-        await asyncio.sleep(quiet_s)
-        now = await scrape(client, metrics_url, route)
-        if now is None or now.request.count == last.request.count:
-            return now
-        last = now
-    return last
+    return await _scrape_until(
+        client, metrics_url, route,
+        lambda now, last: last is not None and now.request.count == last.request.count,
+        quiet_s, deadline_s)
 
 
 def _ms(hist: Histogram) -> dict[str, float]:
