@@ -7,12 +7,15 @@ token count (``engine/fused/NOTES.md`` v53).
 In the settled mix pass the default's two Gluon int8 GEMMs (FFN1 and the out-projection,
 ``int8.GEMM_CONFIGS``) are ~31% of the kernels' time at ~60% of the int8 tensor cores'
 peak, where cuBLASLt's e4m3 FFN2 runs at ~84% of it. Each GEMM
-(``profile_int8_gemms.launches``' operands) is timed in three forms, through
+(``profile_int8_gemms.launches``' operands) is timed in these forms, through
 ``gluon_gemm.DIAGNOSTIC``: ``gemm`` (as the engine runs it), ``handoff`` (the epilogue
 frees each tile's buffer without reading it: the main loop and the accumulators' handoff
 through shared memory) and ``loop`` (no handoff: the main loop alone, its loads and
-wgmmas), each also with the handoff buffers in v41's generic swizzle
-(``gluon_gemm.NVMMA_HANDOFF`` off). ``gemm`` over ``loop`` is what the epilogue side costs;
+wgmmas); ``no-store`` (the whole epilogue, its stores predicated off) and ``no-read`` (the
+epilogue's stores, of values it does not read from the handoff buffer): what the stores and
+what the buffer's reads cost; ``gemm`` and ``handoff`` also with the handoff buffers in
+v41's generic swizzle (``gluon_gemm.NVMMA_HANDOFF`` off). ``gemm`` over ``loop`` is what the
+epilogue side costs;
 ``loop`` against the clock's peak what the main loop leaves. Then each of ``--configs`` in
 the ``gemm`` form.
 Each form is a CUDA graph of ``--calls`` calls; the forms take turns for ``--rounds`` rounds
@@ -33,6 +36,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 # form -> (gluon_gemm.DIAGNOSTIC, gluon_gemm.NVMMA_HANDOFF)
 FORMS = {"gemm": (0, True), "handoff": (1, True), "loop": (2, True),
+         "no-store": (3, True), "no-read": (4, True),
          "gemm generic-handoff": (0, False), "handoff generic-handoff": (1, False)}
 DEFAULT_CONFIGS = "ffn1=4:64:32:256,4:128:32:128;out_proj=3:128:16:256"
 

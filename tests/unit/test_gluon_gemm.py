@@ -58,6 +58,26 @@ def test_generic_handoff_stores_4_bytes() -> None:
     assert len(re.findall(r"\bSTS(?!M)", generic)) >= 4 * len(re.findall(r"\bSTSM\.16", nvmma))
 
 
+def test_diagnostic_forms_keep_what_they_time() -> None:
+    """``gluon_gemm.DIAGNOSTIC`` 3 keeps the epilogue's reads, math and (predicated) stores;
+    4 its stores without the handoff buffer's reads; 1 neither (the benchmarks' bounds)."""
+    tools_or_skip()
+    pytest.importorskip("triton.experimental.gluon")
+    from benchmarks.gluon_ffn1 import sm90_sass
+
+    def counts(diag: int) -> tuple[int, int, int]:
+        sass = sm90_sass(3, 128, 32, 1, 1, 256, "int8", col_scale=True, diag=diag)[0]
+        return (len(re.findall(r"\bSTG\.", sass)), len(re.findall(r"\bLDS\.128", sass)),
+                len(re.findall(r"\bMUFU\.TANH", sass)))
+
+    full = counts(0)
+    assert full[0] > 0 and full[1] > 0 and full[2] > 0
+    assert counts(3) == full
+    no_read = counts(4)
+    assert no_read[0] == full[0] and no_read[1] == 0
+    assert counts(1)[:2] == (0, 0)
+
+
 @pytest.mark.parametrize(("block_n", "out", "n", "add"), [
     (128, "e4m3", 4096, ""), (256, "fp16", 3072, ""), (128, "fp16", 1024, "ldg"),
     (128, "fp16", 1024, "tma")])

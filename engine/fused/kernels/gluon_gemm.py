@@ -94,7 +94,10 @@ NVMMA_HANDOFF = True
 # Bounds for benchmarks only (``benchmarks/gluon_gemm_bounds.py``; read at each call): 0 the
 # GEMM; 1 the epilogue takes each tile's accumulators and frees the buffer without reading
 # it or writing ``out`` (the main loop and the handoff; an addend's TMA load still runs);
-# 2 no handoff either (the main loop alone). Under 1 and 2 ``out`` is not written.
+# 2 no handoff either (the main loop alone). Under 1 and 2 ``out`` is not written. 3 the
+# whole epilogue with its stores predicated off at run time (what the stores cost); 4 the
+# epilogue's stores of values that do not depend on the handoff buffer, which it does not
+# read (what the buffer's reads and the math on them cost).
 DIAGNOSTIC = 0
 SMEM_PER_PROGRAM = 227 * 1024  # sm_90's largest dynamic shared memory a block
 WORKER_REGS: dict[str, int] = {"LOAD_REGS": 40, "MMA_REGS": 168}
@@ -187,14 +190,14 @@ def _mma(a_bufs, b_bufs, ready, empty, acc_bufs, acc_ready, acc_empty, turn, xs_
             mbarrier.arrive(turn.index(1 - WG))
         acc = warpgroup_mma_wait(0, deps=(acc, ))
         mbarrier.arrive(empty.index((base + k_steps - 1) % STAGES))
-        if DIAG < 2:
+        if DIAG != 2:
             mbarrier.wait(acc_empty.index(WG), (handed & 1) ^ 1)
-        if DIAG < 2 or M < 0:  # (DIAG 2: never, but the wgmmas must have a use)
+        if DIAG != 2 or M < 0:  # (DIAG 2: never, but the wgmmas must have a use)
             if SCALED:
                 buf.store((acc.to(gl.float32) * ab_scale).to(gl.float16))
             else:
                 buf.store(acc.to(gl.float32))
-        if DIAG < 2:
+        if DIAG != 2:
             cta_barrier()
             mbarrier.arrive(acc_ready.index(WG))
         handed += 1  # noqa: SIM113 (no enumerate in Gluon)
@@ -253,7 +256,7 @@ def _epilogue(acc_bufs, acc_ready, acc_empty, add_desc, add_buf, add_bar, bias_p
     rows0 = gl.arange(0, SUB_M, layout=gl.SliceLayout(1, epi))
     cols0 = gl.arange(0, BLOCK_N, layout=gl.SliceLayout(0, epi))
     i = 0
-    for tile in range(gl.program_id(0), n_tiles if DIAG < 2 else 0, gl.num_programs(0)):
+    for tile in range(gl.program_id(0), n_tiles if DIAG != 2 else 0, gl.num_programs(0)):
         off_m, off_n = _tile_origin(tile, N, TILE_M, BLOCK_N)
         if ADD_TMA:  # rows past M arrive as zeros (and are not stored)
             mbarrier.expect(add_bar.index(0), add_desc.block_type.nbytes)
@@ -269,8 +272,11 @@ def _epilogue(acc_bufs, acc_ready, acc_empty, add_desc, add_buf, add_bar, bias_p
             if ADD_TMA and h == 0:
                 mbarrier.wait(add_bar.index(0), i & 1)
             buf = acc_bufs.index(j)
-            for r in gl.static_range(ROWS // SUB_M if DIAG == 0 else 0):
-                x = buf.slice(r * SUB_M, SUB_M, dim=0).load(epi).to(gl.float32)
+            for r in gl.static_range(ROWS // SUB_M if DIAG != 1 else 0):
+                if DIAG == 4:
+                    x = gl.full([SUB_M, BLOCK_N], 1.0, gl.float32, epi)
+                else:
+                    x = buf.slice(r * SUB_M, SUB_M, dim=0).load(epi).to(gl.float32)
                 x = x * ab_scale
                 if COL_SCALE:
                     x = x * col
@@ -289,7 +295,10 @@ def _epilogue(acc_bufs, acc_ready, acc_empty, add_desc, add_buf, add_bar, bias_p
                         gl.float32)
                 if OUT8:
                     x = x * h_inv
-                gl.store(ptrs, x.to(out_ptr.dtype.element_ty), mask=gl.expand_dims(rows < M, 1))
+                keep = gl.expand_dims(rows < M, 1)
+                if DIAG == 3:
+                    keep = keep & (M < 0)
+                gl.store(ptrs, x.to(out_ptr.dtype.element_ty), mask=keep)
             if ADD_TMA:  # each thread's reads of the addend ordered before the next TMA write
                 fence_async_shared()
             cta_barrier()
