@@ -41,13 +41,15 @@ def sm90_sass(stages: int = 4, block_k: int = 128, sub_m: int = 32, gelu: int = 
               acc16: int = 1, block_n: int = 128, operand: str = "e4m3", out: str = "e4m3",
               bias: bool = True, col_scale: bool = False, n: int = 4096,
               k: int = 1024, add: bool = False, add_tma: bool = False,
-              nvmma_acc: bool = True, diag: int = 0) -> tuple[str, str, int]:
+              nvmma_acc: bool = True, diag: int = 0,
+              split: bool | None = None) -> tuple[str, str, int]:
     """(SASS, ``cuobjdump -res-usage``, shared bytes) of ``gluon_gemm``'s kernel compiled
     for sm_90a here, no GPU needed (``attention_sass.compile_sass``): by default the FFN1
     form at BERT-large's widths; ``operand`` "e4m3" or "int8", ``out`` "e4m3" or "fp16";
     ``add`` an addend read in the epilogue, by TMA with ``add_tma``; ``nvmma_acc`` the
     handoff buffers' layout (``gluon_gemm.NVMMA_HANDOFF``); ``diag`` the benchmarks'
-    ``gluon_gemm.DIAGNOSTIC``."""
+    ``gluon_gemm.DIAGNOSTIC``; ``split`` a cooperative kernel's handoff in column halves
+    (``gluon_gemm.SPLIT_HANDOFF`` when None)."""
     import torch
     from triton.runtime.jit import mangle_type
 
@@ -58,6 +60,7 @@ def sm90_sass(stages: int = 4, block_k: int = 128, sub_m: int = 32, gelu: int = 
     w8 = torch.empty((n, k), dtype=kind)
     from engine.fused.kernels.gluon_gemm import (
         LAUNCH,
+        SPLIT_HANDOFF,
         WORKER_REGS,
         _gemm_kernel,
         addend_descriptor,
@@ -76,11 +79,13 @@ def sm90_sass(stages: int = 4, block_k: int = 128, sub_m: int = 32, gelu: int = 
                  "SUB_M": "constexpr", "GELU": "constexpr", "BIAS": "constexpr",
                  "COL_SCALE": "constexpr", "ADD": "constexpr", "ADD_TMA": "constexpr",
                  "ACC16": "constexpr", "NVMMA_ACC": "constexpr", "DIAG": "constexpr",
-                 "COOP": "constexpr",
+                 "SPLIT": "constexpr", "COOP": "constexpr",
                  "LOAD_REGS": "constexpr", "MMA_REGS": "constexpr", "num_warps": "constexpr"}
     constexprs = {"STAGES": stages, "SUB_M": sub_m, "GELU": gelu, "BIAS": bias,
                   "COL_SCALE": col_scale, "ADD": add, "ADD_TMA": add and add_tma,
-                  "ACC16": acc16, "NVMMA_ACC": nvmma_acc, "DIAG": diag, "COOP": block_n > 128,
+                  "ACC16": acc16, "NVMMA_ACC": nvmma_acc, "DIAG": diag,
+                  "SPLIT": block_n > 128 and (SPLIT_HANDOFF if split is None else split),
+                  "COOP": block_n > 128,
                   **WORKER_REGS, "num_warps": LAUNCH["num_warps"]}
     return compile_sass(_gemm_kernel, signature, constexprs,
                         ("bias_ptr", "cs_ptr", "add_ptr", "out_ptr", "N", "K"), LAUNCH,

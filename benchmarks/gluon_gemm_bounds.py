@@ -13,8 +13,10 @@ frees each tile's buffer without reading it: the main loop and the accumulators'
 through shared memory) and ``loop`` (no handoff: the main loop alone, its loads and
 wgmmas); ``no-store`` (the whole epilogue, its stores predicated off) and ``no-read`` (the
 epilogue's stores, of values it does not read from the handoff buffer): what the stores and
-what the buffer's reads cost; ``gemm`` and ``handoff`` also with the handoff buffers in
-v41's generic swizzle (``gluon_gemm.NVMMA_HANDOFF`` off). ``gemm`` over ``loop`` is what the
+what the buffer's reads cost; ``gemm`` and ``handoff`` also with a cooperative kernel's
+accumulators handed over whole (``gluon_gemm.SPLIT_HANDOFF`` off; the ping-pong kernel has
+no split form, so there they time the same kernel twice), ``gemm`` with the handoff buffers
+in v41's generic swizzle (``gluon_gemm.NVMMA_HANDOFF`` off). ``gemm`` over ``loop`` is what the
 epilogue side costs;
 ``loop`` against the clock's peak what the main loop leaves. Then each of ``--configs`` in
 the ``gemm`` form.
@@ -34,10 +36,12 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-# form -> (gluon_gemm.DIAGNOSTIC, gluon_gemm.NVMMA_HANDOFF)
-FORMS = {"gemm": (0, True), "handoff": (1, True), "loop": (2, True),
-         "no-store": (3, True), "no-read": (4, True),
-         "gemm generic-handoff": (0, False), "handoff generic-handoff": (1, False)}
+# form -> (gluon_gemm.DIAGNOSTIC, gluon_gemm.NVMMA_HANDOFF, gluon_gemm.SPLIT_HANDOFF)
+FORMS = {"gemm": (0, True, True), "handoff": (1, True, True), "loop": (2, True, True),
+         "no-store": (3, True, True), "no-read": (4, True, True),
+         "gemm whole-handoff": (0, True, False), "handoff whole-handoff": (1, True, False),
+         "gemm generic-handoff": (0, False, True)}
+DEFAULTS = (0, True, True)
 DEFAULT_CONFIGS = "ffn1=4:64:32:256,4:128:32:128;out_proj=3:128:16:256"
 
 
@@ -67,16 +71,17 @@ def graphs(tokens: int, calls: int,
     captured: dict[str, Any] = {}
     try:
         for gemm, fn in fns.items():
-            for form, (diag, nvmma) in FORMS.items():
-                gluon_gemm.DIAGNOSTIC, gluon_gemm.NVMMA_HANDOFF = diag, nvmma
+            for form, settings in FORMS.items():
+                (gluon_gemm.DIAGNOSTIC, gluon_gemm.NVMMA_HANDOFF,
+                 gluon_gemm.SPLIT_HANDOFF) = settings
                 captured[f"{gemm} {form}"] = capture_graph(fn, calls)
-            gluon_gemm.DIAGNOSTIC, gluon_gemm.NVMMA_HANDOFF = 0, True
+            gluon_gemm.DIAGNOSTIC, gluon_gemm.NVMMA_HANDOFF, gluon_gemm.SPLIT_HANDOFF = DEFAULTS
             for config in configs.get(gemm, []):
                 tag = ":".join(map(str, config))
                 captured[f"{gemm} gemm {tag}"] = capture_graph(
                     lambda fn=fn, config=config: fn(config=config), calls)
     finally:
-        gluon_gemm.DIAGNOSTIC, gluon_gemm.NVMMA_HANDOFF = 0, True
+        gluon_gemm.DIAGNOSTIC, gluon_gemm.NVMMA_HANDOFF, gluon_gemm.SPLIT_HANDOFF = DEFAULTS
     return captured
 
 

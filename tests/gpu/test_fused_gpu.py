@@ -1662,7 +1662,8 @@ def test_gluon_gemm_handoff_layouts_give_the_same_bits(monkeypatch: pytest.Monke
                                                        config: tuple[int, int, int, int],
                                                        acc16: int, gelu: int) -> None:
     """The accumulators handed over in the wgmma layout's swizzle (``NVMMA_HANDOFF``:
-    stmatrix stores) and in v41's generic one hold the same values, so the outputs are
+    stmatrix stores) and in v41's generic one, and a cooperative kernel's handed over in
+    column halves (``SPLIT_HANDOFF``) or whole, hold the same values, so the outputs are
     the same bits: int8 operands, ping-pong and cooperative tiles, fp16 and float32
     handoffs, FFN1's bias + GELU + e4m3 output and a 16-bit one, at a partial last tile,
     with 8 programs (each takes many tiles: both buffers and their phases turn over)."""
@@ -1680,8 +1681,9 @@ def test_gluon_gemm_handoff_layouts_give_the_same_bits(monkeypatch: pytest.Monke
     top, col = column_scales(sw)
     bias = (torch.randn(n, generator=g, device="cuda") * 0.1).to(torch.bfloat16)
     outs = []
-    for nvmma in (True, False):
+    for nvmma, split in ((True, True), (False, True), (True, False)):
         monkeypatch.setattr(gluon_gemm, "NVMMA_HANDOFF", nvmma)
+        monkeypatch.setattr(gluon_gemm, "SPLIT_HANDOFF", split)
         if gelu:
             out = torch.empty((m, n), device="cuda", dtype=FP8_DTYPE)
             gluon_gemm.gemm(x8, xs, w8, top, out, bias=bias, col_scale=col, gelu=1,
@@ -1693,7 +1695,7 @@ def test_gluon_gemm_handoff_layouts_give_the_same_bits(monkeypatch: pytest.Monke
             gluon_gemm.gemm(x8, xs, w8, top, out, col_scale=col, config=config, acc16=acc16,
                             programs=8)
             outs.append(out)
-    assert torch.equal(outs[0], outs[1])
+    assert all(torch.equal(outs[0], other) for other in outs[1:])
     assert outs[0].float().abs().sum().item() > 0
 
 

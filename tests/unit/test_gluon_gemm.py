@@ -58,6 +58,28 @@ def test_generic_handoff_stores_4_bytes() -> None:
     assert len(re.findall(r"\bSTS(?!M)", generic)) >= 4 * len(re.findall(r"\bSTSM\.16", nvmma))
 
 
+def test_split_handoff_stores_a_half_while_wgmmas_run() -> None:
+    """``SPLIT_HANDOFF``: a cooperative warpgroup stores its first column half after a wait
+    that leaves the second half's wgmmas in flight, and ptxas keeps the wgmmas pipelined (a
+    wgmma wait a K-block, not one a wgmma: what it does when it serializes them)."""
+    tools_or_skip()
+    pytest.importorskip("triton.experimental.gluon")
+    from benchmarks.attention_sass import code_lines
+    from benchmarks.gluon_ffn1 import sm90_sass
+
+    for split in (True, False):
+        code = code_lines(sm90_sass(3, 128, 32, 1, 1, 256, "int8", col_scale=True,
+                                    split=split)[0])
+        waits = [i for i, text in enumerate(code) if "WARPGROUP.DEPBAR" in text]
+        wgmmas = [i for i, text in enumerate(code) if "IGMMA" in text]
+        assert len(waits) <= len(wgmmas) // 2
+        stores = [i for i, text in enumerate(code) if "STSM" in text]
+        drained = min(i for i in waits if code[i].rstrip().endswith("0x0"))
+        # the first stmatrix of a partition comes before it drains its wgmmas (split) or
+        # after (whole)
+        assert (stores[0] < drained) == split
+
+
 def test_diagnostic_forms_keep_what_they_time() -> None:
     """``gluon_gemm.DIAGNOSTIC`` 3 keeps the epilogue's reads, math and (predicated) stores;
     4 its stores without the handoff buffer's reads; 1 neither (the benchmarks' bounds)."""

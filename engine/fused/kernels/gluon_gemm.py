@@ -99,6 +99,13 @@ NVMMA_HANDOFF = True
 # epilogue's stores of values that do not depend on the handoff buffer, which it does not
 # read (what the buffer's reads and the math on them cost).
 DIAGNOSTIC = 0
+# How a cooperative kernel's MMA warpgroups hand a tile over (read at each call): True, in
+# column halves, each half its own n128 accumulator: the first half is stored while the
+# second's last wgmmas run; False, the whole 64 x 256 accumulator once its wgmmas have
+# drained. Same values. (Overlapping the second half's store with the next tile's first
+# wgmmas, an accumulator in flight across the tile loop, makes ptxas serialize every wgmma:
+# C7514/C7515.)
+SPLIT_HANDOFF = True
 SMEM_PER_PROGRAM = 227 * 1024  # sm_90's largest dynamic shared memory a block
 WORKER_REGS: dict[str, int] = {"LOAD_REGS": 40, "MMA_REGS": 168}
 SQRT_2_OVER_PI: gl.constexpr = gl.constexpr(0.7978845608028654)
@@ -204,6 +211,71 @@ def _mma(a_bufs, b_bufs, ready, empty, acc_bufs, acc_ready, acc_empty, turn, xs_
 
 
 @gluon.jit
+def _store_half(buf, acc, ab_scale, col0: gl.constexpr, SCALED: gl.constexpr):
+    """One column half of a warpgroup's accumulators into its handoff buffer."""
+    half = buf.slice(col0, acc.type.shape[1], dim=1)
+    if SCALED:
+        half.store((acc.to(gl.float32) * ab_scale).to(gl.float16))
+    else:
+        half.store(acc.to(gl.float32))
+
+
+@gluon.jit
+def _mma_split(a_bufs, b_bufs, ready, empty, acc_bufs, acc_ready, acc_empty, xs_ptr, ws_ptr,
+               M, N, K, DIAG: gl.constexpr, WG: gl.constexpr):
+    """A cooperative warpgroup's K loops with two n128 accumulators, the tile's column
+    halves (:data:`SPLIT_HANDOFF`): each K-block's first-half wgmmas, then its second's; at
+    the tile's end the first half is stored while the second's last wgmmas run. A block's
+    slot goes back once both halves' wgmmas on it are done."""
+    STAGES: gl.constexpr = a_bufs.type.shape[0]
+    BLOCK_K: gl.constexpr = a_bufs.type.shape[2]
+    BLOCK_N: gl.constexpr = b_bufs.type.shape[1]
+    HALF: gl.constexpr = BLOCK_N // 2
+    ROWS: gl.constexpr = acc_bufs.type.shape[1]
+    SCALED: gl.constexpr = acc_bufs.dtype == gl.float16
+    ab_scale = 1.0
+    if SCALED:
+        ab_scale = gl.load(xs_ptr) * gl.load(ws_ptr)
+    acc_dtype: gl.constexpr = gl.int32 if a_bufs.dtype == gl.int8 else gl.float32
+    mma: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                  instr_shape=[16, 128, 32])
+    n_tiles = gl.cdiv(M, a_bufs.type.shape[1]) * gl.cdiv(N, BLOCK_N)
+    k_steps = gl.cdiv(K, BLOCK_K)
+    buf = acc_bufs.index(WG)
+    handed = 0
+    for _tile in range(gl.program_id(0), n_tiles, gl.num_programs(0)):
+        base = handed * k_steps  # the tile's first count
+        acc0 = gl.zeros([ROWS, HALF], acc_dtype, mma)
+        acc1 = gl.zeros([ROWS, HALF], acc_dtype, mma)
+        for k in range(k_steps):
+            count = base + k
+            s = count % STAGES
+            mbarrier.wait(ready.index(s), (count // STAGES) & 1)
+            a = a_bufs.index(s).slice(WG * ROWS, ROWS, dim=0)
+            b = b_bufs.index(s)
+            acc0 = warpgroup_mma(a, b.slice(0, HALF, dim=0).permute((1, 0)), acc0,
+                                 use_acc=k > 0, is_async=True)
+            acc1 = warpgroup_mma(a, b.slice(HALF, HALF, dim=0).permute((1, 0)), acc1,
+                                 use_acc=k > 0, is_async=True)
+            # the previous block's wgmmas are done: its slot goes back to the loader
+            acc0, acc1 = warpgroup_mma_wait(2, deps=(acc0, acc1))
+            mbarrier.arrive(empty.index((count + STAGES - 1) % STAGES), pred=k > 0)
+        acc0, acc1 = warpgroup_mma_wait(1, deps=(acc0, acc1))  # the first half is done
+        if DIAG != 2:
+            mbarrier.wait(acc_empty.index(WG), (handed & 1) ^ 1)
+        if DIAG != 2 or M < 0:  # (DIAG 2: never, but the wgmmas must have a use)
+            _store_half(buf, acc0, ab_scale, 0, SCALED)
+        acc0, acc1 = warpgroup_mma_wait(0, deps=(acc0, acc1))
+        mbarrier.arrive(empty.index((base + k_steps - 1) % STAGES))
+        if DIAG != 2 or M < 0:
+            _store_half(buf, acc1, ab_scale, HALF, SCALED)
+        if DIAG != 2:
+            cta_barrier()
+            mbarrier.arrive(acc_ready.index(WG))
+        handed += 1  # noqa: SIM113 (no enumerate in Gluon)
+
+
+@gluon.jit
 def _mma0(a_bufs, b_bufs, ready, empty, acc_bufs, acc_ready, acc_empty, turn, xs_ptr, ws_ptr,
           M, N, K, DIAG: gl.constexpr):
     _mma(a_bufs, b_bufs, ready, empty, acc_bufs, acc_ready, acc_empty, turn, xs_ptr, ws_ptr, M,
@@ -215,6 +287,20 @@ def _mma1(a_bufs, b_bufs, ready, empty, acc_bufs, acc_ready, acc_empty, turn, xs
           M, N, K, DIAG: gl.constexpr):
     _mma(a_bufs, b_bufs, ready, empty, acc_bufs, acc_ready, acc_empty, turn, xs_ptr, ws_ptr, M,
          N, K, DIAG, 1)
+
+
+@gluon.jit
+def _mma_split0(a_bufs, b_bufs, ready, empty, acc_bufs, acc_ready, acc_empty, xs_ptr, ws_ptr,
+                M, N, K, DIAG: gl.constexpr):
+    _mma_split(a_bufs, b_bufs, ready, empty, acc_bufs, acc_ready, acc_empty, xs_ptr, ws_ptr,
+               M, N, K, DIAG, 0)
+
+
+@gluon.jit
+def _mma_split1(a_bufs, b_bufs, ready, empty, acc_bufs, acc_ready, acc_empty, xs_ptr, ws_ptr,
+                M, N, K, DIAG: gl.constexpr):
+    _mma_split(a_bufs, b_bufs, ready, empty, acc_bufs, acc_ready, acc_empty, xs_ptr, ws_ptr,
+               M, N, K, DIAG, 1)
 
 
 @gluon.jit
@@ -311,7 +397,7 @@ def _gemm_kernel(a_desc, b_desc, add_desc, bias_ptr, cs_ptr, xs_ptr, ws_ptr, hin
                  add_ptr, out_ptr, M, N, K, STAGES: gl.constexpr, SUB_M: gl.constexpr,
                  GELU: gl.constexpr, BIAS: gl.constexpr, COL_SCALE: gl.constexpr,
                  ADD: gl.constexpr, ADD_TMA: gl.constexpr, ACC16: gl.constexpr,
-                 NVMMA_ACC: gl.constexpr, DIAG: gl.constexpr,
+                 NVMMA_ACC: gl.constexpr, DIAG: gl.constexpr, SPLIT: gl.constexpr,
                  COOP: gl.constexpr, LOAD_REGS: gl.constexpr, MMA_REGS: gl.constexpr,
                  num_warps: gl.constexpr):
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
@@ -353,16 +439,31 @@ def _gemm_kernel(a_desc, b_desc, add_desc, bias_ptr, cs_ptr, xs_ptr, ws_ptr, hin
     # partition before any of them starts
     fence_async_shared()
     cta_barrier()
-    mma_args = (a_bufs, b_bufs, ready, empty, acc_bufs, acc_ready, acc_empty, turn, xs_ptr,
-                ws_ptr, M, N, K, DIAG)
-    gl.warp_specialize([
-        (_epilogue, (acc_bufs, acc_ready, acc_empty, add_desc, add_buf, add_bar, bias_ptr,
-                     cs_ptr, xs_ptr, ws_ptr, hinv_ptr, add_ptr, out_ptr, M, N, BLOCK_M, SUB_M,
-                     GELU, BIAS, COL_SCALE, ADD, ADD_TMA, DIAG, num_warps)),
-        (_loader, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K)),
-        (_mma0, mma_args),
-        (_mma1, mma_args),
-    ], [1, 4, 4], [LOAD_REGS, MMA_REGS, MMA_REGS])
+    # The MMA partitions are chosen here, on the kernel's own constexpr, and every argument
+    # tuple is written out in its call: a constexpr inside a tuple bound to a name arrives
+    # in the partition as a run-time value (an ``if`` on it traces both branches).
+    if SPLIT:
+        gl.warp_specialize([
+            (_epilogue, (acc_bufs, acc_ready, acc_empty, add_desc, add_buf, add_bar, bias_ptr,
+                         cs_ptr, xs_ptr, ws_ptr, hinv_ptr, add_ptr, out_ptr, M, N, BLOCK_M,
+                         SUB_M, GELU, BIAS, COL_SCALE, ADD, ADD_TMA, DIAG, num_warps)),
+            (_loader, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K)),
+            (_mma_split0, (a_bufs, b_bufs, ready, empty, acc_bufs, acc_ready, acc_empty,
+                           xs_ptr, ws_ptr, M, N, K, DIAG)),
+            (_mma_split1, (a_bufs, b_bufs, ready, empty, acc_bufs, acc_ready, acc_empty,
+                           xs_ptr, ws_ptr, M, N, K, DIAG)),
+        ], [1, 4, 4], [LOAD_REGS, MMA_REGS, MMA_REGS])
+    else:
+        gl.warp_specialize([
+            (_epilogue, (acc_bufs, acc_ready, acc_empty, add_desc, add_buf, add_bar, bias_ptr,
+                         cs_ptr, xs_ptr, ws_ptr, hinv_ptr, add_ptr, out_ptr, M, N, BLOCK_M,
+                         SUB_M, GELU, BIAS, COL_SCALE, ADD, ADD_TMA, DIAG, num_warps)),
+            (_loader, (a_desc, b_desc, a_bufs, b_bufs, ready, empty, M, N, K)),
+            (_mma0, (a_bufs, b_bufs, ready, empty, acc_bufs, acc_ready, acc_empty, turn, xs_ptr,
+                     ws_ptr, M, N, K, DIAG)),
+            (_mma1, (a_bufs, b_bufs, ready, empty, acc_bufs, acc_ready, acc_empty, turn, xs_ptr,
+                     ws_ptr, M, N, K, DIAG)),
+        ], [1, 4, 4], [LOAD_REGS, MMA_REGS, MMA_REGS])
 
 
 GL_TYPES = {torch.float8_e4m3fn: gl.float8e4nv, torch.int8: gl.int8}  # the operands'
@@ -468,7 +569,7 @@ def gemm(xq: torch.Tensor, x_scale: torch.Tensor, w8: torch.Tensor, w_scale: tor
                        STAGES=stages, SUB_M=sub_m, GELU=gelu, BIAS=bias is not None,
                        COL_SCALE=col_scale is not None, ADD=addend is not None,
                        ADD_TMA=add_tma, ACC16=acc16, NVMMA_ACC=NVMMA_HANDOFF,
-                       DIAG=DIAGNOSTIC,
+                       DIAG=DIAGNOSTIC, SPLIT=SPLIT_HANDOFF and block_n > 128,
                        COOP=block_n > 128,
                        **WORKER_REGS, **LAUNCH)
     return out
