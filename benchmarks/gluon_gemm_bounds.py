@@ -41,7 +41,6 @@ FORMS = {"gemm": (0, True, True), "handoff": (1, True, True), "loop": (2, True, 
          "no-store": (3, True, True), "no-read": (4, True, True),
          "gemm whole-handoff": (0, True, False), "handoff whole-handoff": (1, True, False),
          "gemm generic-handoff": (0, False, True)}
-DEFAULTS = (0, True, True)
 DEFAULT_CONFIGS = "ffn1=4:64:32:256,4:128:32:128;out_proj=3:128:16:256"
 
 
@@ -69,19 +68,20 @@ def graphs(tokens: int, calls: int,
     ffn1, out_proj = launches(tokens)[:2]
     fns: dict[str, Callable[..., object]] = {"ffn1": ffn1, "out_proj": out_proj}
     captured: dict[str, Any] = {}
+    defaults = gluon_gemm.DIAGNOSTIC, gluon_gemm.NVMMA_HANDOFF, gluon_gemm.SPLIT_HANDOFF
     try:
         for gemm, fn in fns.items():
             for form, settings in FORMS.items():
                 (gluon_gemm.DIAGNOSTIC, gluon_gemm.NVMMA_HANDOFF,
                  gluon_gemm.SPLIT_HANDOFF) = settings
                 captured[f"{gemm} {form}"] = capture_graph(fn, calls)
-            gluon_gemm.DIAGNOSTIC, gluon_gemm.NVMMA_HANDOFF, gluon_gemm.SPLIT_HANDOFF = DEFAULTS
+            gluon_gemm.DIAGNOSTIC, gluon_gemm.NVMMA_HANDOFF, gluon_gemm.SPLIT_HANDOFF = defaults
             for config in configs.get(gemm, []):
                 tag = ":".join(map(str, config))
                 captured[f"{gemm} gemm {tag}"] = capture_graph(
                     lambda fn=fn, config=config: fn(config=config), calls)
     finally:
-        gluon_gemm.DIAGNOSTIC, gluon_gemm.NVMMA_HANDOFF, gluon_gemm.SPLIT_HANDOFF = DEFAULTS
+        gluon_gemm.DIAGNOSTIC, gluon_gemm.NVMMA_HANDOFF, gluon_gemm.SPLIT_HANDOFF = defaults
     return captured
 
 

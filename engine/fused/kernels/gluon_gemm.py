@@ -104,8 +104,8 @@ DIAGNOSTIC = 0
 # second's last wgmmas run; False, the whole 64 x 256 accumulator once its wgmmas have
 # drained. Same values. (Overlapping the second half's store with the next tile's first
 # wgmmas, an accumulator in flight across the tile loop, makes ptxas serialize every wgmma:
-# C7514/C7515.)
-SPLIT_HANDOFF = True
+# C7514/C7515.) Off until timed on a GPU (NOTES v54).
+SPLIT_HANDOFF = False
 SMEM_PER_PROGRAM = 227 * 1024  # sm_90's largest dynamic shared memory a block
 WORKER_REGS: dict[str, int] = {"LOAD_REGS": 40, "MMA_REGS": 168}
 SQRT_2_OVER_PI: gl.constexpr = gl.constexpr(0.7978845608028654)
