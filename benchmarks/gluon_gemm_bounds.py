@@ -13,10 +13,11 @@ frees each tile's buffer without reading it: the main loop and the accumulators'
 through shared memory) and ``loop`` (no handoff: the main loop alone, its loads and
 wgmmas); ``no-store`` (the whole epilogue, its stores predicated off) and ``no-read`` (the
 epilogue's stores, of values it does not read from the handoff buffer): what the stores and
-what the buffer's reads cost; ``gemm`` and ``handoff`` also with a cooperative kernel's
-accumulators handed over whole (``gluon_gemm.SPLIT_HANDOFF`` off; the ping-pong kernel has
-no split form, so there they time the same kernel twice), ``gemm`` with the handoff buffers
-in v41's generic swizzle (``gluon_gemm.NVMMA_HANDOFF`` off). ``gemm`` over ``loop`` is what the
+what the buffer's reads cost (all at the module's ``SPLIT_HANDOFF``); ``gemm`` and
+``handoff`` with a cooperative kernel's accumulators handed over in column halves and
+``gemm`` whole (``gluon_gemm.SPLIT_HANDOFF`` on and off; the ping-pong kernel has no split
+form, so there they time the same kernel again), ``gemm`` with the handoff buffers in v41's
+generic swizzle (``gluon_gemm.NVMMA_HANDOFF`` off). ``gemm`` over ``loop`` is what the
 epilogue side costs;
 ``loop`` against the clock's peak what the main loop leaves. Then each of ``--configs`` in
 the ``gemm`` form.
@@ -36,11 +37,13 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-# form -> (gluon_gemm.DIAGNOSTIC, gluon_gemm.NVMMA_HANDOFF, gluon_gemm.SPLIT_HANDOFF)
-FORMS = {"gemm": (0, True, True), "handoff": (1, True, True), "loop": (2, True, True),
-         "no-store": (3, True, True), "no-read": (4, True, True),
-         "gemm whole-handoff": (0, True, False), "handoff whole-handoff": (1, True, False),
-         "gemm generic-handoff": (0, False, True)}
+# form -> (gluon_gemm.DIAGNOSTIC, gluon_gemm.NVMMA_HANDOFF, gluon_gemm.SPLIT_HANDOFF or
+# None for the module's own)
+FORMS: dict[str, tuple[int, bool, bool | None]] = {
+    "gemm": (0, True, None), "handoff": (1, True, None), "loop": (2, True, None),
+    "no-store": (3, True, None), "no-read": (4, True, None),
+    "gemm split-handoff": (0, True, True), "handoff split-handoff": (1, True, True),
+    "gemm whole-handoff": (0, True, False), "gemm generic-handoff": (0, False, None)}
 DEFAULT_CONFIGS = "ffn1=4:64:32:256,4:128:32:128;out_proj=3:128:16:256"
 
 
@@ -71,9 +74,9 @@ def graphs(tokens: int, calls: int,
     defaults = gluon_gemm.DIAGNOSTIC, gluon_gemm.NVMMA_HANDOFF, gluon_gemm.SPLIT_HANDOFF
     try:
         for gemm, fn in fns.items():
-            for form, settings in FORMS.items():
-                (gluon_gemm.DIAGNOSTIC, gluon_gemm.NVMMA_HANDOFF,
-                 gluon_gemm.SPLIT_HANDOFF) = settings
+            for form, (diag, nvmma, split) in FORMS.items():
+                gluon_gemm.DIAGNOSTIC, gluon_gemm.NVMMA_HANDOFF = diag, nvmma
+                gluon_gemm.SPLIT_HANDOFF = defaults[2] if split is None else split
                 captured[f"{gemm} {form}"] = capture_graph(fn, calls)
             gluon_gemm.DIAGNOSTIC, gluon_gemm.NVMMA_HANDOFF, gluon_gemm.SPLIT_HANDOFF = defaults
             for config in configs.get(gemm, []):

@@ -1656,7 +1656,7 @@ def test_gluon_gemm_int8_matches_float_math(config: tuple[int, int, int, int],
 
 
 @pytest.mark.parametrize(("config", "acc16"), [((4, 128, 32, 128), 1), ((3, 128, 32, 256), 1),
-                                             ((3, 128, 32, 128), 0)])
+                                             ((3, 128, 32, 128), 0), ((3, 64, 32, 256), 0)])
 @pytest.mark.parametrize("gelu", [0, 1])
 def test_gluon_gemm_handoff_layouts_give_the_same_bits(monkeypatch: pytest.MonkeyPatch,
                                                        config: tuple[int, int, int, int],
@@ -1697,6 +1697,38 @@ def test_gluon_gemm_handoff_layouts_give_the_same_bits(monkeypatch: pytest.Monke
             outs.append(out)
     assert all(torch.equal(outs[0], other) for other in outs[1:])
     assert outs[0].float().abs().sum().item() > 0
+
+
+@pytest.mark.parametrize("config", [(4, 128, 32, 128), (3, 128, 32, 256)],
+                         ids=["pingpong", "coop"])
+@pytest.mark.parametrize("split", [False, True])
+def test_gluon_gemm_diagnostic_forms_write_what_they_say(monkeypatch: pytest.MonkeyPatch,
+                                                          config: tuple[int, int, int, int],
+                                                          split: bool) -> None:
+    """``gluon_gemm.DIAGNOSTIC`` (the benchmarks' bounds): 1, 2 and 3 leave ``out`` as it
+    was (3's stores are predicated off at run time), 4 writes it (stand-in values), 0 the
+    product; each returns, so no handshake is left waiting."""
+    gluon_gemm = pytest.importorskip("engine.fused.kernels.gluon_gemm")
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Gluon GEMM kernel is for Hopper (sm_90)")
+    from engine.fused.int8 import column_scales, quantize_channels
+
+    g = torch.Generator(device="cuda").manual_seed(5)
+    m, n, k = 700, 1024, 1024
+    x8 = torch.randint(-127, 128, (m, k), generator=g, device="cuda", dtype=torch.int8)
+    xs = torch.full((1,), 0.01, device="cuda")
+    w8, sw = quantize_channels(torch.randn((n, k), generator=g, device="cuda") * 0.03)
+    top, col = column_scales(sw)
+    monkeypatch.setattr(gluon_gemm, "SPLIT_HANDOFF", split)
+    sentinel = torch.full((m, n), 7.0, device="cuda", dtype=torch.float16)
+    for diag in (1, 2, 3, 4, 0):
+        monkeypatch.setattr(gluon_gemm, "DIAGNOSTIC", diag)
+        out = sentinel.clone()
+        gluon_gemm.gemm(x8, xs, w8, top, out, col_scale=col, config=config, programs=8)
+        torch.cuda.synchronize()
+        assert torch.equal(out, sentinel) == (diag in (1, 2, 3)), diag
+    ref = (x8.float() @ w8.float().t()) * (xs * top * col)
+    assert (out.float() - ref).abs().max().item() <= 0.01 * ref.abs().max().item() + 0.01
 
 
 @pytest.mark.parametrize("config", [(4, 128, 32, 128), (4, 64, 32, 256)],

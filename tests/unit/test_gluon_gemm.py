@@ -76,19 +76,27 @@ def test_split_handoff_stores_a_half_while_wgmmas_run() -> None:
         stores = [i for i, text in enumerate(code) if "STSM" in text]
         drained = min(i for i in waits if code[i].rstrip().endswith("0x0"))
         # the first stmatrix of a partition comes before it drains its wgmmas (split) or
-        # after (whole)
+        # after (whole); split, after a wait that leaves one group (the second half's)
         assert (stores[0] < drained) == split
+        if split:
+            last_wgmma = max(i for i in wgmmas if i < stores[0])
+            assert any(last_wgmma < i < stores[0] and code[i].rstrip().endswith("0x1")
+                       for i in waits)
 
 
-def test_diagnostic_forms_keep_what_they_time() -> None:
+@pytest.mark.parametrize("split", [False, True])
+def test_diagnostic_forms_keep_what_they_time(split: bool) -> None:
     """``gluon_gemm.DIAGNOSTIC`` 3 keeps the epilogue's reads, math and (predicated) stores;
-    4 its stores without the handoff buffer's reads; 1 neither (the benchmarks' bounds)."""
+    4 its math and stores without the handoff buffer's reads; 1 neither (the benchmarks'
+    bounds), with the cooperative handoff whole and split. (That 1-3 write nothing is
+    checked on the GPU.)"""
     tools_or_skip()
     pytest.importorskip("triton.experimental.gluon")
     from benchmarks.gluon_ffn1 import sm90_sass
 
     def counts(diag: int) -> tuple[int, int, int]:
-        sass = sm90_sass(3, 128, 32, 1, 1, 256, "int8", col_scale=True, diag=diag)[0]
+        sass = sm90_sass(3, 128, 32, 1, 1, 256, "int8", col_scale=True, diag=diag,
+                         split=split)[0]
         return (len(re.findall(r"\bSTG\.", sass)), len(re.findall(r"\bLDS\.128", sass)),
                 len(re.findall(r"\bMUFU\.TANH", sass)))
 
@@ -96,7 +104,7 @@ def test_diagnostic_forms_keep_what_they_time() -> None:
     assert full[0] > 0 and full[1] > 0 and full[2] > 0
     assert counts(3) == full
     no_read = counts(4)
-    assert no_read[0] == full[0] and no_read[1] == 0
+    assert no_read[0] == full[0] and no_read[1] == 0 and no_read[2] == full[2]
     assert counts(1)[:2] == (0, 0)
 
 

@@ -94,17 +94,18 @@ NVMMA_HANDOFF = True
 # Bounds for benchmarks only (``benchmarks/gluon_gemm_bounds.py``; read at each call): 0 the
 # GEMM; 1 the epilogue takes each tile's accumulators and frees the buffer without reading
 # it or writing ``out`` (the main loop and the handoff; an addend's TMA load still runs);
-# 2 no handoff either (the main loop alone). Under 1 and 2 ``out`` is not written. 3 the
-# whole epilogue with its stores predicated off at run time (what the stores cost); 4 the
-# epilogue's stores of values that do not depend on the handoff buffer, which it does not
-# read (what the buffer's reads and the math on them cost).
+# 2 no handoff either (the main loop alone); 3 the whole epilogue with its stores
+# predicated off at run time (what the stores cost); 4 the epilogue's math and stores on
+# stand-in values (each element its own, so no math folds away) in place of the handoff
+# buffer, which it does not read (what the buffer's reads cost). Under 1, 2 and 3 ``out`` is
+# not written; under 4 it gets values unrelated to the product.
 DIAGNOSTIC = 0
 # How a cooperative kernel's MMA warpgroups hand a tile over (read at each call): True, in
 # column halves, each half its own n128 accumulator: the first half is stored while the
 # second's last wgmmas run; False, the whole 64 x 256 accumulator once its wgmmas have
 # drained. Same values. (Overlapping the second half's store with the next tile's first
 # wgmmas, an accumulator in flight across the tile loop, makes ptxas serialize every wgmma:
-# C7514/C7515.) Off until timed on a GPU (NOTES v54).
+# C7514/C7515.) Off until timed on a GPU (``engine/fused/NOTES.md`` v54).
 SPLIT_HANDOFF = False
 SMEM_PER_PROGRAM = 227 * 1024  # sm_90's largest dynamic shared memory a block
 WORKER_REGS: dict[str, int] = {"LOAD_REGS": 40, "MMA_REGS": 168}
@@ -359,8 +360,10 @@ def _epilogue(acc_bufs, acc_ready, acc_empty, add_desc, add_buf, add_bar, bias_p
                 mbarrier.wait(add_bar.index(0), i & 1)
             buf = acc_bufs.index(j)
             for r in gl.static_range(ROWS // SUB_M if DIAG != 1 else 0):
-                if DIAG == 4:
-                    x = gl.full([SUB_M, BLOCK_N], 1.0, gl.float32, epi)
+                rows = off_m + h * ROWS + r * SUB_M + rows0
+                if DIAG == 4:  # (a value an element: no row shares another's math)
+                    x = (gl.expand_dims(rows % 64, 1) * BLOCK_N
+                         + gl.expand_dims(cols0, 0)).to(gl.float32) * 1e-4
                 else:
                     x = buf.slice(r * SUB_M, SUB_M, dim=0).load(epi).to(gl.float32)
                 x = x * ab_scale
@@ -370,7 +373,6 @@ def _epilogue(acc_bufs, acc_ready, acc_empty, add_desc, add_buf, add_bar, bias_p
                     x = x + bias
                 if GELU:
                     x = _gelu_tanh(x)
-                rows = off_m + h * ROWS + r * SUB_M + rows0
                 offs = gl.expand_dims(rows.to(gl.int64) * N, 1) + gl.expand_dims(cols, 0)
                 ptrs = out_ptr + offs
                 if ADD_TMA:
@@ -403,6 +405,7 @@ def _gemm_kernel(a_desc, b_desc, add_desc, bias_ptr, cs_ptr, xs_ptr, ws_ptr, hin
     BLOCK_M: gl.constexpr = a_desc.block_type.shape[0]
     BLOCK_K: gl.constexpr = a_desc.block_type.shape[1]
     BLOCK_N: gl.constexpr = b_desc.block_type.shape[0]
+    gl.static_assert(COOP or not SPLIT, "the split handoff is for cooperative tiles")
     ROWS: gl.constexpr = BLOCK_M // 2 if COOP else BLOCK_M  # a warpgroup's accumulator rows
     a_bufs = gl.allocate_shared_memory(a_desc.dtype, [STAGES, BLOCK_M, BLOCK_K], a_desc.layout)
     b_bufs = gl.allocate_shared_memory(b_desc.dtype, [STAGES, BLOCK_N, BLOCK_K], b_desc.layout)
