@@ -105,7 +105,8 @@ DIAGNOSTIC = 0
 # second's last wgmmas run; False, the whole 64 x 256 accumulator once its wgmmas have
 # drained. Same values. (Overlapping the second half's store with the next tile's first
 # wgmmas, an accumulator in flight across the tile loop, makes ptxas serialize every wgmma:
-# C7514/C7515.) Off until timed on a GPU (``engine/fused/NOTES.md`` v54).
+# C7514/C7515.) Off (``engine/fused/NOTES.md`` v54): FFN1 alone -1.7 to -3.3%, but the
+# settled pass ran at a lower clock with it and lost 0.4% (two runs on an H100).
 SPLIT_HANDOFF = False
 SMEM_PER_PROGRAM = 227 * 1024  # sm_90's largest dynamic shared memory a block
 WORKER_REGS: dict[str, int] = {"LOAD_REGS": 40, "MMA_REGS": 168}
