@@ -11,9 +11,10 @@ peak, where cuBLASLt's e4m3 FFN2 runs at ~84% of it. Each GEMM
 ``gluon_gemm.DIAGNOSTIC``: ``gemm`` (as the engine runs it), ``handoff`` (the epilogue
 frees each tile's buffer without reading it: the main loop and the accumulators' handoff
 through shared memory) and ``loop`` (no handoff: the main loop alone, its loads and
-wgmmas); ``no-store`` (the whole epilogue, its stores predicated off) and ``no-read`` (the
-epilogue's stores, of values it does not read from the handoff buffer): what the stores and
-what the buffer's reads cost (all at the module's ``SPLIT_HANDOFF``); ``gemm`` and
+wgmmas); ``no-store`` (the whole epilogue, its stores predicated off: what the stores cost)
+and ``no-read`` (the epilogue's math and stores on stand-in values, without the handoff
+buffer's reads; not a bound, since the stand-ins cost integer work: v54 ran it slower than
+``gemm``), all at the module's ``SPLIT_HANDOFF``; ``gemm`` and
 ``handoff`` with a cooperative kernel's accumulators handed over in column halves and
 ``gemm`` whole (``gluon_gemm.SPLIT_HANDOFF`` on and off; the ping-pong kernel has no split
 form, so there they time the same kernel again), ``gemm`` with the handoff buffers in v41's

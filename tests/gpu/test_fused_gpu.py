@@ -1571,6 +1571,28 @@ def test_a_call_after_a_gpu_fault_fails_fast() -> None:
     assert errors.count("assert") >= 2 or errors.count("CUDA error") >= 2, errors
 
 
+def _gluon_gemm_or_skip() -> Any:
+    """``engine.fused.kernels.gluon_gemm``, or a skip where Gluon or a Hopper GPU is absent."""
+    gluon_gemm = pytest.importorskip("engine.fused.kernels.gluon_gemm")
+    if torch.cuda.get_device_capability() != (9, 0):
+        pytest.skip("the Gluon GEMM kernel is for Hopper (sm_90)")
+    return gluon_gemm
+
+
+def _int8_gemm_operands(seed: int, m: int, n: int, k: int) -> tuple[Any, ...]:
+    """Random int8 activations [m, k] (scale 0.01) and per-channel int8 weights [n, k] as
+    ``gluon_gemm.gemm`` takes them: (x8, x_scale, w8, w_scale, col_scale, the generator for
+    more draws)."""
+    from engine.fused.int8 import column_scales, quantize_channels
+
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    x8 = torch.randint(-127, 128, (m, k), generator=g, device="cuda", dtype=torch.int8)
+    xs = torch.full((1,), 0.01, device="cuda")
+    w8, sw = quantize_channels(torch.randn((n, k), generator=g, device="cuda") * 0.03)
+    top, col = column_scales(sw)
+    return x8, xs, w8, top, col, g
+
+
 def _ffn1_operands(m: int, d: int, f: int) -> dict[str, Any]:
     """The calibrated FFN1's operands (``benchmarks/cutlass_ffn1.py``'s: e4m3 activations
     and weights with per-tensor scales, a bf16 bias, the output multiplier from the GELU
@@ -1620,9 +1642,7 @@ def test_gluon_gemm_int8_matches_float_math(config: tuple[int, int, int, int],
     strided activation (the out-projection stand-in's form): QKV's 16-bit output without
     bias within fp16's rounding of the handoff, FFN1's bias + GELU + e4m3 output within
     one e4m3 step of float math's e4m3 for all but rare elements near rounding ties."""
-    gluon_gemm = pytest.importorskip("engine.fused.kernels.gluon_gemm")
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the Gluon GEMM kernel is for Hopper (sm_90)")
+    gluon_gemm = _gluon_gemm_or_skip()
     from engine.fused.fp8 import FP8_DTYPE, gelu_tanh
     from engine.fused.int8 import column_scales, quantize_channels
 
@@ -1667,18 +1687,11 @@ def test_gluon_gemm_handoff_layouts_give_the_same_bits(monkeypatch: pytest.Monke
     the same bits: int8 operands, ping-pong and cooperative tiles, fp16 and float32
     handoffs, FFN1's bias + GELU + e4m3 output and a 16-bit one, at a partial last tile,
     with 8 programs (each takes many tiles: both buffers and their phases turn over)."""
-    gluon_gemm = pytest.importorskip("engine.fused.kernels.gluon_gemm")
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the Gluon GEMM kernel is for Hopper (sm_90)")
+    gluon_gemm = _gluon_gemm_or_skip()
     from engine.fused.fp8 import FP8_DTYPE
-    from engine.fused.int8 import column_scales, quantize_channels
 
-    g = torch.Generator(device="cuda").manual_seed(3)
-    m, n, k = 1000, 2048, 1024
-    x8 = torch.randint(-127, 128, (m, k), generator=g, device="cuda", dtype=torch.int8)
-    xs = torch.full((1,), 0.01, device="cuda")
-    w8, sw = quantize_channels(torch.randn((n, k), generator=g, device="cuda") * 0.03)
-    top, col = column_scales(sw)
+    m, n = 1000, 2048
+    x8, xs, w8, top, col, g = _int8_gemm_operands(3, m, n, 1024)
     bias = (torch.randn(n, generator=g, device="cuda") * 0.1).to(torch.bfloat16)
     outs = []
     for nvmma, split in ((True, True), (False, True), (True, False)):
@@ -1708,17 +1721,9 @@ def test_gluon_gemm_diagnostic_forms_write_what_they_say(monkeypatch: pytest.Mon
     """``gluon_gemm.DIAGNOSTIC`` (the benchmarks' bounds): 1, 2 and 3 leave ``out`` as it
     was (3's stores are predicated off at run time), 4 writes it (stand-in values), 0 the
     product; each returns, so no handshake is left waiting."""
-    gluon_gemm = pytest.importorskip("engine.fused.kernels.gluon_gemm")
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the Gluon GEMM kernel is for Hopper (sm_90)")
-    from engine.fused.int8 import column_scales, quantize_channels
-
-    g = torch.Generator(device="cuda").manual_seed(5)
-    m, n, k = 700, 1024, 1024
-    x8 = torch.randint(-127, 128, (m, k), generator=g, device="cuda", dtype=torch.int8)
-    xs = torch.full((1,), 0.01, device="cuda")
-    w8, sw = quantize_channels(torch.randn((n, k), generator=g, device="cuda") * 0.03)
-    top, col = column_scales(sw)
+    gluon_gemm = _gluon_gemm_or_skip()
+    m, n = 700, 1024
+    x8, xs, w8, top, col, _ = _int8_gemm_operands(5, m, n, 1024)
     monkeypatch.setattr(gluon_gemm, "SPLIT_HANDOFF", split)
     sentinel = torch.full((m, n), 7.0, device="cuda", dtype=torch.float16)
     for diag in (1, 2, 3, 4, 0):
@@ -1743,9 +1748,7 @@ def test_gluon_gemm_addend_by_tma_matches_global_loads(monkeypatch: pytest.Monke
     (rows past M come in as zeros and are not stored: the rows after them keep their
     values) and with 8 programs (the addend's buffer and barrier reused tile after tile),
     and both match float math within the output's rounding."""
-    gluon_gemm = pytest.importorskip("engine.fused.kernels.gluon_gemm")
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the Gluon GEMM kernel is for Hopper (sm_90)")
+    gluon_gemm = _gluon_gemm_or_skip()
     from engine.fused.int8 import column_scales, quantize_channels
 
     g = torch.Generator(device="cuda").manual_seed(11)

@@ -97,8 +97,9 @@ NVMMA_HANDOFF = True
 # 2 no handoff either (the main loop alone); 3 the whole epilogue with its stores
 # predicated off at run time (what the stores cost); 4 the epilogue's math and stores on
 # stand-in values (each element its own, so no math folds away) in place of the handoff
-# buffer, which it does not read (what the buffer's reads cost). Under 1, 2 and 3 ``out`` is
-# not written; under 4 it gets values unrelated to the product.
+# buffer, which it does not read. 4 is not a bound: making the stand-ins costs integer work
+# an element, and on v54's H100 it ran slower than 0. Under 1, 2 and 3 ``out`` is not
+# written; under 4 it gets values unrelated to the product.
 DIAGNOSTIC = 0
 # How a cooperative kernel's MMA warpgroups hand a tile over (read at each call): True, in
 # column halves, each half its own n128 accumulator: the first half is stored while the
