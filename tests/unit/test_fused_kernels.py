@@ -1,11 +1,13 @@
 """The fused engine's Triton kernels, checked on the CPU through Triton's interpreter.
 
 ``@triton.jit`` reads ``TRITON_INTERPRET`` when a kernel is *defined* (at import of
-``engine.fused.kernels``), so the kernel checks run in one child process started with
-``TRITON_INTERPRET=1``: nothing leaks into this pytest process or other tests. The child
-runs every check in :data:`CASES` and prints one JSON line of results; each check is
-reported as its own test here. Run the child alone with
-``TRITON_INTERPRET=1 python tests/unit/test_fused_kernels.py --child``.
+``engine.fused.kernels``), so the kernel checks run in child processes started with
+``TRITON_INTERPRET=1``: nothing leaks into this pytest process or other tests. Each of N
+children (one a core, at most two) runs every N-th check in :data:`CASES` and prints one JSON line
+of results, each check's seconds on stderr; each check is reported as its own test here.
+Run one child for them all with
+``TRITON_INTERPRET=1 python tests/unit/test_fused_kernels.py --child`` (``--child I N``:
+the I-th of N shards).
 
 References are float64 torch computations on the same (already rounded) inputs, and
 HF ``BertForQuestionAnswering`` in float32 for a whole tiny model. Known interpreter
@@ -16,11 +18,14 @@ test suite checks bfloat16 end to end.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
 import subprocess
 import sys
+import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -36,6 +41,9 @@ REPO = Path(__file__).resolve().parents[2]
 # Row kernels round once to the output dtype: half an ulp, plus bf16's truncating cast
 # in the interpreter (a whole ulp).
 _TOL = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
+# ``rows.LARGE_ROWS`` (8,192) as the row-kernel checks lower it: their large-batch tiles and
+# the residual LayerNorm's loop on a few hundred rows, which the interpreter runs ~30x sooner
+SMALL_LARGE_ROWS = 256
 
 
 def _rel(out: object, ref: object) -> float:
@@ -894,7 +902,7 @@ def _check_int8_copy(kind: str) -> tuple[float, float]:
 
     g = torch.Generator().manual_seed(21)
     if kind == "layernorm":
-        n, d = 8200, 96
+        n, d = SMALL_LARGE_ROWS + 10, 96
         a = torch.randn(n, d, generator=g).half()
         res = torch.randn(n, d, generator=g).half()
         bias, gamma, beta = (torch.randn(d, generator=g) for _ in range(3))
@@ -902,15 +910,16 @@ def _check_int8_copy(kind: str) -> tuple[float, float]:
         mult = torch.rand(d, generator=g) * 60 + 5  # the largest values saturate
         worst = 0.0
         copies = []
-        real, default = rows.multiprocessors, rows.ROW_LOOP
+        asked: list[object] = []  # the loop's branch counts them: it was reached
+        real, default, large = rows.multiprocessors, rows.ROW_LOOP, rows.LARGE_ROWS
         for loop in (None, default):
-            rows.ROW_LOOP = loop
-            rows.multiprocessors = lambda device: 3  # type: ignore[assignment]
+            rows.ROW_LOOP, rows.LARGE_ROWS = loop, SMALL_LARGE_ROWS
+            rows.multiprocessors = lambda device: asked.append(device) or 3  # type: ignore
             try:
                 _, q = k.bias_residual_layernorm(a, bias, res, gamma, beta, 1e-5,
                                                  int8_mult=mult)
             finally:
-                rows.ROW_LOOP, rows.multiprocessors = default, real
+                rows.ROW_LOOP, rows.multiprocessors, rows.LARGE_ROWS = default, real, large
             assert q is not None and q.scale is mult
             copies.append(q.data)
             worst = max(worst, _int8_err(q.data, ref, mult))
@@ -918,7 +927,7 @@ def _check_int8_copy(kind: str) -> tuple[float, float]:
                                                   int8_mult=mult)
         assert qt is not None
         worst = max(worst, _int8_err(qt.data, ref, mult))
-        return (math.inf if not torch.equal(copies[0], copies[1]) else worst), 1.0
+        return (math.inf if not (asked and torch.equal(copies[0], copies[1])) else worst), 1.0
     heads, head_dim, lengths = 2, 64, [37, 1, 90]
     cu = torch.tensor([0, *np.cumsum(lengths)], dtype=torch.int32)
     t, d = int(cu[-1]), heads * head_dim
@@ -940,15 +949,16 @@ def _check_int8_copy(kind: str) -> tuple[float, float]:
 def _check_row_loop(loop: tuple[int, int, int]) -> tuple[float, float]:
     """``rows.ROW_LOOP`` (the default's form): the residual LayerNorm (and its QA form) as
     a few programs each looping over tiles gives the one-program-a-tile kernel's outputs
-    exactly; 8,200 rows (the loop's threshold is 8,192; the last tile partial) over 3
-    stand-in multiprocessors, and off CUDA (no multiprocessors) a program a tile."""
+    exactly; 266 rows over the large-batch threshold lowered to :data:`SMALL_LARGE_ROWS`
+    (the last tile partial) over 3 stand-in multiprocessors, and off CUDA (no
+    multiprocessors) a program a tile."""
     import torch
 
     from engine.fused import kernels as k
     from engine.fused.kernels import rows
 
     g = torch.Generator().manual_seed(16)
-    n, d = 8200, 96
+    n, d = SMALL_LARGE_ROWS + 10, 96
     a, res = (torch.randn(n, d, generator=g).half() for _ in "ar")
     bias, gamma, beta = (torch.randn(d, generator=g) for _ in range(3))
     qa_w, qa_b = torch.randn(2, d, generator=g), torch.randn(2, generator=g)
@@ -962,16 +972,20 @@ def _check_row_loop(loop: tuple[int, int, int]) -> tuple[float, float]:
         logits = k.bias_residual_layernorm_qa(a, bias, res, gamma, beta, 1e-5, qa_w, qa_b)
         return out, q.data.view(torch.uint8), logits
 
-    default = rows.ROW_LOOP
-    rows.ROW_LOOP = None
-    plain = run()
-    rows.ROW_LOOP = loop
-    off_cuda = run()  # no multiprocessors to count: a program a tile
-    rows.multiprocessors = lambda device: 3  # type: ignore[assignment]
+    default, large = rows.ROW_LOOP, rows.LARGE_ROWS
+    rows.LARGE_ROWS = SMALL_LARGE_ROWS
     try:
+        rows.ROW_LOOP = None
+        plain = run()
+        rows.ROW_LOOP = loop
+        off_cuda = run()  # no multiprocessors to count: a program a tile
+        asked: list[object] = []  # the loop's branch counts them: it was reached
+        rows.multiprocessors = lambda device: asked.append(device) or 3  # type: ignore
         looped = run()
     finally:
-        rows.ROW_LOOP, rows.multiprocessors = default, real
+        rows.ROW_LOOP, rows.multiprocessors, rows.LARGE_ROWS = default, real, large
+    if not asked:
+        return math.inf, 0.0
     return float(sum(not torch.equal(x, y) for x, y in zip(plain * 2, off_cuda + looped,
                                                               strict=True))), 0.0
 
@@ -1294,16 +1308,20 @@ CASES: dict[str, Callable[[], tuple[float, float]]] = {
 }
 
 
-def _child_main() -> None:
+def _child_main(shard: int = 0, shards: int = 1) -> None:
+    """Runs every ``shards``-th check of :data:`CASES` from the ``shard``-th, each one's
+    seconds on stderr."""
     assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
     sys.path.insert(0, str(REPO))
     results = {}
-    for name, check in CASES.items():
+    for name, check in list(CASES.items())[shard::shards]:
+        start = time.perf_counter()
         try:
             err, tol = check()
             results[name] = {"ok": bool(err <= tol), "error": err, "tolerance": tol}
         except Exception as exc:  # report, keep checking the rest
             results[name] = {"ok": False, "error": None, "exception": repr(exc)}
+        print(f"{name}: {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
     print(json.dumps(results))
 
 
@@ -1315,13 +1333,28 @@ def interpreter_results() -> dict[str, dict[str, object]]:
     pytest.importorskip("triton")
     pytest.importorskip("transformers")
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="")
-    proc = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve()), "--child"],
-        env=env, cwd=REPO, capture_output=True, text=True, timeout=600,
-    )
-    if proc.returncode != 0 or not proc.stdout.strip():
-        pytest.fail(f"interpreter child failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
-    results: dict[str, dict[str, object]] = json.loads(proc.stdout.strip().splitlines()[-1])
+    # one child a core (at most 2: CI's machine), each every n-th check, side by side
+    shards = max(1, min(2, len(os.sched_getaffinity(0))))
+    results: dict[str, dict[str, object]] = {}
+    with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
+        logs = [tuple(stack.enter_context(Path(tmp, f"{i}.{kind}").open("w+"))
+                      for kind in ("out", "err")) for i in range(shards)]
+        procs = [subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), "--child", str(i), str(shards)],
+            env=env, cwd=REPO, stdout=out, stderr=err, text=True)
+            for i, (out, err) in enumerate(logs)]
+        for proc in procs:  # none outlives the fixture, whatever it raises
+            stack.callback(proc.wait)
+            stack.callback(proc.kill)
+        for proc, (out, err) in zip(procs, logs, strict=True):
+            code = proc.wait(timeout=600)
+            out.seek(0)
+            err.seek(0)
+            lines = out.read().strip().splitlines()
+            if code != 0 or not lines:
+                pytest.fail(f"interpreter child failed ({code}):\n{err.read()[-4000:]}")
+            results.update(json.loads(lines[-1]))
+    assert set(results) == set(CASES), "a shard lost or repeated checks"
     return results
 
 
@@ -1575,4 +1608,4 @@ def test_split_loop_register_cap(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 if __name__ == "__main__" and "--child" in sys.argv:
-    _child_main()
+    _child_main(*(int(a) for a in sys.argv[sys.argv.index("--child") + 1:][:2]))

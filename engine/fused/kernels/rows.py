@@ -336,7 +336,11 @@ def _bias_gelu_kernel(
 
 # ----------------------------------------------------------------------------- launchers
 
-# Large batches (8192+ rows): (elements per program, at least this many rows) of the row
+# A large batch: from this many rows up the row kernels take their large tiles
+# (``ROW_TILE_LARGE``, ``LN_QUANT_TILE``) and the residual LayerNorm its loop (``ROW_LOOP``).
+# A module constant so that the interpreter tests can reach those forms on a few rows.
+LARGE_ROWS = 8192
+# Large batches: (elements per program, at least this many rows) of the row
 # kernels (``_row_tile``), and (column block cap, rows per program) of the fp16 bias + GELU.
 # Module constants so that benchmarks can A/B them (``ab_replay.py --set``). H200,
 # 2026-11-30, BERT-large SQuAD mix: alone (``bench_rows.py``, 47,391 rows) smaller tiles
@@ -346,7 +350,7 @@ def _bias_gelu_kernel(
 # FP8 43.43 vs 43.70 ms, fp16 56.82 vs 57.01.
 ROW_TILE_LARGE = (4096, 2)
 GELU_TILE = (1024, 4)
-# The residual LayerNorm (plain residual, no PDL) from 8,192 rows up as (programs an SM,
+# The residual LayerNorm (plain residual, no PDL) from ``LARGE_ROWS`` rows up as (programs an SM,
 # rows a tile, warps), each program looping over tiles (``residual_ln_loop``); None: a
 # program a tile (``ROW_TILE_LARGE``). H100, 2026-12-06, BERT-large mix, settled: (4, 4, 4)
 # +1.5 to +2.0% (the LayerNorms 9.5% faster), logits bit for bit the same (and on the
@@ -373,7 +377,8 @@ def loop_register_cap(per_sm: int, warps: int) -> int | None:
     return cap if cap >= _MIN_REGISTER_CAP else None
 
 
-# ``layernorm_quant``'s (rows a program, warps) from 8,192 rows up (2 rows, 4 warps below).
+# ``layernorm_quant``'s (rows a program, warps) from ``LARGE_ROWS`` rows up (2 rows, 4 warps
+# below).
 # H100, 2026-12-06, the BERT-large mix (47,391 rows of 1,024): 57 us a call at (8, 4),
 # 58-64 at (4, 4), (8, 8), (16, 4), (16, 8), (4, 2), (2, 2); 72 at (4, 8), 84 at (16, 16)
 # (``mix_settings.py --profile``, v42).
@@ -388,7 +393,7 @@ def _row_tile(n_rows: int, width: int) -> tuple[int, int, int]:
     """
     block = triton.next_power_of_2(width)
     elements, min_rows = ROW_TILE_LARGE
-    rows = 2 if n_rows < 8192 else max(min_rows, elements // block)
+    rows = 2 if n_rows < LARGE_ROWS else max(min_rows, elements // block)
     warps = 4 if block * rows <= 2048 else 8
     return block, rows, warps
 
@@ -513,7 +518,7 @@ def _residual_ln(a: torch.Tensor, bias: torch.Tensor, residual: torch.Tensor | S
     block, rows, warps = _row_tile(n, d)
     grid = triton.cdiv(n, rows)
     # ROW_LOOP: plain residuals without PDL, on a GPU (multiprocessors() is 0 off CUDA)
-    sms = multiprocessors(a.device) if n >= 8192 and not (summed or pdl) else 0
+    sms = multiprocessors(a.device) if n >= LARGE_ROWS and not (summed or pdl) else 0
     loop = ROW_LOOP if sms else None
     cap = {}
     if loop is not None:
@@ -587,7 +592,7 @@ def layernorm_quant(
     f8 = _fp8_out(s, True, fp8_blocks, fp8_scale, int8_mult)
     moments = torch.empty((n, 2), device=s.device, dtype=torch.float32)
     block = triton.next_power_of_2(d)
-    rows, warps = LN_QUANT_TILE if n >= 8192 else (2, 4)
+    rows, warps = LN_QUANT_TILE if n >= LARGE_ROWS else (2, 4)
     _layernorm_quant_kernel[(triton.cdiv(n, rows),)](
         s, bias, gamma, beta, f8.q, f8.qs, moments, n, d, eps,
         BLOCK_D=block, ROWS=rows, FP8_OUT=f8.mode, num_warps=warps,
