@@ -46,6 +46,17 @@ _TOL = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
 SMALL_LARGE_ROWS = 256
 
 
+def _stand_in_multiprocessors(asked: list[object], count: int = 3) -> Callable[[object], int]:
+    """A stand-in for ``rows.multiprocessors``: ``count`` multiprocessors, each call's
+    device recorded in ``asked`` (so a check knows the loop's branch was reached)."""
+
+    def multiprocessors(device: object) -> int:
+        asked.append(device)
+        return count
+
+    return multiprocessors
+
+
 def _rel(out: object, ref: object) -> float:
     import torch
 
@@ -910,11 +921,11 @@ def _check_int8_copy(kind: str) -> tuple[float, float]:
         mult = torch.rand(d, generator=g) * 60 + 5  # the largest values saturate
         worst = 0.0
         copies = []
-        asked: list[object] = []  # the loop's branch counts them: it was reached
+        asked: list[object] = []
         real, default, large = rows.multiprocessors, rows.ROW_LOOP, rows.LARGE_ROWS
         for loop in (None, default):
             rows.ROW_LOOP, rows.LARGE_ROWS = loop, SMALL_LARGE_ROWS
-            rows.multiprocessors = lambda device: asked.append(device) or 3  # type: ignore
+            rows.multiprocessors = _stand_in_multiprocessors(asked)  # type: ignore[assignment]
             try:
                 _, q = k.bias_residual_layernorm(a, bias, res, gamma, beta, 1e-5,
                                                  int8_mult=mult)
@@ -979,8 +990,8 @@ def _check_row_loop(loop: tuple[int, int, int]) -> tuple[float, float]:
         plain = run()
         rows.ROW_LOOP = loop
         off_cuda = run()  # no multiprocessors to count: a program a tile
-        asked: list[object] = []  # the loop's branch counts them: it was reached
-        rows.multiprocessors = lambda device: asked.append(device) or 3  # type: ignore
+        asked: list[object] = []
+        rows.multiprocessors = _stand_in_multiprocessors(asked)  # type: ignore[assignment]
         looped = run()
     finally:
         rows.ROW_LOOP, rows.multiprocessors, rows.LARGE_ROWS = default, real, large
