@@ -46,17 +46,6 @@ _TOL = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
 SMALL_LARGE_ROWS = 256
 
 
-def _stand_in_multiprocessors(asked: list[object], count: int = 3) -> Callable[[object], int]:
-    """A stand-in for ``rows.multiprocessors``: ``count`` multiprocessors, each call's
-    device recorded in ``asked`` (so a check knows the loop's branch was reached)."""
-
-    def multiprocessors(device: object) -> int:
-        asked.append(device)
-        return count
-
-    return multiprocessors
-
-
 def _rel(out: object, ref: object) -> float:
     import torch
 
@@ -910,6 +899,7 @@ def _check_int8_copy(kind: str) -> tuple[float, float]:
     from engine.fused import kernels as k
     from engine.fused import torch_ops
     from engine.fused.kernels import rows
+    from tests.launch_spy import launch_keywords
 
     g = torch.Generator().manual_seed(21)
     if kind == "layernorm":
@@ -921,16 +911,18 @@ def _check_int8_copy(kind: str) -> tuple[float, float]:
         mult = torch.rand(d, generator=g) * 60 + 5  # the largest values saturate
         worst = 0.0
         copies = []
-        asked: list[object] = []
         real, default, large = rows.multiprocessors, rows.ROW_LOOP, rows.LARGE_ROWS
         for loop in (None, default):
             rows.ROW_LOOP, rows.LARGE_ROWS = loop, SMALL_LARGE_ROWS
-            rows.multiprocessors = _stand_in_multiprocessors(asked)  # type: ignore[assignment]
+            rows.multiprocessors = lambda device: 3  # type: ignore[assignment]
             try:
-                _, q = k.bias_residual_layernorm(a, bias, res, gamma, beta, 1e-5,
-                                                 int8_mult=mult)
+                with launch_keywords(rows, "_residual_ln_kernel", "LOOP") as looped:
+                    _, q = k.bias_residual_layernorm(a, bias, res, gamma, beta, 1e-5,
+                                                     int8_mult=mult)
             finally:
                 rows.ROW_LOOP, rows.multiprocessors, rows.LARGE_ROWS = default, real, large
+            if looped != [loop is not None]:  # each form as it says (the default: the loop)
+                return math.inf, 1.0
             assert q is not None and q.scale is mult
             copies.append(q.data)
             worst = max(worst, _int8_err(q.data, ref, mult))
@@ -938,7 +930,7 @@ def _check_int8_copy(kind: str) -> tuple[float, float]:
                                                   int8_mult=mult)
         assert qt is not None
         worst = max(worst, _int8_err(qt.data, ref, mult))
-        return (math.inf if not (asked and torch.equal(copies[0], copies[1])) else worst), 1.0
+        return (math.inf if not torch.equal(copies[0], copies[1]) else worst), 1.0
     heads, head_dim, lengths = 2, 64, [37, 1, 90]
     cu = torch.tensor([0, *np.cumsum(lengths)], dtype=torch.int32)
     t, d = int(cu[-1]), heads * head_dim
@@ -961,12 +953,14 @@ def _check_row_loop(loop: tuple[int, int, int]) -> tuple[float, float]:
     """``rows.ROW_LOOP`` (the default's form): the residual LayerNorm (and its QA form) as
     a few programs each looping over tiles gives the one-program-a-tile kernel's outputs
     exactly; 266 rows over the large-batch threshold lowered to :data:`SMALL_LARGE_ROWS`
-    (the last tile partial) over 3 stand-in multiprocessors, and off CUDA (no
-    multiprocessors) a program a tile."""
+    (the last tile partial where tiles have more than one row) over 3 stand-in
+    multiprocessors, and off CUDA (no multiprocessors) a program a tile. The launches are
+    checked to be the forms each run names."""
     import torch
 
     from engine.fused import kernels as k
     from engine.fused.kernels import rows
+    from tests.launch_spy import launch_keywords
 
     g = torch.Generator().manual_seed(16)
     n, d = SMALL_LARGE_ROWS + 10, 96
@@ -986,16 +980,16 @@ def _check_row_loop(loop: tuple[int, int, int]) -> tuple[float, float]:
     default, large = rows.ROW_LOOP, rows.LARGE_ROWS
     rows.LARGE_ROWS = SMALL_LARGE_ROWS
     try:
-        rows.ROW_LOOP = None
-        plain = run()
-        rows.ROW_LOOP = loop
-        off_cuda = run()  # no multiprocessors to count: a program a tile
-        asked: list[object] = []
-        rows.multiprocessors = _stand_in_multiprocessors(asked)  # type: ignore[assignment]
-        looped = run()
+        with launch_keywords(rows, "_residual_ln_kernel", "LOOP") as forms:
+            rows.ROW_LOOP = None
+            plain = run()
+            rows.ROW_LOOP = loop
+            off_cuda = run()  # no multiprocessors to count: a program a tile
+            rows.multiprocessors = lambda device: 3  # type: ignore[assignment]
+            looped = run()
     finally:
         rows.ROW_LOOP, rows.multiprocessors, rows.LARGE_ROWS = default, real, large
-    if not asked:
+    if forms != [False] * 4 + [True] * 2:  # two launches a run, only the last run looped
         return math.inf, 0.0
     return float(sum(not torch.equal(x, y) for x, y in zip(plain * 2, off_cuda + looped,
                                                               strict=True))), 0.0
@@ -1321,11 +1315,16 @@ CASES: dict[str, Callable[[], tuple[float, float]]] = {
 
 def _child_main(shard: int = 0, shards: int = 1) -> None:
     """Runs every ``shards``-th check of :data:`CASES` from the ``shard``-th, each one's
-    seconds on stderr."""
+    seconds on stderr. Each starts from the same global torch seed, so its inputs do not
+    depend on which checks ran before it in its shard."""
     assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
+    assert 0 <= shard < shards, f"--child I N: shard {shard} of {shards}"
     sys.path.insert(0, str(REPO))
+    import torch
+
     results = {}
     for name, check in list(CASES.items())[shard::shards]:
+        torch.manual_seed(0)
         start = time.perf_counter()
         try:
             err, tol = check()
@@ -1345,27 +1344,39 @@ def interpreter_results() -> dict[str, dict[str, object]]:
     pytest.importorskip("transformers")
     env = dict(os.environ, TRITON_INTERPRET="1", PYTHONPATH=str(REPO), CUDA_VISIBLE_DEVICES="")
     # one child a core (at most 2: CI's machine), each every n-th check, side by side
-    shards = max(1, min(2, len(os.sched_getaffinity(0))))
+    cores = (len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity")
+             else os.cpu_count() or 1)
+    shards = max(1, min(2, cores))
+    deadline = time.monotonic() + 600
     results: dict[str, dict[str, object]] = {}
+    counts = 0
     with tempfile.TemporaryDirectory() as tmp, contextlib.ExitStack() as stack:
-        logs = [tuple(stack.enter_context(Path(tmp, f"{i}.{kind}").open("w+"))
-                      for kind in ("out", "err")) for i in range(shards)]
-        procs = [subprocess.Popen(
-            [sys.executable, str(Path(__file__).resolve()), "--child", str(i), str(shards)],
-            env=env, cwd=REPO, stdout=out, stderr=err, text=True)
-            for i, (out, err) in enumerate(logs)]
-        for proc in procs:  # none outlives the fixture, whatever it raises
-            stack.callback(proc.wait)
+        children = []
+        for i in range(shards):
+            out, err = (stack.enter_context(Path(tmp, f"{i}.{kind}").open("w+"))
+                        for kind in ("out", "err"))
+            proc = subprocess.Popen(
+                [sys.executable, str(Path(__file__).resolve()), "--child", str(i), str(shards)],
+                env=env, cwd=REPO, stdout=out, stderr=err, text=True)
+            stack.callback(proc.wait)  # none outlives the fixture, whatever it raises
             stack.callback(proc.kill)
-        for proc, (out, err) in zip(procs, logs, strict=True):
-            code = proc.wait(timeout=600)
+            children.append((proc, out, err))
+        for i, (proc, out, err) in enumerate(children):
+            what = f"interpreter child --child {i} {shards}"
+            try:
+                code: int | str = proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                code = "timed out after 600 s"
             out.seek(0)
             err.seek(0)
             lines = out.read().strip().splitlines()
             if code != 0 or not lines:
-                pytest.fail(f"interpreter child failed ({code}):\n{err.read()[-4000:]}")
-            results.update(json.loads(lines[-1]))
-    assert set(results) == set(CASES), "a shard lost or repeated checks"
+                pytest.fail(f"{what} failed ({code}); its stderr ends:\n{err.read()[-4000:]}")
+            shard = json.loads(lines[-1])
+            counts += len(shard)
+            results.update(shard)
+    assert set(results) == set(CASES) and counts == len(CASES), \
+        "the shards lost or repeated checks"
     return results
 
 

@@ -338,7 +338,8 @@ def _bias_gelu_kernel(
 
 # A large batch: from this many rows up the row kernels take their large tiles
 # (``ROW_TILE_LARGE``, ``LN_QUANT_TILE``) and the residual LayerNorm its loop (``ROW_LOOP``).
-# A module constant so that the interpreter tests can reach those forms on a few rows.
+# A module constant so that the interpreter checks reach the residual LayerNorm's large tile
+# and loop on a few hundred rows (``layernorm_quant``'s large tile has no such check).
 LARGE_ROWS = 8192
 # Large batches: (elements per program, at least this many rows) of the row
 # kernels (``_row_tile``), and (column block cap, rows per program) of the fp16 bias + GELU.
