@@ -1613,9 +1613,7 @@ def test_gluon_ffn1_matches_cublaslt(config: tuple[int, int, int, int], m: int) 
     ones (the default), under 1% of them apart, by at most one step of the top binade
     (their rounding before the bias moves outputs near zero by a few of its smallest
     steps), and as close to float32 math as cuBLASLt's."""
-    gluon_gemm = pytest.importorskip("engine.fused.kernels.gluon_gemm")
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the Gluon FFN1 kernel is for Hopper (sm_90)")
+    gluon_gemm = _gluon_gemm_or_skip()
     from benchmarks.cutlass_ffn1 import float_error
 
     op = _ffn1_operands(m, 1024, 4096)
@@ -1784,9 +1782,7 @@ def test_calibrated_ffn1_takes_the_gluon_kernel(monkeypatch: pytest.MonkeyPatch)
     """``fp8.FFN1_GLUON_MIN_ROWS`` routes the calibrated FFN1 to the Gluon kernel from that
     many rows (its output is not cuBLASLt's bit for bit) and keeps cuBLASLt below it and
     without fast accumulation."""
-    pytest.importorskip("engine.fused.kernels.gluon_gemm")
-    if torch.cuda.get_device_capability() != (9, 0):
-        pytest.skip("the Gluon FFN1 kernel is for Hopper (sm_90)")
+    _gluon_gemm_or_skip()
     from engine.fused import fp8
     from engine.fused.cublaslt import fp8_linear
 
