@@ -17,3 +17,19 @@ def test_mix_windows_draw_squad_dev_lengths_reproducibly() -> None:
     again = mix_windows(np.random.default_rng(3), 64)
     assert all((a == b).all() for a, b in zip((ids, mask, tt), again, strict=True))
     assert not (mix_windows(np.random.default_rng(4), 64)[1] == mask).all()
+
+
+def test_dev_sweep_takes_every_dev_window_once_in_full_batches() -> None:
+    from benchmarks.mix_dev_sweep import sweep_batches
+
+    dev = squad_lengths()
+    batches = sweep_batches(dev, 256, seed=0)
+    sizes = [b[1].shape[0] for b in batches]
+    assert sizes[:-1] == [256] * (len(batches) - 1) and 0 < sizes[-1] <= 256
+    assert sum(sizes) == len(dev)
+    lengths = np.concatenate([b[1].sum(axis=1) for b in batches])
+    assert sorted(lengths.tolist()) == sorted(dev.tolist())  # each window once
+    assert not (lengths == dev).all()  # shuffled
+    assert all((b[2] <= b[1]).all() for b in batches)
+    again = sweep_batches(dev, 256, seed=0)
+    assert all((a[0] == b[0]).all() for a, b in zip(batches, again, strict=True))
