@@ -9,8 +9,11 @@ windows/s depend on the draw: ``mix_settings``'s one batch holds 185.1 tokens a 
 the 10,784 dev windows' lengths is used exactly once, in an order shuffled by ``--seed``,
 in batches of ``--windows`` (the last batch holds the rest); token ids are random and the
 weights are random (``bench_gpu.mix_engine``: the calibrated default engine), which does
-not change the work. One timed call is one sweep over every batch, eagerly as the engine
-runs batches this large; windows/s is the dev set's windows over a sweep's median time.
+not change the work. One timed call is one sweep over every batch through the engine's
+own path (batches this large run eagerly; the last, smaller one may replay a CUDA graph,
+captured in the untimed reference sweep); windows/s is the dev set's windows over a
+sweep's median time. A sweep takes ~1.35 s on an H200, so ``--timed-s`` under ~11 s times
+the 8-sweep minimum.
 
 Variants (``--variants``, default ``default,e4m3,default``): ``default`` (the engine's
 defaults), ``e4m3`` (``int8_gemms=None``: every GEMM in e4m3), ``graph`` (the default's

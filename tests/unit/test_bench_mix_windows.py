@@ -30,6 +30,7 @@ def test_dev_sweep_takes_every_dev_window_once_in_full_batches() -> None:
     lengths = np.concatenate([b[1].sum(axis=1) for b in batches])
     assert sorted(lengths.tolist()) == sorted(dev.tolist())  # each window once
     assert not (lengths == dev).all()  # shuffled
-    assert all((b[2] <= b[1]).all() for b in batches)
+    assert all(b[0].shape[1] == 384 and (b[2] <= b[1]).all() for b in batches)
     again = sweep_batches(dev, 256, seed=0)
-    assert all((a[0] == b[0]).all() for a, b in zip(batches, again, strict=True))
+    assert all((x == y).all() for a, b in zip(batches, again, strict=True)
+               for x, y in zip(a, b, strict=True))
