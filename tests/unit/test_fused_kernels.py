@@ -26,7 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 from unittest import mock
@@ -44,6 +44,21 @@ _TOL = {"float32": 1e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
 # ``rows.LARGE_ROWS`` (8,192) as the row-kernel checks lower it: their large-batch tiles and
 # the residual LayerNorm's loop on a few hundred rows, which the interpreter runs ~30x sooner
 SMALL_LARGE_ROWS = 256
+
+
+@contextlib.contextmanager
+def _large_rows_lowered() -> Iterator[Any]:
+    """``engine.fused.kernels.rows`` with ``LARGE_ROWS`` lowered to :data:`SMALL_LARGE_ROWS`;
+    on exit its ``LARGE_ROWS``, ``ROW_LOOP`` and ``multiprocessors`` as they were (a check
+    may set the other two inside)."""
+    from engine.fused.kernels import rows
+
+    saved = rows.LARGE_ROWS, rows.ROW_LOOP, rows.multiprocessors
+    rows.LARGE_ROWS = SMALL_LARGE_ROWS
+    try:
+        yield rows
+    finally:
+        rows.LARGE_ROWS, rows.ROW_LOOP, rows.multiprocessors = saved
 
 
 def _rel(out: object, ref: object) -> float:
@@ -911,16 +926,13 @@ def _check_int8_copy(kind: str) -> tuple[float, float]:
         mult = torch.rand(d, generator=g) * 60 + 5  # the largest values saturate
         worst = 0.0
         copies = []
-        real, default, large = rows.multiprocessors, rows.ROW_LOOP, rows.LARGE_ROWS
-        for loop in (None, default):
-            rows.ROW_LOOP, rows.LARGE_ROWS = loop, SMALL_LARGE_ROWS
-            rows.multiprocessors = lambda device: 3  # type: ignore[assignment]
-            try:
-                with launch_keywords(rows, "_residual_ln_kernel", "LOOP") as looped:
-                    _, q = k.bias_residual_layernorm(a, bias, res, gamma, beta, 1e-5,
-                                                     int8_mult=mult)
-            finally:
-                rows.ROW_LOOP, rows.multiprocessors, rows.LARGE_ROWS = default, real, large
+        for loop in (None, rows.ROW_LOOP):
+            with _large_rows_lowered(), \
+                    launch_keywords(rows, "_residual_ln_kernel", "LOOP") as looped:
+                rows.ROW_LOOP = loop
+                rows.multiprocessors = lambda device: 3  # type: ignore[assignment]
+                _, q = k.bias_residual_layernorm(a, bias, res, gamma, beta, 1e-5,
+                                                 int8_mult=mult)
             if looped != [loop is not None]:  # each form as it says (the default: the loop)
                 return math.inf, 1.0
             assert q is not None and q.scale is mult
@@ -968,7 +980,6 @@ def _check_row_loop(loop: tuple[int, int, int]) -> tuple[float, float]:
     bias, gamma, beta = (torch.randn(d, generator=g) for _ in range(3))
     qa_w, qa_b = torch.randn(2, d, generator=g), torch.randn(2, generator=g)
     scale = torch.tensor([0.02])
-    real = rows.multiprocessors
 
     def run() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         out, q = k.bias_residual_layernorm(a, bias, res, gamma, beta, 1e-5, fp8=True,
@@ -977,18 +988,13 @@ def _check_row_loop(loop: tuple[int, int, int]) -> tuple[float, float]:
         logits = k.bias_residual_layernorm_qa(a, bias, res, gamma, beta, 1e-5, qa_w, qa_b)
         return out, q.data.view(torch.uint8), logits
 
-    default, large = rows.ROW_LOOP, rows.LARGE_ROWS
-    rows.LARGE_ROWS = SMALL_LARGE_ROWS
-    try:
-        with launch_keywords(rows, "_residual_ln_kernel", "LOOP") as forms:
-            rows.ROW_LOOP = None
-            plain = run()
-            rows.ROW_LOOP = loop
-            off_cuda = run()  # no multiprocessors to count: a program a tile
-            rows.multiprocessors = lambda device: 3  # type: ignore[assignment]
-            looped = run()
-    finally:
-        rows.ROW_LOOP, rows.multiprocessors, rows.LARGE_ROWS = default, real, large
+    with _large_rows_lowered(), launch_keywords(rows, "_residual_ln_kernel", "LOOP") as forms:
+        rows.ROW_LOOP = None
+        plain = run()
+        rows.ROW_LOOP = loop
+        off_cuda = run()  # no multiprocessors to count: a program a tile
+        rows.multiprocessors = lambda device: 3  # type: ignore[assignment]
+        looped = run()
     if forms != [False] * 4 + [True] * 2:  # two launches a run, only the last run looped
         return math.inf, 0.0
     return float(sum(not torch.equal(x, y) for x, y in zip(plain * 2, off_cuda + looped,
